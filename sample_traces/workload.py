@@ -1,0 +1,276 @@
+"""One rank of a small DDP language-model training job, recorded with torch.profiler.
+
+`generate.py` starts one process per rank (``python sample_traces/workload.py --config CFG --result RES``)
+with the usual ``torch.distributed`` environment (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
+``MASTER_PORT``). Each rank trains a tiny GPT-like model on synthetic tokens with DDP (gloo) and AdamW,
+prints one torchtune-style line per optimizer step to stdout (``Step N | loss:... step_time_ms:... ``,
+where N is the same number as the trace's ``ProfilerStep#N``), writes one gzipped Kineto trace
+(``rank{r}.<ns>.pt.trace.json.gz``) into the scenario folder, and its measured step times into RES.
+
+Knobs in :class:`JobConfig` reproduce the slowdowns: extra compute on one rank (straggler), bf16
+autocast vs fp32, ``torch.compile``, an expensive pure-Python per-sample transform (data-loader bound).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import random
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+from torch.utils.data import DataLoader, Dataset
+from torch.utils.data.distributed import DistributedSampler
+
+
+@dataclass
+class JobConfig:
+    """Everything one training job needs; serialised as JSON between generate.py and the ranks."""
+
+    scenario: str
+    out_dir: str
+    vocab: int = 2048
+    d_model: int = 128
+    n_layers: int = 2
+    n_heads: int = 4
+    seq_len: int = 64
+    micro_batch: int = 8
+    grad_accum: int = 1
+    steps: int = 8
+    lr: float = 3e-4
+    dtype: str = "float32"  # "float32", or "bfloat16" = torch.autocast("cpu", dtype=torch.bfloat16)
+    compile: bool = False
+    # Rank that does extra matmuls before backward; the extra work is straggler_factor x the model's
+    # forward+backward matmul FLOPs (so 1.0 about doubles that rank's compute).
+    straggler_rank: int | None = None
+    straggler_factor: float = 0.0
+    # Merge rounds of the pure-Python "tokenizer" run per sample in Dataset.__getitem__ (0 = none).
+    tokenizer_rounds: int = 0
+    tokenizer_text_chars: int = 256
+    num_workers: int = 0
+    profile_wait: int = 1
+    profile_warmup: int = 1
+    profile_active: int = 3
+    seed: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm transformer block: causal self-attention (SDPA) and a GELU MLP."""
+
+    def __init__(self, d_model: int, n_heads: int) -> None:
+        super().__init__()
+        self.n_heads = n_heads
+        self.ln1 = nn.LayerNorm(d_model)
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+        self.ln2 = nn.LayerNorm(d_model)
+        self.fc1 = nn.Linear(d_model, 4 * d_model)
+        self.fc2 = nn.Linear(4 * d_model, d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: (batch, seq, d_model) -> same shape."""
+        b, t, c = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.n_heads, c // self.n_heads).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, c))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+class TinyLM(nn.Module):
+    """Token + position embedding, ``n_layers`` blocks, final LayerNorm and an untied LM head."""
+
+    def __init__(self, cfg: JobConfig) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(cfg.vocab, cfg.d_model)
+        self.pos = nn.Embedding(cfg.seq_len, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg.d_model, cfg.n_heads) for _ in range(cfg.n_layers))
+        self.ln_f = nn.LayerNorm(cfg.d_model)
+        self.head = nn.Linear(cfg.d_model, cfg.vocab, bias=False)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        """idx: (batch, seq) int64 tokens -> logits (batch, seq, vocab)."""
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        x = self.tok(idx) + self.pos(pos)
+        for blk in self.blocks:
+            x = blk(x)
+        return self.head(self.ln_f(x))
+
+
+def matmul_params(model: nn.Module) -> int:
+    """Number of weights that take part in matmuls (all nn.Linear weights)."""
+    return sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
+
+
+def python_tokenize(text: str, rounds: int) -> list[int]:
+    """A deliberately slow byte-pair-style tokenizer in pure Python: ``rounds`` greedy merges of the
+    most frequent adjacent pair, each a full pass over the sequence (what a naive custom tokenizer does)."""
+    ids = [ord(ch) for ch in text]
+    next_id = 256
+    for _ in range(rounds):
+        counts: dict[tuple[int, int], int] = {}
+        for pair in zip(ids, ids[1:], strict=False):
+            counts[pair] = counts.get(pair, 0) + 1
+        if not counts:
+            break
+        best = max(counts, key=counts.__getitem__)
+        merged: list[int] = []
+        i = 0
+        while i < len(ids):
+            if i + 1 < len(ids) and (ids[i], ids[i + 1]) == best:
+                merged.append(next_id)
+                i += 2
+            else:
+                merged.append(ids[i])
+                i += 1
+        # Merging shortens the text; re-expand so every round does the same amount of work.
+        ids = (merged * (len(text) // max(1, len(merged)) + 1))[: len(text)]
+        next_id += 1
+    return ids
+
+
+class SyntheticTokens(Dataset):
+    """Deterministic learnable sequences (arithmetic progressions mod vocab), optionally produced
+    through :func:`python_tokenize` on a synthetic text first (the data-loader-bound scenario)."""
+
+    def __init__(self, cfg: JobConfig, n_samples: int) -> None:
+        self.cfg = cfg
+        self.n = n_samples
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        cfg = self.cfg
+        rng = random.Random(cfg.seed * 1_000_003 + i)
+        start, stride = rng.randrange(cfg.vocab), rng.randrange(1, 17)
+        if cfg.tokenizer_rounds:
+            alphabet = "abcdefghijklmnopqrstuvwxyz     .,"
+            text = "".join(rng.choice(alphabet) for _ in range(cfg.tokenizer_text_chars))
+            start = (start + sum(python_tokenize(text, cfg.tokenizer_rounds))) % cfg.vocab
+        seq = torch.tensor([(start + stride * t) % cfg.vocab for t in range(cfg.seq_len + 1)])
+        return seq[:-1], seq[1:]
+
+
+def extra_compute(flops: float) -> None:
+    """Burn about ``flops`` FLOPs in 256x256 fp32 matmuls (the straggler's real extra work)."""
+    n = 256
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    out = torch.empty(n, n)
+    for _ in range(max(1, round(flops / (2 * n**3)))):
+        torch.mm(a, b, out=out)
+
+
+def batches(loader: DataLoader) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Endless iterator over the loader, advancing the DistributedSampler's epoch."""
+    epoch = 0
+    while True:
+        if isinstance(loader.sampler, DistributedSampler):
+            loader.sampler.set_epoch(epoch)
+        yield from loader
+        epoch += 1
+
+
+def run(cfg: JobConfig, result_path: Path) -> None:
+    """Train ``cfg.steps`` optimizer steps under the profiler; write step times to ``result_path``."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out_dir = Path(cfg.out_dir)
+
+    torch.manual_seed(cfg.seed)
+    model = TinyLM(cfg)
+    n_params = sum(p.numel() for p in model.parameters())
+    tokens_per_micro = cfg.micro_batch * cfg.seq_len
+    model_flops = 6 * matmul_params(model) * tokens_per_micro
+    print(f"# traceanalyze sample scenario={cfg.scenario} rank={rank} world_size={world} backend=gloo "
+          f"torch={torch.__version__} threads={torch.get_num_threads()}")
+    print(f"# model TinyLM params={n_params} grad_bytes={4 * n_params} "
+          f"fwd_bwd_matmul_flops_per_micro_batch={model_flops}")
+    print(f"# config {json.dumps(dataclasses.asdict(cfg), sort_keys=True)}")
+    sys.stdout.flush()
+
+    ddp: nn.Module = DDP(model)
+    if cfg.compile:
+        ddp = torch.compile(ddp)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    n_samples = cfg.micro_batch * cfg.grad_accum * world * (cfg.steps + 1)
+    data = SyntheticTokens(cfg, n_samples)
+    loader = DataLoader(data, batch_size=cfg.micro_batch, num_workers=cfg.num_workers,
+                        sampler=DistributedSampler(data, num_replicas=world, rank=rank, seed=cfg.seed))
+    stream = batches(loader)
+    is_straggler = cfg.straggler_rank == rank and cfg.straggler_factor > 0
+
+    step_times: list[float] = []
+    prof = profile(
+        activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=False, with_stack=False,
+        schedule=schedule(wait=cfg.profile_wait, warmup=cfg.profile_warmup, active=cfg.profile_active,
+                          repeat=1),
+        on_trace_ready=tensorboard_trace_handler(str(out_dir), worker_name=f"rank{rank}", use_gzip=True),
+    )
+    with prof:
+        for step in range(cfg.steps):
+            t0 = time.perf_counter()
+            total = 0.0
+            for micro in range(cfg.grad_accum):
+                x, y = next(stream)
+                last = micro == cfg.grad_accum - 1
+                with contextlib.nullcontext() if last else model_no_sync(ddp):
+                    with autocast_ctx(cfg):
+                        loss = F.cross_entropy(ddp(x).flatten(0, 1), y.flatten())
+                    if is_straggler:
+                        extra_compute(cfg.straggler_factor * model_flops)
+                    (loss / cfg.grad_accum).backward()
+                total += loss.item() / cfg.grad_accum
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            dt = time.perf_counter() - t0
+            step_times.append(round(dt * 1000, 3))
+            tps = tokens_per_micro * cfg.grad_accum / dt
+            print(f"Step {step} | loss:{total:.4f} lr:{cfg.lr:g} tokens_per_second_per_gpu:{tps:.1f} "
+                  f"step_time_ms:{dt * 1000:.1f} ", flush=True)
+            prof.step()
+    dist.barrier()
+    result_path.write_text(json.dumps({"rank": rank, "step_times_ms": step_times, "n_params": n_params}))
+    dist.destroy_process_group()
+
+
+def autocast_ctx(cfg: JobConfig) -> contextlib.AbstractContextManager:
+    """bf16 CPU autocast when ``cfg.dtype == "bfloat16"``, else nothing (plain fp32)."""
+    if cfg.dtype == "bfloat16":
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def model_no_sync(ddp: nn.Module) -> contextlib.AbstractContextManager:
+    """DDP's no_sync() (gradient accumulation without an all-reduce), also through torch.compile."""
+    inner = getattr(ddp, "_orig_mod", ddp)
+    return inner.no_sync()
+
+
+def main() -> None:
+    """CLI: ``--config`` JSON file of a JobConfig, ``--result`` where to write the step times."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", required=True, type=Path)
+    ap.add_argument("--result", required=True, type=Path)
+    args = ap.parse_args()
+    cfg = JobConfig(**json.loads(args.config.read_text()))
+    os.makedirs(cfg.out_dir, exist_ok=True)
+    run(cfg, args.result)
+
+
+if __name__ == "__main__":
+    main()
