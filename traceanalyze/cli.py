@@ -1,0 +1,197 @@
+"""Command line: ``traceanalyze report``, ``traceanalyze sql``. A thin layer over :mod:`traceanalyze.pipeline`.
+
+Every error a user can cause (missing folder, unreadable trace, locked database) is printed as one line
+and exits with status 1; a Python traceback appears only with ``--debug``.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import click
+
+from traceanalyze import __version__
+from traceanalyze.errors import TraceanalyzeError
+
+
+def _slug(paths: tuple[str, ...]) -> str:
+    p = Path(paths[0]).resolve()
+    name = p.name if p.is_dir() else p.stem.split(".")[0]
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name) or "report"
+
+
+class _Progress:
+    """tqdm bar over bytes of trace files; off when stderr is not a terminal or with --quiet."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.bar = None
+
+    def total(self, n: int) -> None:
+        if self.enabled and n > 0:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=n, unit="B", unit_scale=True, desc="ingest", file=sys.stderr, leave=False)
+
+    def step(self, n: int) -> None:
+        if self.bar is not None:
+            self.bar.update(n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="traceanalyze")
+@click.option("--debug", is_flag=True, help="Show Python tracebacks instead of one-line errors.")
+@click.pass_context
+def cli(ctx: click.Context, debug: bool) -> None:
+    """Explain why a distributed PyTorch training run was slow, from its profiler traces and logs."""
+    ctx.obj = {"debug": debug}
+
+
+@cli.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="HTML report to write "
+              "(default: ./traceanalyze-<folder>.html).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the report as JSON.")
+@click.option("--md", "md_path", type=click.Path(dir_okay=False), help="Also write a Markdown summary.")
+@click.option("--format", "fmt", type=click.Choice(["html", "json", "md"]), default="html", show_default=True,
+              help="Format of -o (json/md print to stdout when -o is not given).")
+@click.option("--db", type=click.Path(dir_okay=False), help="DuckDB file to write and reuse as a parse cache "
+              "(default: next to the report, .duckdb).")
+@click.option("--baseline", multiple=True, type=click.Path(), help="Traces of a run to compare against.")
+@click.option("-j", "--jobs", type=click.IntRange(1, 256), help="Parallel parse processes (default: CPUs).")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar, no summary.")
+@click.pass_context
+def report(ctx: click.Context, paths: tuple[str, ...], output: str | None, json_path: str | None,
+           md_path: str | None, fmt: str, db: str | None, baseline: tuple[str, ...], jobs: int | None,
+           quiet: bool) -> None:
+    """Analyze the traces under PATHS and write one self-contained HTML report.
+
+    \b
+    Example:
+        traceanalyze report ./traces
+        traceanalyze report ./traces -o slow.html --json slow.json
+        traceanalyze report ./8gpu --baseline ./1gpu
+    """
+    from traceanalyze import render
+    from traceanalyze.pipeline import analyze, to_json
+
+    def run() -> None:
+        slug = _slug(paths)
+        out = Path(output) if output else None
+        if out is None and fmt == "html":
+            out = Path(f"traceanalyze-{slug}.html")
+        db_path = Path(db) if db else (out.with_suffix(".duckdb") if out is not None
+                                       else Path(f"traceanalyze-{slug}.duckdb"))
+        prog = _Progress(enabled=not quiet and sys.stderr.isatty())
+        try:
+            a = analyze(list(paths), db=db_path, baseline=list(baseline) or None, jobs=jobs,
+                        progress=prog.step, on_total=prog.total)
+        finally:
+            prog.close()
+        model = a.model
+        if fmt == "json":
+            text = to_json(model)
+            _write_or_print(out, text)
+        elif fmt == "md":
+            _write_or_print(out, render.markdown(model))
+        else:
+            assert out is not None
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(render.html(model), encoding="utf-8")
+        if json_path:
+            Path(json_path).write_text(to_json(model), encoding="utf-8")
+        if md_path:
+            Path(md_path).write_text(render.markdown(model), encoding="utf-8")
+        a.con.close()
+        if not quiet:
+            for w in model["warnings"]:
+                if w.get("level") in ("error", "partial"):
+                    click.echo(f"traceanalyze: {w['file']}: {w['message']}" if w["file"]
+                               else f"traceanalyze: {w['message']}", err=True)
+            n_ranks = sum(len(r["ranks"]) for r in model["runs"])
+            if out is not None and fmt == "html" or (out is not None and fmt != "html"):
+                click.echo(f"wrote {out} ({len(model['runs'])} run(s), {n_ranks} rank(s)); database {db_path}",
+                           err=True)
+        if not any(r["ranks"] for r in model["runs"]):
+            raise TraceanalyzeError("nothing could be analyzed: every trace file was unreadable (see above)")
+
+    _guard(ctx, run)
+
+
+def _write_or_print(out: Path | None, text: str) -> None:
+    if out is None:
+        click.echo(text)
+    else:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text, encoding="utf-8")
+
+
+@cli.command()
+@click.argument("db", type=click.Path(exists=True, dir_okay=False))
+@click.argument("query")
+@click.option("--csv", "as_csv", is_flag=True, help="Print CSV instead of a table.")
+@click.pass_context
+def sql(ctx: click.Context, db: str, query: str, as_csv: bool) -> None:
+    """Run a SQL QUERY against a report database (read-only) and print the result.
+
+    \b
+    Example:
+        traceanalyze sql traceanalyze-traces.duckdb "SELECT rank, idle_pct FROM rank_metrics"
+    """
+    import duckdb
+
+    def run() -> None:
+        try:
+            con = duckdb.connect(db, read_only=True)
+        except duckdb.Error as exc:
+            raise TraceanalyzeError(f"{db}: cannot open ({str(exc).splitlines()[0]})") from None
+        try:
+            rel = con.sql(query)
+        except duckdb.Error as exc:
+            raise TraceanalyzeError(f"query failed: {str(exc).splitlines()[0]}") from None
+        if rel is None:
+            return
+        if as_csv:
+            import csv
+
+            w = csv.writer(sys.stdout)
+            w.writerow(rel.columns)
+            w.writerows(rel.fetchall())
+        else:
+            rel.show(max_width=10_000, max_rows=10_000)
+        con.close()
+
+    _guard(ctx, run)
+
+
+def _guard(ctx: click.Context, fn) -> None:
+    """Run ``fn``; project errors and I/O errors become one line on stderr and exit status 1."""
+    if ctx.obj.get("debug"):
+        fn()
+        return
+    try:
+        fn()
+    except TraceanalyzeError as exc:
+        click.echo(f"traceanalyze: {exc}", err=True)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        click.echo("traceanalyze: interrupted; files loaded so far stay in the database", err=True)
+        sys.exit(130)
+    except OSError as exc:
+        click.echo(f"traceanalyze: {exc.filename or ''}: {exc.strerror or exc}", err=True)
+        sys.exit(1)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    cli(prog_name="traceanalyze")
+
+
+if __name__ == "__main__":
+    main()

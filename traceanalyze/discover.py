@@ -1,0 +1,239 @@
+"""Discover: walk the inputs, classify each file, group trace files into runs, and find each trace's rank.
+
+A *run* is the trace files of one job's ranks plus the logs and system files beside them. Trace files are
+grouped by the folder they sit in. Logs, NCCL debug output, ``nvidia-smi topo -m`` output and configs
+belong to the run in the same folder, or, when they sit above the trace folders, to every run below them.
+
+Rank, in order: ``distributedInfo.rank`` in the trace header; a name such as ``rank3``, ``rank-3``,
+``rank_3``, ``[rank3]``; rank 0 for a single unranked file. Two files claiming one rank are two profiling
+windows of that rank (kineto writes one file per active window) and are both kept.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from traceanalyze.errors import InputError
+from traceanalyze.ingest import read_header
+
+TRACE_SUFFIXES = (".json", ".json.gz")
+CHAKRA_MARKERS = (".et.json", "_et.json", ".et.", "execution_trace")
+SNIFF_BYTES = 64 << 10
+_RANK_NAME = re.compile(r"(?:^|[^a-z])rank[-_:\s\[]*(\d+)", re.IGNORECASE)
+
+
+@dataclass
+class Sidecar:
+    """A non-trace input: ``kind`` is training_log, nccl_debug, topology or config."""
+
+    path: Path
+    kind: str
+
+
+@dataclass
+class Run:
+    """One job's inputs. ``traces`` are paths; ranks are assigned after their headers are read."""
+
+    name: str
+    path: Path
+    traces: list[Path] = field(default_factory=list)
+    sidecars: list[Sidecar] = field(default_factory=list)
+
+
+@dataclass
+class Discovery:
+    """Everything found under the inputs: the runs, and a note for each file skipped (path, reason)."""
+
+    runs: list[Run]
+    skipped: list[tuple[str, str]]
+
+
+def _head(path: Path) -> bytes:
+    """First bytes of a file, decompressed when gzip (bounded)."""
+    import zlib
+
+    with open(path, "rb") as fh:
+        raw = fh.read(SNIFF_BYTES)
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            return zlib.decompressobj(wbits=31).decompress(raw, SNIFF_BYTES)
+        except zlib.error:
+            return b""
+    return raw
+
+
+def classify(path: Path) -> tuple[str | None, str]:
+    """Classify one file from its name and first 64 KiB.
+
+    Returns ``(kind, note)``: kind is ``"trace"``, ``"chakra"``, ``"training_log"``, ``"nccl_debug"``,
+    ``"topology"``, ``"config"`` or None (not ours); note says why a file is skipped.
+    Raises :class:`InputError` when the file cannot be read.
+    """
+    name = path.name.lower()
+    try:
+        head = _head(path)
+    except OSError as exc:
+        raise InputError(path, f"cannot read ({exc.strerror or exc})") from None
+    if name.endswith(TRACE_SUFFIXES) or name.endswith(".json.gz"):
+        if any(m in name for m in CHAKRA_MARKERS):
+            return "chakra", "Chakra execution trace (not a Kineto trace); skipped"
+        stripped = head.lstrip(b"\xef\xbb\xbf \t\r\n")
+        if b'"traceEvents"' in head or (stripped[:1] == b"[" and b'"ph"' in head[:4096]):
+            return "trace", ""
+        if b'"nodes"' in head and b'"schema"' in head:
+            return "chakra", "Chakra execution trace (top-level nodes/schema); skipped"
+        if not stripped:
+            return "trace", ""  # empty or unreadable gzip: ingest reports the exact problem
+        if stripped[:1] in (b"{", b"[") and len(head) < SNIFF_BYTES and b'"traceEvents"' not in head:
+            pass  # small JSON that is not a trace: maybe a config
+        elif stripped[:1] in (b"{", b"["):
+            return "trace", ""  # big JSON whose events start later than the sniffed bytes
+    from traceanalyze import logs
+
+    kind = logs.sniff(path, head)
+    if kind:
+        return kind, ""
+    if name.endswith(TRACE_SUFFIXES):
+        return None, "JSON that is neither a Kineto trace nor a known config; skipped"
+    return None, ""
+
+
+def discover(inputs: list[str | Path]) -> Discovery:
+    """Find every trace and sidecar under ``inputs`` (folders are walked recursively, symlinked folders are
+    not followed, so a symlink loop cannot hang the walk) and group them into runs.
+
+    Raises :class:`InputError` when an input path does not exist.
+    """
+    files: list[Path] = []
+    skipped: list[tuple[str, str]] = []
+    for inp in inputs:
+        p = Path(inp)
+        if not p.exists():
+            raise InputError(p, "no such file or folder")
+        if p.is_file():
+            files.append(p)
+            continue
+        for root, dirs, names in os.walk(p, followlinks=False):
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+            for n in sorted(names):
+                if n.startswith("."):
+                    continue
+                f = Path(root) / n
+                if f.is_symlink() and not f.exists():
+                    skipped.append((str(f), "broken symlink; skipped"))
+                    continue
+                files.append(f)
+
+    traces: dict[Path, list[Path]] = {}
+    sidecars: list[Sidecar] = []
+    for f in files:
+        if f.suffix.lower() in (".duckdb", ".html", ".md", ".wal", ".parquet", ".png", ".svg"):
+            continue  # our own outputs
+        if f.name == "scenario.json":
+            continue
+        try:
+            kind, note = classify(f)
+        except InputError as exc:
+            skipped.append((str(f), exc.problem))
+            continue
+        if kind == "trace":
+            traces.setdefault(f.parent, []).append(f)
+        elif kind in ("training_log", "nccl_debug", "topology", "config"):
+            sidecars.append(Sidecar(f, kind))
+        elif note:
+            skipped.append((str(f), note))
+
+    runs = []
+    for folder in sorted(traces):
+        name = folder.name or str(folder)
+        runs.append(Run(name=name, path=folder, traces=sorted(traces[folder])))
+    _name_runs(runs)
+    for sc in sidecars:
+        owners = [r for r in runs if _is_within(sc.path.parent, r.path)]
+        if not owners:
+            owners = [r for r in runs if _is_within(r.path, sc.path.parent)]
+        if not owners and len(runs) == 1:
+            owners = runs
+        for r in owners:
+            r.sidecars.append(sc)
+        if not owners:
+            skipped.append((str(sc.path), f"{sc.kind.replace('_', ' ')} with no trace beside it; skipped"))
+    return Discovery(runs=runs, skipped=skipped)
+
+
+def _is_within(child: Path, parent: Path) -> bool:
+    try:
+        child.resolve().relative_to(parent.resolve())
+        return True
+    except ValueError:
+        return False
+
+
+def _name_runs(runs: list[Run]) -> None:
+    """Give runs unique, readable names (the folder name, prefixed by parents where two share a name)."""
+    seen: dict[str, int] = {}
+    for r in runs:
+        seen[r.name] = seen.get(r.name, 0) + 1
+    for r in runs:
+        if seen[r.name] > 1:
+            r.name = "/".join(r.path.parts[-2:])
+
+
+def rank_from_name(path: Path) -> int | None:
+    """Rank from a file name such as ``rank3.json``, ``trace_rank-3``, ``[rank3]``; None when absent."""
+    m = _RANK_NAME.search(path.name)
+    return int(m.group(1)) if m else None
+
+
+def rank_from_header(header: dict) -> int | None:
+    """``distributedInfo.rank`` when it is a non-negative integer, else None."""
+    di = header.get("distributedInfo")
+    if isinstance(di, dict):
+        r = di.get("rank")
+        if isinstance(r, int) and not isinstance(r, bool) and r >= 0:
+            return r
+        if isinstance(r, str) and r.isdigit():
+            return int(r)
+    return None
+
+
+def assign_ranks(paths: list[Path], headers: dict[Path, dict]) -> tuple[dict[Path, int], list[str]]:
+    """Rank of each trace file of one run: header first, then the file name, then 0 for a single file.
+
+    Returns ``(rank_by_path, warnings)``. Files whose rank cannot be found get the lowest free rank and a
+    warning that names them.
+    """
+    ranks: dict[Path, int] = {}
+    warnings: list[str] = []
+    unknown = []
+    for p in paths:
+        r = rank_from_header(headers.get(p, {}))
+        if r is None:
+            r = rank_from_name(p)
+        if r is None:
+            unknown.append(p)
+        else:
+            ranks[p] = r
+    if unknown:
+        if len(paths) == 1:
+            ranks[unknown[0]] = 0
+        else:
+            free = (r for r in range(10**6) if r not in ranks.values())
+            for p in unknown:
+                ranks[p] = next(free)
+                warnings.append(f"{p}: no rank in distributedInfo or the file name; assumed rank {ranks[p]}")
+    return ranks, warnings
+
+
+def read_headers(paths: list[Path]) -> dict[Path, dict]:
+    """Cheap header read for each trace (distributedInfo, deviceProperties); unreadable files give ``{}``."""
+    out = {}
+    for p in paths:
+        try:
+            out[p] = read_header(p)
+        except InputError:
+            out[p] = {}
+    return out

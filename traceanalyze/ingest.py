@@ -1,0 +1,728 @@
+"""Ingest: stream one Kineto trace file into columnar tables (Parquet), one pass, memory bounded by a chunk.
+
+A Kineto trace is one JSON object whose ``traceEvents`` array holds every event (Chrome trace format; a bare
+top-level array is accepted too). Files reach many GB, so the file is never decoded whole: a structural
+scanner (NumPy, over blocks of decompressed bytes) finds where each top-level event ends, and every run of
+complete events is decoded by ``msgspec`` into typed structs that keep only the fields the analyses need.
+A file cut off mid-write (a killed job) yields every complete event before the cut and is marked partial.
+
+:func:`parse_trace` is a pure function from one file to Parquet files plus a :class:`TraceFile` summary, so
+ranks can be parsed in parallel processes (or on any engine) and loaded into DuckDB by :mod:`traceanalyze.store`.
+
+Timestamps become integer nanoseconds on the trace's own clock: ``ts_ns = round(ts_us * 1000) + base``, where
+``base`` is ``baseTimeNanoseconds`` for new-schema traces (relative ``ts``) and 0 for old ones (absolute epoch
+µs). Durations become ``dur_ns``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import math
+import re
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from traceanalyze.errors import InputError
+
+BLOCK_BYTES = 8 << 20  # decompressed bytes scanned per block
+MAX_EVENT_BYTES = 64 << 20  # one event larger than this is a corrupt file, not an event
+DEFAULT_MAX_DECOMPRESSED = 64 << 30  # bound on what one file may inflate to (gzip bombs)
+
+# Kineto category -> the table it goes to. Old (2021) traces use capitalised names.
+GPU_CATS = {
+    "kernel": "kernel", "Kernel": "kernel",
+    "gpu_memcpy": "gpu_memcpy", "Memcpy": "gpu_memcpy",
+    "gpu_memset": "gpu_memset", "Memset": "gpu_memset",
+    "gpu_user_annotation": "gpu_user_annotation",
+}
+CPU_CATS = {
+    "cpu_op": "cpu_op", "Operator": "cpu_op",
+    "user_annotation": "user_annotation",
+    "cuda_runtime": "cuda_runtime", "Runtime": "cuda_runtime",
+    "cuda_driver": "cuda_driver",
+    "python_function": None,  # Python stacks: large and not used by any analysis
+}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Typed decode: only the fields the analyses use. Unknown keys are skipped by msgspec without building them.
+
+class _Args(msgspec.Struct, omit_defaults=True):
+    external_id: Any = msgspec.field(name="External id", default=None)
+    external_id_old: Any = msgspec.field(name="external id", default=None)
+    correlation: Any = None
+    stream: Any = None
+    device: Any = None
+    input_type: msgspec.Raw = msgspec.field(name="Input type", default=None)
+    input_dims: msgspec.Raw = msgspec.field(name="Input Dims", default=None)
+    collective: Any = msgspec.field(name="Collective name", default=None)
+    in_nelems: Any = msgspec.field(name="In msg nelems", default=None)
+    out_nelems: Any = msgspec.field(name="Out msg nelems", default=None)
+    in_size: Any = msgspec.field(name="In msg size", default=None)
+    out_size: Any = msgspec.field(name="Out msg size", default=None)
+    group_size: Any = msgspec.field(name="Group size", default=None)
+    comm_dtype: Any = msgspec.field(name="dtype", default=None)
+    pg_name: Any = msgspec.field(name="Process Group Name", default=None)
+    pg_desc: Any = msgspec.field(name="Process Group Description", default=None)
+    pg_ranks: msgspec.Raw = msgspec.field(name="Process Group Ranks", default=None)
+    seq: Any = msgspec.field(name="Seq", default=None)
+    nbytes: Any = msgspec.field(name="bytes", default=None)
+    kernel_backend: Any = None
+    name: Any = None  # metadata events: thread / process names
+
+
+class _Event(msgspec.Struct):
+    ph: Any = None
+    cat: Any = None
+    name: Any = None
+    pid: Any = None
+    tid: Any = None
+    ts: Any = None
+    dur: Any = None
+    args: _Args | None = None
+
+
+_EVENTS = msgspec.json.Decoder(list[_Event])
+_EVENT = msgspec.json.Decoder(_Event)
+_ANY = msgspec.json.Decoder()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Table layouts (also documented in docs/schema.md). Every table also gets file_id (added by the store).
+
+COLLECTIVE_FIELDS = [
+    ("collective", pa.string()), ("in_nelems", pa.int64()), ("out_nelems", pa.int64()),
+    ("group_size", pa.int64()), ("comm_dtype", pa.string()), ("pg_name", pa.string()),
+    ("pg_desc", pa.string()), ("pg_ranks", pa.string()), ("seq", pa.int64()),
+]
+KERNEL_SCHEMA = pa.schema([
+    ("cat", pa.string()), ("name", pa.string()), ("device", pa.int64()), ("stream", pa.int64()),
+    ("ts_ns", pa.int64()), ("dur_ns", pa.int64()), ("correlation", pa.int64()), ("external_id", pa.int64()),
+    ("bytes", pa.int64()), *COLLECTIVE_FIELDS,
+])
+CPU_OP_SCHEMA = pa.schema([
+    ("cat", pa.string()), ("name", pa.string()), ("pid", pa.int64()), ("tid", pa.int64()),
+    ("ts_ns", pa.int64()), ("dur_ns", pa.int64()), ("external_id", pa.int64()), ("correlation", pa.int64()),
+    ("input_types", pa.string()), ("input_dims", pa.string()), ("kernel_backend", pa.string()),
+    *COLLECTIVE_FIELDS,
+])
+THREAD_SCHEMA = pa.schema([
+    ("pid", pa.int64()), ("tid", pa.int64()), ("kind", pa.string()), ("label", pa.string()),
+])
+TABLES = {"kernels": KERNEL_SCHEMA, "cpu_ops": CPU_OP_SCHEMA, "threads": THREAD_SCHEMA}
+
+
+@dataclass
+class TraceFile:
+    """What one parse of one trace file found, besides its events.
+
+    ``header`` is the top-level object without ``traceEvents`` (``distributedInfo``, ``deviceProperties``,
+    ``baseTimeNanoseconds``, ...). ``counts`` maps table name to rows written. ``partial`` is True when the
+    file ended early (truncated JSON or gzip); ``warnings`` are one-line messages for the data-quality section.
+    """
+
+    path: str
+    header: dict = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+    bytes_read: int = 0
+    partial: bool = False
+    skipped_events: int = 0
+    warnings: list[str] = field(default_factory=list)
+    parquet: dict[str, str] = field(default_factory=dict)
+    base_time_ns: int = 0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Reading bytes: plain or gzip, streaming, bounded.
+
+def _open_blocks(path: Path, max_bytes: int):
+    """Yield blocks of decompressed bytes; set ``state['truncated']`` if the compressed stream ends early."""
+    state = {"truncated": False, "error": None}
+
+    def gen():
+        with open(path, "rb") as fh:
+            magic = fh.read(2)
+            fh.seek(0)
+            total = 0
+            if magic == b"\x1f\x8b":
+                d = zlib.decompressobj(wbits=31)
+                while True:
+                    raw = fh.read(1 << 20)
+                    if not raw:
+                        if not d.eof:
+                            state["truncated"] = True
+                        break
+                    try:
+                        out = d.decompress(raw, BLOCK_BYTES)
+                        chunks = [out]
+                        while d.unconsumed_tail:
+                            chunks.append(d.decompress(d.unconsumed_tail, BLOCK_BYTES))
+                    except zlib.error as exc:
+                        state["error"] = f"corrupt gzip data ({exc})"
+                        break
+                    for out in chunks:
+                        total += len(out)
+                        if total > max_bytes:
+                            state["error"] = (f"decompresses to more than {max_bytes >> 20} MiB; "
+                                              "raise --max-decompressed if this is real")
+                            return
+                        if out:
+                            yield out
+                    if d.eof:
+                        # concatenated gzip members are legal; kineto never writes them, so stop here
+                        break
+            else:
+                while True:
+                    raw = fh.read(BLOCK_BYTES)
+                    if not raw:
+                        break
+                    total += len(raw)
+                    if total > max_bytes:
+                        state["error"] = f"larger than {max_bytes >> 20} MiB"
+                        return
+                    yield raw
+
+    return gen(), state
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The structural scanner.
+
+# byte -> 1 quote, 2 backslash, 3 open ({ [), 4 close (} ])
+_LUT = np.zeros(256, dtype=np.int8)
+_LUT[ord('"')] = 1
+_LUT[ord("\\")] = 2
+_LUT[ord("{")] = 3
+_LUT[ord("[")] = 3
+_LUT[ord("}")] = 4
+_LUT[ord("]")] = 4
+_TRACE_EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*$')
+
+
+class _Scanner:
+    """Tracks JSON string/nesting state across blocks and finds the structural characters outside strings.
+
+    Depth counts open ``{``/``[`` outside strings. Events are the elements at ``events_depth``: 2 for
+    ``{"traceEvents": [ {...} ]}``, 1 for a bare ``[ {...} ]``. One table lookup and one ``nonzero`` per
+    block find every quote, backslash and bracket; string state is the parity of unescaped quotes.
+    """
+
+    def __init__(self) -> None:
+        self.in_string = False
+        self.escape_next = False  # the previous block ended inside a string on an odd run of backslashes
+        self.depth = 0
+        self.events_depth: int | None = None
+        self.array_closed = False
+
+    def scan(self, buf: bytes, start: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Scan ``buf[start:]``; return (positions in buf, char codes, depth after) of brackets outside strings."""
+        a = np.frombuffer(buf, dtype=np.uint8)[start:]
+        m = _LUT[a]
+        idx = np.flatnonzero(m)
+        codes = m[idx]
+        if self.escape_next or (codes == 2).any():
+            codes = self._drop_escaped(idx, codes)
+        isq = codes == 1
+        qbefore = np.cumsum(isq) - isq  # quotes strictly before each entry
+        br = codes >= 3
+        outside = ((qbefore[br] + self.in_string) & 1) == 0
+        pos = idx[br][outside]
+        opens = codes[br][outside] == 3
+        delta = np.where(opens, 1, -1)
+        depth_after = self.depth + np.cumsum(delta)
+        if depth_after.size:
+            self.depth = int(depth_after[-1])
+        if int(isq.sum()) & 1:
+            self.in_string = not self.in_string
+        chars = a[pos]
+        return pos + start, chars, depth_after
+
+    def _drop_escaped(self, idx: np.ndarray, codes: np.ndarray) -> np.ndarray:
+        """Mark quotes escaped by an odd run of backslashes (and the backslashes) as plain characters."""
+        codes = codes.copy()
+        escape = self.escape_next
+        prev_pos = -2
+        for j in range(codes.size):  # only reached for blocks that hold a backslash: rare in traces
+            c = codes[j]
+            p = int(idx[j])
+            if escape and p == prev_pos + 1:
+                codes[j] = 0  # this char is escaped
+                escape = False
+                prev_pos = p
+                continue
+            if escape and p != prev_pos + 1:
+                escape = False  # escaped a plain character
+            if c == 2:
+                escape = True
+                codes[j] = 0
+            prev_pos = p
+        # an escape pending at the very end carries to the next block only if the backslash was the last byte
+        self.escape_next = escape and prev_pos == int(idx[-1]) if idx.size else self.escape_next
+        return codes
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Columns.
+
+def _int_or_none(v: Any) -> int | None:
+    if type(v) is int:
+        return v
+    if type(v) is float and math.isfinite(v):
+        return int(v)
+    if type(v) is str:
+        m = re.search(r"-?\d+", v)  # "stream 7" in old traces
+        return int(m.group()) if m else None
+    return None
+
+
+def _str_or_none(v: Any) -> str | None:
+    if v is None:
+        return None
+    return v if type(v) is str else str(v)
+
+
+def _raw_text(v: msgspec.Raw | None) -> str | None:
+    if v is None:
+        return None
+    t = bytes(v).decode("utf-8", "replace")
+    if t.startswith('"') and t.endswith('"'):  # "Process Group Ranks": "[0, 1]" is a JSON string
+        try:
+            return _ANY.decode(t)
+        except msgspec.DecodeError:
+            return t
+    return t
+
+
+def _arr(values: list, typ: pa.DataType) -> pa.Array:
+    """Build an Arrow array; when a trace carries a wrong type somewhere, coerce item by item (None if hopeless)."""
+    try:
+        return pa.array(values, type=typ)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError):
+        if pa.types.is_integer(typ):
+            conv = _int_or_none
+        elif pa.types.is_floating(typ):
+            conv = _float_or_none
+        else:
+            conv = _str_or_none
+        return pa.array([conv(v) for v in values], type=typ)
+
+
+def _float_or_none(v: Any) -> float | None:
+    if type(v) in (int, float):
+        return float(v)
+    return None
+
+
+class _Columns:
+    """Turns decoded events into the three Arrow tables, column by column (no per-event Python branching).
+
+    Odd types in a column (a string ``ts``, a list ``name``) are coerced item by item or become null;
+    X events whose ts/dur are missing, non-numeric, negative or not finite are dropped and counted.
+    """
+
+    def __init__(self) -> None:
+        self.parts: dict[str, list[pa.Table]] = {n: [] for n in TABLES}
+        self.rows = 0
+        self.bad_time = 0
+
+    def __len__(self) -> int:
+        return self.rows
+
+    def add(self, events: list[_Event]) -> None:
+        if not events:
+            return
+        ph = _arr([e.ph for e in events], pa.string())
+        cat = _arr([e.cat for e in events], pa.string())
+        is_x = pc.fill_null(pc.equal(ph, "X"), False)
+        kind = pc.fill_null(pc.take(_KIND_VALUES, pc.index_in(cat, _KIND_KEYS)), "")
+        is_gpu = pc.and_(is_x, pc.is_in(kind, _GPU_KINDS))
+        is_cpu = pc.and_(is_x, pc.is_in(kind, _CPU_KINDS))
+        keep = pc.or_(is_gpu, is_cpu)
+        if pc.any(keep).as_py():
+            idx = pc.indices_nonzero(keep).to_numpy()
+            self._add_x(events, idx, kind, is_gpu)
+        is_m = pc.fill_null(pc.equal(ph, "M"), False)
+        if pc.any(is_m).as_py():
+            t = {f: [] for f in THREAD_SCHEMA.names}
+            for i in pc.indices_nonzero(is_m).to_numpy():
+                e = events[i]
+                if e.name in ("thread_name", "process_name", "process_labels") and e.args is not None:
+                    t["pid"].append(_int_or_none(e.pid))
+                    t["tid"].append(_int_or_none(e.tid))
+                    t["kind"].append(e.name)
+                    t["label"].append(_str_or_none(e.args.name))
+            self.parts["threads"].append(pa.table(t, schema=THREAD_SCHEMA))
+
+    def _add_x(self, events: list[_Event], idx: np.ndarray, kind: pa.Array, is_gpu: pa.Array) -> None:
+        ev = [events[i] for i in idx.tolist()]
+        kind = kind.take(idx)
+        gpu = is_gpu.take(idx)
+        ts = _arr([e.ts for e in ev], pa.float64())
+        dur = _arr([e.dur for e in ev], pa.float64())
+        ok = pc.fill_null(pc.and_(pc.and_(pc.is_finite(ts), pc.is_finite(dur)),
+                                  pc.greater_equal(dur, 0.0)), False)
+        n_ok = pc.sum(ok).as_py() or 0
+        if n_ok < len(ev):
+            self.bad_time += len(ev) - n_ok
+        args = [e.args or _NO_ARGS for e in ev]
+        ext = [a.external_id if a.external_id is not None else a.external_id_old for a in args]
+        base = {
+            "cat": kind,
+            "name": _arr([e.name for e in ev], pa.string()),
+            "ts_ns": pc.cast(pc.round(pc.multiply(pc.if_else(ok, ts, 0.0), 1000.0)), pa.int64()),
+            "dur_ns": pc.cast(pc.round(pc.multiply(pc.if_else(ok, dur, 0.0), 1000.0)), pa.int64()),
+            "external_id": _arr(ext, pa.int64()),
+            "correlation": _arr([a.correlation for a in args], pa.int64()),
+            "pid": _arr([e.pid for e in ev], pa.int64()),
+            "tid": _arr([e.tid for e in ev], pa.int64()),
+            "device": _arr([a.device if a.device is not None else e.pid for a, e in zip(args, ev, strict=True)], pa.int64()),
+            "stream": _arr([a.stream if a.stream is not None else e.tid for a, e in zip(args, ev, strict=True)], pa.int64()),
+            "bytes": _arr([a.nbytes for a in args], pa.int64()),
+            "kernel_backend": _arr([a.kernel_backend for a in args], pa.string()),
+            "input_types": pa.array([None if a.input_type is None else bytes(a.input_type).decode("utf-8", "replace")
+                                     for a in args], pa.string()),
+            "input_dims": pa.array([None if a.input_dims is None else bytes(a.input_dims).decode("utf-8", "replace")
+                                    for a in args], pa.string()),
+        }
+        has_coll = [i for i, a in enumerate(args)
+                    if a.collective is not None or a.pg_name is not None or a.in_nelems is not None]
+        n = len(ev)
+        if has_coll:
+            cols = {f: [None] * n for f in _COLL_NAMES}
+            for i in has_coll:
+                a = args[i]
+                cols["collective"][i] = _str_or_none(a.collective)
+                cols["in_nelems"][i] = _int_or_none(a.in_nelems if a.in_nelems is not None else a.in_size)
+                cols["out_nelems"][i] = _int_or_none(a.out_nelems if a.out_nelems is not None else a.out_size)
+                cols["group_size"][i] = _int_or_none(a.group_size)
+                cols["comm_dtype"][i] = _str_or_none(a.comm_dtype)
+                cols["pg_name"][i] = _str_or_none(a.pg_name)
+                cols["pg_desc"][i] = _str_or_none(a.pg_desc)
+                cols["pg_ranks"][i] = _raw_text(a.pg_ranks)
+                cols["seq"][i] = _int_or_none(a.seq)
+            for f, typ in COLLECTIVE_FIELDS:
+                base[f] = pa.array(cols[f], typ)
+        else:
+            for f, typ in COLLECTIVE_FIELDS:
+                base[f] = pa.nulls(n, typ)
+        for table, mask in (("kernels", pc.and_(gpu, ok)), ("cpu_ops", pc.and_(pc.invert(gpu), ok))):
+            schema = TABLES[table]
+            t = pa.table([base[f] for f in schema.names], schema=schema).filter(mask)
+            if t.num_rows:
+                self.parts[table].append(t)
+                self.rows += t.num_rows
+
+    def tables(self) -> dict[str, pa.Table]:
+        out = {n: pa.concat_tables(p) if p else TABLES[n].empty_table() for n, p in self.parts.items()}
+        self.parts = {n: [] for n in TABLES}
+        self.rows = 0
+        return out
+
+
+_KIND_KEYS = pa.array(list(GPU_CATS) + list(CPU_CATS))
+_KIND_VALUES = pa.array(list(GPU_CATS.values()) + [v or "" for v in CPU_CATS.values()])
+_GPU_KINDS = pa.array(sorted(set(GPU_CATS.values())))
+_CPU_KINDS = pa.array(sorted({v for v in CPU_CATS.values() if v}))
+
+
+_NO_ARGS = _Args()
+_COLL_NAMES = [f for f, _ in COLLECTIVE_FIELDS]
+
+
+def _header_base_ns(header: dict) -> int:
+    b = header.get("baseTimeNanoseconds")
+    if type(b) is int and 0 <= b < 1 << 62:
+        return b
+    if type(b) is float and math.isfinite(b) and 0 <= b < 4e18:
+        return int(b)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------------
+
+def read_header(path: Path, max_bytes: int = 4 << 20) -> dict:
+    """Return the top-level keys that come before ``traceEvents`` (cheap; reads at most ``max_bytes``).
+
+    Used by discovery to read ``distributedInfo.rank`` without parsing events. Returns ``{}`` when the file
+    is not a JSON object or the events array starts beyond ``max_bytes``. Raises :class:`InputError` when
+    the file cannot be opened.
+    """
+    try:
+        blocks, state = _open_blocks(path, DEFAULT_MAX_DECOMPRESSED)
+        head = b""
+        for blk in blocks:
+            head += blk
+            if len(head) >= max_bytes or b'"traceEvents"' in head:
+                break
+        blocks.close()
+    except OSError as exc:
+        raise InputError(path, f"cannot read ({exc.strerror or exc})") from None
+    m = re.search(rb'"traceEvents"\s*:\s*\[', head)
+    if not m or not head.lstrip().startswith(b"{"):
+        return {}
+    try:
+        return _ANY.decode(head[: m.start()].rstrip().rstrip(b",") + b"}")
+    except msgspec.DecodeError:
+        return {}
+
+
+def parse_trace(path: str | Path, out_dir: str | Path | None = None, *, key: str = "t",
+                max_decompressed: int = DEFAULT_MAX_DECOMPRESSED, chunk_rows: int = 500_000,
+                ) -> tuple[TraceFile, dict[str, pa.Table] | None]:
+    """Parse one Kineto trace file (``.json`` or ``.json.gz``) in one streaming pass.
+
+    Args:
+        path: the trace file.
+        out_dir: when given, rows are written to ``out_dir/{key}.{table}.parquet`` chunk by chunk (memory
+            bounded by ``chunk_rows``), and the second return value is None. When None, the tables are
+            returned in memory (for small files and tests).
+        key: file-name prefix for the Parquet files.
+        max_decompressed: bound in bytes on the decompressed size (guards against gzip bombs).
+        chunk_rows: rows buffered before a Parquet row group is written.
+
+    Returns:
+        ``(TraceFile, tables)``: the summary and, when ``out_dir`` is None, ``{"kernels", "cpu_ops",
+        "threads"}`` as Arrow tables with the schemas in ``TABLES`` (``ts_ns``/``dur_ns`` in ns).
+
+    Raises:
+        InputError: the file cannot be read, is not JSON, is not a trace (no ``traceEvents``), or holds no
+            complete event. A file cut off after some complete events is *not* an error: it is returned
+            with ``partial=True`` and a warning.
+    """
+    path = Path(path)
+    info = TraceFile(path=str(path))
+    try:
+        blocks, state = _open_blocks(path, max_decompressed)
+        result = _parse_blocks(path, blocks, state, info, out_dir, key, chunk_rows)
+    except OSError as exc:
+        raise InputError(path, f"cannot read ({exc.strerror or exc})") from None
+    return info, result
+
+
+def _parse_blocks(path, blocks, state, info: TraceFile, out_dir, key, chunk_rows):
+    sc = _Scanner()
+    buf = b""  # bytes not yet consumed: the header (until the array opens), then the incomplete event
+    header_bytes = b""
+    tail_bytes = b""
+    cols: _Columns | None = None
+    writers: dict[str, pq.ParquetWriter] = {}
+    tables_mem: dict[str, list[pa.Table]] = {n: [] for n in TABLES}
+    n_events = 0
+    first = True
+
+    def flush(final: bool = False) -> None:
+        if cols is None or (not final and len(cols) < chunk_rows):
+            return
+        for name, tbl in cols.tables().items():
+            if out_dir is None:
+                tables_mem[name].append(tbl)
+            else:
+                w = writers.get(name)
+                if w is None:
+                    p = Path(out_dir) / f"{key}.{name}.parquet"
+                    w = writers[name] = pq.ParquetWriter(p, tbl.schema, compression="zstd")
+                    info.parquet[name] = str(p)
+                w.write_table(tbl)
+
+    def decode(chunk: bytes) -> None:
+        nonlocal n_events, cols
+        if cols is None:
+            info.header = _decode_header(path, header_bytes)
+            cols = _Columns()
+        body = chunk.strip().lstrip(b",")
+        if not body.strip():
+            return
+        try:
+            events = _EVENTS.decode(b"[" + body + b"]")
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            events = _decode_one_by_one(body, info)
+        n_events += len(events)
+        cols.add(events)
+        flush()
+
+    try:
+        for blk in blocks:
+            if first:
+                first = False
+                if blk[:3] == b"\xef\xbb\xbf":
+                    blk = blk[3:]
+                if blk.lstrip()[:1] not in (b"{", b"["):
+                    raise InputError(path, "not JSON (does not start with '{' or '[')")
+            start = len(buf)
+            buf += blk
+            info.bytes_read += len(blk)
+            pos, chars, depth = sc.scan(buf, start)
+            cut = 0  # bytes of buf handed over so far
+            if sc.events_depth is None and pos.size:
+                opened = _find_events_array(buf, pos, chars, depth)
+                if opened is None:
+                    if sc.depth <= 0 and (depth <= 0).any():
+                        raise InputError(path, "valid JSON but not a trace (no traceEvents array)")
+                    if len(buf) > MAX_EVENT_BYTES:
+                        raise InputError(path, "no traceEvents array in the first "
+                                               f"{MAX_EVENT_BYTES >> 20} MiB")
+                    continue
+                idx, sc.events_depth = opened
+                header_bytes = buf[: pos[idx]]
+                cut = int(pos[idx]) + 1
+                pos, chars, depth = pos[idx + 1:], chars[idx + 1:], depth[idx + 1:]
+            if sc.events_depth is None:
+                continue
+            if sc.array_closed:
+                tail_bytes += buf[cut:]
+                buf = b""
+                continue
+            ed = sc.events_depth
+            close = np.flatnonzero(depth == ed - 1)
+            if close.size:  # the events array ends in this block
+                end = int(pos[close[0]])
+                decode(buf[cut:end])
+                sc.array_closed = True
+                tail_bytes = buf[end + 1:]
+                buf = b""
+                continue
+            ends = np.flatnonzero((chars == 125) & (depth == ed))
+            if ends.size:
+                last = int(pos[ends[-1]]) + 1
+                decode(buf[cut:last])
+                cut = last
+            elif len(buf) - cut > MAX_EVENT_BYTES:
+                raise InputError(path, f"an event larger than {MAX_EVENT_BYTES >> 20} MiB; the file is corrupt")
+            buf = buf[cut:]
+    except InputError:
+        for w in writers.values():
+            w.close()
+        raise
+
+    if state["error"]:
+        if cols is None or n_events == 0:
+            for w in writers.values():
+                w.close()
+            raise InputError(path, state["error"])
+        info.partial = True
+        info.warnings.append(f"{state['error']}; read {n_events} events before it")
+    if sc.events_depth is None:
+        if info.bytes_read == 0:
+            raise InputError(path, "empty file")
+        if state["truncated"]:
+            raise InputError(path, "gzip stream ends before any event")
+        raise InputError(path, "no traceEvents array (not a Kineto/Chrome trace)")
+    if cols is None:  # the array opened but no complete event followed
+        info.header = _decode_header(path, header_bytes)
+        cols = _Columns()
+    if not sc.array_closed:
+        info.partial = True
+        why = "gzip stream ends early" if state["truncated"] else "JSON ends mid-array"
+        info.warnings.append(f"truncated ({why}, as when a job is killed mid-write); "
+                             f"read {n_events} complete events")
+    elif tail_bytes.strip():
+        _merge_tail(path, tail_bytes, info)
+    elif sc.depth > 0 and sc.events_depth == 2:
+        info.partial = True
+        info.warnings.append("truncated after the events array; header fields after it are missing")
+    if n_events == 0 and not info.partial and sc.array_closed:
+        info.warnings.append("the trace holds no events")
+    if cols.bad_time:
+        info.skipped_events += cols.bad_time
+        info.warnings.append(f"{cols.bad_time} events skipped: missing, non-numeric, negative or NaN ts/dur")
+    info.base_time_ns = _header_base_ns(info.header)
+    flush(final=True)
+    for w in writers.values():
+        w.close()
+    info.counts = {}
+    if out_dir is None:
+        out = {n: pa.concat_tables(ts) if ts else TABLES[n].empty_table() for n, ts in tables_mem.items()}
+        info.counts = {n: t.num_rows for n, t in out.items()}
+        return out
+    for name in TABLES:
+        if name not in info.parquet:
+            p = Path(out_dir) / f"{key}.{name}.parquet"
+            pq.write_table(TABLES[name].empty_table(), p)
+            info.parquet[name] = str(p)
+        info.counts[name] = pq.ParquetFile(info.parquet[name]).metadata.num_rows
+    return None
+
+
+def _find_events_array(buf: bytes, pos, chars, depth) -> tuple[int, int] | None:
+    """Index (into pos) of the ``[`` that opens the events array, and the depth of the events inside it."""
+    if chars.size and chars[0] == 91 and depth[0] == 1 and not buf[: pos[0]].strip():
+        return 0, 1  # bare array form
+    opens = np.flatnonzero((chars == 91) & (depth == 2))
+    for i in opens:
+        if _TRACE_EVENTS_KEY.search(buf[max(0, int(pos[i]) - 64): int(pos[i])]):
+            # must be a key of the top-level object: depth before the '[' is 1
+            return int(i), 2
+    return None
+
+
+def _decode_header(path: Path, header_bytes: bytes) -> dict:
+    if not header_bytes.strip() or header_bytes.strip() == b"":
+        return {}
+    text = _TRACE_EVENTS_KEY.sub(b"", header_bytes).rstrip().rstrip(b",")
+    try:
+        h = _ANY.decode(text + b"}")
+        return h if isinstance(h, dict) else {}
+    except msgspec.DecodeError:
+        return {}
+
+
+def _merge_tail(path: Path, tail: bytes, info: TraceFile) -> None:
+    """Decode the keys after the events array (``baseTimeNanoseconds`` often lives there)."""
+    text = tail.strip()
+    if text.startswith(b","):
+        text = text[1:]
+    try:
+        extra = _ANY.decode(b"{" + text)
+    except msgspec.DecodeError:
+        info.warnings.append("the header fields after traceEvents are damaged; ignored")
+        return
+    if isinstance(extra, dict):
+        info.header.update(extra)
+
+
+def _decode_one_by_one(body: bytes, info: TraceFile) -> list[_Event]:
+    """Slow path for a chunk with a malformed event: decode each event alone, skip the bad ones."""
+    out: list[_Event] = []
+    bad = 0
+    try:
+        raw_events = _ANY.decode(b"[" + body + b"]")
+    except msgspec.DecodeError:
+        info.warnings.append("a run of events is not valid JSON; skipped")
+        info.skipped_events += 1
+        return out
+    for ev in raw_events:
+        if not isinstance(ev, dict):
+            bad += 1
+            continue
+        try:
+            out.append(_EVENT.decode(msgspec.json.encode(ev)))
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            args = ev.get("args")
+            ev = {k: v for k, v in ev.items() if k != "args"}
+            if isinstance(args, dict):  # keep the event, drop only the malformed args
+                ev["args"] = {k: v for k, v in args.items() if isinstance(v, (int, float, str))}
+            try:
+                out.append(_EVENT.decode(msgspec.json.encode(ev)))
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                bad += 1
+    if bad:
+        info.skipped_events += bad
+        info.warnings.append(f"{bad} malformed events skipped")
+    return out
+
+
+def gzip_magic(path: Path) -> bool:
+    """True when ``path`` starts with the gzip magic bytes."""
+    with open(path, "rb") as fh:
+        return fh.read(2) == b"\x1f\x8b"
+
+
+__all__ = ["TraceFile", "parse_trace", "read_header", "TABLES", "gzip", "gzip_magic"]

@@ -1,0 +1,412 @@
+"""Metrics: per run, rank and profiler step, from the store. Definitions follow Holistic Trace Analysis
+(HTA 0.5.0, ``hta/analyzers/breakdown_analysis.py``) so the figures can be checked against it.
+
+GPU mode (the run has kernels). A kernel's class comes from its name and category (HTA
+``get_kernel_type``): *communication* when the name starts with ``nccl``/``rccl`` (``ncclKernel_*``,
+``ncclDevKernel_*``), *memory* for ``gpu_memcpy``/``gpu_memset`` (names ``Memcpy*``/``Memset*``), else
+*compute*. ``gpu_user_annotation`` rows are not kernels and are left out.
+
+Profiler-step filter (HTA ``Trace.load_traces`` default): when the run holds two or more distinct
+``ProfilerStep#N``, the last step of each file is left out of the breakdown: only kernels whose launch
+(``cuda_runtime``/``cuda_driver`` row with the same ``correlation``) starts before the last step's start
+count. The last step often includes the profiler's own teardown. Per rank and profiling window:
+
+- trace window = last kernel end − first kernel start (µs);
+- busy = length of the union of all kernel intervals; idle = window − busy;
+- compute = length of the union of compute kernels; non-compute = busy − compute;
+- idle %, compute %, non-compute % = each / window × 100 (the HTA temporal breakdown);
+- comm/comp overlap % = |∪comm ∩ ∪compute| / |∪comm| × 100 (HTA ``get_comm_comp_overlap``);
+- exposed communication = |∪comm| − |∪comm ∩ ∪compute| (µs): communication not hidden under compute.
+
+CPU mode (gloo or CPU-only traces, no kernels): the *training thread* is the thread that holds the
+``ProfilerStep#N`` annotations (else the one with the most ``aten::`` time). Its ``aten::*`` ops are compute;
+``c10d::*`` ops and ``gloo:*`` ranges on any thread are communication. The window is the span of the profiler
+steps (else of all ops). The same formulas then apply to these intervals.
+
+Several windows of one rank (two files) are computed separately and their times summed.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+
+import duckdb
+import numpy as np
+
+# Stored in the database so users can classify kernels the same way in their own queries.
+MACROS = r"""
+CREATE OR REPLACE MACRO kernel_class(cat, name) AS CASE
+    WHEN regexp_matches(name, '^(void )?(nccl|rccl)') THEN 'communication'
+    WHEN cat IN ('gpu_memcpy', 'gpu_memset') OR regexp_matches(name, '^(Memcpy|Memset|dma)') THEN 'memory'
+    ELSE 'compute' END;
+CREATE OR REPLACE MACRO cpu_op_class(cat, name) AS CASE
+    WHEN name LIKE 'c10d::%' OR name LIKE 'gloo:%' OR name LIKE 'nccl:%' THEN 'communication'
+    WHEN cat = 'cpu_op' AND name LIKE 'aten::%' THEN 'compute'
+    ELSE 'other' END;
+CREATE OR REPLACE MACRO profiler_step(cat, name) AS
+    CASE WHEN cat = 'user_annotation' AND name LIKE 'ProfilerStep#%'
+         THEN TRY_CAST(regexp_extract(name, '#(\d+)', 1) AS INTEGER) END;
+"""
+
+METRIC_TABLES = """
+CREATE OR REPLACE TABLE rank_metrics (
+    run_id INTEGER, rank INTEGER, mode VARCHAR, n_files INTEGER,
+    window_us DOUBLE, busy_us DOUBLE, idle_us DOUBLE, compute_us DOUBLE, non_compute_us DOUBLE,
+    idle_pct DOUBLE, compute_pct DOUBLE, non_compute_pct DOUBLE,
+    comm_us DOUBLE, comm_comp_overlap_pct DOUBLE, exposed_comm_us DOUBLE,
+    kernel_compute_us DOUBLE, kernel_comm_us DOUBLE, kernel_memory_us DOUBLE, n_kernels BIGINT,
+    n_steps INTEGER, step_time_us DOUBLE
+);
+CREATE OR REPLACE TABLE step_metrics (
+    run_id INTEGER, rank INTEGER, step INTEGER, start_ns BIGINT, step_time_us DOUBLE,
+    compute_us DOUBLE, comm_us DOUBLE, exposed_comm_us DOUBLE, idle_us DOUBLE
+);
+"""
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Interval arithmetic on NumPy arrays (ns). Each function documents its input shapes.
+
+def union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Merge intervals ``[starts[i], ends[i])`` (shape (n,), int64 ns, any order) into sorted disjoint ones."""
+    if starts.size == 0:
+        return starts, ends
+    order = np.argsort(starts, kind="stable")
+    s, e = starts[order], ends[order]
+    emax = np.maximum.accumulate(e)
+    brk = np.flatnonzero(s[1:] > emax[:-1])  # a gap before interval i+1
+    first = np.concatenate(([0], brk + 1))
+    last = np.concatenate((brk, [s.size - 1]))
+    return s[first], emax[last]
+
+
+def length(starts: np.ndarray, ends: np.ndarray) -> int:
+    """Total length (ns) of the union of the intervals."""
+    s, e = union(starts, ends)
+    return int((e - s).sum())
+
+
+def overlap_length(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> int:
+    """|∪a ∩ ∪b| in ns, as |∪a| + |∪b| − |∪(a ∪ b)|."""
+    both = (np.concatenate((a[0], b[0])), np.concatenate((a[1], b[1])))
+    return length(*a) + length(*b) - length(*both)
+
+
+def clip(starts: np.ndarray, ends: np.ndarray, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+    """Intervals cut to ``[lo, hi)``; empty ones dropped."""
+    s = np.maximum(starts, lo)
+    e = np.minimum(ends, hi)
+    keep = e > s
+    return s[keep], e[keep]
+
+
+@dataclass
+class Breakdown:
+    """Times in µs over one window; percentages of ``window_us``."""
+
+    window_us: float = 0.0
+    busy_us: float = 0.0
+    idle_us: float = 0.0
+    compute_us: float = 0.0
+    non_compute_us: float = 0.0
+    comm_us: float = 0.0
+    overlap_us: float = 0.0
+    exposed_comm_us: float = 0.0
+
+    def add(self, o: Breakdown) -> None:
+        for k, v in asdict(o).items():
+            setattr(self, k, getattr(self, k) + v)
+
+
+def breakdown(window: tuple[int, int], all_iv, compute_iv, comm_iv) -> Breakdown:
+    """Temporal breakdown over ``window`` (ns). Each ``*_iv`` is (starts, ends) int64 arrays in ns."""
+    lo, hi = window
+    a = clip(*all_iv, lo, hi)
+    c = clip(*compute_iv, lo, hi)
+    m = clip(*comm_iv, lo, hi)
+    busy = length(*a)
+    comp = length(*c)
+    comm = length(*m)
+    ov = overlap_length(c, m) if comm else 0
+    w = hi - lo
+    return Breakdown(window_us=w / 1e3, busy_us=busy / 1e3, idle_us=(w - busy) / 1e3, compute_us=comp / 1e3,
+                     non_compute_us=(busy - comp) / 1e3, comm_us=comm / 1e3, overlap_us=ov / 1e3,
+                     exposed_comm_us=(comm - ov) / 1e3)
+
+
+def _pct(x: float, total: float) -> float:
+    return 100.0 * x / total if total > 0 else 0.0
+
+
+@dataclass
+class RankMetrics:
+    """One rank's figures: times in µs, shares in %. ``step_time_us`` is the mean ProfilerStep duration."""
+
+    run_id: int
+    rank: int
+    mode: str
+    n_files: int
+    window_us: float
+    busy_us: float
+    idle_us: float
+    compute_us: float
+    non_compute_us: float
+    idle_pct: float
+    compute_pct: float
+    non_compute_pct: float
+    comm_us: float
+    comm_comp_overlap_pct: float
+    exposed_comm_us: float
+    kernel_compute_us: float
+    kernel_comm_us: float
+    kernel_memory_us: float
+    n_kernels: int
+    n_steps: int
+    step_time_us: float | None
+    files: list[str] = field(default_factory=list)
+
+
+@dataclass
+class StepMetrics:
+    """One profiler step of one rank (µs)."""
+
+    run_id: int
+    rank: int
+    step: int
+    start_ns: int
+    step_time_us: float
+    compute_us: float
+    comm_us: float
+    exposed_comm_us: float
+    idle_us: float
+
+
+def run_mode(con: duckdb.DuckDBPyConnection, run_id: int) -> str:
+    """``"gpu"`` when the run has GPU kernels, else ``"cpu"``."""
+    n = con.execute("SELECT count(*) FROM kernels JOIN files USING (file_id) WHERE run_id = ? "
+                    "AND cat <> 'gpu_user_annotation'", [run_id]).fetchone()[0]
+    return "gpu" if n else "cpu"
+
+
+def _intervals(con, sql: str, params: list) -> dict[tuple[int, int], dict[str, tuple[np.ndarray, np.ndarray]]]:
+    """Fetch (rank, window, class, ts_ns, end_ns) rows and split them by (rank, window) and class."""
+    res = con.execute(sql, params).fetchnumpy()
+    out: dict[tuple[int, int], dict[str, tuple[np.ndarray, np.ndarray]]] = {}
+    if not len(res["rank"]):
+        return out
+    rank = np.asarray(res["rank"], dtype=np.int64)
+    win = np.asarray(res["window"], dtype=np.int64)
+    klass = np.asarray(res["klass"]).astype(str)
+    ts = np.asarray(res["ts_ns"], dtype=np.int64)
+    end = np.asarray(res["end_ns"], dtype=np.int64)
+    keys = rank * 1_000_003 + win
+    for k in np.unique(keys):
+        sel = keys == k
+        r, w = int(rank[sel][0]), int(win[sel][0])
+        d = {"all": (ts[sel], end[sel])}
+        for cls in ("compute", "communication", "memory"):
+            m = sel & (klass == cls)
+            d[cls] = (ts[m], end[m])
+        out[(r, w)] = d
+    return out
+
+
+# Kernels counted by the breakdown, with HTA's profiler-step filter (see the module docstring).
+_GPU_INTERVALS_SQL = """
+WITH f AS (SELECT file_id, rank, "window" FROM files WHERE run_id = $1),
+last_step AS (
+    SELECT c.file_id, max(c.ts_ns) AS last_start FROM cpu_ops c JOIN f USING (file_id)
+    WHERE profiler_step(c.cat, c.name) IS NOT NULL GROUP BY ALL),
+filtering AS (
+    SELECT count(DISTINCT c.name) >= 2 AS on_ FROM cpu_ops c JOIN f USING (file_id)
+    WHERE profiler_step(c.cat, c.name) IS NOT NULL),
+launched AS (
+    SELECT DISTINCT c.file_id, c.correlation FROM cpu_ops c JOIN f USING (file_id) JOIN last_step l USING (file_id)
+    WHERE c.correlation IS NOT NULL AND c.cat IN ('cuda_runtime', 'cuda_driver') AND c.ts_ns < l.last_start)
+SELECT f.rank, f."window", kernel_class(k.cat, k.name) AS klass, k.ts_ns, k.ts_ns + k.dur_ns AS end_ns
+FROM kernels k JOIN f USING (file_id)
+LEFT JOIN launched l ON l.file_id = k.file_id AND l.correlation = k.correlation
+WHERE k.cat <> 'gpu_user_annotation' AND (NOT (SELECT on_ FROM filtering) OR l.file_id IS NOT NULL)
+"""
+
+
+def _steps(con, run_id: int) -> dict[int, list[tuple[int, int, int, int]]]:
+    """rank -> [(step, window, start_ns, end_ns)] from ProfilerStep#N annotations (main-thread ranges)."""
+    rows = con.execute("""
+        SELECT f.rank, f."window", profiler_step(c.cat, c.name) AS step, min(c.ts_ns), max(c.ts_ns + c.dur_ns)
+        FROM cpu_ops c JOIN files f USING (file_id)
+        WHERE f.run_id = ? AND profiler_step(c.cat, c.name) IS NOT NULL
+        GROUP BY ALL ORDER BY 1, 4""", [run_id]).fetchall()
+    out: dict[int, list[tuple[int, int, int, int]]] = {}
+    for r, w, step, s, e in rows:
+        out.setdefault(r, []).append((step, w, s, e))
+    return out
+
+
+def _cpu_training_thread(con, run_id: int) -> dict[tuple[int, int], tuple[int, int]]:
+    """(rank, window) -> (pid, tid) of the training thread (holds ProfilerStep#, else most aten:: time)."""
+    rows = con.execute("""
+        SELECT f.rank, f."window", c.pid, c.tid,
+               count(*) FILTER (WHERE profiler_step(c.cat, c.name) IS NOT NULL) AS steps,
+               sum(c.dur_ns) FILTER (WHERE c.name LIKE 'aten::%') AS aten_ns
+        FROM cpu_ops c JOIN files f USING (file_id) WHERE f.run_id = ?
+        GROUP BY ALL ORDER BY 1, 2, steps DESC, aten_ns DESC NULLS LAST""", [run_id]).fetchall()
+    out = {}
+    for r, w, pid, tid, _, _ in rows:
+        out.setdefault((r, w), (pid, tid))
+    return out
+
+
+def compute_run_metrics(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[list[RankMetrics],
+                                                                                list[StepMetrics]]:
+    """Per-rank and per-step metrics of one run (definitions in the module docstring).
+
+    Returns ``(ranks, steps)`` sorted by rank (and step). Ranks whose files hold no usable events still get a
+    row with zero times, so a missing activity is visible rather than silently dropped.
+    """
+    mode = run_mode(con, run_id)
+    files = con.execute("SELECT rank, \"window\", path FROM files WHERE run_id = ? AND status <> 'error' "
+                        "ORDER BY rank, \"window\"", [run_id]).fetchall()
+    if mode == "gpu":
+        iv = _intervals(con, _GPU_INTERVALS_SQL, [run_id])
+    else:
+        threads = _cpu_training_thread(con, run_id)
+        iv = _intervals(con, """
+            SELECT f.rank, f."window", cpu_op_class(c.cat, c.name) AS klass, c.ts_ns, c.ts_ns + c.dur_ns AS end_ns,
+                   c.pid, c.tid
+            FROM cpu_ops c JOIN files f USING (file_id)
+            WHERE f.run_id = ? AND cpu_op_class(c.cat, c.name) <> 'other'""", [run_id])
+        iv = _restrict_cpu_compute(con, run_id, iv, threads)
+    steps = _steps(con, run_id)
+    sums = _kernel_sums(con, run_id) if mode == "gpu" else {}
+
+    by_rank: dict[int, list[str]] = {}
+    windows: dict[int, set[int]] = {}
+    for r, w, path in files:
+        by_rank.setdefault(r, []).append(path)
+        windows.setdefault(r, set()).add(w)
+    rank_rows: list[RankMetrics] = []
+    step_rows: list[StepMetrics] = []
+    for r in sorted(by_rank):
+        total = Breakdown()
+        for w in sorted(windows[r]):
+            d = iv.get((r, w))
+            if not d:
+                continue
+            comm_iv = d["communication"]
+            compute_iv = d["compute"]
+            if mode == "gpu":
+                win = (int(d["all"][0].min()), int(d["all"][1].max()))
+                all_iv = d["all"]
+            else:
+                st = [s for s in steps.get(r, []) if s[1] == w]
+                if st:
+                    win = (min(s[2] for s in st), max(s[3] for s in st))
+                else:
+                    win = (int(d["all"][0].min()), int(d["all"][1].max()))
+                all_iv = (np.concatenate((compute_iv[0], comm_iv[0])), np.concatenate((compute_iv[1], comm_iv[1])))
+            total.add(breakdown(win, all_iv, compute_iv, comm_iv))
+            for step, sw, s, e in steps.get(r, []):
+                if sw != w:
+                    continue
+                b = breakdown((s, e), all_iv, compute_iv, comm_iv)
+                step_rows.append(StepMetrics(run_id, r, step, s, (e - s) / 1e3, b.compute_us, b.comm_us,
+                                             b.exposed_comm_us, b.idle_us))
+        rsteps = [s for s in step_rows if s.rank == r]
+        ks = sums.get(r, {})
+        rank_rows.append(RankMetrics(
+            run_id=run_id, rank=r, mode=mode, n_files=len(by_rank[r]),
+            window_us=total.window_us, busy_us=total.busy_us, idle_us=total.idle_us,
+            compute_us=total.compute_us, non_compute_us=total.non_compute_us,
+            idle_pct=_pct(total.idle_us, total.window_us), compute_pct=_pct(total.compute_us, total.window_us),
+            non_compute_pct=_pct(total.non_compute_us, total.window_us),
+            comm_us=total.comm_us, comm_comp_overlap_pct=_pct(total.overlap_us, total.comm_us),
+            exposed_comm_us=total.exposed_comm_us,
+            kernel_compute_us=ks.get("compute", 0.0), kernel_comm_us=ks.get("communication", 0.0),
+            kernel_memory_us=ks.get("memory", 0.0), n_kernels=int(ks.get("n", 0)),
+            n_steps=len(rsteps),
+            step_time_us=float(np.mean([s.step_time_us for s in rsteps])) if rsteps else None,
+            files=by_rank[r]))
+    return rank_rows, step_rows
+
+
+def _restrict_cpu_compute(con, run_id, iv, threads):
+    """In CPU mode only the training thread's aten ops are compute (worker threads would double count)."""
+    res = con.execute("""
+        SELECT f.rank, f."window", c.pid, c.tid, c.ts_ns, c.ts_ns + c.dur_ns AS end_ns
+        FROM cpu_ops c JOIN files f USING (file_id)
+        WHERE f.run_id = ? AND cpu_op_class(c.cat, c.name) = 'compute'""", [run_id]).fetchnumpy()
+    out = {}
+    rank = np.asarray(res["rank"], dtype=np.int64)
+    win = np.asarray(res["window"], dtype=np.int64)
+    pid = np.asarray(res["pid"], dtype=np.float64)
+    tid = np.asarray(res["tid"], dtype=np.float64)
+    ts = np.asarray(res["ts_ns"], dtype=np.int64)
+    end = np.asarray(res["end_ns"], dtype=np.int64)
+    for key, d in iv.items():
+        th = threads.get(key)
+        sel = (rank == key[0]) & (win == key[1])
+        if th is not None:
+            sel &= (pid == th[0]) & (tid == th[1])
+        d = dict(d)
+        d["compute"] = (ts[sel], end[sel])
+        out[key] = d
+    return out
+
+
+def _kernel_sums(con, run_id: int) -> dict[int, dict[str, float]]:
+    """rank -> summed kernel time per class (µs, not merged) and kernel count."""
+    rows = con.execute("""
+        SELECT f.rank, kernel_class(k.cat, k.name), sum(k.dur_ns) / 1e3, count(*)
+        FROM kernels k JOIN files f USING (file_id)
+        WHERE f.run_id = ? AND k.cat <> 'gpu_user_annotation' GROUP BY ALL""", [run_id]).fetchall()
+    out: dict[int, dict[str, float]] = {}
+    for r, cls, us, n in rows:
+        d = out.setdefault(r, {"n": 0})
+        d[cls] = float(us)
+        d["n"] += n
+    return out
+
+
+def top_kernels(con: duckdb.DuckDBPyConnection, run_id: int, limit: int = 15) -> list[dict]:
+    """The kernels (GPU mode) or ops (CPU mode) with the most total time across ranks.
+
+    Returns dicts with ``name, klass, count, total_us, mean_us, pct`` (pct of all kernel/op time of the run).
+    In CPU mode only leaf-level ``aten::`` ops and communication ops are listed (nested ops double count).
+    """
+    if run_mode(con, run_id) == "gpu":
+        sql = """
+            WITH k AS (SELECT k.name, kernel_class(k.cat, k.name) AS klass, k.dur_ns FROM kernels k
+                       JOIN files f USING (file_id) WHERE f.run_id = ? AND k.cat <> 'gpu_user_annotation')
+            SELECT name, klass, count(*) AS count, sum(dur_ns) / 1e3 AS total_us, avg(dur_ns) / 1e3 AS mean_us,
+                   100.0 * sum(dur_ns) / (SELECT sum(dur_ns) FROM k) AS pct
+            FROM k GROUP BY ALL ORDER BY total_us DESC LIMIT ?"""
+    else:
+        sql = """
+            WITH k AS (SELECT c.name, cpu_op_class(c.cat, c.name) AS klass, c.dur_ns FROM cpu_ops c
+                       JOIN files f USING (file_id) WHERE f.run_id = ? AND cpu_op_class(c.cat, c.name) <> 'other')
+            SELECT name, klass, count(*) AS count, sum(dur_ns) / 1e3 AS total_us, avg(dur_ns) / 1e3 AS mean_us,
+                   100.0 * sum(dur_ns) / (SELECT sum(dur_ns) FROM k) AS pct
+            FROM k GROUP BY ALL ORDER BY total_us DESC LIMIT ?"""
+    cur = con.execute(sql, [run_id, limit])
+    cols = [d[0] for d in cur.description]
+    return [dict(zip(cols, row, strict=True)) for row in cur.fetchall()]
+
+
+def save(con: duckdb.DuckDBPyConnection, ranks: list[RankMetrics], steps: list[StepMetrics]) -> None:
+    """Write the metric rows into ``rank_metrics`` / ``step_metrics`` (tables are replaced per report)."""
+    if ranks:
+        cols = [f for f in RankMetrics.__dataclass_fields__ if f != "files"]
+        con.executemany(f"INSERT INTO rank_metrics ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
+                        [[getattr(r, c) for c in cols] for r in ranks])
+    if steps:
+        cols = list(StepMetrics.__dataclass_fields__)
+        con.executemany(f"INSERT INTO step_metrics ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
+                        [[getattr(s, c) for c in cols] for s in steps])
+
+
+def step_number(name: str) -> int | None:
+    """N of ``ProfilerStep#N``; None for other names."""
+    m = re.fullmatch(r"ProfilerStep#(\d+)", name)
+    return int(m.group(1)) if m else None

@@ -1,0 +1,240 @@
+"""Store: the DuckDB database every later stage reads, its schema, and the parse cache.
+
+The database is an artifact: users open it with ``duckdb FILE`` (or ``traceanalyze sql FILE "..."``).
+Event tables carry ``file_id``; ``files`` maps a file to its run, rank and profiling window, so per-rank
+queries join on it. Times are integer nanoseconds (``ts_ns``, ``dur_ns``); ``ts_ns`` is on the rank's
+own clock (``baseTimeNanoseconds`` applied), not aligned across hosts. See ``docs/schema.md``.
+
+Re-running on unchanged files does not parse them again: a file whose resolved path, size and mtime match
+a row of ``files`` keeps its rows. Each file is loaded in its own transaction, so an interrupted ingest
+leaves every finished file usable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+
+from traceanalyze.errors import InputError, TraceanalyzeError
+from traceanalyze.ingest import TABLES, TraceFile, parse_trace
+
+SCHEMA_VERSION = 1
+
+DDL = f"""
+CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR);
+INSERT OR IGNORE INTO meta VALUES ('schema_version', '{SCHEMA_VERSION}');
+CREATE TABLE IF NOT EXISTS files (
+    file_id INTEGER PRIMARY KEY,   -- stable id of one parsed trace file
+    path VARCHAR UNIQUE,           -- resolved path
+    size_bytes BIGINT,             -- file size on disk
+    mtime_ns BIGINT,               -- modification time; with size the cache key
+    status VARCHAR,                -- ok | partial | error
+    message VARCHAR,               -- why partial or error
+    bytes_read BIGINT,             -- decompressed JSON bytes read
+    base_time_ns BIGINT,           -- baseTimeNanoseconds (0 for old traces with absolute ts)
+    header JSON,                   -- top-level keys except traceEvents
+    n_kernels BIGINT, n_cpu_ops BIGINT,
+    run_id INTEGER,                -- set per report: the run this file belongs to
+    rank INTEGER,                  -- distributedInfo.rank, else from the name
+    "window" INTEGER               -- 0, 1, ...: profiling windows of one rank, by start time
+);
+CREATE TABLE IF NOT EXISTS runs (
+    run_id INTEGER PRIMARY KEY,
+    name VARCHAR, path VARCHAR,
+    role VARCHAR,                  -- subject | baseline
+    world_size INTEGER,            -- distributedInfo.world_size (max over files), else ranks found
+    backend VARCHAR,               -- nccl | gloo | ...
+    mode VARCHAR,                  -- gpu (kernels present) | cpu (gloo/CPU-only: ops are the activity)
+    gpu_model VARCHAR, gpu_count INTEGER,
+    nccl_version VARCHAR, cuda_runtime_version VARCHAR
+);
+CREATE TABLE IF NOT EXISTS kernels (
+    file_id INTEGER,
+    cat VARCHAR,                   -- kernel | gpu_memcpy | gpu_memset | gpu_user_annotation
+    name VARCHAR, device BIGINT, stream BIGINT,
+    ts_ns BIGINT, dur_ns BIGINT,   -- start on the rank's clock, duration (ns)
+    correlation BIGINT,            -- == cuda_runtime.correlation of the launch
+    external_id BIGINT,            -- == cpu_ops.external_id of the launching op
+    bytes BIGINT,                  -- memcpy/memset bytes
+    collective VARCHAR, in_nelems BIGINT, out_nelems BIGINT, group_size BIGINT, comm_dtype VARCHAR,
+    pg_name VARCHAR, pg_desc VARCHAR, pg_ranks VARCHAR, seq BIGINT   -- NCCL metadata, when kineto wrote it
+);
+CREATE TABLE IF NOT EXISTS cpu_ops (
+    file_id INTEGER,
+    cat VARCHAR,                   -- cpu_op | user_annotation | cuda_runtime | cuda_driver
+    name VARCHAR, pid BIGINT, tid BIGINT,
+    ts_ns BIGINT, dur_ns BIGINT,
+    external_id BIGINT, correlation BIGINT,
+    input_types VARCHAR,           -- JSON text of args["Input type"] (record_shapes)
+    input_dims VARCHAR,            -- JSON text of args["Input Dims"]
+    kernel_backend VARCHAR,        -- "triton" on inductor launches
+    collective VARCHAR, in_nelems BIGINT, out_nelems BIGINT, group_size BIGINT, comm_dtype VARCHAR,
+    pg_name VARCHAR, pg_desc VARCHAR, pg_ranks VARCHAR, seq BIGINT   -- record_param_comms metadata
+);
+CREATE TABLE IF NOT EXISTS threads (
+    file_id INTEGER, pid BIGINT, tid BIGINT,
+    kind VARCHAR,                  -- thread_name | process_name | process_labels
+    label VARCHAR
+);
+CREATE TABLE IF NOT EXISTS warnings (
+    run_id INTEGER, file VARCHAR, message VARCHAR
+);
+"""
+
+
+@dataclass
+class LoadedFile:
+    """One trace file's place in the store after :func:`load_traces`."""
+
+    path: Path
+    file_id: int | None
+    cached: bool
+    info: TraceFile | None
+    error: str | None
+
+
+def connect(db_path: str | Path | None) -> duckdb.DuckDBPyConnection:
+    """Open (or create) the database and make sure the schema exists.
+
+    ``db_path`` None gives an in-memory database. Raises :class:`TraceanalyzeError` when another process
+    holds the file (two concurrent reports on one database) or the file is not a DuckDB database.
+    """
+    try:
+        con = duckdb.connect(str(db_path) if db_path else ":memory:")
+    except duckdb.IOException as exc:
+        msg = str(exc)
+        if "lock" in msg.lower():
+            raise TraceanalyzeError(
+                f"{db_path}: the database is in use by another traceanalyze run; wait for it to finish "
+                "or pass a different --db") from None
+        raise TraceanalyzeError(f"{db_path}: cannot open the database ({msg.splitlines()[0]})") from None
+    except duckdb.Error as exc:
+        raise TraceanalyzeError(f"{db_path}: not a usable DuckDB database ({str(exc).splitlines()[0]})") from None
+    con.execute(DDL)
+    return con
+
+
+def _stat_key(path: Path) -> tuple[str, int, int]:
+    st = path.stat()
+    return str(path.resolve()), st.st_size, st.st_mtime_ns
+
+
+def _parse_to_parquet(args: tuple[str, str, str, int]) -> tuple[str, TraceFile | None, str | None]:
+    """Worker: parse one file into Parquet files; return (path, summary, error message)."""
+    path, out_dir, key, max_decompressed = args
+    try:
+        info, _ = parse_trace(path, out_dir, key=key, max_decompressed=max_decompressed)
+        return path, info, None
+    except InputError as exc:
+        return path, None, exc.problem
+    except MemoryError:
+        return path, None, "ran out of memory while parsing"
+    except Exception as exc:  # a bug or an unforeseen input must not stop the other ranks
+        return path, None, f"could not be parsed ({type(exc).__name__}: {exc})"
+
+
+def load_traces(con: duckdb.DuckDBPyConnection, paths: Iterable[Path], *, jobs: int | None = None,
+                progress: Callable[[int], None] | None = None,
+                max_decompressed: int = 64 << 30) -> list[LoadedFile]:
+    """Parse the trace files not already in the store (cache key: resolved path, size, mtime) and load them.
+
+    Files are parsed in ``jobs`` processes (default: the CPU count, at most the number of files) into
+    Parquet, then each is loaded in its own transaction. ``progress`` is called with each file's size in
+    bytes as it finishes. Returns one :class:`LoadedFile` per path, in input order; a file that failed
+    has ``error`` set and no rows.
+    """
+    paths = list(paths)
+    out: dict[Path, LoadedFile] = {}
+    todo: list[tuple[Path, tuple[str, int, int]]] = []
+    for p in paths:
+        try:
+            key = _stat_key(p)
+        except OSError as exc:
+            out[p] = LoadedFile(p, None, False, None, f"cannot read ({exc.strerror or exc})")
+            continue
+        row = con.execute("SELECT file_id, status, message FROM files WHERE path = ? AND size_bytes = ? "
+                          "AND mtime_ns = ?", list(key)).fetchone()
+        if row is not None and row[1] in ("ok", "partial"):
+            out[p] = LoadedFile(p, row[0], True, None, None)
+            if progress:
+                progress(key[1])
+        else:
+            todo.append((p, key))
+    if todo:
+        tmp = tempfile.mkdtemp(prefix="traceanalyze-")
+        try:
+            work = [(str(p), tmp, f"f{i}", max_decompressed) for i, (p, _) in enumerate(todo)]
+            n_jobs = max(1, min(jobs or os.cpu_count() or 1, len(work)))
+            keys = {str(p): (p, k) for p, k in todo}
+            if n_jobs == 1:
+                results: Iterable = map(_parse_to_parquet, work)
+                pool = None
+            else:
+                pool = ProcessPoolExecutor(max_workers=n_jobs)
+                results = pool.map(_parse_to_parquet, work)
+            try:
+                for path_s, info, err in results:
+                    p, key = keys[path_s]
+                    out[p] = _store_file(con, p, key, info, err)
+                    if progress:
+                        progress(key[1])
+            finally:
+                if pool is not None:
+                    pool.shutdown(cancel_futures=True)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return [out[p] for p in paths]
+
+
+def _store_file(con, path: Path, key, info: TraceFile | None, err: str | None) -> LoadedFile:
+    resolved, size, mtime = key
+    con.execute("BEGIN TRANSACTION")
+    try:
+        old = con.execute("SELECT file_id FROM files WHERE path = ?", [resolved]).fetchone()
+        if old is not None:
+            for t in TABLES:
+                con.execute(f"DELETE FROM {t} WHERE file_id = ?", [old[0]])
+            con.execute("DELETE FROM files WHERE file_id = ?", [old[0]])
+        file_id = con.execute("SELECT coalesce(max(file_id), 0) + 1 FROM files").fetchone()[0]
+        if info is None:
+            con.execute("INSERT INTO files (file_id, path, size_bytes, mtime_ns, status, message) "
+                        "VALUES (?, ?, ?, ?, 'error', ?)", [file_id, resolved, size, mtime, err])
+        else:
+            base = int(info.base_time_ns)
+            for t, pq_path in info.parquet.items():
+                cols = [c for c in TABLES[t].names]
+                sel = ", ".join(f"ts_ns + {base} AS ts_ns" if c == "ts_ns" else f'"{c}"' for c in cols)
+                con.execute(f"INSERT INTO {t} (file_id, {', '.join(chr(34) + c + chr(34) for c in cols)}) "
+                            f"SELECT {file_id}, {sel} FROM read_parquet(?)", [pq_path])
+            con.execute(
+                "INSERT INTO files (file_id, path, size_bytes, mtime_ns, status, message, bytes_read, "
+                "base_time_ns, header, n_kernels, n_cpu_ops) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [file_id, resolved, size, mtime, "partial" if info.partial else "ok",
+                 "; ".join(info.warnings) or None, info.bytes_read, base,
+                 json.dumps(info.header, default=str), info.counts.get("kernels", 0),
+                 info.counts.get("cpu_ops", 0)])
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    return LoadedFile(path, file_id, False, info, err)
+
+
+def file_header(con: duckdb.DuckDBPyConnection, file_id: int) -> dict:
+    """The stored top-level header of one file (``{}`` when none)."""
+    row = con.execute("SELECT header FROM files WHERE file_id = ?", [file_id]).fetchone()
+    if not row or row[0] is None:
+        return {}
+    try:
+        h = json.loads(row[0])
+        return h if isinstance(h, dict) else {}
+    except ValueError:
+        return {}
