@@ -186,6 +186,10 @@ def _guard(ctx: click.Context, fn) -> None:
     except OSError as exc:
         click.echo(f"traceanalyze: {exc.filename or ''}: {exc.strerror or exc}", err=True)
         sys.exit(1)
+    except Exception as exc:  # a bug: still one line, and how to see more
+        click.echo(f"traceanalyze: internal error ({type(exc).__name__}: {exc}); rerun with --debug for the "
+                   "traceback and report it", err=True)
+        sys.exit(2)
 
 
 def main() -> None:

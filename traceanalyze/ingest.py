@@ -229,7 +229,7 @@ class _Scanner:
         idx = np.flatnonzero(m)
         codes = m[idx]
         if self.escape_next or (codes == 2).any():
-            codes = self._drop_escaped(idx, codes)
+            codes = self._drop_escaped(idx, codes, len(a))
         isq = codes == 1
         qbefore = np.cumsum(isq) - isq  # quotes strictly before each entry
         br = codes >= 3
@@ -245,27 +245,29 @@ class _Scanner:
         chars = a[pos]
         return pos + start, chars, depth_after
 
-    def _drop_escaped(self, idx: np.ndarray, codes: np.ndarray) -> np.ndarray:
-        """Mark quotes escaped by an odd run of backslashes (and the backslashes) as plain characters."""
+    def _drop_escaped(self, idx: np.ndarray, codes: np.ndarray, n: int) -> np.ndarray:
+        """Mark quotes escaped by a backslash (and the backslashes themselves) as plain characters.
+
+        ``idx`` are positions of special bytes in a block of ``n`` bytes. A backslash escapes the next byte,
+        whatever it is; only special bytes are listed, so a gap after a backslash means it escaped a plain one.
+        """
         codes = codes.copy()
         escape = self.escape_next
-        prev_pos = -2
+        prev_pos = -1  # a pending escape from the last block applies to byte 0 of this one
         for j in range(codes.size):  # only reached for blocks that hold a backslash: rare in traces
-            c = codes[j]
             p = int(idx[j])
-            if escape and p == prev_pos + 1:
-                codes[j] = 0  # this char is escaped
+            if escape:
                 escape = False
-                prev_pos = p
-                continue
-            if escape and p != prev_pos + 1:
-                escape = False  # escaped a plain character
-            if c == 2:
+                if p == prev_pos + 1:
+                    codes[j] = 0  # this byte is escaped
+                    prev_pos = p
+                    continue
+            if codes[j] == 2:
                 escape = True
                 codes[j] = 0
             prev_pos = p
-        # an escape pending at the very end carries to the next block only if the backslash was the last byte
-        self.escape_next = escape and prev_pos == int(idx[-1]) if idx.size else self.escape_next
+        # still pending only if the escaping backslash is the block's last byte
+        self.escape_next = escape and prev_pos == n - 1
         return codes
 
 
@@ -688,31 +690,51 @@ def _merge_tail(path: Path, tail: bytes, info: TraceFile) -> None:
         info.header.update(extra)
 
 
+def _split_events(body: bytes) -> list[bytes]:
+    """Cut ``{...},{...}`` into one byte string per top-level object (using the same scanner).
+
+    Elements that are not objects (a bare ``5``) are left out; an object cut short at the end is kept, to fail
+    its own decode.
+    """
+    sc = _Scanner()
+    pos, chars, depth = sc.scan(body, 0)
+    starts = pos[(depth == 1) & (chars == 123)].tolist()
+    ends = pos[(depth == 0) & (chars == 125)].tolist()
+    return [body[s: e + 1] for s, e in zip(starts, ends + [len(body) - 1] * (len(starts) - len(ends)), strict=True)]
+
+
 def _decode_one_by_one(body: bytes, info: TraceFile) -> list[_Event]:
-    """Slow path for a chunk with a malformed event: decode each event alone, skip the bad ones."""
+    """Slow path for a chunk with a malformed event: decode each event alone and skip the bad ones.
+
+    An event with a wrong-typed ``args`` keeps its other fields; one that is not valid JSON (``NaN``, a cut
+    string) or not an object is dropped and counted.
+    """
     out: list[_Event] = []
     bad = 0
-    try:
-        raw_events = _ANY.decode(b"[" + body + b"]")
-    except msgspec.DecodeError:
-        info.warnings.append("a run of events is not valid JSON; skipped")
-        info.skipped_events += 1
-        return out
-    for ev in raw_events:
-        if not isinstance(ev, dict):
+    for raw in _split_events(body):
+        try:
+            out.append(_EVENT.decode(raw))
+            continue
+        except msgspec.ValidationError:
+            pass
+        except msgspec.DecodeError:
             bad += 1
             continue
         try:
+            ev = _ANY.decode(raw)
+        except msgspec.DecodeError:
+            bad += 1
+            continue
+        if not isinstance(ev, dict):
+            bad += 1
+            continue
+        args = ev.pop("args", None)
+        if isinstance(args, dict):  # keep the event, drop only the malformed args
+            ev["args"] = {k: v for k, v in args.items() if isinstance(v, (int, float, str))}
+        try:
             out.append(_EVENT.decode(msgspec.json.encode(ev)))
         except (msgspec.DecodeError, msgspec.ValidationError):
-            args = ev.get("args")
-            ev = {k: v for k, v in ev.items() if k != "args"}
-            if isinstance(args, dict):  # keep the event, drop only the malformed args
-                ev["args"] = {k: v for k, v in args.items() if isinstance(v, (int, float, str))}
-            try:
-                out.append(_EVENT.decode(msgspec.json.encode(ev)))
-            except (msgspec.DecodeError, msgspec.ValidationError):
-                bad += 1
+            bad += 1
     if bad:
         info.skipped_events += bad
         info.warnings.append(f"{bad} malformed events skipped")

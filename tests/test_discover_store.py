@@ -1,0 +1,134 @@
+"""Discovery (ranks, runs, skipped files) and the DuckDB store (schema, parse cache, locking)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+
+import pytest
+
+from tests.conftest import real
+from traceanalyze.discover import assign_ranks, discover, rank_from_name
+from traceanalyze.errors import TraceanalyzeError
+from traceanalyze.pipeline import analyze
+from traceanalyze.store import connect
+
+
+def _tiny_trace(path, rank=None, world=None, t0=0.0):
+    di = {} if rank is None else {"distributedInfo": {"rank": rank, "world_size": world}}
+    ev = [{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": t0 + 10, "dur": 5, "args": {}},
+          {"ph": "X", "cat": "kernel", "name": "ncclKernel_AllReduce", "pid": 0, "tid": 9, "ts": t0 + 12, "dur": 10,
+           "args": {}}]
+    data = json.dumps({"schemaVersion": 1, **di, "traceEvents": ev}).encode()
+    path.write_bytes(gzip.compress(data) if str(path).endswith(".gz") else data)
+
+
+@pytest.mark.parametrize("name, rank", [("rank3.json", 3), ("trace_rank-12.pt.trace.json.gz", 12),
+                                        ("worker_rank_7.json", 7), ("[rank5]trace.json", 5),
+                                        ("host_4632.1795.pt.trace.json.gz", None), ("franky0.json", None)])
+def test_rank_from_name(name, rank, tmp_path):
+    assert rank_from_name(tmp_path / name) == rank
+
+
+def test_header_rank_wins_and_single_unranked_file_is_rank_0(tmp_path):
+    a, b = tmp_path / "rank0.json", tmp_path / "x.json"
+    ranks, warnings = assign_ranks([a], {a: {"distributedInfo": {"rank": 6}}})
+    assert ranks == {a: 6} and warnings == []
+    ranks, _ = assign_ranks([b], {b: {}})
+    assert ranks == {b: 0}
+
+
+def test_discover_groups_runs_and_skips_chakra(tmp_path):
+    (tmp_path / "run_a").mkdir()
+    (tmp_path / "run_b").mkdir()
+    _tiny_trace(tmp_path / "run_a" / "rank0.json", 0, 2)
+    _tiny_trace(tmp_path / "run_a" / "rank1.json.gz", 1, 2)
+    _tiny_trace(tmp_path / "run_b" / "only.json")
+    (tmp_path / "run_a" / "rank0.et.json").write_text('{"schema": "1.0", "nodes": []}')
+    (tmp_path / "run_a" / "notes.json").write_text('{"hello": "world"}')
+    d = discover([tmp_path])
+    assert [r.name for r in d.runs] == ["run_a", "run_b"]
+    assert [p.name for p in d.runs[0].traces] == ["rank0.json", "rank1.json.gz"]
+    skipped = dict(d.skipped)
+    assert "Chakra" in skipped[str(tmp_path / "run_a" / "rank0.et.json")]
+
+
+def test_symlink_loop_does_not_hang(tmp_path):
+    _tiny_trace(tmp_path / "rank0.json", 0, 1)
+    (tmp_path / "loop").symlink_to(tmp_path)
+    d = discover([tmp_path])
+    assert len(d.runs) == 1 and len(d.runs[0].traces) == 1
+
+
+def test_two_windows_of_one_rank_are_kept(tmp_path):
+    _tiny_trace(tmp_path / "a.json", 0, 1, t0=0)
+    _tiny_trace(tmp_path / "b.json", 0, 1, t0=1000)
+    a = analyze(tmp_path, jobs=1)
+    (run,) = a.model["runs"]
+    (r,) = run["ranks"]
+    assert r["n_files"] == 2
+    assert r["window_us"] == pytest.approx(2 * 12)  # each window: 10 → 22 µs
+    rows = a.con.execute('SELECT "window", path FROM files ORDER BY "window"').fetchall()
+    assert [w for w, _ in rows] == [0, 1] and rows[0][1].endswith("a.json")
+
+
+def test_missing_ranks_are_reported_with_advice(tmp_path):
+    for r in range(5):
+        _tiny_trace(tmp_path / f"rank{r}.json", r, 8)
+    a = analyze(tmp_path, jobs=1)
+    (msg,) = [w["message"] for w in a.model["warnings"] if "no trace" in w["message"]]
+    assert msg.startswith("3 of 8 ranks have no trace (ranks 5–7)") and "copy every rank's trace" in msg
+    assert a.model["runs"][0]["missing_ranks"] == [5, 6, 7]
+
+
+def test_rerun_reuses_the_database_without_parsing(tmp_path, monkeypatch):
+    src = real("hta/trace_filter")
+    db = tmp_path / "cache.duckdb"
+    first = analyze(src, db=db, jobs=1)
+    idle = [r["idle_pct"] for r in first.model["runs"][0]["ranks"]]
+    first.con.close()
+    import traceanalyze.store as store
+
+    def boom(*a, **k):
+        raise AssertionError("parsed again")
+
+    monkeypatch.setattr(store, "parse_trace", boom)
+    second = analyze(src, db=db, jobs=1)
+    assert all(f["cached"] for f in second.model["runs"][0]["files"])
+    assert [r["idle_pct"] for r in second.model["runs"][0]["ranks"]] == idle
+    n, = second.con.execute("SELECT count(*) FROM kernels").fetchone()
+    assert n == 1204 + 1154  # not loaded twice
+    second.con.close()
+
+
+def test_changed_file_is_parsed_again(tmp_path):
+    shutil.copy(real("hta/trace_filter") / "sampled_rank-0.json.gz", tmp_path / "r0.json.gz")
+    db = tmp_path / "c.duckdb"
+    analyze(tmp_path, db=db, jobs=1).con.close()
+    _tiny_trace(tmp_path / "r0.json.gz", 0, 2)
+    a = analyze(tmp_path, db=db, jobs=1)
+    assert not a.model["runs"][0]["files"][0]["cached"]
+    assert a.con.execute("SELECT count(*) FROM kernels").fetchone() == (2,)
+
+
+def test_parallel_parse_gives_the_same_numbers():
+    src = real("hta/trace_filter")
+    one = analyze(src, jobs=1).model["runs"][0]["ranks"]
+    two = analyze(src, jobs=2).model["runs"][0]["ranks"]
+    assert [r["idle_pct"] for r in one] == [r["idle_pct"] for r in two]
+
+
+def test_locked_database_gives_a_clear_error(tmp_path):
+    import subprocess
+    import sys
+
+    db = tmp_path / "busy.duckdb"
+    holder = subprocess.Popen([sys.executable, "-c", f"import duckdb,time; c=duckdb.connect({str(db)!r}); "
+                               "print('ok', flush=True); time.sleep(30)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ok"
+        with pytest.raises(TraceanalyzeError, match="in use by another traceanalyze run"):
+            connect(db)
+    finally:
+        holder.kill()

@@ -1,0 +1,149 @@
+"""Streaming ingest on generated and real traces: both schemas, truncation, odd JSON, block boundaries."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+from tests.conftest import real
+from traceanalyze import ingest
+from traceanalyze.errors import InputError
+from traceanalyze.ingest import parse_trace
+
+
+def _kernel(i: int, name: str = "void gemm_kernel<float>(float*)") -> dict:
+    return {"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 7, "ts": 1000.5 + 10 * i, "dur": 4.25,
+            "args": {"External id": i, "device": 0, "stream": 7, "correlation": 100 + i}}
+
+
+def _op(i: int, name: str = "aten::mm") -> dict:
+    return {"ph": "X", "cat": "cpu_op", "name": name, "pid": 11, "tid": 12, "ts": 990.0 + 10 * i, "dur": 3.0,
+            "args": {"External id": i, "Input type": ["c10::BFloat16", "c10::BFloat16"],
+                     "Input Dims": [[64, 32], [32, 16]]}}
+
+
+def _trace(events: list[dict], **header) -> dict:
+    return {"schemaVersion": 1, "distributedInfo": {"rank": 3, "world_size": 4}, **header, "traceEvents": events}
+
+
+def _write(tmp_path, obj, name="t.json", gz=False) -> str:
+    data = json.dumps(obj, indent=1).encode() if not isinstance(obj, bytes) else obj
+    p = tmp_path / (name + (".gz" if gz else ""))
+    p.write_bytes(gzip.compress(data) if gz else data)
+    return str(p)
+
+
+def test_columns_units_and_header(tmp_path):
+    path = _write(tmp_path, _trace([_kernel(0), _op(0)], baseTimeNanoseconds=5_000_000_000), gz=True)
+    info, t = parse_trace(path)
+    assert info.header["distributedInfo"] == {"rank": 3, "world_size": 4}
+    assert info.base_time_ns == 5_000_000_000
+    k = t["kernels"].to_pylist()[0]
+    assert (k["ts_ns"], k["dur_ns"], k["stream"], k["correlation"], k["external_id"]) == (1_000_500, 4_250, 7, 100, 0)
+    c = t["cpu_ops"].to_pylist()[0]
+    assert json.loads(c["input_types"]) == ["c10::BFloat16", "c10::BFloat16"]
+    assert json.loads(c["input_dims"]) == [[64, 32], [32, 16]]
+    assert not info.partial and info.warnings == []
+
+
+def test_header_after_events_is_read(tmp_path):
+    # new kineto writes baseTimeNanoseconds after traceEvents
+    text = '{"schemaVersion": 1, "traceEvents": [' + json.dumps(_kernel(0)) + '], "baseTimeNanoseconds": 7000}'
+    info, t = parse_trace(_write(tmp_path, text.encode()))
+    assert info.base_time_ns == 7000 and t["kernels"].num_rows == 1
+
+
+def test_bare_array_form(tmp_path):
+    info, t = parse_trace(_write(tmp_path, json.dumps([_kernel(0), _kernel(1)]).encode()))
+    assert t["kernels"].num_rows == 2 and info.header == {}
+
+
+def test_strings_with_brackets_quotes_and_escapes(tmp_path, monkeypatch):
+    names = ['void f<{lambda(int)#1}>()', 'say "hi" [x]', 'back\\slash\\', 'tab\t}{][', "\\\"}"]
+    events = [_kernel(i, n) for i, n in enumerate(names * 50)]
+    monkeypatch.setattr(ingest, "BLOCK_BYTES", 97)  # force many block boundaries inside strings and escapes
+    info, t = parse_trace(_write(tmp_path, _trace(events), gz=True))
+    assert t["kernels"].column("name").to_pylist() == names * 50
+    assert not info.partial
+
+
+@pytest.mark.parametrize("cut", [0.2, 0.5, 0.77, 0.99])
+def test_truncated_json_reads_complete_events(tmp_path, cut):
+    events = [_kernel(i) for i in range(200)]
+    data = json.dumps(_trace(events), indent=1).encode()
+    data = data[: int(len(data) * cut)]
+    info, t = parse_trace(_write(tmp_path, data))
+    n = t["kernels"].num_rows
+    assert 0 < n < 200
+    assert t["kernels"].column("external_id").to_pylist() == list(range(n))  # exactly the complete prefix
+    assert info.partial and "truncated" in info.warnings[0]
+
+
+def test_truncated_gzip_reads_what_it_can(tmp_path):
+    events = [_kernel(i) for i in range(5000)]
+    raw = gzip.compress(json.dumps(_trace(events)).encode())
+    p = tmp_path / "cut.json.gz"
+    p.write_bytes(raw[: len(raw) // 2])
+    info, t = parse_trace(p)
+    assert 0 < t["kernels"].num_rows < 5000 and info.partial
+    assert "gzip stream ends early" in info.warnings[0]
+
+
+@pytest.mark.parametrize("content, problem", [
+    (b"", "empty file"),
+    (b"hello", "not JSON"),
+    (b'{"a": 1, "b": [1, 2]}', "not a trace"),
+    (b'{"schemaVersion": 1, "traceEvents": [', "no events"),
+])
+def test_broken_files_raise_input_error_naming_the_file(tmp_path, content, problem):
+    p = _write(tmp_path, content, name="bad.json")
+    if problem == "no events":
+        info, t = parse_trace(p)  # the array opened and was cut before any event: partial, empty
+        assert info.partial and t["kernels"].num_rows == 0
+        return
+    with pytest.raises(InputError) as exc:
+        parse_trace(p)
+    assert str(exc.value).startswith(p) and problem in str(exc.value)
+
+
+def test_wrong_types_and_bad_times_are_skipped_not_fatal(tmp_path):
+    events = [_kernel(0), dict(_kernel(1), ts="soon"), dict(_kernel(2), dur=-5), dict(_kernel(3), dur=float("nan")),
+              dict(_kernel(4), args={"External id": "x7", "stream": [1]}), {"ph": "X"}, 5, _kernel(5)]
+    text = json.dumps(_trace(events)).replace("NaN", "NaN")
+    info, t = parse_trace(_write(tmp_path, text.encode()))
+    ext = t["kernels"].column("external_id").to_pylist()
+    assert ext[0] == 0 and ext[-1] == 5 and 7 in ext  # "x7" coerced to 7
+    assert t["kernels"].num_rows == 3
+    assert info.skipped_events >= 3
+
+
+def test_gzip_bomb_is_bounded(tmp_path):
+    p = tmp_path / "bomb.json.gz"
+    with gzip.open(p, "wb") as fh:
+        fh.write(b'{"traceEvents": [' + b" " * (20 << 20))
+    with pytest.raises(InputError, match="decompresses to more than"):
+        parse_trace(p, max_decompressed=8 << 20)
+
+
+def test_real_old_and_new_schema_counts():
+    info, t = parse_trace(real("kineto/tb_plugin_test") / "gpu_metrics_input.json")
+    cats = t["kernels"].column("cat").to_pylist()
+    assert cats.count("kernel") == 30 and cats.count("gpu_memcpy") == 2
+    assert set(t["kernels"].column("stream").to_pylist()) == {7}  # from "stream 7" / args.stream
+    info, t = parse_trace(real("hta/df_index_resolver") / "df_index_resolver.json.gz")
+    cats = t["kernels"].column("cat").to_pylist()
+    assert cats.count("kernel") == 19370 and cats.count("gpu_memcpy") == 2040 and cats.count("gpu_memset") == 880
+    assert info.header["distributedInfo"]["rank"] == 1
+
+
+def test_parquet_output_is_chunked(tmp_path):
+    path = _write(tmp_path, _trace([_kernel(i) for i in range(3000)]))
+    out = tmp_path / "pq"
+    out.mkdir()
+    info, tables = parse_trace(path, out, key="x", chunk_rows=500)
+    import pyarrow.parquet as pq
+
+    f = pq.ParquetFile(info.parquet["kernels"])
+    assert tables is None and f.metadata.num_rows == 3000 and f.metadata.num_row_groups >= 2
