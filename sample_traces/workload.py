@@ -1,11 +1,12 @@
 """One rank of a small DDP language-model training job, recorded with torch.profiler.
 
-`generate.py` starts one process per rank (``python sample_traces/workload.py --config CFG --result RES``)
+`generate.py` starts one process per rank (``python sample_traces/workload.py --config CFG --result-dir RES``)
 with the usual ``torch.distributed`` environment (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
 ``MASTER_PORT``). Each rank trains a tiny GPT-like model on synthetic tokens with DDP (gloo) and AdamW,
 prints one torchtune-style line per optimizer step to stdout (``Step N | loss:... step_time_ms:... ``,
 where N is the same number as the trace's ``ProfilerStep#N``), writes one gzipped Kineto trace
-(``rank{r}.<ns>.pt.trace.json.gz``) into the scenario folder, and its measured step times into RES.
+(``rank{r}.<ns>.pt.trace.json.gz``) into the scenario folder, and its measured step times into
+``RES/result_rank{r}.json``.
 
 Knobs in :class:`JobConfig` reproduce the slowdowns: extra compute on one rank (straggler), bf16
 autocast vs fp32, ``torch.compile``, an expensive pure-Python per-sample transform (data-loader bound).
@@ -49,13 +50,13 @@ class JobConfig:
     micro_batch: int = 8
     grad_accum: int = 1
     steps: int = 8
-    lr: float = 3e-4
+    lr: float = 1e-3
     dtype: str = "float32"  # "float32", or "bfloat16" = torch.autocast("cpu", dtype=torch.bfloat16)
     compile: bool = False
-    # Rank that does extra matmuls before backward; the extra work is straggler_factor x the model's
-    # forward+backward matmul FLOPs (so 1.0 about doubles that rank's compute).
+    # Rank that runs straggler_extra_forwards extra no-grad forward passes of the model (on the same
+    # micro-batch) before backward; a forward is about 1/3 of forward+backward, so 3 doubles its compute.
     straggler_rank: int | None = None
-    straggler_factor: float = 0.0
+    straggler_extra_forwards: int = 0
     # Merge rounds of the pure-Python "tokenizer" run per sample in Dataset.__getitem__ (0 = none).
     tokenizer_rounds: int = 0
     tokenizer_text_chars: int = 256
@@ -165,13 +166,12 @@ class SyntheticTokens(Dataset):
         return seq[:-1], seq[1:]
 
 
-def extra_compute(flops: float) -> None:
-    """Burn about ``flops`` FLOPs in 256x256 fp32 matmuls (the straggler's real extra work)."""
-    n = 256
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    out = torch.empty(n, n)
-    for _ in range(max(1, round(flops / (2 * n**3)))):
-        torch.mm(a, b, out=out)
+def extra_forwards(model: nn.Module, x: torch.Tensor, n: int) -> None:
+    """The straggler's real extra work: ``n`` forward passes without grad (like an extra evaluation or
+    metrics pass that only one rank runs)."""
+    with torch.no_grad():
+        for _ in range(n):
+            model(x)
 
 
 def batches(loader: DataLoader) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -184,8 +184,9 @@ def batches(loader: DataLoader) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         epoch += 1
 
 
-def run(cfg: JobConfig, result_path: Path) -> None:
-    """Train ``cfg.steps`` optimizer steps under the profiler; write step times to ``result_path``."""
+def run(cfg: JobConfig, result_dir: Path) -> None:
+    """Train ``cfg.steps`` optimizer steps under the profiler; write step times to
+    ``result_dir/result_rank{r}.json``."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -196,10 +197,14 @@ def run(cfg: JobConfig, result_path: Path) -> None:
     n_params = sum(p.numel() for p in model.parameters())
     tokens_per_micro = cfg.micro_batch * cfg.seq_len
     model_flops = 6 * matmul_params(model) * tokens_per_micro
-    print(f"# traceanalyze sample scenario={cfg.scenario} rank={rank} world_size={world} backend=gloo "
-          f"torch={torch.__version__} threads={torch.get_num_threads()}")
-    print(f"# model TinyLM params={n_params} grad_bytes={4 * n_params} "
-          f"fwd_bwd_matmul_flops_per_micro_batch={model_flops}")
+    print(
+        f"# traceanalyze sample scenario={cfg.scenario} rank={rank} world_size={world} backend=gloo "
+        f"torch={torch.__version__} threads={torch.get_num_threads()}"
+    )
+    print(
+        f"# model TinyLM params={n_params} grad_bytes={4 * n_params} "
+        f"fwd_bwd_matmul_flops_per_micro_batch={model_flops}"
+    )
     print(f"# config {json.dumps(dataclasses.asdict(cfg), sort_keys=True)}")
     sys.stdout.flush()
 
@@ -209,16 +214,24 @@ def run(cfg: JobConfig, result_path: Path) -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     n_samples = cfg.micro_batch * cfg.grad_accum * world * (cfg.steps + 1)
     data = SyntheticTokens(cfg, n_samples)
-    loader = DataLoader(data, batch_size=cfg.micro_batch, num_workers=cfg.num_workers,
-                        sampler=DistributedSampler(data, num_replicas=world, rank=rank, seed=cfg.seed))
+    loader = DataLoader(
+        data,
+        batch_size=cfg.micro_batch,
+        num_workers=cfg.num_workers,
+        sampler=DistributedSampler(data, num_replicas=world, rank=rank, seed=cfg.seed),
+    )
     stream = batches(loader)
-    is_straggler = cfg.straggler_rank == rank and cfg.straggler_factor > 0
+    extra = cfg.straggler_extra_forwards if cfg.straggler_rank == rank else 0
 
     step_times: list[float] = []
     prof = profile(
-        activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=False, with_stack=False,
-        schedule=schedule(wait=cfg.profile_wait, warmup=cfg.profile_warmup, active=cfg.profile_active,
-                          repeat=1),
+        activities=[ProfilerActivity.CPU],
+        record_shapes=True,
+        profile_memory=False,
+        with_stack=False,
+        schedule=schedule(
+            wait=cfg.profile_wait, warmup=cfg.profile_warmup, active=cfg.profile_active, repeat=1
+        ),
         on_trace_ready=tensorboard_trace_handler(str(out_dir), worker_name=f"rank{rank}", use_gzip=True),
     )
     with prof:
@@ -231,8 +244,9 @@ def run(cfg: JobConfig, result_path: Path) -> None:
                 with contextlib.nullcontext() if last else model_no_sync(ddp):
                     with autocast_ctx(cfg):
                         loss = F.cross_entropy(ddp(x).flatten(0, 1), y.flatten())
-                    if is_straggler:
-                        extra_compute(cfg.straggler_factor * model_flops)
+                    if extra:
+                        with autocast_ctx(cfg):
+                            extra_forwards(model, x, extra)
                     (loss / cfg.grad_accum).backward()
                 total += loss.item() / cfg.grad_accum
             opt.step()
@@ -240,11 +254,16 @@ def run(cfg: JobConfig, result_path: Path) -> None:
             dt = time.perf_counter() - t0
             step_times.append(round(dt * 1000, 3))
             tps = tokens_per_micro * cfg.grad_accum / dt
-            print(f"Step {step} | loss:{total:.4f} lr:{cfg.lr:g} tokens_per_second_per_gpu:{tps:.1f} "
-                  f"step_time_ms:{dt * 1000:.1f} ", flush=True)
+            print(
+                f"Step {step} | loss:{total:.4f} lr:{cfg.lr:g} tokens_per_second_per_gpu:{tps:.1f} "
+                f"step_time_ms:{dt * 1000:.1f} ",
+                flush=True,
+            )
             prof.step()
     dist.barrier()
-    result_path.write_text(json.dumps({"rank": rank, "step_times_ms": step_times, "n_params": n_params}))
+    (result_dir / f"result_rank{rank}.json").write_text(
+        json.dumps({"rank": rank, "step_times_ms": step_times, "n_params": n_params})
+    )
     dist.destroy_process_group()
 
 
@@ -262,14 +281,14 @@ def model_no_sync(ddp: nn.Module) -> contextlib.AbstractContextManager:
 
 
 def main() -> None:
-    """CLI: ``--config`` JSON file of a JobConfig, ``--result`` where to write the step times."""
+    """CLI: ``--config`` JSON file of a JobConfig, ``--result-dir`` where to write the step times."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", required=True, type=Path)
-    ap.add_argument("--result", required=True, type=Path)
+    ap.add_argument("--result-dir", required=True, type=Path)
     args = ap.parse_args()
     cfg = JobConfig(**json.loads(args.config.read_text()))
     os.makedirs(cfg.out_dir, exist_ok=True)
-    run(cfg, args.result)
+    run(cfg, args.result_dir)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,798 @@
+"""Record the sample traces: real small distributed training jobs, one per slowdown users report.
+
+Usage, from the repository root, with a Python that has ``torch==2.13.0`` (and ``transformers`` +
+``accelerate`` for ``grad_accum``; see ``sample_traces/README.md``)::
+
+    python sample_traces/generate.py [--only NAME ...] [--out sample_traces]
+
+Each scenario runs 2-4 gloo processes on this machine (one process per rank, ``workload.py`` or
+``hf_job.py``), and leaves in ``OUT/<scenario>/``: one Kineto trace per rank
+(``rank{r}.<ns>.pt.trace.json.gz``), one log per rank (``rank{r}.log``) and ``scenario.json``, the
+ground truth (what was done, the expected finding, measured step times, config, the exact command).
+The interconnect pair runs each rank in its own network namespace joined by a veth pair (needs root).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import re
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+
+from workload import JobConfig  # noqa: E402  (beside this file, not a package)
+
+JOB_TIMEOUT_S = 600
+Scenario = Callable[[Path], None]
+SCENARIOS: dict[str, Scenario] = {}
+
+
+class SkipScenario(Exception):
+    """The scenario cannot run on this machine (reason in the message); its old output is kept."""
+
+
+def scenario(fn: Scenario) -> Scenario:
+    """Register ``fn`` under its name (without the ``scenario_`` prefix), in definition order."""
+    SCENARIOS[fn.__name__.removeprefix("scenario_")] = fn
+    return fn
+
+
+def rel(path: Path) -> str:
+    """``path`` relative to the repository root when it lies inside it (recorded paths stay portable)."""
+    try:
+        return str(path.resolve().relative_to(REPO))
+    except ValueError:
+        return str(path)
+
+
+def free_port() -> int:
+    """A TCP port that is free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def reset_dir(d: Path) -> None:
+    """Remove what an earlier run left in ``d`` (traces, logs, ground truth) and create it."""
+    if d.exists():
+        shutil.rmtree(d)
+    d.mkdir(parents=True)
+
+
+def base_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment of every rank: one compute thread, unbuffered output, no hub access."""
+    env = dict(os.environ)
+    env.update(
+        {
+            "OMP_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1",
+            "PYTHONUNBUFFERED": "1",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+        }
+    )
+    env.update(extra or {})
+    return env
+
+
+@dataclasses.dataclass
+class JobResult:
+    """What one multi-process job produced: per-rank step times, the commands run, wall time."""
+
+    step_times_ms: dict[str, list[float]]
+    n_params: int
+    commands: list[str]
+    wall_s: float
+    extra: dict
+
+
+def wait_all(procs: list[subprocess.Popen], stderr_paths: list[Path], what: str) -> None:
+    """Wait for every process; on a failure or timeout stop the rest and raise with stderr tails."""
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    failed: list[str] = []
+    for i, p in enumerate(procs):
+        try:
+            rc = p.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            rc = None
+        if rc != 0:
+            failed.append(f"process {i} exited {rc}")
+            break
+    if failed:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        tails = []
+        for path in stderr_paths:
+            if path.exists():
+                tails.append(f"--- {path.name}\n" + "\n".join(path.read_text().splitlines()[-25:]))
+        raise RuntimeError(f"{what}: {'; '.join(failed)}\n" + "\n".join(tails))
+
+
+def run_ranks(
+    cfg: JobConfig,
+    world: int,
+    *,
+    master_addr: str = "127.0.0.1",
+    port: int | None = None,
+    rank_prefix: Callable[[int], list[str]] = lambda r: [],
+    rank_env: Callable[[int], dict[str, str]] = lambda r: {},
+    env: dict[str, str] | None = None,
+) -> JobResult:
+    """Run ``workload.py`` as ``world`` processes (rank r's argv is ``rank_prefix(r) + python ...``),
+    stdout of rank r into ``cfg.out_dir/rank{r}.log``; return the step times the ranks measured."""
+    out = Path(cfg.out_dir)
+    port = port or free_port()
+    with tempfile.TemporaryDirectory(prefix="ta_job_") as tmp_s:
+        tmp = Path(tmp_s)
+        cfg_path = tmp / "config.json"
+        cfg_path.write_text(json.dumps(dataclasses.asdict(cfg)))
+        procs, stderr_paths, commands = [], [], []
+        for r in range(world):
+            dist_env = {
+                "RANK": str(r),
+                "LOCAL_RANK": str(r),
+                "WORLD_SIZE": str(world),
+                "LOCAL_WORLD_SIZE": str(world),
+                "MASTER_ADDR": master_addr,
+                "MASTER_PORT": str(port),
+                **rank_env(r),
+            }
+            argv = [
+                *rank_prefix(r),
+                sys.executable,
+                rel(HERE / "workload.py"),
+                "--config",
+                str(cfg_path),
+                "--result-dir",
+                str(tmp),
+            ]
+            shown = {**dist_env, **{k: v for k, v in (env or {}).items() if k.startswith("TORCHINDUCTOR")}}
+            commands.append(
+                " ".join(f"{k}={shlex.quote(v)}" for k, v in shown.items()) + " " + shlex.join(argv)
+            )
+            stderr_paths.append(tmp / f"rank{r}.stderr")
+            with open(out / f"rank{r}.log", "w") as log, open(stderr_paths[-1], "w") as err:
+                procs.append(
+                    subprocess.Popen(
+                        argv, cwd=REPO, env=base_env({**(env or {}), **dist_env}), stdout=log, stderr=err
+                    )
+                )
+        t0 = time.monotonic()
+        wait_all(procs, stderr_paths, f"scenario {cfg.scenario}")
+        wall = time.monotonic() - t0
+        results = [json.loads((tmp / f"result_rank{r}.json").read_text()) for r in range(world)]
+    return JobResult(
+        step_times_ms={str(r["rank"]): r["step_times_ms"] for r in results},
+        n_params=results[0]["n_params"],
+        commands=commands,
+        wall_s=round(wall, 1),
+        extra={},
+    )
+
+
+def trace_files(d: Path) -> list[Path]:
+    """The Kineto traces in ``d`` (``*.pt.trace.json.gz``), sorted by name."""
+    return sorted(d.glob("*.pt.trace.json.gz"))
+
+
+def check_traces(d: Path, world: int) -> None:
+    """Fail loudly unless ``d`` holds exactly one trace per rank."""
+    found = trace_files(d)
+    if len(found) != world:
+        raise RuntimeError(f"{d}: expected {world} traces, found {[p.name for p in found]}")
+
+
+def mean(xs: list[float]) -> float:
+    """Arithmetic mean (0.0 for an empty list)."""
+    return sum(xs) / len(xs) if xs else 0.0
+
+
+def steady_ms(result: JobResult, first: int = 2) -> dict[str, float]:
+    """Per rank, the mean step time over steps ``first``.. (skips warm-up steps)."""
+    return {r: round(mean(t[first:]), 1) for r, t in result.step_times_ms.items()}
+
+
+def write_ground_truth(
+    out: Path,
+    name: str,
+    description: str,
+    expected: dict,
+    world: int,
+    result: JobResult,
+    config: dict,
+    **extra: object,
+) -> None:
+    """Write ``out/scenario.json``: the ground truth a test or a reader checks the analyzer against."""
+    import torch  # only here, so that ``--help`` works without torch
+
+    doc = {
+        "scenario": name,
+        "description": description,
+        "expected": expected,
+        "world_size": world,
+        "backend": "gloo",
+        "torch_version": torch.__version__,
+        "python_version": platform.python_version(),
+        "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "processor": cpu_model()},
+        "step_times_ms": result.step_times_ms,
+        "mean_step_time_ms_from_step2": steady_ms(result),
+        "profiled_steps": extra.pop("profiled_steps", [2, 3, 4]),
+        "config": config,
+        "n_params": result.n_params,
+        "job_wall_s": result.wall_s,
+        "generated_by": "sample_traces/generate.py",
+        "command": shlex.join(["python", rel(Path(sys.argv[0])), *sys.argv[1:]]),
+        "rank_commands": result.commands,
+        **extra,
+    }
+    (out / "scenario.json").write_text(dumps_compact(doc))
+
+
+def dumps_compact(doc: dict) -> str:
+    """Indented JSON, but each list of plain numbers/strings on one line (step-time lists stay short)."""
+    text = json.dumps(doc, indent=2)
+    return (
+        re.sub(r"\[\s+([^\[\]{}]*?)\s+\]", lambda m: "[" + re.sub(r"\s*\n\s*", " ", m.group(1)) + "]", text)
+        + "\n"
+    )
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo ('' when unknown)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def job_config(name: str, out: Path, **kw: object) -> JobConfig:
+    """A JobConfig for scenario ``name`` writing into ``out`` (relative to the repo when inside it)."""
+    return JobConfig(scenario=name, out_dir=rel(out), **kw)
+
+
+def public_config(cfg: JobConfig) -> dict:
+    """The config as recorded in scenario.json (without the output path)."""
+    d = dataclasses.asdict(cfg)
+    d.pop("out_dir")
+    d.pop("scenario")
+    d["model"] = (
+        "TinyLM (workload.py): token+position embedding, n_layers pre-LN attention/MLP blocks, LM head"
+    )
+    d["optimizer"] = "AdamW"
+    d["parallelism"] = "DistributedDataParallel (gloo)"
+    return d
+
+
+def simple(
+    name: str, out_root: Path, world: int, description: str, expected: dict, **cfg_kw: object
+) -> JobResult:
+    """Run one plain (loopback) job and write its ground truth; the common case."""
+    out = out_root / name
+    reset_dir(out)
+    cfg = job_config(name, out, **cfg_kw)
+    result = run_ranks(cfg, world)
+    check_traces(out, world)
+    write_ground_truth(out, name, description, expected, world, result, public_config(cfg))
+    return result
+
+
+# ----------------------------------------------------------------------------------------- scenarios
+
+
+@scenario
+def scenario_healthy(out_root: Path) -> None:
+    """4 balanced ranks: the reference run, which should get no finding."""
+    simple(
+        "healthy",
+        out_root,
+        4,
+        "4 gloo ranks (2 CPU cores), balanced DDP training of a small transformer LM; nothing wrong.",
+        {"cause": None, "kind": None, "ranks": []},
+    )
+
+
+@scenario
+def scenario_straggler(out_root: Path) -> None:
+    """Rank 2 runs 3 extra no-grad forward passes before backward every step (~2x its compute)."""
+    simple(
+        "straggler",
+        out_root,
+        4,
+        "4 gloo ranks; rank 2 alone runs 3 extra forward passes of the model under torch.no_grad() "
+        "before backward every step (like an evaluation/metrics pass only one rank does; about 2x its "
+        "compute), so the other ranks wait for it in the gradient all-reduce (gloo:all_reduce).",
+        {"cause": "imbalance", "kind": "straggler", "ranks": [2]},
+        straggler_rank=2,
+        straggler_extra_forwards=3,
+    )
+
+
+PRECISION_KW: dict = {"d_model": 384, "n_heads": 6, "micro_batch": 16, "seq_len": 32}
+
+
+@scenario
+def scenario_precision_fp32(out_root: Path) -> None:
+    """The 2-rank job with every matmul in fp32."""
+    simple(
+        "precision_fp32",
+        out_root,
+        2,
+        "2 gloo ranks, all matmuls in fp32 (no autocast); compare with precision_bf16, the same job under "
+        "torch.autocast('cpu', dtype=torch.bfloat16).",
+        {"cause": "precision", "kind": "fp32_matmul", "ranks": [0, 1]},
+        dtype="float32",
+        **PRECISION_KW,
+    )
+
+
+@scenario
+def scenario_precision_bf16(out_root: Path) -> None:
+    """The same 2-rank job under bf16 autocast (the fix for precision_fp32)."""
+    simple(
+        "precision_bf16",
+        out_root,
+        2,
+        "2 gloo ranks, forward under torch.autocast('cpu', dtype=torch.bfloat16): aten::mm/addmm get "
+        "c10::BFloat16 inputs; parameters and the gradient all-reduce stay fp32. The fix for "
+        "precision_fp32.",
+        {"cause": None, "kind": None, "ranks": []},
+        dtype="bfloat16",
+        **PRECISION_KW,
+    )
+
+
+COMPILE_KW: dict = {"compile": True, "steps": 6, "profile_wait": 0, "profile_warmup": 0, "profile_active": 3}
+_inductor_cache: dict[str, Path] = {}
+
+
+def inductor_cache_dir() -> Path:
+    """One fresh, empty TORCHINDUCTOR_CACHE_DIR per generate.py invocation (shared by cold and warm)."""
+    if "dir" not in _inductor_cache:
+        _inductor_cache["dir"] = Path(tempfile.mkdtemp(prefix="ta_inductor_cache_"))
+    return _inductor_cache["dir"]
+
+
+def compile_env(cache: Path) -> dict[str, str]:
+    """Inductor settings for the compile scenarios: the given cache dir, one compile thread (2 cores)."""
+    return {"TORCHINDUCTOR_CACHE_DIR": str(cache), "TORCHINDUCTOR_COMPILE_THREADS": "1"}
+
+
+@scenario
+def scenario_compile_cold(out_root: Path) -> None:
+    """torch.compile with an empty inductor cache, profiled from the first step."""
+    name, world = "compile_cold", 2
+    out = out_root / name
+    reset_dir(out)
+    cache = inductor_cache_dir()
+    if any(cache.iterdir()):
+        raise RuntimeError(f"inductor cache {cache} is not empty; compile_cold must run before compile_warm")
+    cfg = job_config(name, out, **COMPILE_KW)
+    result = run_ranks(cfg, world, env=compile_env(cache))
+    check_traces(out, world)
+    write_ground_truth(
+        out,
+        name,
+        "2 gloo ranks, torch.compile(DDP(model)) with an empty TORCHINDUCTOR_CACHE_DIR (fresh temp dir), "
+        "profiled from the first step (schedule wait=0, warmup=0, active=3): ProfilerStep#0 holds the "
+        "whole dynamo + AOTAutograd + inductor compile (entire_frame_compile, backend_compile, "
+        "inductor_compile ranges).",
+        {"cause": "config", "kind": "compile_overhead", "ranks": [0, 1]},
+        world,
+        result,
+        public_config(cfg),
+        profiled_steps=[0, 1, 2],
+        inductor_cache="empty at start (fresh temporary directory)",
+    )
+
+
+@scenario
+def scenario_compile_warm(out_root: Path) -> None:
+    """The same compiled job again, with the inductor cache compile_cold left behind."""
+    name, world = "compile_warm", 2
+    out = out_root / name
+    cache = inductor_cache_dir()
+    warmed_by = "the compile_cold run of the same generate.py invocation"
+    if not any(cache.iterdir()):
+        # Run alone (--only compile_warm): warm the cache with an unrecorded run of the same job first.
+        scratch = Path(tempfile.mkdtemp(prefix="ta_warmup_"))
+        try:
+            run_ranks(job_config(name, scratch, **COMPILE_KW), world, env=compile_env(cache))
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        warmed_by = "an unrecorded run of the same job just before (compile_cold was not run)"
+    reset_dir(out)
+    cfg = job_config(name, out, **COMPILE_KW)
+    result = run_ranks(cfg, world, env=compile_env(cache))
+    check_traces(out, world)
+    write_ground_truth(
+        out,
+        name,
+        "The compile_cold job again in new processes with the now-warm TORCHINDUCTOR_CACHE_DIR "
+        "(FX graph and AOTAutograd caches hit): dynamo still traces each frame, but inductor compile "
+        "is skipped; profiled from the first step like compile_cold.",
+        {"cause": None, "kind": None, "ranks": []},
+        world,
+        result,
+        public_config(cfg),
+        profiled_steps=[0, 1, 2],
+        inductor_cache=f"warm, filled by {warmed_by}",
+    )
+
+
+DATALOADER_ROUNDS = 80
+
+
+@scenario
+def scenario_dataloader_bound(out_root: Path) -> None:
+    """An expensive pure-Python per-sample transform in a num_workers=0 DataLoader."""
+    simple(
+        "dataloader_bound",
+        out_root,
+        2,
+        "2 gloo ranks; DataLoader(num_workers=0) whose Dataset.__getitem__ runs a slow pure-Python "
+        "byte-pair tokenizer on each sample (about 2x the step's compute), so the training thread "
+        "spends most of each step in enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__.",
+        {"cause": "config", "kind": "dataloader", "ranks": [0, 1]},
+        tokenizer_rounds=DATALOADER_ROUNDS,
+        tokenizer_text_chars=512,
+    )
+
+
+# ------------------------------------------------------------------------------- interconnect (netns)
+
+NETNS = ("ta_r0", "ta_r1")
+VETH = ("ta_v0", "ta_v1")
+ADDRS = ("10.231.0.1", "10.231.0.2")
+SLOW_QDISC = ["tbf", "rate", "200mbit", "burst", "32kbit", "latency", "50ms"]
+INTERCONNECT_KW: dict = {"d_model": 256, "n_heads": 8, "vocab": 4096, "micro_batch": 4, "seq_len": 64}
+
+
+def sh(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
+    """Run a network set-up command, echoing it."""
+    print("  $", shlex.join(argv), flush=True)
+    return subprocess.run(argv, check=check, capture_output=True, text=True)
+
+
+def teardown_netns() -> None:
+    """Delete the namespaces (which deletes the veth ends inside them) and any stray veth; never fails."""
+    for ns in NETNS:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    subprocess.run(["ip", "link", "del", VETH[0]], capture_output=True)
+
+
+@contextmanager
+def veth_namespaces(qdisc: list[str] | None) -> Iterator[list[str]]:
+    """Two network namespaces ta_r0/ta_r1 joined by a veth pair, addresses only inside them, optional
+    egress qdisc on both ends; yields the set-up commands. Always torn down. Raises SkipScenario when
+    namespaces cannot be made (not root, no ``ip``, EPERM)."""
+    if os.geteuid() != 0:
+        raise SkipScenario("network namespaces need root (ip netns add); not root here")
+    if shutil.which("ip") is None or shutil.which("tc") is None:
+        raise SkipScenario("`ip`/`tc` not found (apt-get install iproute2)")
+    teardown_netns()
+    steps: list[list[str]] = [
+        ["ip", "netns", "add", NETNS[0]],
+        ["ip", "netns", "add", NETNS[1]],
+        ["ip", "link", "add", VETH[0], "type", "veth", "peer", "name", VETH[1]],
+    ]
+    for ns, dev, addr in zip(NETNS, VETH, ADDRS, strict=True):
+        steps += [
+            ["ip", "link", "set", dev, "netns", ns],
+            ["ip", "netns", "exec", ns, "ip", "addr", "add", f"{addr}/24", "dev", dev],
+            ["ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up"],
+            ["ip", "netns", "exec", ns, "ip", "link", "set", dev, "up"],
+        ]
+        if qdisc:
+            steps.append(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", *qdisc])
+    try:
+        first = sh(*steps[0], check=False)
+        if first.returncode != 0:
+            raise SkipScenario(f"cannot create a network namespace: {first.stderr.strip()}")
+        for argv in steps[1:]:
+            sh(*argv)
+        yield [shlex.join(a) for a in steps]
+    finally:
+        teardown_netns()
+
+
+def interconnect(
+    out_root: Path, name: str, qdisc: list[str] | None, description: str, expected: dict
+) -> None:
+    """Run the 2-rank job with rank r inside namespace ta_r{r}, talking over the veth pair only."""
+    world = 2
+    out = out_root / name
+    with veth_namespaces(qdisc) as setup:
+        reset_dir(out)
+        cfg = job_config(name, out, **INTERCONNECT_KW)
+        result = run_ranks(
+            cfg,
+            world,
+            master_addr=ADDRS[0],
+            port=29500,
+            rank_prefix=lambda r: ["ip", "netns", "exec", NETNS[r]],
+            rank_env=lambda r: {"GLOO_SOCKET_IFNAME": VETH[r]},
+        )
+    check_traces(out, world)
+    link = {
+        "type": "veth pair between two network namespaces",
+        "namespaces": list(NETNS),
+        "interfaces": list(VETH),
+        "addresses": list(ADDRS),
+        "qdisc": " ".join(qdisc) if qdisc else "none (veth default, memory-speed)",
+    }
+    write_ground_truth(
+        out,
+        name,
+        description,
+        expected,
+        world,
+        result,
+        public_config(cfg),
+        link=link,
+        network_setup=setup,
+        grad_bytes_per_step=4 * result.n_params,
+    )
+
+
+@scenario
+def scenario_slow_interconnect(out_root: Path) -> None:
+    """Gradient all-reduce over a 200 Mbit/s link (tbf on both veth ends)."""
+    interconnect(
+        out_root,
+        "slow_interconnect",
+        SLOW_QDISC,
+        "2 gloo ranks, each in its own network namespace, joined by a veth pair shaped to 200 Mbit/s "
+        "(tc tbf on both ends); the ~15 MB fp32 gradient all-reduce per step dominates the step time.",
+        {"cause": "interconnect", "kind": "slow_collectives", "ranks": [0, 1]},
+    )
+
+
+@scenario
+def scenario_fast_interconnect(out_root: Path) -> None:
+    """The same namespaced job with an unshaped veth pair (the baseline for slow_interconnect)."""
+    interconnect(
+        out_root,
+        "fast_interconnect",
+        None,
+        "The slow_interconnect job with the veth pair unshaped (no qdisc): the same all-reduce takes a "
+        "small share of the step. Baseline for slow_interconnect.",
+        {"cause": None, "kind": None, "ranks": []},
+    )
+
+
+# ------------------------------------------------------------------------------ grad_accum (HF Trainer)
+
+HF_KW: dict = {"per_device": 2, "grad_accum": 8, "max_steps": 8, "seq_len": 64}
+
+
+def run_hf(out: Path, world: int) -> tuple[JobResult, str]:
+    """Run hf_job.py on ``world`` processes (plain python for 1, torch.distributed.run for more)."""
+    reset_dir(out)
+    with tempfile.TemporaryDirectory(prefix="ta_hf_job_") as tmp_s:
+        tmp = Path(tmp_s)
+        job = [
+            rel(HERE / "hf_job.py"),
+            "--out",
+            rel(out),
+            "--result-dir",
+            str(tmp),
+            "--per-device",
+            str(HF_KW["per_device"]),
+            "--grad-accum",
+            str(HF_KW["grad_accum"]),
+            "--max-steps",
+            str(HF_KW["max_steps"]),
+            "--seq-len",
+            str(HF_KW["seq_len"]),
+        ]
+        if world == 1:
+            argv = [sys.executable, *job]
+        else:
+            argv = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nproc_per_node",
+                str(world),
+                "--master_addr",
+                "127.0.0.1",
+                "--master_port",
+                str(free_port()),
+                *job,
+            ]
+        launcher_log = tmp / "launcher.log"
+        t0 = time.monotonic()
+        with open(launcher_log, "w") as log:
+            proc = subprocess.Popen(argv, cwd=REPO, env=base_env(), stdout=log, stderr=subprocess.STDOUT)
+            try:
+                wait_all(
+                    [proc],
+                    [launcher_log, *(out / f"rank{r}.log" for r in range(world))],
+                    f"grad_accum {world}proc",
+                )
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+        wall = time.monotonic() - t0
+        results = [json.loads((tmp / f"result_rank{r}.json").read_text()) for r in range(world)]
+    command = "OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 " + shlex.join(["python", *argv[1:]]).replace(
+        str(tmp), "TMP"
+    )
+    result = JobResult(
+        step_times_ms={str(r["rank"]): r["step_times_ms"] for r in results},
+        n_params=results[0]["n_params"],
+        commands=[command],
+        wall_s=round(wall, 1),
+        extra={"model": results[0]["model"]},
+    )
+    return result, command
+
+
+def hf_config(world: int, model: dict) -> dict:
+    """The recorded Trainer configuration of one grad_accum run."""
+    per, ga = HF_KW["per_device"], HF_KW["grad_accum"]
+    return {
+        "framework": "transformers.Trainer",
+        "transformers_version": pkg_version("transformers"),
+        "accelerate_version": pkg_version("accelerate"),
+        "model": "GPT2LMHeadModel from GPT2Config (random init, no download)",
+        **model,
+        "per_device_train_batch_size": per,
+        "gradient_accumulation_steps": ga,
+        "max_steps": HF_KW["max_steps"],
+        "seq_len": HF_KW["seq_len"],
+        "micro_batch": per,
+        "grad_accum": ga,
+        "dtype": "float32",
+        "compile": False,
+        "world_size": world,
+        "effective_batch": per * ga * world,
+        "ddp_backend": "gloo" if world > 1 else None,
+        "optimizer": "AdamW (Trainer default), linear LR decay",
+        "learning_rate": 5e-4,
+        "logging_steps": 1,
+        "use_cpu": True,
+        "report_to": [],
+    }
+
+
+def pkg_version(name: str) -> str:
+    """Installed version of a distribution, or 'missing'."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "missing"
+
+
+@scenario
+def scenario_grad_accum(out_root: Path) -> None:
+    """HF Trainer, GA 8, on 1 process (baseline) and on 2 processes (subject): effective batch doubles."""
+    try:
+        import accelerate  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as e:
+        raise SkipScenario(f"needs transformers and accelerate ({e})") from e
+    name = "grad_accum"
+    root = out_root / name
+    reset_dir(root)
+    runs: dict[str, dict] = {}
+    results: dict[int, JobResult] = {}
+    for world in (1, 2):
+        sub = f"{world}proc"
+        result, _ = run_hf(root / sub, world)
+        check_traces(root / sub, world)
+        results[world] = result
+        cfg = hf_config(world, result.extra["model"])
+        role = "baseline" if world == 1 else "subject"
+        desc = (
+            f"HF transformers.Trainer, tiny GPT-2, per_device_train_batch_size={HF_KW['per_device']}, "
+            f"gradient_accumulation_steps={HF_KW['grad_accum']}, {world} process(es): effective batch "
+            f"{cfg['effective_batch']}. The {role} of grad_accum."
+            + (
+                " Not distributed: its trace has no distributedInfo (rank 0 by its file name)."
+                if world == 1
+                else " torch.distributed.run, DDP over gloo."
+            )
+        )
+        expected = (
+            {"cause": None, "kind": None, "ranks": []}
+            if world == 1
+            else {"cause": "config", "kind": "gradient_accumulation", "ranks": [0, 1]}
+        )
+        write_ground_truth(root / sub, f"{name}/{sub}", desc, expected, world, result, cfg, role=role)
+        runs[sub] = {
+            "role": role,
+            "world_size": world,
+            "effective_batch": cfg["effective_batch"],
+            "step_times_ms": result.step_times_ms,
+            "command": result.commands[0],
+        }
+    subject, baseline = results[2], results[1]
+    cfg2 = hf_config(2, subject.extra["model"])
+    write_ground_truth(
+        root,
+        name,
+        "The LLaMA-Factory mistake: the same HF Trainer recipe (per-device batch 2, "
+        "gradient_accumulation_steps=8) moved from 1 process (1proc/, baseline) to 2 processes (2proc/, "
+        "subject) without lowering gradient_accumulation_steps, so the effective batch doubles from "
+        "16 to 32 (banner 'Total train batch size (w. parallel, distributed & accumulation)'): each "
+        "optimizer step does twice the work, and there are half as many steps per epoch.",
+        {"cause": "config", "kind": "gradient_accumulation", "ranks": [0, 1]},
+        2,
+        subject,
+        cfg2,
+        runs=runs,
+        subject="2proc",
+        baseline="1proc",
+        effective_batch={
+            "1proc": HF_KW["per_device"] * HF_KW["grad_accum"],
+            "2proc": HF_KW["per_device"] * HF_KW["grad_accum"] * 2,
+        },
+        baseline_step_times_ms=baseline.step_times_ms,
+    )
+
+
+# ------------------------------------------------------------------------------------------- driver
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the chosen scenarios (all by default) in order; print a summary; exit 1 if any failed."""
+    ap = argparse.ArgumentParser(description="Record the sample traces (see sample_traces/README.md).")
+    ap.add_argument(
+        "--only",
+        nargs="+",
+        choices=list(SCENARIOS),
+        metavar="NAME",
+        help=f"scenarios to run, from: {', '.join(SCENARIOS)}",
+    )
+    ap.add_argument("--out", type=Path, default=HERE, help="output root (default: sample_traces/)")
+    args = ap.parse_args(argv)
+    names = [n for n in SCENARIOS if not args.only or n in args.only]
+    status: dict[str, str] = {}
+    t_all = time.monotonic()
+    try:
+        for name in names:
+            print(f"== {name}", flush=True)
+            t0 = time.monotonic()
+            try:
+                SCENARIOS[name](args.out)
+                status[name] = f"ok ({time.monotonic() - t0:.0f} s)"
+            except SkipScenario as e:
+                status[name] = f"SKIPPED: {e}"
+            except Exception as e:  # noqa: BLE001  (report every scenario, then fail)
+                status[name] = f"FAILED: {e}"
+            print(f"   {status[name]}", flush=True)
+    finally:
+        if "dir" in _inductor_cache:
+            shutil.rmtree(_inductor_cache["dir"], ignore_errors=True)
+    print(f"\nsummary ({time.monotonic() - t_all:.0f} s):")
+    for name, s in status.items():
+        print(f"  {name:18s} {s}")
+    return 1 if any(s.startswith("FAILED") for s in status.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
