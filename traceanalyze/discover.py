@@ -35,7 +35,8 @@ class Sidecar:
 
 @dataclass
 class Run:
-    """One job's inputs. ``traces`` are paths; ranks are assigned after their headers are read."""
+    """One job's inputs. ``traces`` are paths (empty for a log-only run); ranks are assigned after their headers
+    are read."""
 
     name: str
     path: Path
@@ -151,16 +152,23 @@ def discover(inputs: list[str | Path]) -> Discovery:
         name = folder.name or str(folder)
         runs.append(Run(name=name, path=folder, traces=sorted(traces[folder])))
     _name_runs(runs)
+    log_only: dict[Path, Run] = {}
     for sc in sidecars:
         owners = [r for r in runs if _is_within(sc.path.parent, r.path)]
         if not owners:
             owners = [r for r in runs if _is_within(r.path, sc.path.parent)]
         if not owners and len(runs) == 1:
             owners = runs
+        if not owners:  # logs without traces still tell a story: a log-only run per folder
+            folder = sc.path.parent
+            if folder not in log_only:
+                log_only[folder] = Run(name=folder.name or str(folder), path=folder)
+            owners = [log_only[folder]]
         for r in owners:
             r.sidecars.append(sc)
-        if not owners:
-            skipped.append((str(sc.path), f"{sc.kind.replace('_', ' ')} with no trace beside it; skipped"))
+    if log_only:
+        runs.extend(log_only[f] for f in sorted(log_only))
+        _name_runs(runs)
     return Discovery(runs=runs, skipped=skipped)
 
 

@@ -14,9 +14,19 @@ from pathlib import Path
 
 import duckdb
 
-from traceanalyze import __version__, metrics, store
+from traceanalyze import __version__, diagnose, logs, metrics, store
 from traceanalyze.discover import Discovery, Run, assign_ranks, discover
 from traceanalyze.errors import TraceanalyzeError
+from traceanalyze.metrics.collectives import analyze_collectives
+from traceanalyze.metrics.host import compile_stats, launch_stats, loader_stats
+from traceanalyze.metrics.precision import analyze_precision
+
+# Per-direction GB/s a GPU's own links reach, by model (NVIDIA: NVLink 2/3/4 total 300/600/900 GB/s per GPU,
+# half each way; PCIe Gen4 x16 ~24 GB/s in practice). Matched by substring of deviceProperties.name.
+GPU_LINK_GBPS = [("H200", 450.0, "NVLink 4"), ("H100 PCIe", 24.0, "PCIe Gen4 x16"), ("H100", 450.0, "NVLink 4"),
+                 ("A100-PCIE", 24.0, "PCIe Gen4 x16"), ("A100", 300.0, "NVLink 3"), ("V100-PCIE", 12.0, "PCIe Gen3"),
+                 ("V100", 150.0, "NVLink 2"), ("A10", 24.0, "PCIe Gen4 x16"), ("L4", 24.0, "PCIe Gen4 x16"),
+                 ("RTX", 24.0, "PCIe Gen4 x16")]
 
 
 @dataclass
@@ -37,7 +47,7 @@ class Analysis:
 def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = None,
             baseline: list[str | Path] | str | Path | None = None, jobs: int | None = None,
             progress: Callable[[int], None] | None = None, on_total: Callable[[int], None] | None = None,
-            ) -> Analysis:
+            link_bw_gbps: float | None = None, peak_tflops: float | None = None) -> Analysis:
     """Analyze every run found under ``inputs`` (and ``baseline``, when given) end to end.
 
     Args:
@@ -47,6 +57,9 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
         jobs: processes for parsing (default: CPU count).
         progress: called with the byte size of each trace file as it is loaded.
         on_total: called once with the total byte size of the trace files, before loading.
+        link_bw_gbps: expected per-direction link bandwidth (GB/s) to judge busbw against; overrides what the
+            topology, NCCL transport or GPU model suggest.
+        peak_tflops: dense peak TFLOPS of the GPU for MFU; overrides the datasheet table.
 
     Returns:
         :class:`Analysis`.
@@ -66,8 +79,8 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
         disc = Discovery(runs=disc.runs + bdisc.runs, skipped=disc.skipped + bdisc.skipped)
     if not disc.runs:
         where = ", ".join(str(p) for p in subject_in)
-        raise TraceanalyzeError(f"{where}: no Kineto trace found (looked for *.json and *.json.gz with a "
-                                "traceEvents array)")
+        raise TraceanalyzeError(f"{where}: no Kineto trace or training log found (looked for *.json and *.json.gz "
+                                "with a traceEvents array, and for logs, NCCL output, topology and configs)")
 
     con = store.connect(db)
     con.execute(metrics.MACROS)
@@ -82,20 +95,46 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
     con.execute(metrics.METRIC_TABLES)
     warnings: list[dict] = [{"file": f, "message": m} for f, m in disc.skipped]
     runs_model = []
+    evidence: list[diagnose.RunEvidence] = []
+    all_findings: list[diagnose.Finding] = []
     for run_id, run in enumerate(disc.runs, start=1):
-        run_model, run_warnings = _build_run(con, run_id, run, roles[id(run)], loaded)
+        run_model, run_warnings, ev = _build_run(con, run_id, run, roles[id(run)], loaded, link_bw_gbps, peak_tflops)
         warnings.extend(run_warnings)
+        findings = diagnose.diagnose(ev)
+        run_model["findings"] = diagnose.to_dicts(findings)
+        all_findings.extend(findings)
         runs_model.append(run_model)
+        evidence.append(ev)
+    comparison = None
+    pair = _comparison_pair(runs_model, evidence)
+    if pair is not None:
+        (si, bi) = pair
+        subj_f = [f for f in all_findings if f.run == evidence[si].name]
+        comparison, extra = diagnose.compare(evidence[si], evidence[bi], subj_f)
+        all_findings.extend(extra)
+        runs_model[si]["findings"] = diagnose.to_dicts(diagnose.rank_findings(subj_f + extra))
+    # the report's ranking: subject runs' findings first (the baseline is the reference, not the patient)
+    subjects = {r["name"] for r in runs_model if r["role"] == "subject"}
+    ranked = diagnose.rank_findings([f for f in all_findings if f.run in subjects])
+    ranked += diagnose.rank_findings([f for f in all_findings if f.run not in subjects])
+    for f in ranked:
+        rid = next(r["run_id"] for r in runs_model if r["name"] == f.run)
+        con.execute("INSERT INTO findings VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    [rid, f.cause, f.kind, f.severity, f.impact_pct, json.dumps(f.ranks), f.title,
+                     json.dumps(f.evidence), f.recommendation])
     for w in warnings:
         con.execute("INSERT INTO warnings VALUES (NULL, ?, ?)", [w["file"], w["message"]])
 
     model = {
         "tool": {"name": "traceanalyze", "version": __version__},
         "generated_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "verdict": diagnose.verdict([f for f in ranked if f.run in subjects] or ranked),
         "runs": runs_model,
-        "findings": [],
+        "findings": diagnose.to_dicts(ranked),
         "warnings": warnings,
     }
+    if comparison is not None:
+        model["comparison"] = comparison
     errors = [w["message"] if w["file"] is None else f"{w['file']}: {w['message']}" for w in warnings
               if w.get("level") == "error"]
     return Analysis(con=con, model=model, db_path=str(db) if db else None, discovery=disc, errors=errors)
@@ -108,7 +147,23 @@ def _size(p: Path) -> int:
         return 0
 
 
-def _build_run(con, run_id: int, run: Run, role: str, loaded) -> tuple[dict, list[dict]]:
+def _comparison_pair(runs_model: list[dict], evidence) -> tuple[int, int] | None:
+    """(subject index, baseline index): the explicit baseline, else the smaller of exactly two runs."""
+    subj = [i for i, r in enumerate(runs_model) if r["role"] == "subject"]
+    base = [i for i, r in enumerate(runs_model) if r["role"] == "baseline"]
+    if subj and base:
+        return subj[0], base[0]
+    if len(runs_model) == 2:
+        a, b = 0, 1
+        wa = evidence[a].fact("world_size") or evidence[a].world_size or 0
+        wb = evidence[b].fact("world_size") or evidence[b].world_size or 0
+        if wa != wb:
+            return (a, b) if wa > wb else (b, a)
+    return None
+
+
+def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: float | None = None,
+               peak_tflops: float | None = None) -> tuple[dict, list[dict], diagnose.RunEvidence]:
     warnings: list[dict] = []
     good = []
     for p in run.traces:
@@ -157,6 +212,35 @@ def _build_run(con, run_id: int, run: Run, role: str, loaded) -> tuple[dict, lis
                  facts["gpu_model"], facts["gpu_count"], facts["nccl_version"], facts["cuda_runtime_version"]])
     rank_rows, step_rows = metrics.compute_run_metrics(con, run_id)
     metrics.save(con, rank_rows, step_rows)
+    side = _read_sidecars(con, run_id, run, warnings)
+    if not good:
+        mode = "logs"
+    steps_by_rank: dict[int, list[tuple[int, int, int]]] = {}
+    for st in step_rows:
+        steps_by_rank.setdefault(st.rank, []).append((st.step, st.start_ns, st.start_ns + int(st.step_time_us * 1e3)))
+    coll = analyze_collectives(con, run_id, mode, facts["world_size"], steps_by_rank) if good else None
+    prec = analyze_precision(con, run_id, mode, facts["gpu_model"], peak_tflops) if good else None
+    comp = compile_stats(con, run_id) if good else None
+    loader = loader_stats(con, run_id) if good else None
+    launch = launch_stats(con, run_id) if good and mode == "gpu" else None
+    if coll is not None:
+        for c in coll.summaries:
+            con.execute("INSERT INTO collective_calls VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        [run_id, c.collective, c.size_bytes, c.count, c.n_ranks, c.transfer_us, c.wait_us,
+                         c.algbw_gbps, c.busbw_gbps])
+    link = _expected_link(facts, side, link_bw_gbps)
+    ranks_model = [_rank_model(r) for r in rank_rows]
+    steps_model = [asdict(s) for s in step_rows]
+    step_time = _median([r.step_time_us for r in rank_rows if r.step_time_us is not None])
+    world = facts["world_size"]
+    if not good:
+        ws_fact = side["facts"].get("world_size")
+        world = int(ws_fact[0].num) if ws_fact and ws_fact[0].num else world
+    ev = diagnose.RunEvidence(
+        name=run.name, mode=mode, world_size=world, gpu_model=facts["gpu_model"], ranks=ranks_model,
+        steps=steps_model, step_time_us=step_time, coll=coll, prec=prec, compile=comp, loader=loader,
+        launch=launch, facts=side["facts"], log_steps=side["log_steps"], nccl=side["nccl"],
+        topology=side["topology"], link=link)
     model = {
         "run_id": run_id,
         "name": run.name,
@@ -167,14 +251,102 @@ def _build_run(con, run_id: int, run: Run, role: str, loaded) -> tuple[dict, lis
         "ranks_found": sorted(by_rank),
         "files": [{"path": str(lf.path), "rank": ranks[lf.path], "cached": lf.cached} for lf in good],
         "sidecars": [{"path": str(s.path), "kind": s.kind} for s in run.sidecars],
-        "ranks": [_rank_model(r) for r in rank_rows],
-        "steps": [asdict(s) for s in step_rows],
-        "top_kernels": metrics.top_kernels(con, run_id),
-        "step_time_us": _median([r.step_time_us for r in rank_rows if r.step_time_us is not None]),
+        "ranks": ranks_model,
+        "steps": steps_model,
+        "top_kernels": metrics.top_kernels(con, run_id) if good else [],
+        "step_time_us": step_time,
+        "link": link,
+        "clock_offsets_us": coll.clock_offsets_us if coll else {},
+        "collectives": [asdict(c) for c in coll.summaries] if coll else [],
+        "collective_wait_us": coll.wait_us if coll else {},
+        "dtype_mix": prec.mix if prec else [],
+        "precision": ({k: v for k, v in asdict(prec).items() if k != "mix"} if prec else None),
+        "compile": asdict(comp) if comp and (comp.compile_us or comp.compiled_regions) else None,
+        "dataloader": asdict(loader) if loader and loader.loader_us else None,
+        "log_facts": {k: [f.value for f in v] for k, v in side["facts"].items()},
+        "log_steps": len(side["log_steps"]),
     }
+    model["effective_batch"] = diagnose.effective_batch_of(ev)
     for w in warnings:
         w.setdefault("run", run.name)
-    return model, warnings
+    return model, warnings, ev
+
+
+def _read_sidecars(con, run_id: int, run: Run, warnings: list[dict]) -> dict:
+    """Parse the run's logs, NCCL output, topology and configs; store them; return what diagnosis reads."""
+    facts: dict[str, list] = {}
+    log_steps: list = []
+    nccl = None
+    topology = None
+    for sc in run.sidecars:
+        try:
+            if sc.kind in ("training_log", "nccl_debug"):
+                res = logs.parse_text_log(sc.path)
+                for f in res.facts:
+                    facts.setdefault(f.key, []).append(f)
+                log_steps.extend(res.steps)
+                for st in res.steps:
+                    con.execute("INSERT INTO log_steps VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                                [run_id, str(sc.path), res.framework, st.rank, st.step, st.iter, st.loss, st.lr,
+                                 st.grad_norm, st.tokens_per_s, st.tflops, st.mfu_pct, st.step_time_ms,
+                                 st.memory_gib, st.epoch])
+                if res.nccl is not None and (res.nccl.channels or res.nccl.version):
+                    if nccl is None:
+                        nccl = res.nccl
+                    else:
+                        nccl.channels.extend(res.nccl.channels)
+                    for c in res.nccl.channels:
+                        con.execute("INSERT INTO nccl_channels VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                                    [run_id, str(sc.path), c.host, c.device, c.channel, c.src_rank, c.dst_rank,
+                                     c.transport, c.detail])
+                warnings.extend({"file": str(sc.path), "message": m, "level": "info"} for m in res.warnings)
+            elif sc.kind == "topology":
+                topology = logs.parse_topology(sc.path)
+                for lk in topology.links:
+                    con.execute("INSERT INTO topology_links VALUES (?, ?, ?, ?, ?)",
+                                [run_id, str(sc.path), lk.a, lk.b, lk.link])
+            elif sc.kind == "config":
+                for f in logs.parse_config(sc.path):
+                    facts.setdefault(f.key, []).append(f)
+        except TraceanalyzeError as exc:
+            warnings.append({"file": str(sc.path), "message": str(getattr(exc, "problem", exc)), "level": "warning"})
+    for key, fs in facts.items():
+        for f in fs:
+            con.execute("INSERT INTO run_facts VALUES (?, ?, ?, ?, ?)", [run_id, key, f.value, f.num, f.source])
+    return {"facts": facts, "log_steps": log_steps, "nccl": nccl, "topology": topology}
+
+
+def _expected_link(facts: dict, side: dict, override: float | None) -> dict:
+    """Expected per-direction GB/s between ranks and where the figure came from."""
+    if override:
+        return {"expected_gbps": override, "source": "--link-bw"}
+    topo = side["topology"]
+    if topo is not None and topo.links:
+        gpus = topo.gpus
+        worst = None
+        for i, a in enumerate(gpus):
+            for b in gpus[i + 1:]:
+                lk = topo.link(a, b)
+                bw = logs.expected_link_gbps(lk) if lk else None
+                if bw is not None and (worst is None or bw < worst[0]):
+                    worst = (bw, f"{a}–{b} {lk}")
+        if worst:
+            return {"expected_gbps": worst[0], "source": f"nvidia-smi topo -m, slowest pair {worst[1]}"}
+    nccl = side["nccl"]
+    if nccl is not None and getattr(nccl, "channels", None):
+        t = nccl.transports()
+        if t.get("NET") and any("Socket" in c.detail for c in nccl.channels):
+            return {"expected_gbps": 1.25, "source": "NCCL NET/Socket (TCP; ~10 Gb/s Ethernet assumed)"}
+        if t.get("NET"):
+            return {"expected_gbps": 25.0, "source": "NCCL NET/IB (200 Gb/s HDR per port)"}
+        if t.get("SHM"):
+            return {"expected_gbps": 12.0, "source": "NCCL SHM (through host memory, PCIe)"}
+    gpu = facts.get("gpu_model")
+    if gpu:
+        for key, bw, what in GPU_LINK_GBPS:
+            if key.lower() in gpu.lower():
+                return {"expected_gbps": bw, "source": f"{gpu}: {what}, per direction"}
+    return {"expected_gbps": None, "source": "unknown: pass --link-bw GB/s"}
 
 
 def _rank_model(r: metrics.RankMetrics) -> dict:

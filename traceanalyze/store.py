@@ -87,6 +87,29 @@ CREATE TABLE IF NOT EXISTS threads (
 CREATE TABLE IF NOT EXISTS warnings (
     run_id INTEGER, file VARCHAR, message VARCHAR
 );
+CREATE OR REPLACE TABLE run_facts (  -- what logs and configs state: per_device_batch, precision, ...
+    run_id INTEGER, key VARCHAR, value VARCHAR, num DOUBLE, source VARCHAR
+);
+CREATE OR REPLACE TABLE log_steps (  -- one row per step line of a training log
+    run_id INTEGER, file VARCHAR, framework VARCHAR, rank INTEGER, step INTEGER, iter INTEGER, loss DOUBLE,
+    lr DOUBLE, grad_norm DOUBLE, tokens_per_s DOUBLE, tflops DOUBLE, mfu_pct DOUBLE, step_time_ms DOUBLE,
+    memory_gib DOUBLE, epoch DOUBLE
+);
+CREATE OR REPLACE TABLE nccl_channels (  -- NCCL_DEBUG=INFO channel lines
+    run_id INTEGER, file VARCHAR, host VARCHAR, device INTEGER, channel INTEGER, src_rank INTEGER,
+    dst_rank INTEGER, transport VARCHAR, detail VARCHAR
+);
+CREATE OR REPLACE TABLE topology_links (  -- nvidia-smi topo -m matrix cells
+    run_id INTEGER, file VARCHAR, a VARCHAR, b VARCHAR, link VARCHAR
+);
+CREATE OR REPLACE TABLE collective_calls (  -- collectives matched across ranks, per operation and size
+    run_id INTEGER, collective VARCHAR, size_bytes BIGINT, count INTEGER, n_ranks INTEGER, transfer_us DOUBLE,
+    wait_us DOUBLE, algbw_gbps DOUBLE, busbw_gbps DOUBLE
+);
+CREATE OR REPLACE TABLE findings (
+    run_id INTEGER, cause VARCHAR, kind VARCHAR, severity VARCHAR, impact_pct DOUBLE, ranks VARCHAR,
+    title VARCHAR, evidence VARCHAR, recommendation VARCHAR
+);
 """
 
 

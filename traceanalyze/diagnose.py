@@ -1,0 +1,551 @@
+"""Diagnose: rules that turn a run's metrics and its logs into ranked *findings*.
+
+A finding has ``cause`` ∈ {interconnect, precision, imbalance, config}, a finer ``kind``, a ``severity``
+(high / medium / low), ``impact_pct`` (the estimated share of step time that fixing it would win back),
+``ranks``, a one-line ``title``, ``evidence`` (the numbers behind it) and a ``recommendation``. Findings are
+ranked by impact. Severity follows impact: ≥ 25 % high, ≥ 10 % medium, else low; a healthy run gets no
+high-severity finding.
+
+Each rule is a plain function ``rule(ev: RunEvidence) -> list[Finding]``; :data:`RULES` lists them. The
+thresholds are module constants so they read as configuration.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+
+from traceanalyze.metrics.collectives import CollectiveAnalysis
+from traceanalyze.metrics.host import CompileStats, LaunchStats, LoaderStats
+from traceanalyze.metrics.precision import PrecisionMix
+
+HIGH, MEDIUM = 25.0, 10.0  # impact % thresholds for severity
+MIN_EXPOSED_COMM_PCT = 10.0  # exposed transfer share of step worth a finding
+STRAGGLER_EXCESS_PCT = 15.0  # slowest rank's compute above the median, % of the median
+MIN_FP32_SHARE = 50.0  # % of matrix-math time in fp32 without tensor cores
+MIN_COMPILE_PCT = 10.0
+COMPILE_HORIZON_STEPS = 1000  # job length assumed when logs do not state total_optimization_steps
+MIN_LOADER_PCT = 10.0
+IDLE_RANK_PCT = 80.0
+GPU_FP32_SPEEDUP_DEFAULT = 4.0  # bf16 tensor cores vs fp32 CUDA cores, conservative (peaks differ 8-16x)
+CPU_BF16_SPEEDUP = 2.0  # bf16 halves bytes moved; CPUs with AMX/AVX512-BF16 gain more
+
+
+@dataclass
+class Finding:
+    """One cause of slowness with its evidence (see the module docstring for the fields)."""
+
+    cause: str
+    kind: str
+    severity: str
+    impact_pct: float
+    ranks: list[int]
+    title: str
+    evidence: list[str]
+    recommendation: str
+    run: str = ""
+
+
+@dataclass
+class RunEvidence:
+    """Everything the rules read about one run. Times in µs unless the name says otherwise."""
+
+    name: str
+    mode: str  # gpu | cpu | logs
+    world_size: int | None
+    gpu_model: str | None
+    ranks: list[dict]
+    steps: list[dict]
+    step_time_us: float | None
+    coll: CollectiveAnalysis | None = None
+    prec: PrecisionMix | None = None
+    compile: CompileStats | None = None
+    loader: LoaderStats | None = None
+    launch: LaunchStats | None = None
+    facts: dict[str, list] = field(default_factory=dict)  # key -> [logs.Fact]
+    log_steps: list = field(default_factory=list)  # [logs.LogStep]
+    nccl: object | None = None  # logs.NcclInfo
+    topology: object | None = None  # logs.Topology
+    link: dict = field(default_factory=dict)  # {"expected_gbps", "source"}
+
+    def fact(self, key: str):
+        """The first stated value of a fact (its ``num`` when numeric, else its text), or None."""
+        fs = self.facts.get(key) or []
+        if not fs:
+            return None
+        return fs[0].num if fs[0].num is not None else fs[0].value
+
+
+def severity(impact: float) -> str:
+    """high / medium / low from an impact % (module thresholds)."""
+    return "high" if impact >= HIGH else "medium" if impact >= MEDIUM else "low"
+
+
+def _ms(us: float | None) -> str:
+    return "n/a" if us is None else f"{us / 1e3:,.1f} ms"
+
+
+def _per_step(ev: RunEvidence, r: dict, key: str) -> float | None:
+    """A rank's µs of ``key`` per profiler step (mean over steps), else over its whole window."""
+    rs = [s for s in ev.steps if s["rank"] == r["rank"]]
+    if rs and key in rs[0]:
+        return statistics.mean(s[key] for s in rs)
+    return r.get(key)
+
+
+def _step_us(ev: RunEvidence, r: dict) -> float:
+    return r.get("step_time_us") or r.get("window_us") or 0.0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Rules
+
+def rule_exposed_communication(ev: RunEvidence) -> list[Finding]:
+    """Interconnect: communication transfer time not hidden under compute is a large share of the step."""
+    if not ev.ranks or ev.mode == "logs":
+        return []
+    rows = []
+    for r in ev.ranks:
+        exposed = _per_step(ev, r, "exposed_comm_us") or 0.0
+        step = _step_us(ev, r) if ev.steps else r["window_us"]
+        n_steps = max(1, r.get("n_steps") or 1)
+        wait = (ev.coll.wait_us.get(r["rank"], 0.0) / n_steps) if ev.coll and ev.coll.matched and ev.steps else 0.0
+        if not ev.steps and ev.coll and ev.coll.matched:
+            wait = ev.coll.wait_us.get(r["rank"], 0.0)
+        transfer = max(0.0, exposed - wait)
+        rows.append((r["rank"], exposed, transfer, step))
+    shares = [100 * t / s for _, _, t, s in rows if s > 0]
+    if not shares:
+        return []
+    share = statistics.median(shares)
+    if share < MIN_EXPOSED_COMM_PCT:
+        return []
+    exposed_med = statistics.median(e for _, e, _, _ in rows)
+    step_med = statistics.median(s for _, _, _, s in rows)
+    evidence = [f"exposed communication {_ms(exposed_med)} of {_ms(step_med)} per step "
+                f"(median over {len(rows)} rank(s)); transfer not explained by waiting for a slower rank: "
+                f"{share:.1f}% of the step"]
+    overlaps = [r["comm_comp_overlap_pct"] for r in ev.ranks]
+    evidence.append(f"comm/compute overlap {statistics.median(overlaps):.1f}% "
+                    "(share of communication time hidden under compute)")
+    if ev.coll and not ev.coll.matched:
+        evidence.append("only one rank's trace: waiting for peers cannot be separated from transfer, so this is an "
+                        "upper bound")
+    expected = ev.link.get("expected_gbps")
+    kind = "slow_collectives"
+    if ev.coll and ev.coll.busbw_gbps is not None:
+        s = f"measured busbw {ev.coll.busbw_gbps:.2f} GB/s over {ev.coll.total_bytes / 1e6:,.1f} MB of collectives"
+        if expected:
+            s += f"; expected {expected:g} GB/s ({ev.link.get('source')}): {100 * ev.coll.busbw_gbps / expected:.0f}%"
+        evidence.append(s)
+        for c in (ev.coll.summaries or [])[:3]:
+            if c.size_bytes:
+                evidence.append(f"{c.collective} of {c.size_bytes / 1e6:,.2f} MB × {c.count}: transfer "
+                                f"{_ms(c.transfer_us)}, busbw {c.busbw_gbps or 0:.2f} GB/s, wait {_ms(c.wait_us)}")
+    transport = _transport_note(ev)
+    if transport:
+        evidence.append(transport)
+    topo_pairs = _slow_topology_pairs(ev)
+    if topo_pairs:
+        kind = "topology"
+        evidence.append("GPU links: " + ", ".join(f"{a}–{b} {lk}" for a, b, lk in topo_pairs[:4]))
+    rec = _interconnect_recommendation(ev, topo_pairs)
+    impact = round(share, 1)
+    return [Finding("interconnect", kind, severity(impact), impact, [r for r, *_ in rows],
+                    f"Communication is exposed: {share:.0f}% of the step waits on collectives' transfer",
+                    evidence, rec)]
+
+
+def _transport_note(ev: RunEvidence) -> str | None:
+    n = ev.nccl
+    if n is None or not getattr(n, "channels", None):
+        return None
+    counts = n.transports()
+    details = sorted({c.detail for c in n.channels})
+    return (f"NCCL {n.version or ''} transports: " + ", ".join(f"{t} ×{k}" for t, k in counts.most_common())
+            + f" ({', '.join(details[:3])})")
+
+
+def _slow_topology_pairs(ev: RunEvidence) -> list[tuple[str, str, str]]:
+    t = ev.topology
+    if t is None:
+        return []
+    gpus = t.gpus
+    if ev.world_size and ev.world_size <= len(gpus):
+        gpus = gpus[: ev.world_size]
+    out = []
+    for i, a in enumerate(gpus):
+        for b in gpus[i + 1:]:
+            lk = t.link(a, b)
+            if lk and not lk.startswith("NV"):
+                out.append((a, b, lk))
+    return out
+
+
+def _interconnect_recommendation(ev: RunEvidence, topo_pairs) -> str:
+    if topo_pairs:
+        t = ev.topology
+        pix = [(a, b) for a, b, lk in topo_pairs if lk in ("PIX", "PXB")]
+        far = [(a, b, lk) for a, b, lk in topo_pairs if lk in ("NODE", "SYS", "PHB")]
+        parts = []
+        if pix:
+            a, b = pix[0]
+            parts.append(f"pair {a} with {b}, which share a PCIe switch ({t.link(a, b)}): run 2-GPU jobs on them "
+                         f"(CUDA_VISIBLE_DEVICES={a[3:]},{b[3:]})")
+        if far:
+            a, b, lk = far[0]
+            parts.append(f"avoid splitting the job across {a} and {b} ({lk}: traffic crosses the CPU)")
+        parts.append("use NVLink-connected GPUs for data parallelism, or cut communication: larger DDP buckets, "
+                     "gradient accumulation with no_sync(), FSDP/ZeRO only where memory needs it")
+        return "; ".join(parts)
+    n = ev.nccl
+    if n is not None and any(c.transport == "NET" and "Socket" in c.detail for c in getattr(n, "channels", [])):
+        return ("NCCL is moving data over TCP sockets (NET/Socket): use InfiniBand/RoCE (check NCCL_IB_DISABLE, "
+                "NCCL_IB_HCA, NCCL_NET_GDR_LEVEL) or keep the job on one NVLink node; overlap the all-reduce with "
+                "backward (DDP buckets) and accumulate gradients with no_sync()")
+    if ev.mode == "cpu":
+        return ("the gradient all-reduce is bound by the network between ranks: put ranks on a faster link, "
+                "reduce what is sent (bf16 gradients via a DDP comm hook, fewer/larger buckets), and accumulate "
+                "gradients locally with no_sync() so fewer all-reduces run")
+    return ("check the link between GPUs (nvidia-smi topo -m, NCCL_DEBUG=INFO for the transport), overlap "
+            "communication with compute (DDP bucket_cap_mb, FSDP prefetch), and reduce its volume (bf16 gradient "
+            "compression hook, gradient accumulation with no_sync())")
+
+
+def rule_straggler(ev: RunEvidence) -> list[Finding]:
+    """Imbalance: one rank computes longer per step and the others wait for it in the collectives."""
+    if len(ev.ranks) < 2 or ev.mode == "logs":
+        return []
+    comp = {r["rank"]: _per_step(ev, r, "compute_us") or 0.0 for r in ev.ranks}
+    med = statistics.median(comp.values())
+    slow = max(comp, key=comp.get)
+    if med <= 0:
+        return []
+    excess = comp[slow] - med
+    excess_pct = 100 * excess / med
+    step = statistics.median(_step_us(ev, r) for r in ev.ranks)
+    if excess_pct < STRAGGLER_EXCESS_PCT or step <= 0:
+        return []
+    impact = round(100 * excess / step, 1)
+    if impact < 3:
+        return []
+    evidence = [f"rank {slow} computes {_ms(comp[slow])} per step vs a median of {_ms(med)} "
+                f"(+{excess_pct:.0f}%)"]
+    if ev.coll and ev.coll.matched:
+        n_steps = max(1, max((r.get("n_steps") or 1) for r in ev.ranks))
+        waits = {r: w / n_steps for r, w in ev.coll.wait_us.items()}
+        others = [w for r, w in waits.items() if r != slow]
+        if others:
+            evidence.append(f"the other ranks wait {_ms(statistics.mean(others))} per step in collectives; "
+                            f"rank {slow} waits {_ms(waits.get(slow, 0.0))}")
+        last = ev.coll.last_arrivals.get(slow, 0)
+        evidence.append(f"rank {slow} arrives last at {last} of {ev.coll.n_matched_calls} matched collectives")
+    return [Finding("imbalance", "straggler", severity(impact), impact, [slow],
+                    f"Rank {slow} is a straggler: the other ranks wait {impact:.0f}% of the step for it",
+                    evidence,
+                    f"find the extra work on rank {slow} (its top ops in the trace), balance data across ranks "
+                    "(equal sequence lengths / bucketing per rank), move rank-specific work such as evaluation, "
+                    "logging or checkpointing off the training step, and check that device for throttling")]
+
+
+def rule_idle_rank(ev: RunEvidence) -> list[Finding]:
+    """Imbalance: a rank idle most of the window while the others work (trace), or near-zero MFU (logs)."""
+    out = []
+    if len(ev.ranks) >= 2 and ev.mode == "gpu":
+        for r in ev.ranks:
+            others = [o["idle_pct"] for o in ev.ranks if o["rank"] != r["rank"]]
+            if r["idle_pct"] >= IDLE_RANK_PCT and statistics.median(others) < 50:
+                impact = round(100 / max(ev.world_size or len(ev.ranks), 1), 1)
+                out.append(Finding("imbalance", "idle_rank", severity(impact), impact, [r["rank"]],
+                                   f"Rank {r['rank']} is idle {r['idle_pct']:.0f}% of the time",
+                                   [f"rank {r['rank']} idle {r['idle_pct']:.1f}% vs a median of "
+                                    f"{statistics.median(others):.1f}% on the other ranks"],
+                                   "check that rank's data shard and device placement (a GPU doing no work still "
+                                   "holds the job back); see its top kernels"))
+    per_rank: dict[int, list[float]] = {}
+    for s in ev.log_steps:
+        if s.rank is not None and s.mfu_pct is not None:
+            per_rank.setdefault(s.rank, []).append(s.mfu_pct)
+    if len(per_rank) >= 2:
+        mfu = {r: statistics.median(v) for r, v in per_rank.items()}
+        med = statistics.median(mfu.values())
+        for r, v in mfu.items():
+            if med > 0 and v < 0.2 * med:
+                impact = round(100 / max(ev.world_size or len(mfu), len(mfu)), 1)
+                out.append(Finding("imbalance", "idle_rank", severity(impact), impact, [r],
+                                   f"Rank {r} is barely used: MFU {v:.1f}% vs a median of {med:.1f}%",
+                                   [f"log: rank {r} mfu {v:.2f}% (median of {len(mfu)} ranks {med:.2f}%)"],
+                                   "check that rank's device and data shard; a rank that does almost no work "
+                                   "wastes its share of the job"))
+    return out
+
+
+def rule_precision(ev: RunEvidence) -> list[Finding]:
+    """Precision: most matrix-math time runs in fp32 without tensor cores."""
+    p = ev.prec
+    if p is None or p.gemm_time_us <= 0 or p.fp32_share_pct < MIN_FP32_SHARE:
+        return []
+    busy = statistics.median(r["compute_us"] for r in ev.ranks) if ev.ranks else 0
+    n_ranks = max(1, len(ev.ranks))
+    gemm_per_rank = p.gemm_time_us / n_ranks
+    fp32_us = gemm_per_rank * p.fp32_share_pct / 100
+    if ev.mode == "gpu":
+        k = GPU_FP32_SPEEDUP_DEFAULT
+        from traceanalyze.metrics.precision import peak_tflops
+
+        hi, lo = peak_tflops(ev.gpu_model, "bf16"), peak_tflops(ev.gpu_model, "fp32")
+        if hi and lo:
+            k = min(max(hi / lo / 2, 2.0), 8.0)  # half the peak ratio: memory-bound parts gain less
+    else:
+        k = CPU_BF16_SPEEDUP
+    window = statistics.median(r["window_us"] for r in ev.ranks) if ev.ranks else 0
+    impact = round(100 * fp32_us * (1 - 1 / k) / window, 1) if window else 0.0
+    evidence = [f"{p.fp32_share_pct:.0f}% of matrix-math time ({_ms(p.gemm_time_us / n_ranks)} per rank) runs in "
+                f"fp32{' on CUDA cores (no tensor cores)' if ev.mode == 'gpu' else ''}; "
+                f"matrix math is {100 * gemm_per_rank / busy:.0f}% of compute" if busy else
+                f"{p.fp32_share_pct:.0f}% of matrix-math time runs in fp32"]
+    evidence.append("dtype mix: " + ", ".join(f"{m['dtype']} {m['pct']:.0f}%" for m in p.mix[:4])
+                    + f" (from {p.source})")
+    if p.mfu_pct is not None:
+        evidence.append(f"achieved {p.achieved_tflops:.1f} TFLOPS = {p.mfu_pct:.1f}% of {p.peak_tflops:g} TFLOPS "
+                        f"({p.peak_source})")
+    if ev.mode == "cpu":
+        evidence.append(f"CPU trace: the estimate assumes bf16 matmuls run {CPU_BF16_SPEEDUP:g}× faster; on GPUs "
+                        "with bf16 tensor cores the gain is larger")
+        impact = min(impact, HIGH - 0.1)  # the gain on this hardware is an estimate: never more than medium
+    precision_stated = ev.fact("precision")
+    if precision_stated:
+        evidence.append(f"config/log states precision {precision_stated}")
+    return [Finding("precision", "fp32_matmul", severity(impact), impact, [r["rank"] for r in ev.ranks],
+                    f"Matrix math runs in fp32: {p.fp32_share_pct:.0f}% of GEMM time",
+                    evidence,
+                    "enable bf16 autocast (torch.autocast('cuda', dtype=torch.bfloat16)) or bf16: true / "
+                    "--bf16 in the trainer config, and torch.backends.cuda.matmul.allow_tf32 = True "
+                    "(torch.set_float32_matmul_precision('high')) for what stays fp32")]
+
+
+def rule_compile(ev: RunEvidence) -> list[Finding]:
+    """Config: torch.compile time is a large share of the profiled time, or frames recompile."""
+    out = []
+    c = ev.compile
+    log_compile_s = ev.fact("compile_time_s")
+    if c is not None and c.compile_us:
+        worst = max(c.compile_us, key=c.compile_us.get)
+        comp = c.compile_us[worst]
+        steady = c.steady_step_us or ev.step_time_us or 0.0
+        horizon = ev.fact("total_optimization_steps") or COMPILE_HORIZON_STEPS
+        job_us = comp + float(horizon) * steady
+        # the trace covers a few steps; compile is paid once per job, so weigh it against the job, not the window
+        share = 100 * comp / job_us if job_us else 0.0
+        if share >= MIN_COMPILE_PCT or comp >= 600e6:
+            impact = round(share, 1)
+            ev_lines = [f"rank {worst} spends {_ms(comp)} in dynamo/inductor compile ranges: {share:.0f}% of a job "
+                        f"of {float(horizon):,.0f} steps at the steady {_ms(steady)} per step",
+                        f"{c.frames} compiled frame(s), {c.recompiles} recompile(s)"]
+            if c.first_step_us and c.steady_step_us:
+                ev_lines.append(f"first profiled step {_ms(c.first_step_us)} vs steady state {_ms(c.steady_step_us)} "
+                                f"({c.first_step_us / c.steady_step_us:.0f}×)")
+            if log_compile_s:
+                ev_lines.append(f"log: compile took {float(log_compile_s):,.0f} s")
+            out.append(Finding("config", "compile_overhead", severity(impact), impact, sorted(c.compile_us),
+                               f"torch.compile takes {_ms(comp)}, {share:.0f}% of a {float(horizon):,.0f}-step job",
+                               ev_lines,
+                               "keep the inductor cache warm between runs (persistent TORCHINDUCTOR_CACHE_DIR, FX "
+                               "graph and AOTAutograd caches, torch.compiler.save_cache_artifacts), compile "
+                               "per block (regional compilation) for large models, and profile after warm-up"))
+        if c.recompiles:
+            impact = round(min(share, 5.0), 1)
+            out.append(Finding("config", "recompiles", "medium" if c.recompiles > 2 else "low", impact,
+                               sorted(c.compile_us), f"{c.recompiles} recompilation(s) of compiled frames",
+                               [f"{c.frames} frame(s) compiled, {c.recompiles} recompiled (compile id R > 0)"],
+                               "run with TORCH_LOGS=recompiles to see the failing guard; mark dynamic dims with "
+                               "torch._dynamo.mark_dynamic or keep shapes static (pad batches)"))
+    elif log_compile_s:
+        secs = float(log_compile_s)
+        steps = [s.step_time_ms for s in ev.log_steps if s.step_time_ms]
+        impact = 0.0
+        if secs >= 600:
+            impact = 30.0
+        elif steps:
+            impact = round(min(100.0, 100 * secs * 1e3 / (secs * 1e3 + sum(steps))), 1)
+        if secs >= 60 or impact >= MIN_COMPILE_PCT:
+            out.append(Finding("config", "compile_overhead", severity(impact), impact, [],
+                               f"torch.compile took {secs / 60:,.0f} min before training started",
+                               [f"log: compile time {secs:,.0f} s"],
+                               "keep the inductor cache warm (persistent TORCHINDUCTOR_CACHE_DIR, "
+                               "torch.compiler.save_cache_artifacts), compile per transformer block (regional "
+                               "compilation), and check host memory: compile workers of every rank share it"))
+    return out
+
+
+def rule_dataloader(ev: RunEvidence) -> list[Finding]:
+    """Config: the training thread waits for the data loader a large share of each step."""
+    ld = ev.loader
+    if ld is None or not ld.share_pct:
+        return []
+    share = statistics.median(ld.share_pct.values())
+    if share < MIN_LOADER_PCT:
+        return []
+    impact = round(share, 1)
+    worst = max(ld.share_pct, key=ld.share_pct.get)
+    return [Finding("config", "dataloader", severity(impact), impact, sorted(ld.share_pct),
+                    f"The input pipeline is the bottleneck: {share:.0f}% of each step waits for the DataLoader",
+                    [f"median {share:.1f}% of step time in DataLoader __next__ (rank {worst}: "
+                     f"{ld.share_pct[worst]:.1f}%, {_ms(ld.loader_us[worst])} over the profiled steps)"],
+                    "use DataLoader(num_workers=4 or more, pin_memory=True, persistent_workers=True, "
+                    "prefetch_factor=2) and move expensive per-sample transforms offline or into the workers")]
+
+
+def rule_launch_bound(ev: RunEvidence) -> list[Finding]:
+    """Config: many tiny kernels and an idle GPU: the host cannot launch fast enough."""
+    ln = ev.launch
+    if ev.mode != "gpu" or ln is None or ln.median_kernel_us is None or not ev.ranks:
+        return []
+    idle = statistics.median(r["idle_pct"] for r in ev.ranks)
+    if idle < 40 or ln.median_kernel_us > 20 or (ln.kernels_per_step or 0) < 500:
+        return []
+    impact = round(idle * 0.5, 1)
+    return [Finding("config", "launch_bound", severity(impact), impact, [r["rank"] for r in ev.ranks],
+                    f"Launch-bound: GPU idle {idle:.0f}% with many tiny kernels",
+                    [f"{ln.kernels_per_step:,.0f} kernels per step, median {ln.median_kernel_us:.1f} µs each",
+                     f"launch calls take {_ms(ln.launch_us_per_step)} per step on the host"],
+                    "capture the step in CUDA graphs (torch.compile(mode='reduce-overhead')), fuse small ops "
+                    "(torch.compile), or raise the per-GPU batch")]
+
+
+def rule_effective_batch_single(ev: RunEvidence) -> list[Finding]:
+    """Config (no baseline): gradient accumulation kept while the data-parallel size grew."""
+    ga = ev.fact("gradient_accumulation_steps")
+    ws = ev.fact("world_size") or ev.world_size
+    if not ga or not ws or float(ga) <= 1 or float(ws) <= 1:
+        return []
+    pdb = ev.fact("per_device_batch")
+    eff = ev.fact("global_batch") or (float(pdb) * float(ga) * float(ws) if pdb else None)
+    return [Finding("config", "gradient_accumulation", "low", 0.0, [],
+                    f"Effective batch {eff:,.0f} = per-device batch × gradient accumulation {float(ga):g} × "
+                    f"{float(ws):g} ranks" if eff else
+                    f"gradient accumulation {float(ga):g} on {float(ws):g} ranks",
+                    [f"gradient_accumulation_steps={float(ga):g}, data-parallel size {float(ws):g}"
+                     + (f", per-device batch {float(pdb):g}" if pdb else "")],
+                    "if this recipe came from a single-GPU run, divide gradient_accumulation_steps by the number "
+                    "of GPUs to keep its effective batch, or scale the learning rate with the batch")]
+
+
+RULES = [rule_exposed_communication, rule_straggler, rule_idle_rank, rule_precision, rule_compile, rule_dataloader,
+         rule_launch_bound, rule_effective_batch_single]
+
+
+def diagnose(ev: RunEvidence) -> list[Finding]:
+    """Every finding of one run, ranked by impact (then severity)."""
+    out: list[Finding] = []
+    for rule in RULES:
+        for f in rule(ev):
+            f.run = ev.name
+            out.append(f)
+    return rank_findings(out)
+
+
+def rank_findings(fs: list[Finding]) -> list[Finding]:
+    """Sort by severity then impact, highest first."""
+    order = {"high": 0, "medium": 1, "low": 2}
+    return sorted(fs, key=lambda f: (order[f.severity], -f.impact_pct))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Comparing two runs
+
+def effective_batch_of(ev: RunEvidence) -> float | None:
+    """Effective (global) batch = per-device micro-batch × gradient accumulation × data-parallel size."""
+    gb = ev.fact("global_batch")
+    if gb:
+        return float(gb)
+    pdb, ga = ev.fact("per_device_batch"), ev.fact("gradient_accumulation_steps")
+    ws = ev.fact("world_size") or ev.world_size
+    if pdb and ga and ws:
+        return float(pdb) * float(ga) * float(ws)
+    return None
+
+
+def compare(subject: RunEvidence, baseline: RunEvidence, subject_findings: list[Finding]) -> tuple[dict, list[Finding]]:
+    """Explain subject − baseline step time as a sum of parts and flag config differences.
+
+    Parts per profiler step (medians over ranks): compute, exposed communication, idle, other (the rest of the
+    step), each subject − baseline in µs; they add up to the step-time delta. Each part names the finding of
+    the subject that explains it. Returns ``(comparison dict, extra findings)``.
+    """
+    def parts(ev: RunEvidence) -> dict[str, float]:
+        if not ev.steps:
+            return {}
+        ranks = sorted({s["rank"] for s in ev.steps})
+
+        def med(key: str) -> float:
+            return statistics.median(statistics.mean(s[key] for s in ev.steps if s["rank"] == r) for r in ranks)
+        d = {"step": med("step_time_us"), "compute": med("compute_us"),
+             "exposed communication": med("exposed_comm_us"), "idle": med("idle_us")}
+        d["other"] = d["step"] - d["compute"] - d["exposed communication"] - d["idle"]
+        return d
+
+    ps, pb = parts(subject), parts(baseline)
+    cause_of = {"compute": ("precision", "imbalance"), "exposed communication": ("interconnect", "imbalance"),
+                "idle": ("config", "imbalance"), "other": ("config",)}
+    rows = []
+    for part in ("compute", "exposed communication", "idle", "other"):
+        if part in ps and part in pb:
+            f = next((f for f in subject_findings if f.cause in cause_of[part]), None)
+            rows.append({"part": part, "subject_us": round(ps[part], 1), "baseline_us": round(pb[part], 1),
+                         "delta_us": round(ps[part] - pb[part], 1), "finding": f.title if f else None})
+    diffs = []
+    for key in ("precision", "gradient_accumulation_steps", "per_device_batch", "global_batch", "world_size",
+                "compile", "learning_rate"):
+        a, b = subject.fact(key), baseline.fact(key)
+        if a is not None and b is not None and str(a) != str(b):
+            diffs.append({"key": key, "subject": a, "baseline": b})
+    if subject.world_size != baseline.world_size:
+        diffs.append({"key": "ranks in trace", "subject": subject.world_size, "baseline": baseline.world_size})
+    sm, bm = (subject.prec.main_dtype if subject.prec else None), (baseline.prec.main_dtype if baseline.prec else None)
+    if sm and bm and sm != bm:
+        diffs.append({"key": "matmul dtype", "subject": sm, "baseline": bm})
+    extra: list[Finding] = []
+    es, eb = effective_batch_of(subject), effective_batch_of(baseline)
+    if es and eb and es != eb:
+        ratio = es / eb
+        diffs.append({"key": "effective batch", "subject": es, "baseline": eb})
+        ga = subject.fact("gradient_accumulation_steps")
+        impact = round(100 * (1 - 1 / ratio), 1) if ratio > 1 else 0.0
+        ev_lines = [f"effective batch {es:,.0f} vs {eb:,.0f} in the baseline ({ratio:g}×)",
+                    f"gradient accumulation {ga if ga is not None else '?'} in both runs while the data-parallel "
+                    f"size went {baseline.fact('world_size') or baseline.world_size} → "
+                    f"{subject.fact('world_size') or subject.world_size}"]
+        losses_s = [s.loss for s in subject.log_steps if s.loss is not None]
+        losses_b = [s.loss for s in baseline.log_steps if s.loss is not None]
+        if losses_s and losses_b:
+            ev_lines.append(f"final logged loss {losses_s[-1]:g} vs {losses_b[-1]:g} in the baseline")
+        extra.append(Finding(
+            "config", "gradient_accumulation", "high" if ratio >= 2 or ratio <= 0.5 else "medium", impact, [],
+            f"Effective batch grew {ratio:g}× against the baseline: gradient accumulation was not scaled with the "
+            "number of ranks", ev_lines,
+            f"divide gradient_accumulation_steps by the world-size ratio ({ga} → "
+            f"{max(1, round(float(ga) / ratio)) if ga else '?'}) to keep the baseline's effective batch, or scale "
+            "the learning rate with the batch (linear scaling) and expect fewer optimizer steps per epoch",
+            run=subject.name))
+    comp = {"subject": subject.name, "baseline": baseline.name,
+            "subject_step_us": ps.get("step") or subject.step_time_us,
+            "baseline_step_us": pb.get("step") or baseline.step_time_us,
+            "parts": rows, "config_diffs": diffs}
+    if comp["subject_step_us"] is not None and comp["baseline_step_us"] is not None:
+        comp["delta_us"] = round(comp["subject_step_us"] - comp["baseline_step_us"], 1)
+    return comp, extra
+
+
+def to_dicts(fs: list[Finding]) -> list[dict]:
+    """Findings as plain dicts for the JSON report."""
+    return [asdict(f) for f in fs]
+
+
+def verdict(findings: list[Finding]) -> str:
+    """One sentence for the top of the report."""
+    top = [f for f in findings if f.severity in ("high", "medium")]
+    if not top:
+        return "No significant slowdown found: no finding reaches medium severity."
+    f = top[0]
+    return f"Main cause: {f.cause} ({f.kind.replace('_', ' ')}): {f.title} — about {f.impact_pct:.0f}% of step time."

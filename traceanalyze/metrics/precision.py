@@ -1,0 +1,206 @@
+"""Precision: the dtype mix of matrix-math time (GEMM, convolution, attention) and the tensor-core share.
+
+GPU mode: each GEMM/conv/attention kernel's math dtype is read from its name (the table in
+``shared/FORMATS.md`` §8, first match wins: ``*_sgemm_*`` / ``*_ffma_*`` are fp32 on CUDA cores, ``*tf32*`` /
+``s1688gemm`` are TF32 on tensor cores, ``bf16``/``fp16``/``h884``/``s16816`` are half types on tensor cores, ...).
+Names that do not tell (``nvjet_*``, Triton, cuBLAS generic) fall back to the launching op's ``Input type``
+(kernel ``External id`` == cpu_op ``External id``).
+
+CPU mode: the training thread's leaf matrix ops (``aten::mm``, ``addmm``, ``bmm``, ``baddbmm``,
+``_scaled_dot_product_*attention*``, ``*_convolution``) by their first ``Input type``; there are no tensor cores.
+
+Achieved TFLOPS: 2·M·N·K per ``aten::mm``/``addmm``/``bmm`` from ``Input Dims``, over the time of the kernels
+it launched (GPU) or of the op (CPU); MFU = achieved / the GPU's dense peak for that dtype (NVIDIA datasheets;
+torchtitan ``get_peak_flops``), or ``--peak-tflops``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+
+import duckdb
+
+# (regex searched in the kernel name, dtype, tensor core). First match wins; order matters.
+KERNEL_DTYPE_RULES: list[tuple[str, str, bool | None]] = [
+    (r"_ffma_|sgemm|scudnn|simt_sgemm|gemmSN_|gemmk1_kernel<float|gemv2T_kernel_val<int, int, float", "fp32", False),
+    (r"tf32|s1688gemm|s1684gemm|tensorop_s1688|xmma.*f32f32_tf32", "tf32", True),
+    (r"e4m3|e5m2|fp8", "fp8", True),
+    (r"bf16|bfloat16|__nv_bfloat16|cutlass::bfloat16_t", "bf16", True),
+    (r"fp16|h884|h1688|h16816|s884gemm|s16816gemm|hmma|half_t|f16f16|cutlass::half_t|hgemm", "fp16", True),
+    (r"d884|dmma|dgemm", "fp64", None),
+    (r"i16832|i8816|imma|igemm|int8", "int8", True),
+]
+GEMM_KERNEL = re.compile(
+    r"gemm|gemv|xmma|cutlass|cublas|nvjet|conv|cudnn|wgrad|dgrad|fprop|flash|fmha|attention|sdpa|triton_tem",
+    re.IGNORECASE)
+ELEMENTWISE_EXCLUDE = re.compile(r"elementwise|reduce_kernel|splitKreduce|memcpy|memset|nccl", re.IGNORECASE)
+CPU_GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_addmm_activation",
+                "aten::mkldnn_convolution", "aten::cudnn_convolution", "aten::_convolution_mode")
+TYPE_TO_DTYPE = {"float": "fp32", "c10::bfloat16": "bf16", "c10::half": "fp16", "double": "fp64",
+                 "c10::float8_e4m3fn": "fp8", "c10::float8_e5m2": "fp8", "signed char": "int8"}
+
+# Dense peak TFLOPS per dtype (NVIDIA datasheets; torchtitan get_peak_flops for bf16). Matched by substring.
+PEAK_TFLOPS: list[tuple[str, dict[str, float]]] = [
+    ("H200", {"bf16": 989, "fp16": 989, "tf32": 494, "fp32": 67, "fp8": 1979}),
+    ("H100 PCIe", {"bf16": 756, "fp16": 756, "tf32": 378, "fp32": 51, "fp8": 1513}),
+    ("H100", {"bf16": 989, "fp16": 989, "tf32": 494, "fp32": 67, "fp8": 1979}),
+    ("A100", {"bf16": 312, "fp16": 312, "tf32": 156, "fp32": 19.5}),
+    ("A10", {"bf16": 125, "fp16": 125, "tf32": 62.5, "fp32": 31.2}),
+    ("L4", {"bf16": 121, "fp16": 121, "tf32": 60, "fp32": 30.3}),
+    ("RTX 3090", {"bf16": 71, "fp16": 71, "tf32": 35.6, "fp32": 35.6}),
+    ("V100", {"fp16": 125, "fp32": 15.7}),
+]
+
+
+def kernel_dtype(name: str) -> tuple[str | None, bool | None]:
+    """(math dtype, uses tensor cores) from a kernel name; (None, None) when the name does not tell."""
+    for pat, dt, tc in KERNEL_DTYPE_RULES:
+        if re.search(pat, name, re.IGNORECASE):
+            return dt, tc
+    return None, None
+
+
+def peak_tflops(gpu_model: str | None, dtype: str) -> float | None:
+    """Dense peak TFLOPS of ``gpu_model`` for ``dtype`` from :data:`PEAK_TFLOPS`; None when unknown."""
+    if not gpu_model:
+        return None
+    for key, peaks in PEAK_TFLOPS:
+        if key.lower() in gpu_model.lower():
+            return peaks.get(dtype)
+    return None
+
+
+def _op_dtype(types_json: str | None) -> str | None:
+    if not types_json:
+        return None
+    try:
+        t = json.loads(types_json)
+    except ValueError:
+        return None
+    for x in t if isinstance(t, list) else []:
+        if isinstance(x, str) and x.lower() in TYPE_TO_DTYPE:
+            return TYPE_TO_DTYPE[x.lower()]
+    return None
+
+
+def gemm_flops(op: str, dims_json: str | None) -> float | None:
+    """FLOPs of one ``aten::mm`` ([[M,K],[K,N]]), ``addmm`` ([[N],[M,K],[K,N]]) or ``bmm`` ([[B,M,K],[B,K,N]])
+    call: 2·(B·)M·N·K. None when the shapes are missing or do not fit."""
+    if not dims_json:
+        return None
+    try:
+        d = json.loads(dims_json)
+    except ValueError:
+        return None
+    try:
+        if op in ("aten::mm",):
+            (m, k), (_, n) = d[0], d[1]
+            return 2.0 * m * n * k
+        if op in ("aten::addmm", "aten::_addmm_activation"):
+            (m, k), (_, n) = d[1], d[2]
+            return 2.0 * m * n * k
+        if op in ("aten::bmm",):
+            (b, m, k), (_, _, n) = d[0], d[1]
+            return 2.0 * b * m * n * k
+        if op == "aten::baddbmm":
+            (b, m, k), (_, _, n) = d[1], d[2]
+            return 2.0 * b * m * n * k
+    except (TypeError, ValueError, IndexError):
+        return None
+    return None
+
+
+@dataclass
+class PrecisionMix:
+    """Matrix-math time by dtype (µs, %), the fp32-without-tensor-cores share, and achieved TFLOPS."""
+
+    mode: str
+    gemm_time_us: float = 0.0
+    mix: list[dict] = field(default_factory=list)  # {dtype, tensor_core, time_us, pct}
+    fp32_share_pct: float = 0.0  # fp32 math on CUDA cores (or plain fp32 on CPU)
+    tensor_core_share_pct: float | None = None
+    achieved_tflops: float | None = None
+    main_dtype: str | None = None
+    peak_tflops: float | None = None
+    mfu_pct: float | None = None
+    peak_source: str | None = None
+    source: str = ""  # how dtypes were read
+
+
+def analyze_precision(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, gpu_model: str | None = None,
+                      peak_override: float | None = None) -> PrecisionMix:
+    """Dtype mix of matrix math for one run (definitions in the module docstring)."""
+    res = PrecisionMix(mode=mode)
+    acc: dict[tuple[str, bool | None], float] = {}
+    flops = 0.0
+    flop_time_ns = 0.0
+    if mode == "gpu":
+        rows = con.execute("""
+            SELECT k.name, sum(k.dur_ns), any_value(o.input_types), any_value(o.name)
+            FROM kernels k JOIN files f USING (file_id)
+            LEFT JOIN cpu_ops o ON o.file_id = k.file_id AND o.external_id = k.external_id AND o.cat = 'cpu_op'
+            WHERE f.run_id = ? AND k.cat = 'kernel' AND kernel_class(k.cat, k.name) = 'compute'
+            GROUP BY k.name""", [run_id]).fetchall()
+        from_name = from_op = 0.0
+        for name, dur, types, _op in rows:
+            if not GEMM_KERNEL.search(name) or ELEMENTWISE_EXCLUDE.search(name):
+                continue
+            dt, tc = kernel_dtype(name)
+            if dt is None:
+                dt = _op_dtype(types) or "unknown"
+                tc = None if dt in ("unknown", "fp32") else True
+                if dt == "fp32":
+                    tc = None  # fp32 inputs may still run as TF32 when allowed; the name does not say
+                from_op += dur
+            else:
+                from_name += dur
+            acc[(dt, tc)] = acc.get((dt, tc), 0.0) + dur
+        res.source = "kernel names" + (", launching op Input type" if from_op else "")
+        fr = con.execute("""
+            SELECT o.name, o.input_dims, o.input_types, sum(k.dur_ns)
+            FROM cpu_ops o JOIN files f USING (file_id)
+            JOIN kernels k ON k.file_id = o.file_id AND k.external_id = o.external_id
+            WHERE f.run_id = ? AND o.cat = 'cpu_op' AND o.name IN ('aten::mm', 'aten::addmm', 'aten::bmm',
+                  'aten::baddbmm') GROUP BY o.file_id, o.external_id, o.name, o.input_dims, o.input_types""",
+                         [run_id]).fetchall()
+    else:
+        rows = con.execute(f"""
+            WITH main AS (
+                SELECT c.file_id, c.pid, c.tid FROM cpu_ops c JOIN files f USING (file_id)
+                WHERE f.run_id = ? AND profiler_step(c.cat, c.name) IS NOT NULL GROUP BY ALL)
+            SELECT c.name, c.input_types, c.input_dims, c.dur_ns
+            FROM cpu_ops c JOIN files f USING (file_id)
+            WHERE f.run_id = ? AND c.cat = 'cpu_op'
+              AND (c.name IN {CPU_GEMM_OPS!r} OR (c.name LIKE 'aten::_scaled_dot_product%attention%'))
+              AND (NOT EXISTS (SELECT 1 FROM main) OR (c.file_id, c.pid, c.tid) IN (SELECT (file_id, pid, tid)
+                   FROM main))""", [run_id, run_id]).fetchall()
+        for _name, types, _dims, dur in rows:
+            dt = _op_dtype(types) or "unknown"
+            acc[(dt, False)] = acc.get((dt, False), 0.0) + dur
+        res.source = "Input type of aten matrix ops on the training thread"
+        fr = [(n, d, t, dur) for n, t, d, dur in rows]
+    for op, dims, _types, dur in fr:
+        f = gemm_flops(op, dims)
+        if f and dur:
+            flops += f
+            flop_time_ns += dur
+    total = sum(acc.values())
+    res.gemm_time_us = total / 1e3
+    if total <= 0:
+        return res
+    for (dt, tc), t in sorted(acc.items(), key=lambda kv: -kv[1]):
+        res.mix.append({"dtype": dt, "tensor_core": tc, "time_us": round(t / 1e3, 3), "pct": round(100 * t / total, 2)})
+    res.main_dtype = res.mix[0]["dtype"]
+    res.fp32_share_pct = round(100 * sum(t for (dt, tc), t in acc.items() if dt == "fp32" and not tc) / total, 2)
+    if mode == "gpu":
+        res.tensor_core_share_pct = round(100 * sum(t for (_, tc), t in acc.items() if tc) / total, 2)
+    if flop_time_ns > 0:
+        res.achieved_tflops = round(flops / (flop_time_ns / 1e9) / 1e12, 4)
+        peak = peak_override or peak_tflops(gpu_model, res.main_dtype or "bf16")
+        if peak and mode == "gpu":
+            res.peak_tflops = peak
+            res.peak_source = "--peak-tflops" if peak_override else f"{gpu_model} datasheet ({res.main_dtype})"
+            res.mfu_pct = round(100 * res.achieved_tflops / peak, 2)
+    return res
