@@ -6,8 +6,8 @@ torchtitan TOML, Hugging Face ``TrainingArguments`` JSON) are turned into small 
 numbers (:class:`LogStep`), named facts about the run (:class:`Fact`), NCCL transports (:class:`NcclInfo`)
 and the GPU/NIC link matrix (:class:`Topology`).
 
-The line formats and their regexes are documented in ``FORMATS.md`` §9 (shared with the project); every
-regex here matched the real excerpts under ``shared/logs``.
+The line formats and their regexes are documented in ``FORMATS.md`` §9 (shared with the project); the
+regexes here extend those and are tested against the real excerpts under ``shared/logs``.
 
 Rules: parsing never raises on odd content (unknown lines are ignored; a malformed structured file gives
 no facts and, where the result has one, a warning); a file that cannot be read raises
@@ -214,14 +214,14 @@ class Topology:
     gpu_numa_id: dict[str, str] = field(default_factory=dict)
     nic_names: dict[str, str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    _index: dict[tuple[str, str], str] = field(default_factory=dict, repr=False, compare=False)
 
     def link(self, a: str, b: str) -> str | None:
         """Link code between devices named ``a`` and ``b`` (``"NV12"``, ``"PIX"``, ...); None if unknown
         or ``a == b``."""
-        for lk in self.links:
-            if lk.a == a and lk.b == b:
-                return lk.link
-        return None
+        if len(self._index) != len(self.links):
+            self._index = {(lk.a, lk.b): lk.link for lk in self.links}
+        return self._index.get((a, b))
 
     def link_between(self, gpu_a: int, gpu_b: int) -> str | None:
         """Link code between GPU indices ``gpu_a`` and ``gpu_b`` (``nvidia-smi`` numbering); None when
@@ -1086,7 +1086,8 @@ class _TextLogParser:
 
 
 def parse_text_log(path: Path) -> LogResult:
-    """Parse a training log (and any NCCL_DEBUG=INFO lines in it) in one streamed pass.
+    """Parse a training log (and any NCCL_DEBUG=INFO lines in it) in one streamed pass; this is also the
+    parser for files :func:`sniff` calls ``"nccl_debug"`` (``framework`` None, ``nccl`` set).
 
     Recognises torchtune ``Step N | k:v``, torchtitan ``step: .. loss: .. memory: ..GiB(..%) tps: ..``
     (with or without ``[titan]``/``[rankN]:`` prefixes), litgpt ``iter N step M: ...`` (old) and
