@@ -118,7 +118,7 @@ def report(ctx: click.Context, paths: tuple[str, ...], output: str | None, json_
             if out is not None and fmt == "html" or (out is not None and fmt != "html"):
                 click.echo(f"wrote {out} ({len(model['runs'])} run(s), {n_ranks} rank(s)); database {db_path}",
                            err=True)
-        if not any(r["ranks"] for r in model["runs"]):
+        if not any(r["ranks"] or r["log_steps"] or r["log_facts"] for r in model["runs"]):
             raise TraceanalyzeError("nothing could be analyzed: every trace file was unreadable (see above)")
 
     _guard(ctx, run)

@@ -466,6 +466,25 @@ def effective_batch_of(ev: RunEvidence) -> float | None:
     return None
 
 
+def throughput_per_rank(ev: RunEvidence) -> tuple[float, str] | None:
+    """Per-rank speed, higher is better: (value, what). Tokens/s per GPU from the logs, else 1e6 / step time (µs)
+    from the trace's profiler steps, else from the logs' step time. None when nothing says."""
+    tps = [s.tokens_per_s for s in ev.log_steps if s.tokens_per_s]
+    if tps:
+        return statistics.median(tps), "tokens/s per GPU (log)"
+    if ev.step_time_us:
+        return 1e6 / ev.step_time_us, "steps/s (trace)"
+    ms = [s.step_time_ms for s in ev.log_steps if s.step_time_ms]
+    if ms:
+        return 1e3 / statistics.median(ms), "steps/s (log)"
+    return None
+
+
+def _ranks_of(ev: RunEvidence) -> int:
+    ws = ev.fact("world_size") or ev.world_size or len(ev.ranks) or 1
+    return int(float(ws))
+
+
 def compare(subject: RunEvidence, baseline: RunEvidence, subject_findings: list[Finding]) -> tuple[dict, list[Finding]]:
     """Explain subject − baseline step time as a sum of parts and flag config differences.
 
@@ -506,7 +525,10 @@ def compare(subject: RunEvidence, baseline: RunEvidence, subject_findings: list[
     if sm and bm and sm != bm:
         diffs.append({"key": "matmul dtype", "subject": sm, "baseline": bm})
     extra: list[Finding] = []
+    extra += _compare_throughput(subject, baseline, subject_findings)
     es, eb = effective_batch_of(subject), effective_batch_of(baseline)
+    if es and eb and es != eb and _ranks_of(subject) < _ranks_of(baseline):
+        subject, baseline, es, eb = baseline, subject, eb, es  # the finding belongs to the run that scaled out
     if es and eb and es != eb:
         ratio = es / eb
         diffs.append({"key": "effective batch", "subject": es, "baseline": eb})
@@ -535,6 +557,40 @@ def compare(subject: RunEvidence, baseline: RunEvidence, subject_findings: list[
     if comp["subject_step_us"] is not None and comp["baseline_step_us"] is not None:
         comp["delta_us"] = round(comp["subject_step_us"] - comp["baseline_step_us"], 1)
     return comp, extra
+
+
+def _compare_throughput(subject: RunEvidence, baseline: RunEvidence, have: list[Finding]) -> list[Finding]:
+    """Findings from logs alone when two runs differ: poor scaling to more ranks, fp32 against bf16."""
+    out: list[Finding] = []
+    ts, tb = throughput_per_rank(subject), throughput_per_rank(baseline)
+    ns, nb = _ranks_of(subject), _ranks_of(baseline)
+    rel = ts[0] / tb[0] if ts and tb and tb[0] > 0 and ts[1] == tb[1] else None
+    prec_s, prec_b = subject.fact("precision"), baseline.fact("precision")
+    if prec_s == "fp32" and prec_b in ("bf16", "fp16") and not any(f.cause == "precision" for f in have):
+        impact = round(100 * (1 - rel), 1) if rel is not None and rel < 1 else 10.0
+        ev_lines = [f"precision {prec_s} in {subject.name} vs {prec_b} in {baseline.name} (config/log)"]
+        if rel is not None:
+            ev_lines.append(f"per-rank speed {ts[0]:,.1f} vs {tb[0]:,.1f} {ts[1]}: {1 / rel:.1f}× slower")
+        out.append(Finding("precision", "autocast_missing", severity(impact), impact, [],
+                           f"{subject.name} runs in fp32 while {baseline.name} uses {prec_b}", ev_lines,
+                           "set the same precision as the baseline: bf16: true / --bf16 (or torch.autocast with "
+                           "dtype=torch.bfloat16); the single-device default is often fp32", run=subject.name))
+    if ns > nb and rel is not None and rel < 0.5 and not any(f.cause == "interconnect" for f in have):
+        eff = rel
+        impact = round(100 * (1 - eff), 1)
+        ev_lines = [f"per-rank speed on {ns} ranks {ts[0]:,.1f} vs {tb[0]:,.1f} {ts[1]} on {nb}: scaling efficiency "
+                    f"{100 * eff:.0f}%", f"{ns} ranks deliver {ns * eff:.2f}× the throughput of {nb}"]
+        note = _transport_note(subject)
+        if note:
+            ev_lines.append(note)
+        pairs = _slow_topology_pairs(subject)
+        if pairs:
+            ev_lines.append("GPU links: " + ", ".join(f"{a}–{b} {lk}" for a, b, lk in pairs[:4]))
+        kind = "topology" if pairs else "slow_collectives"
+        out.append(Finding("interconnect", kind, severity(impact), impact, [],
+                           f"Scaling to {ns} ranks loses {impact:.0f}% of per-rank throughput", ev_lines,
+                           _interconnect_recommendation(subject, pairs), run=subject.name))
+    return out
 
 
 def to_dicts(fs: list[Finding]) -> list[dict]:

@@ -152,23 +152,24 @@ def discover(inputs: list[str | Path]) -> Discovery:
         name = folder.name or str(folder)
         runs.append(Run(name=name, path=folder, traces=sorted(traces[folder])))
     _name_runs(runs)
-    log_only: dict[Path, Run] = {}
-    for sc in sidecars:
+    # training logs first: a folder of logs without traces becomes a log-only run, and the topology or config
+    # files above it then attach to it like to a trace run
+    order = {"training_log": 0, "nccl_debug": 1, "topology": 2, "config": 3}
+    trace_runs = list(runs)
+    for sc in sorted(sidecars, key=lambda s: (order.get(s.kind, 9), str(s.path))):
         owners = [r for r in runs if _is_within(sc.path.parent, r.path)]
         if not owners:
             owners = [r for r in runs if _is_within(r.path, sc.path.parent)]
-        if not owners and len(runs) == 1:
-            owners = runs
+        if not owners and len(trace_runs) == 1 and sc.kind in ("topology", "config", "nccl_debug"):
+            owners = trace_runs  # e.g. a topology file kept elsewhere for a single run
         if not owners:  # logs without traces still tell a story: a log-only run per folder
-            folder = sc.path.parent
-            if folder not in log_only:
-                log_only[folder] = Run(name=folder.name or str(folder), path=folder)
-            owners = [log_only[folder]]
+            run = Run(name=sc.path.parent.name or str(sc.path.parent), path=sc.path.parent)
+            runs.append(run)
+            owners = [run]
         for r in owners:
             r.sidecars.append(sc)
-    if log_only:
-        runs.extend(log_only[f] for f in sorted(log_only))
-        _name_runs(runs)
+    runs.sort(key=lambda r: str(r.path))
+    _name_runs(runs)
     return Discovery(runs=runs, skipped=skipped)
 
 

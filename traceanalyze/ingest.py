@@ -385,8 +385,10 @@ class _Columns:
             "correlation": _arr([a.correlation for a in args], pa.int64()),
             "pid": _arr([e.pid for e in ev], pa.int64()),
             "tid": _arr([e.tid for e in ev], pa.int64()),
-            "device": _arr([a.device if a.device is not None else e.pid for a, e in zip(args, ev, strict=True)], pa.int64()),
-            "stream": _arr([a.stream if a.stream is not None else e.tid for a, e in zip(args, ev, strict=True)], pa.int64()),
+            "device": _arr([a.device if a.device is not None else e.pid
+                            for a, e in zip(args, ev, strict=True)], pa.int64()),
+            "stream": _arr([a.stream if a.stream is not None else e.tid
+                            for a, e in zip(args, ev, strict=True)], pa.int64()),
             "bytes": _arr([a.nbytes for a in args], pa.int64()),
             "kernel_backend": _arr([a.kernel_backend for a in args], pa.string()),
             "input_types": pa.array([None if a.input_type is None else bytes(a.input_type).decode("utf-8", "replace")

@@ -112,7 +112,11 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
         subj_f = [f for f in all_findings if f.run == evidence[si].name]
         comparison, extra = diagnose.compare(evidence[si], evidence[bi], subj_f)
         all_findings.extend(extra)
-        runs_model[si]["findings"] = diagnose.to_dicts(diagnose.rank_findings(subj_f + extra))
+        for i in (si, bi):
+            mine = [f for f in all_findings if f.run == evidence[i].name]
+            runs_model[i]["findings"] = diagnose.to_dicts(diagnose.rank_findings(mine))
+        if runs_model[bi]["role"] == "subject":  # implicit pair: say which run is the reference
+            runs_model[bi]["role"] = "baseline"
     # the report's ranking: subject runs' findings first (the baseline is the reference, not the patient)
     subjects = {r["name"] for r in runs_model if r["role"] == "subject"}
     ranked = diagnose.rank_findings([f for f in all_findings if f.run in subjects])
@@ -155,6 +159,9 @@ def _comparison_pair(runs_model: list[dict], evidence) -> tuple[int, int] | None
         return subj[0], base[0]
     if len(runs_model) == 2:
         a, b = 0, 1
+        ta, tb = diagnose.throughput_per_rank(evidence[a]), diagnose.throughput_per_rank(evidence[b])
+        if ta and tb and ta[1] == tb[1] and ta[0] != tb[0]:
+            return (a, b) if ta[0] < tb[0] else (b, a)  # the slower run is the one to explain
         wa = evidence[a].fact("world_size") or evidence[a].world_size or 0
         wb = evidence[b].fact("world_size") or evidence[b].world_size or 0
         if wa != wb:
@@ -233,9 +240,15 @@ def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: floa
     steps_model = [asdict(s) for s in step_rows]
     step_time = _median([r.step_time_us for r in rank_rows if r.step_time_us is not None])
     world = facts["world_size"]
-    if not good:
+    if not good:  # log-only: what the logs say, else NCCL's communicator size, else the ranks that logged
         ws_fact = side["facts"].get("world_size")
-        world = int(ws_fact[0].num) if ws_fact and ws_fact[0].num else world
+        log_ranks = {st.rank for st in side["log_steps"] if st.rank is not None}
+        if ws_fact and ws_fact[0].num:
+            world = int(ws_fact[0].num)
+        elif side["nccl"] is not None and getattr(side["nccl"], "nranks", None):
+            world = int(side["nccl"].nranks)
+        elif log_ranks:
+            world = max(log_ranks) + 1
     ev = diagnose.RunEvidence(
         name=run.name, mode=mode, world_size=world, gpu_model=facts["gpu_model"], ranks=ranks_model,
         steps=steps_model, step_time_us=step_time, coll=coll, prec=prec, compile=comp, loader=loader,
@@ -248,6 +261,7 @@ def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: floa
         "role": role,
         "mode": mode,
         **facts,
+        "world_size": world,
         "ranks_found": sorted(by_rank),
         "files": [{"path": str(lf.path), "rank": ranks[lf.path], "cached": lf.cached} for lf in good],
         "sidecars": [{"path": str(s.path), "kind": s.kind} for s in run.sidecars],

@@ -1,26 +1,765 @@
-"""Render: the report model (a dict, see docs/schema.md) into one self-contained HTML file and Markdown."""
+"""Render: the report model (a dict, see ``docs/schema.md``) into one self-contained HTML file and Markdown.
+
+The HTML report is what an ML engineer attaches to a bug ticket, so it must open anywhere, offline, and be safe
+to open: one file, inline CSS, inline SVG charts, **no** ``<script>``, and no URL that makes a network request
+(no external stylesheet, font or image). Every string that comes from a trace (kernel and op names, file paths,
+warning messages, finding text) goes through Jinja2's autoescape; ``|safe`` is never applied to model data.
+
+Charts: pygal, inlined as SVG. pygal cannot be told to leave out its scripts (``Svg.add_scripts`` always writes
+a ``<script>`` holding the chart's config, plus ``http://pygal.org`` comments), so :func:`_svg` takes pygal's
+element tree (``render_tree``) and cleans it: it removes every ``script`` element, comment and ``*href``
+attribute, drops the tooltip overlay (it needs JavaScript), replaces pygal's hidden ``<desc>`` tooltips with a
+native SVG ``<title>`` (hover text that works without script), and gives the chart a stable id. The tree is then
+serialized by :mod:`xml.etree.ElementTree`, which escapes all text and attribute values, so a label such as
+``<script>alert(1)</script>`` ends up as ``&lt;script&gt;...``. Only this generated SVG is marked safe (as
+:class:`markupsafe.Markup`). The result contains no ``http`` other than the SVG namespace URI
+(``http://www.w3.org/2000/svg``); :func:`_svg` checks that and refuses to inline a chart otherwise.
+pygal was kept over hand-written SVG because it lays out axes, legends and label overflow for any rank count.
+
+Bounded output: per-step tables show at most :data:`MAX_STEP_ROWS` steps × :data:`MAX_STEP_COLS` ranks, the step
+chart draws one line per rank up to :data:`MAX_LINE_RANKS` ranks (min / median / max across ranks beyond that),
+and the breakdown chart draws up to :data:`MAX_BAR_RANKS` bars; every cut is stated next to the table or chart.
+"""
 
 from __future__ import annotations
 
+import math
+import re
+import statistics
+import xml.etree.ElementTree as ET
+from collections.abc import Iterable
+from pathlib import PurePath
+from typing import Any
+
+import pygal
 from jinja2 import Environment, PackageLoader, select_autoescape
+from markupsafe import Markup
+from pygal.style import Style
 
 _env = Environment(loader=PackageLoader("traceanalyze", "templates"),
-                   autoescape=select_autoescape(default=True, default_for_string=True))
+                   autoescape=select_autoescape(default=True, default_for_string=True),
+                   trim_blocks=True, lstrip_blocks=True)
 
+SVG_NS = "http://www.w3.org/2000/svg"
+ET.register_namespace("", SVG_NS)
+ET.register_namespace("xlink", "http://www.w3.org/1999/xlink")
+
+MAX_STEP_ROWS = 40
+MAX_STEP_COLS = 16
+MAX_LINE_RANKS = 16
+MAX_DOT_STEPS = 60
+MAX_BAR_RANKS = 128
+MAX_FILE_ROWS = 256
+NAME_CHARS = 90
+SLOW_STEP_FRAC = 0.05  # a rank's step is marked slow when it is this much above the step's median across ranks
+OUTLIER_POINTS = 15.0  # a rank whose compute % or idle % is this many points off the run's median is flagged
+
+CAUSES = ("interconnect", "precision", "imbalance", "config")
+CAUSE_COLORS = {"interconnect": "#6741d9", "precision": "#0c8599", "imbalance": "#e8590c", "config": "#5c940d",
+                "other": "#495057"}
+CAUSE_LABELS = {"interconnect": "Interconnect", "precision": "Precision", "imbalance": "Imbalance",
+                "config": "Configuration", "other": "Other"}
+SEVERITY_ORDER = {"high": 0, "medium": 1, "low": 2}
+LEVEL_ORDER = {"error": 0, "partial": 1, "warning": 2, "info": 3}
+BREAKDOWN_COLORS = ("#3b6fb6", "#f0a73a", "#ced4da")  # compute, non-compute, idle
+RANK_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+               "#bcbd22", "#17becf", "#393b79", "#ad494a", "#637939", "#7b4173", "#3182bd", "#e6550d")
+FONT = ("system-ui, -apple-system, 'Segoe UI', Roboto, 'Helvetica Neue', Arial, 'Noto Sans', "
+        "'Liberation Sans', sans-serif")
+
+MODE_TEXT = {
+    "gpu": "GPU mode: the breakdown comes from the GPU kernels in each trace. Compute is time with a compute "
+           "kernel running; non-compute is time with only communication (NCCL) or memory-copy kernels running; "
+           "idle is time with no kernel on the GPU.",
+    "cpu": "CPU mode: these traces hold no GPU kernels (CPU-only or gloo training), so the breakdown comes from "
+           "the training thread's operators. Compute is time in aten:: ops; non-compute is c10d::/gloo: "
+           "communication not hidden under them; idle is time the training thread ran no op.",
+}
+
+DEFINITIONS = [
+    ("Trace window", "From the first to the last kernel (GPU mode) or over the profiler steps (CPU mode), per "
+                     "rank. When a trace holds two or more profiler steps, the last one is left out (it often "
+                     "holds the profiler's own teardown), as Holistic Trace Analysis does."),
+    ("Idle %", "Share of the window with no kernel running (CPU mode: no op on the training thread)."),
+    ("Compute %", "Share of the window with at least one compute kernel (CPU mode: aten:: op) running."),
+    ("Non-compute %", "Share of the window busy with only communication or memory kernels. "
+                      "Idle + compute + non-compute = 100 %."),
+    ("Comm/comp overlap %", "Share of communication time during which a compute kernel also runs. High is good: "
+                            "the communication is hidden."),
+    ("Exposed communication", "Communication time not hidden under compute. This is what communication costs "
+                              "in step time."),
+    ("Step time", "Median duration of the ProfilerStep#N annotations of the rank."),
+    ("Impact %", "Estimated share of step time that fixing a finding would win back; findings are ranked by it."),
+]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Formatting (all tolerate None, NaN and non-numbers: they print an em dash).
+
+def _num(x: Any) -> float | None:
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return None
+    x = float(x)
+    return None if math.isnan(x) or math.isinf(x) else x
+
+
+def fmt_ms(us: Any) -> str:
+    """Microseconds as milliseconds, 2 decimals (``123456.7`` → ``123.46``)."""
+    v = _num(us)
+    if v is None:
+        return "—"
+    ms = v / 1e3
+    if ms != 0 and abs(ms) < 0.005:
+        return "<0.01" if ms > 0 else "−<0.01"
+    return f"{ms:,.2f}"
+
+
+def fmt_signed_ms(us: Any) -> str:
+    v = _num(us)
+    if v is None:
+        return "—"
+    s = fmt_ms(abs(v))
+    return ("+" if v > 0 else "−" if v < 0 else "") + s
+
+
+def fmt_pct(x: Any, digits: int = 2) -> str:
+    v = _num(x)
+    return "—" if v is None else f"{v:.{digits}f}"
+
+
+def fmt_int(x: Any) -> str:
+    v = _num(x)
+    return "—" if v is None else f"{int(round(v)):,}"
+
+
+def fmt_float(x: Any, digits: int = 1) -> str:
+    v = _num(x)
+    return "—" if v is None else f"{v:,.{digits}f}"
+
+
+def fmt_bytes(x: Any) -> str:
+    v = _num(x)
+    if v is None:
+        return "—"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(v) < 1024 or unit == "GiB":
+            return f"{v:,.0f} {unit}" if unit == "B" else f"{v:,.1f} {unit}"
+        v /= 1024
+    return f"{v:,.1f} TiB"  # pragma: no cover
+
+
+def text(x: Any) -> str:
+    """Any model value as display text (None → em dash)."""
+    if x is None or x == "":
+        return "—"
+    if isinstance(x, float):
+        return fmt_float(x, 2)
+    return str(x)
+
+
+def basename(p: Any) -> str:
+    if not p:
+        return "—"
+    s = str(p)
+    return PurePath(s).name or s
+
+
+def short_name(name: Any, limit: int = NAME_CHARS) -> str:
+    """A kernel/op name shortened for display: C++ template arguments and parameter lists folded to ``…``.
+
+    ``void foo<c10::Half, float, 2ul>(at::Tensor, long)`` → ``foo<…>(…)``; the result is cut at ``limit``.
+    """
+    if name is None:
+        return "—"
+    s = str(name).strip()
+    if len(s) > 40:
+        s = re.sub(r"^void\s+", "", s).replace("(anonymous namespace)", "{anon}")
+        s = _fold(s, "<", ">")
+        s = _fold(s, "(", ")")
+    if len(s) > limit:
+        s = s[: limit - 1] + "…"
+    return s
+
+
+def _fold(s: str, open_: str, close: str) -> str:
+    """Replace the content of every top-level ``open_ ... close`` group with an ellipsis."""
+    out, depth = [], 0
+    for ch in s:
+        if ch == open_:
+            if depth == 0:
+                out.append(open_ + "…")
+            depth += 1
+        elif ch == close and depth > 0:
+            depth -= 1
+            if depth == 0:
+                out.append(close)
+        elif depth == 0:
+            out.append(ch)
+    if depth > 0:
+        out.append(close)
+    return "".join(out)
+
+
+def ranges(xs: Iterable[Any]) -> str:
+    """[5, 6, 7, 9] → ``5–7, 9``."""
+    vals = sorted({int(x) for x in xs if isinstance(x, int) and not isinstance(x, bool)})
+    if not vals:
+        return ""
+    out = []
+    start = prev = vals[0]
+    for x in vals[1:] + [None]:
+        if x is not None and x == prev + 1:
+            prev = x
+            continue
+        out.append(f"{start}–{prev}" if prev > start else str(start))
+        if x is not None:
+            start = prev = x
+    return ", ".join(out)
+
+
+for _name, _fn in {"ms": fmt_ms, "signed_ms": fmt_signed_ms, "pct": fmt_pct, "int": fmt_int, "num": fmt_float,
+                   "bytes": fmt_bytes, "text": text, "basename": basename, "short": short_name,
+                   "ranges": ranges}.items():
+    _env.filters[_name] = _fn
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Charts: pygal → cleaned, escaped SVG.
+
+_chart_seq = [0]
+_GEOMETRY = {"d", "x", "y", "width", "height", "cx", "cy", "r", "x1", "x2", "y1", "y2", "transform", "points"}
+_ROUND = re.compile(r"(\d\.\d\d)\d+")
+
+
+def _style(colors: tuple[str, ...]) -> Style:
+    return Style(font_family=FONT, background="#ffffff", plot_background="#ffffff", foreground="#343a40",
+                 foreground_strong="#212529", foreground_subtle="#868e96", colors=colors, opacity=".92",
+                 opacity_hover="1", label_font_size=13, major_label_font_size=13, legend_font_size=13,
+                 value_font_size=11, title_font_size=15, tooltip_font_size=12, transition="none")
+
+
+def _config(colors: tuple[str, ...], **kw: Any) -> pygal.Config:
+    kw.setdefault("show_legend", True)
+    kw.setdefault("legend_at_bottom", False)
+    cfg = pygal.Config(js=[], disable_xml_declaration=True, style=_style(colors), tooltip_border_radius=0,
+                       pretty_print=False, no_data_text="no data", **kw)
+    return cfg
+
+
+def _local(tag: object) -> str:
+    """``{ns}name`` or ``name`` → ``name``; comments and processing instructions (tag is a function) → ``""``."""
+    return tag.rsplit("}", 1)[-1] if isinstance(tag, str) else ""
+
+
+def _svg(chart: pygal.graph.graph.Graph, label: str, titles: dict[tuple[int, int], str] | None = None,
+         thick: set[int] | None = None) -> Markup:
+    """Render ``chart`` without any script, link or comment. ``label`` names the chart (its ``<title>``, in
+    place of pygal's "Pygal"), ``titles[(serie, index)]`` become hover text on the values and the lines of
+    the series numbered in ``thick`` are drawn heavier.
+
+    Raises:
+        ValueError: the cleaned SVG still names a URL other than a w3.org namespace (a bug; never inlined).
+    """
+    root = chart.render_tree()
+    _chart_seq[0] += 1
+    old_id = root.get("id") or ""
+    new_id = f"ta-chart-{_chart_seq[0]}"
+    root.set("id", new_id)
+    for child in root:
+        if _local(child.tag) == "title":
+            child.text = label
+    for parent in list(root.iter()):
+        for child in list(parent):
+            tag = child.tag if isinstance(child.tag, str) else ""
+            local = _local(tag)
+            cls = child.get("class") or ""
+            if (not tag or local == "script" or "tooltip-overlay" in cls.split()
+                    or (local == "desc" and cls != "value")):
+                parent.remove(child)  # comments (tag is a function), scripts, JS-only tooltip parts
+                continue
+            if local == "style" and child.text and old_id:
+                child.text = child.text.replace(old_id, new_id)
+            for attr in list(child.attrib):
+                if "href" in attr:
+                    del child.attrib[attr]
+                elif attr in _GEOMETRY:
+                    child.set(attr, _ROUND.sub(r"\1", child.get(attr)))  # 6 decimals → 2: a third of the size
+    # Native hover text: every value element's <desc class="value"> becomes a <title>. pygal's tags carry no
+    # namespace (``g``, not ``{svg}g``); both spellings are handled.
+    ns = root.tag[: root.tag.index("}") + 1] if root.tag.startswith("{") else ""
+    for serie in [g for g in root.iter() if _local(g.tag) == "g"]:
+        cls = (serie.get("class") or "").split()
+        if "series" not in cls:
+            continue
+        n = next((int(c[6:]) for c in cls if c.startswith("serie-") and c[6:].isdigit()), None)
+        if thick and n in thick:
+            for path in serie.iter():
+                if _local(path.tag) == "path" and "line" in (path.get("class") or "").split():
+                    path.set("style", "stroke-width:4")
+        items = [g for g in serie.iter() if g is not serie and _local(g.tag) == "g"
+                 and any(_local(d.tag) == "desc" for d in g)]
+        for i, item in enumerate(items):
+            for d in [d for d in item if _local(d.tag) == "desc"]:
+                item.remove(d)
+            if titles is not None and n is not None and titles.get((n, i)):
+                t = ET.Element(f"{ns}title")
+                t.text = titles[(n, i)]
+                item.insert(0, t)
+    out = ET.tostring(root, encoding="unicode", short_empty_elements=True)
+    urls = set(re.findall(r"(?:https?|ftp|file)://[^\s\"'<>)]*", out, flags=re.I))
+    if urls - {"http://www.w3.org/2000/svg", "http://www.w3.org/1999/xlink"} or re.search(r"<script", out, re.I):
+        raise ValueError("chart SVG is not self-contained")  # pragma: no cover
+    return Markup(out)  # noqa: S704 — generated and escaped by ElementTree above; holds no model markup
+
+
+def breakdown_chart(ranks: list[dict], flags: dict[int, list[str]]) -> Markup | None:
+    """Stacked horizontal bars: compute / non-compute / idle % per rank, rank 0 at the top."""
+    rows = [r for r in ranks if _num(r.get("idle_pct")) is not None][:MAX_BAR_RANKS]
+    if not rows:
+        return None
+    rows = rows[::-1]  # pygal draws the first label at the bottom
+    labels = []
+    for r in rows:
+        tag = " ◀ " + flags[r.get("rank")][0].split(":")[0] if flags.get(r.get("rank")) else ""
+        labels.append(f"rank {r.get('rank')}{tag}")
+    bar_h = 28 if len(rows) <= 32 else 14
+    height = 60 + bar_h * len(rows)
+    cfg = _config(BREAKDOWN_COLORS, width=960, height=height, range=(0, 100), print_values=bar_h >= 20,
+                  show_legend=False,
+                  spacing=8, margin=8, show_y_guides=False, show_x_guides=True, x_title="% of trace window",
+                  truncate_label=40, print_values_position="center")
+    chart = pygal.HorizontalStackedBar(cfg)
+    chart.x_labels = labels
+    titles: dict[tuple[int, int], str] = {}
+    parts = (("compute", "compute_pct"), ("non-compute", "non_compute_pct"), ("idle", "idle_pct"))
+    for s, (label, key) in enumerate(parts):
+        vals = []
+        for i, r in enumerate(rows):
+            v = _num(r.get(key)) or 0.0
+            small = v < 6 or (bar_h < 20 and v < 10)
+            vals.append({"value": v, "formatter": (lambda _x: "") if small else (lambda x: f"{x:.0f}")})
+            titles[(s, i)] = f"rank {r.get('rank')}: {label} {v:.2f} %"
+        chart.add(label, vals)
+    return _svg(chart, "Temporal breakdown per rank (% of trace window)", titles)
+
+
+def steps_chart(steps: list[dict], rank_ids: list[int], flags: dict[int, list[str]]) -> Markup | None:
+    """Step time (ms) per profiler step: one line per rank, or min/median/max across ranks when there are many."""
+    by_step: dict[int, dict[int, float]] = {}
+    for s in steps:
+        v, st, rk = _num(s.get("step_time_us")), s.get("step"), s.get("rank")
+        if v is None or not isinstance(st, int) or not isinstance(rk, int):
+            continue
+        by_step.setdefault(st, {})[rk] = v / 1e3
+    step_ids = sorted(by_step)
+    if len(step_ids) < 2:
+        return None
+    dots = len(step_ids) <= MAX_DOT_STEPS  # one hoverable dot per rank and step; beyond that the lines alone
+    cfg = _config(RANK_COLORS, width=960, height=300, show_dots=dots, dots_size=3, y_title="step time (ms)",
+                  x_title="profiler step", show_minor_x_labels=len(step_ids) <= 30, x_labels_major_count=15,
+                  truncate_legend=24, legend_at_bottom=False)
+    chart = pygal.Line(cfg)
+    chart.x_labels = [str(s) for s in step_ids]
+    titles: dict[tuple[int, int], str] = {}
+    thick: set[int] = set()
+    ranks_present = [r for r in rank_ids if any(r in by_step[s] for s in step_ids)]
+    if len(ranks_present) <= MAX_LINE_RANKS:
+        for n, rk in enumerate(ranks_present):
+            vals = [by_step[s].get(rk) for s in step_ids]
+            if flags.get(rk):
+                thick.add(n)
+            chart.add(f"rank {rk}", vals)
+            k = 0
+            for s, v in zip(step_ids, vals, strict=True):
+                if v is not None:
+                    titles[(n, k)] = f"rank {rk}, step {s}: {v:,.2f} ms"
+                    k += 1
+    else:
+        for n, (label, fn) in enumerate((("max", max), ("median", statistics.median), ("min", min))):
+            vals = [fn(by_step[s].values()) if by_step[s] else None for s in step_ids]
+            chart.add(f"{label} across ranks", vals)
+            for k, (s, v) in enumerate(zip(step_ids, vals, strict=True)):
+                titles[(n, k)] = f"step {s}: {label} {v:,.2f} ms" if v is not None else ""
+    return _svg(chart, "Step time per rank and profiler step (ms)", titles, thick)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# View model: everything the template shows, derived defensively from the report model.
+
+def _list(x: Any) -> list:
+    return list(x) if isinstance(x, (list, tuple)) else []
+
+
+def _dict(x: Any) -> dict:
+    return x if isinstance(x, dict) else {}
+
+
+def _cause(f: dict) -> str:
+    c = f.get("cause")
+    return c if c in CAUSES else "other"
+
+
+def _sorted_findings(model: dict) -> list[dict]:
+    fs = [f for f in _list(model.get("findings")) if isinstance(f, dict)]
+
+    def key(f: dict) -> tuple:
+        imp = _num(f.get("impact_pct"))
+        return (-(imp if imp is not None else -1.0), SEVERITY_ORDER.get(str(f.get("severity")), 3))
+
+    out = []
+    for f in sorted(fs, key=key):
+        out.append({**f, "cause_key": _cause(f), "cause_label": CAUSE_LABELS[_cause(f)],
+                    "severity_key": f.get("severity") if f.get("severity") in SEVERITY_ORDER else "low",
+                    "evidence": [str(e) for e in _list(f.get("evidence"))],
+                    "ranks_text": ranges(_list(f.get("ranks")))})
+    return out
+
+
+def _verdict(model: dict, findings: list[dict]) -> tuple[str, str]:
+    """(verdict sentence, cause key for its colour)."""
+    v = model.get("verdict")
+    top = findings[0] if findings else None
+    if isinstance(v, str) and v.strip():
+        healthy = not findings or v.lower().startswith("no significant")
+        return v.strip(), ("healthy" if healthy else top["cause_key"])
+    if top is not None:
+        return str(top.get("title") or "See the findings below."), top["cause_key"]
+    return "No significant slowdown found: no diagnosis rule fired on these traces.", "healthy"
+
+
+def _flags(run: dict, findings: list[dict]) -> dict[int, list[str]]:
+    """Per rank, short labels that single it out: ranks named by imbalance findings, then outliers.
+
+    An outlier is a rank whose compute % or idle % is more than ``OUTLIER_POINTS`` points (and more than three
+    median absolute deviations) off the run's median; when more than a quarter of the ranks qualify, none is
+    flagged (that is a spread, visible in the chart, not an odd rank).
+    """
+    ranks = [r for r in _list(run.get("ranks")) if isinstance(r, dict)]
+    n = len(ranks)
+    flags: dict[int, list[str]] = {}
+    for f in findings:
+        if f["cause_key"] != "imbalance" or (f.get("run") not in (None, run.get("name"))):
+            continue
+        named = [r for r in _list(f.get("ranks")) if isinstance(r, int)]
+        if named and len(named) < max(n, 2):
+            for r in named:
+                flags.setdefault(r, []).append(str(f.get("kind") or "imbalance").replace("_", " "))
+    if n >= 3:
+        for key, label in (("compute_pct", "compute"), ("idle_pct", "idle")):
+            vals = [_num(r.get(key)) for r in ranks]
+            good = [v for v in vals if v is not None]
+            if len(good) < 3:
+                continue
+            med = statistics.median(good)
+            mad = statistics.median(abs(v - med) for v in good)
+            limit = max(OUTLIER_POINTS, 3 * mad)
+            out = [(r, v) for r, v in zip(ranks, vals, strict=True) if v is not None and abs(v - med) > limit]
+            if len(out) > max(1, n // 4):
+                continue  # a wide spread, not a few odd ranks: the chart shows it, a flag on each would be noise
+            for r, v in out:
+                lab = f"outlier: {label} {v:.1f} % (median {med:.1f} %)"
+                flags.setdefault(r.get("rank"), [])
+                if lab not in flags[r.get("rank")]:
+                    flags[r.get("rank")].append(lab)
+    return flags
+
+
+def _run_view(run: dict, findings: list[dict]) -> dict:
+    ranks = sorted((r for r in _list(run.get("ranks")) if isinstance(r, dict)),
+                   key=lambda r: r.get("rank") if isinstance(r.get("rank"), int) else 1 << 30)
+    mode = run.get("mode") if run.get("mode") in MODE_TEXT else None
+    flags = _flags(run, findings)
+    rank_ids = [r.get("rank") for r in ranks if isinstance(r.get("rank"), int)]
+    world = run.get("world_size")
+    found = _list(run.get("ranks_found")) or rank_ids
+    missing = _list(run.get("missing_ranks"))
+    files = [f for f in _list(run.get("files")) if isinstance(f, dict)]
+    n_cached = sum(1 for f in files if f.get("cached"))
+
+    ranks_text = f"{len(found)} of {world}" if isinstance(world, int) else str(len(found))
+    if missing:
+        ranks_text += f" (no trace for rank{'s' if len(missing) > 1 else ''} {ranges(missing)})"
+    facts = [("Ranks with a trace", ranks_text), ("Mode", (mode or text(run.get("mode"))).upper())]
+    if run.get("gpu_model") or mode == "gpu":
+        gpu = text(run.get("gpu_model"))
+        if isinstance(run.get("gpu_count"), int) and run.get("gpu_model"):
+            gpu += f" × {run['gpu_count']} visible"
+        facts.append(("GPU", gpu if run.get("gpu_model") else "not recorded in the trace"))
+    facts.append(("Backend", text(run.get("backend"))))
+    if run.get("nccl_version") or mode == "gpu":
+        facts.append(("NCCL version", text(run.get("nccl_version"))))
+    if run.get("cuda_runtime_version") or mode == "gpu":
+        facts.append(("CUDA runtime", text(run.get("cuda_runtime_version"))))
+    facts.append(("Median step time", f"{fmt_ms(run.get('step_time_us'))} ms"))
+    facts.append(("Files read", f"{len(files)} trace file{'s' if len(files) != 1 else ''}"
+                  + (f" ({n_cached} from cache)" if n_cached else "")))
+    link = _dict(run.get("link"))
+    if link:
+        facts.append(("Expected link bandwidth", f"{fmt_float(link.get('expected_gbps'))} GB/s"
+                      + (f" ({link['source']})" if link.get("source") else "")))
+
+    # Per-step table: steps × ranks, bounded.
+    by_step: dict[Any, dict[Any, Any]] = {}
+    for s in _list(run.get("steps")):
+        if isinstance(s, dict):
+            by_step.setdefault(s.get("step"), {})[s.get("rank")] = s.get("step_time_us")
+    step_ids = sorted(by_step, key=lambda x: x if isinstance(x, int) else 1 << 60)
+    step_cols = rank_ids[:MAX_STEP_COLS]
+    step_rows = []
+    for st in step_ids[:MAX_STEP_ROWS]:
+        cells = [by_step[st].get(rk) for rk in step_cols]
+        nums = [v for v in (_num(c) for c in by_step[st].values()) if v is not None]
+        hi = max(nums) if nums else None
+        med = statistics.median(nums) if nums else None
+        slow = hi is not None and med is not None and len(nums) > 1 and hi > med * (1 + SLOW_STEP_FRAC)
+        step_rows.append({"step": st, "cells": [(c, slow and _num(c) == hi) for c in cells],
+                          "max": hi, "median": med, "spread_pct": (100 * (hi - min(nums)) / hi) if hi else None})
+    step_note = []
+    if len(step_ids) > MAX_STEP_ROWS:
+        step_note.append(f"first {MAX_STEP_ROWS} of {len(step_ids)} steps shown")
+    if len(rank_ids) > MAX_STEP_COLS:
+        step_note.append(f"ranks {ranges(step_cols)} of {len(rank_ids)} shown as columns; max and median cover "
+                         "all ranks")
+
+    kernels = []
+    for k in _list(run.get("top_kernels")):
+        if isinstance(k, dict):
+            kernels.append({**k, "name": "" if k.get("name") is None else str(k.get("name"))})
+    extras = []
+    for key, title in (("compile", "torch.compile"), ("log_facts", "Facts from the logs")):
+        d = _dict(run.get(key))
+        if d:
+            extras.append({"title": title, "rows": [(str(k), _scalar(v)) for k, v in d.items()]})
+    offsets = _dict(run.get("clock_offsets_us"))
+
+    return {
+        "name": text(run.get("name")), "path": run.get("path"), "role": run.get("role") or "subject",
+        "mode": mode, "mode_text": MODE_TEXT.get(mode or "", "The trace mode could not be determined."),
+        "facts": facts, "files": files[:MAX_FILE_ROWS], "files_more": max(0, len(files) - MAX_FILE_ROWS),
+        "sidecars": [s for s in _list(run.get("sidecars")) if isinstance(s, dict)],
+        "ranks": ranks, "flags": flags, "show_kernel_cols": mode != "cpu",
+        "breakdown_svg": breakdown_chart(ranks, flags),
+        "bar_note": (f"first {MAX_BAR_RANKS} of {len(ranks)} ranks drawn; the table lists all"
+                     if len(ranks) > MAX_BAR_RANKS else ""),
+        "steps_svg": steps_chart(_list(run.get("steps")), rank_ids, flags),
+        "step_cols": step_cols, "step_rows": step_rows, "step_note": "; ".join(step_note),
+        "many_lines": len(rank_ids) > MAX_LINE_RANKS,
+        "kernels": kernels, "kernels_title": "Top ops (CPU)" if mode == "cpu" else "Top GPU kernels",
+        "dtype_mix": [d for d in _list(run.get("dtype_mix")) if isinstance(d, dict)],
+        "collectives": [c for c in _list(run.get("collectives")) if isinstance(c, dict)],
+        "link": link, "clock_offsets": sorted(offsets.items(), key=lambda kv: str(kv[0]).zfill(8)),
+        "extras": extras,
+        "step_time_us": run.get("step_time_us"),
+        "mean_idle": _mean(r.get("idle_pct") for r in ranks),
+        "mean_compute": _mean(r.get("compute_pct") for r in ranks),
+        "mean_non_compute": _mean(r.get("non_compute_pct") for r in ranks),
+        "world_size": world, "n_found": len(found),
+    }
+
+
+def _mean(xs: Iterable[Any]) -> float | None:
+    vals = [v for v in (_num(x) for x in xs) if v is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def _scalar(v: Any) -> str:
+    if isinstance(v, (list, tuple)):
+        s = ", ".join(_scalar(x) for x in v[:20]) + (f", … ({len(v)} items)" if len(v) > 20 else "")
+        return s or "—"
+    if isinstance(v, dict):
+        return "; ".join(f"{k}: {_scalar(x)}" for k, x in list(v.items())[:20])
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    s = text(v)
+    return s if len(s) <= 300 else s[:299] + "…"
+
+
+def _comparison(model: dict, findings: list[dict]) -> dict | None:
+    c = _dict(model.get("comparison"))
+    if not c:
+        return None
+    by_title = {str(f.get("title")): f for f in findings}
+    parts = []
+    for p in _list(c.get("parts")):
+        if not isinstance(p, dict):
+            continue
+        f = by_title.get(str(p.get("finding"))) if p.get("finding") else None
+        parts.append({**p, "cause_key": f["cause_key"] if f else None})
+    delta = _num(c.get("delta_us"))
+    if delta is None:
+        s, b = _num(c.get("subject_step_us")), _num(c.get("baseline_step_us"))
+        delta = s - b if s is not None and b is not None else None
+    total = sum(v for v in (_num(p.get("delta_us")) for p in parts) if v is not None)
+    if delta is not None and parts and abs(delta - total) > max(1.0, 0.005 * abs(delta)):
+        parts.append({"part": "not attributed", "subject_us": None, "baseline_us": None,
+                      "delta_us": delta - total, "finding": None, "cause_key": None, "residual": True})
+    biggest = max((abs(_num(p.get("delta_us")) or 0.0) for p in parts), default=0.0) or 1.0
+    for p in parts:
+        d = _num(p.get("delta_us")) or 0.0
+        p["bar_pct"] = round(100 * abs(d) / biggest, 1)
+        p["bar_dir"] = "slower" if d > 0 else "faster"
+        p["share_pct"] = 100 * d / delta if delta else None
+    ratio = None
+    s, b = _num(c.get("subject_step_us")), _num(c.get("baseline_step_us"))
+    if s and b:
+        ratio = s / b
+    return {**c, "parts": parts, "delta_us": delta, "ratio": ratio,
+            "config_diffs": [d for d in _list(c.get("config_diffs")) if isinstance(d, dict)]}
+
+
+def _warnings(model: dict) -> list[dict]:
+    ws = []
+    for w in _list(model.get("warnings")):
+        if not isinstance(w, dict):
+            continue
+        level = w.get("level") if w.get("level") in LEVEL_ORDER else "warning"
+        ws.append({"level": level, "file": w.get("file"), "message": text(w.get("message")), "run": w.get("run")})
+    return sorted(ws, key=lambda w: LEVEL_ORDER[w["level"]])
+
+
+def _view(model: dict) -> dict:
+    findings = _sorted_findings(model)
+    verdict, verdict_cause = _verdict(model, findings)
+    runs = [r for r in _list(model.get("runs")) if isinstance(r, dict)]
+    runs.sort(key=lambda r: 0 if r.get("role", "subject") == "subject" else 1)
+    run_views = [_run_view(r, findings) for r in runs]
+    warnings = _warnings(model)
+    n_files = sum(len(rv["files"]) + rv["files_more"] for rv in run_views)
+    n_bad = sum(1 for w in warnings if w["level"] in ("error", "partial"))
+    counts = {lvl: sum(1 for w in warnings if w["level"] == lvl) for lvl in LEVEL_ORDER}
+    tool = _dict(model.get("tool"))
+    subjects = [rv["name"] for rv in run_views if rv["role"] == "subject"] or [rv["name"] for rv in run_views]
+    return {
+        "title": "traceanalyze report: " + (", ".join(subjects) if subjects else "no run"),
+        "verdict": verdict, "verdict_cause": verdict_cause, "findings": findings,
+        "multi_run": len(run_views) > 1, "runs": run_views, "comparison": _comparison(model, findings),
+        "warnings": warnings, "n_files": n_files, "n_bad": n_bad, "level_counts": counts,
+        "tool_name": text(tool.get("name") or "traceanalyze"), "tool_version": text(tool.get("version")),
+        "generated_at": text(model.get("generated_at")),
+        "cause_colors": CAUSE_COLORS, "cause_labels": CAUSE_LABELS, "breakdown_colors": BREAKDOWN_COLORS,
+        "definitions": DEFINITIONS,
+        "causes_present": sorted({f["cause_key"] for f in findings}, key=lambda c: list(CAUSE_COLORS).index(c)),
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Public API
 
 def html(model: dict) -> str:
-    """The HTML report: one file, inline CSS and SVG, no scripts or network requests."""
-    return _env.get_template("report.html.j2").render(m=model)
+    """The HTML report: one file, inline CSS and SVG, no scripts or network requests.
+
+    Args:
+        model: the report model from :func:`traceanalyze.pipeline.analyze` (``Analysis.model``); optional keys
+            (``verdict``, ``findings``, ``comparison``, ``dtype_mix``, ``collectives``, ...) are shown when present.
+
+    Returns:
+        The complete HTML document as text.
+    """
+    _chart_seq[0] = 0
+    return _env.get_template("report.html.j2").render(v=_view(model))
+
+
+def _md(x: Any) -> str:
+    """Model text for Markdown: one line, no raw HTML, no table breaks."""
+    s = text(x).replace("\r", " ").replace("\n", " ")
+    return s.replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|")
+
+
+MD_MAX_RANKS = 16
+MD_MAX_FINDINGS = 5
+MD_MAX_WARNINGS = 10
 
 
 def markdown(model: dict) -> str:
-    """A short Markdown summary for a bug ticket."""
-    lines = ["# traceanalyze report", ""]
-    for run in model["runs"]:
-        lines.append(f"## {run['name']} ({run['mode']}, world size {run['world_size']})")
-        lines.append("| rank | idle % | compute % | non-compute % | overlap % |")
-        lines.append("|---|---|---|---|---|")
-        for r in run["ranks"]:
-            lines.append(f"| {r['rank']} | {r['idle_pct']:.2f} | {r['compute_pct']:.2f} | "
-                         f"{r['non_compute_pct']:.2f} | {r['comm_comp_overlap_pct']:.2f} |")
-    return "\n".join(lines) + "\n"
+    """A short Markdown summary for a bug ticket: verdict, top findings, comparison, run facts, per-rank table,
+    data-quality warnings. About 40 lines for an 8-rank run; long lists are cut with a note."""
+    v = _view_md(model)
+    return "\n".join(v).rstrip() + "\n"
+
+
+def _view_md(model: dict) -> list[str]:
+    findings = _sorted_findings(model)
+    verdict, _ = _verdict(model, findings)
+    runs = [r for r in _list(model.get("runs")) if isinstance(r, dict)]
+    runs.sort(key=lambda r: 0 if r.get("role", "subject") == "subject" else 1)
+    subjects = [_md(r.get("name")) for r in runs if r.get("role", "subject") == "subject"]
+    out = [f"## traceanalyze: {', '.join(subjects) or 'report'}", "", f"**Verdict:** {_md(verdict)}", ""]
+
+    if findings:
+        out.append("### Findings (ranked by impact)")
+        for i, f in enumerate(findings[:MD_MAX_FINDINGS], start=1):
+            n_named = len(_list(f.get("ranks")))
+            ranks_txt = f", rank{'s' if n_named > 1 else ''} {f['ranks_text']}" if f["ranks_text"] else ""
+            impact = (f"impact {fmt_pct(f.get('impact_pct'), 1)} % of step time"
+                      if _num(f.get("impact_pct")) is not None else "impact not estimated")
+            out.append(f"{i}. **{_md(f.get('title'))}**: {f['cause_key']}/{_md(f.get('kind'))}, "
+                       f"{_md(f.get('severity'))} severity, {impact}{ranks_txt}")
+            for e in f["evidence"][:3]:
+                out.append(f"   - {_md(e)}")
+            if f.get("recommendation"):
+                out.append(f"   - **Fix:** {_md(f.get('recommendation'))}")
+        if len(findings) > MD_MAX_FINDINGS:
+            out.append(f"- … {len(findings) - MD_MAX_FINDINGS} more finding(s) in the HTML report")
+        out.append("")
+
+    comp = _comparison(model, findings)
+    if comp:
+        out.append(f"### {_md(comp.get('subject'))} vs {_md(comp.get('baseline'))}: step time "
+                   f"{fmt_ms(comp.get('subject_step_us'))} ms vs {fmt_ms(comp.get('baseline_step_us'))} ms "
+                   f"({fmt_signed_ms(comp.get('delta_us'))} ms)")
+        out += ["| part | subject ms | baseline ms | Δ ms | finding |", "|---|--:|--:|--:|---|"]
+        for p in comp["parts"]:
+            out.append(f"| {_md(p.get('part'))} | {fmt_ms(p.get('subject_us'))} | {fmt_ms(p.get('baseline_us'))} "
+                       f"| {fmt_signed_ms(p.get('delta_us'))} | {_md(p.get('finding')) if p.get('finding') else ''} |")
+        diffs = comp["config_diffs"][:8]
+        if diffs:
+            out.append("Config differences: " + "; ".join(
+                f"{_md(d.get('key'))}: {_md(d.get('subject'))} vs {_md(d.get('baseline'))}" for d in diffs))
+        out.append("")
+
+    for run in runs:
+        rv_ranks = sorted((r for r in _list(run.get("ranks")) if isinstance(r, dict)),
+                          key=lambda r: r.get("rank") if isinstance(r.get("rank"), int) else 1 << 30)
+        found = _list(run.get("ranks_found")) or [r.get("rank") for r in rv_ranks]
+        ws = run.get("world_size")
+        facts = [f"{len(found)} of {ws} ranks" if isinstance(ws, int) else f"{len(found)} ranks",
+                 f"{_md(run.get('mode'))} mode"]
+        for label, key in (("GPU", "gpu_model"), ("backend", "backend"), ("NCCL", "nccl_version"),
+                           ("CUDA", "cuda_runtime_version")):
+            if run.get(key):
+                facts.append(f"{label} {_md(run.get(key))}")
+        facts.append(f"median step {fmt_ms(run.get('step_time_us'))} ms")
+        role = " (baseline)" if run.get("role") == "baseline" and "baseline" not in str(run.get("name")) else ""
+        out += [f"### Run {_md(run.get('name'))}{role}", ", ".join(facts), ""]
+        if run.get("role") == "baseline" and rv_ranks:  # the comparison above covers it; keep the ticket short
+            out += [f"Mean over ranks: idle {fmt_pct(_mean(r.get('idle_pct') for r in rv_ranks))} %, compute "
+                    f"{fmt_pct(_mean(r.get('compute_pct') for r in rv_ranks))} %, non-compute "
+                    f"{fmt_pct(_mean(r.get('non_compute_pct') for r in rv_ranks))} %.", ""]
+            continue
+        if not rv_ranks:
+            out += ["No rank could be read.", ""]
+            continue
+        out += ["| rank | idle % | compute % | non-compute % | overlap % | exposed comm ms | step ms |",
+                "|--:|--:|--:|--:|--:|--:|--:|"]
+        for r in rv_ranks[:MD_MAX_RANKS]:
+            out.append(f"| {_md(r.get('rank'))} | {fmt_pct(r.get('idle_pct'))} | {fmt_pct(r.get('compute_pct'))} | "
+                       f"{fmt_pct(r.get('non_compute_pct'))} | {fmt_pct(r.get('comm_comp_overlap_pct'))} | "
+                       f"{fmt_ms(r.get('exposed_comm_us'))} | {fmt_ms(r.get('step_time_us'))} |")
+        if len(rv_ranks) > MD_MAX_RANKS:
+            out.append(f"| … | {len(rv_ranks) - MD_MAX_RANKS} more ranks in the HTML report | | | | | |")
+        out.append("")
+
+    warnings = _warnings(model)
+    n_files = sum(len(_list(r.get("files"))) for r in runs)
+    out.append("### Data quality")
+    if not any(w["level"] in ("error", "partial") for w in warnings):
+        out.append(f"All {n_files} trace file{'s' if n_files != 1 else ''} read completely.")
+    for w in warnings[:MD_MAX_WARNINGS]:
+        where = f"{_md(basename(w['file']))}: " if w["file"] else ""
+        out.append(f"- {w['level']}: {where}{_md(w['message'])}")
+    if len(warnings) > MD_MAX_WARNINGS:
+        out.append(f"- … {len(warnings) - MD_MAX_WARNINGS} more in the HTML report")
+    tool = _dict(model.get("tool"))
+    out += ["", f"_{_md(tool.get('name') or 'traceanalyze')} {_md(tool.get('version'))}, "
+                f"{_md(model.get('generated_at'))}_"]
+    return out
