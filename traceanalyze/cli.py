@@ -65,11 +65,15 @@ def cli(ctx: click.Context, debug: bool) -> None:
               "(default: next to the report, .duckdb).")
 @click.option("--baseline", multiple=True, type=click.Path(), help="Traces of a run to compare against.")
 @click.option("-j", "--jobs", type=click.IntRange(1, 256), help="Parallel parse processes (default: CPUs).")
+@click.option("--link-bw", type=click.FloatRange(min=0, min_open=True), metavar="GB/s",
+              help="Expected per-direction link bandwidth between ranks, to judge busbw against.")
+@click.option("--peak-tflops", type=click.FloatRange(min=0, min_open=True), metavar="TFLOPS",
+              help="Dense peak of one GPU for the main matmul dtype, for MFU.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar, no summary.")
 @click.pass_context
 def report(ctx: click.Context, paths: tuple[str, ...], output: str | None, json_path: str | None,
            md_path: str | None, fmt: str, db: str | None, baseline: tuple[str, ...], jobs: int | None,
-           quiet: bool) -> None:
+           link_bw: float | None, peak_tflops: float | None, quiet: bool) -> None:
     """Analyze the traces under PATHS and write one self-contained HTML report.
 
     \b
@@ -91,7 +95,7 @@ def report(ctx: click.Context, paths: tuple[str, ...], output: str | None, json_
         prog = _Progress(enabled=not quiet and sys.stderr.isatty())
         try:
             a = analyze(list(paths), db=db_path, baseline=list(baseline) or None, jobs=jobs,
-                        progress=prog.step, on_total=prog.total)
+                        progress=prog.step, on_total=prog.total, link_bw_gbps=link_bw, peak_tflops=peak_tflops)
         finally:
             prog.close()
         model = a.model

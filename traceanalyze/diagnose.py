@@ -505,12 +505,14 @@ def compare(subject: RunEvidence, baseline: RunEvidence, subject_findings: list[
         return d
 
     ps, pb = parts(subject), parts(baseline)
-    cause_of = {"compute": ("precision", "imbalance"), "exposed communication": ("interconnect", "imbalance"),
-                "idle": ("config", "imbalance"), "other": ("config",)}
+    kinds_of = {"compute": ("fp32_matmul", "no_tensor_cores", "autocast_missing", "straggler", "uneven_work"),
+                "exposed communication": ("slow_collectives", "topology", "straggler"),
+                "idle": ("dataloader", "launch_bound", "idle_rank", "compile_overhead", "straggler"),
+                "other": ("compile_overhead", "dataloader", "launch_bound")}
     rows = []
     for part in ("compute", "exposed communication", "idle", "other"):
         if part in ps and part in pb:
-            f = next((f for f in subject_findings if f.cause in cause_of[part]), None)
+            f = next((f for f in subject_findings if f.kind in kinds_of[part] and f.severity != "low"), None)
             rows.append({"part": part, "subject_us": round(ps[part], 1), "baseline_us": round(pb[part], 1),
                          "delta_us": round(ps[part] - pb[part], 1), "finding": f.title if f else None})
     diffs = []

@@ -120,8 +120,8 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
     # the report's ranking: subject runs' findings first (the baseline is the reference, not the patient)
     subjects = {r["name"] for r in runs_model if r["role"] == "subject"}
     ranked = diagnose.rank_findings([f for f in all_findings if f.run in subjects])
-    ranked += diagnose.rank_findings([f for f in all_findings if f.run not in subjects])
-    for f in ranked:
+    baseline_findings = diagnose.rank_findings([f for f in all_findings if f.run not in subjects])
+    for f in ranked + baseline_findings:
         rid = next(r["run_id"] for r in runs_model if r["name"] == f.run)
         con.execute("INSERT INTO findings VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     [rid, f.cause, f.kind, f.severity, f.impact_pct, json.dumps(f.ranks), f.title,
@@ -132,7 +132,7 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
     model = {
         "tool": {"name": "traceanalyze", "version": __version__},
         "generated_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "verdict": diagnose.verdict([f for f in ranked if f.run in subjects] or ranked),
+        "verdict": diagnose.verdict(ranked),
         "runs": runs_model,
         "findings": diagnose.to_dicts(ranked),
         "warnings": warnings,
