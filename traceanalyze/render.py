@@ -14,11 +14,17 @@ serialized by :mod:`xml.etree.ElementTree`, which escapes all text and attribute
 ``<script>alert(1)</script>`` ends up as ``&lt;script&gt;...``. Only this generated SVG is marked safe (as
 :class:`markupsafe.Markup`). The result contains no ``http`` other than the SVG namespace URI
 (``http://www.w3.org/2000/svg``); :func:`_svg` checks that and refuses to inline a chart otherwise.
+(The CSS in the chart's ``<style>`` is escaped too, ``>`` as ``&gt;``: inside inline SVG the HTML parser decodes
+entities, so the selectors still work.) Coordinates are rounded to 2 decimals, which cuts the SVG by a third.
 pygal was kept over hand-written SVG because it lays out axes, legends and label overflow for any rank count.
 
 Bounded output: per-step tables show at most :data:`MAX_STEP_ROWS` steps × :data:`MAX_STEP_COLS` ranks, the step
-chart draws one line per rank up to :data:`MAX_LINE_RANKS` ranks (min / median / max across ranks beyond that),
-and the breakdown chart draws up to :data:`MAX_BAR_RANKS` bars; every cut is stated next to the table or chart.
+chart draws one line per rank up to :data:`MAX_LINE_RANKS` ranks (min / median / max across ranks beyond that)
+with hoverable dots up to :data:`MAX_DOT_STEPS` steps, the breakdown chart draws up to :data:`MAX_BAR_RANKS` bars
+and the file list up to :data:`MAX_FILE_ROWS` files; every cut is stated next to the table or chart. An 8-rank
+run with 500 profiler steps (and a baseline of the same size) renders to about 240 kB.
+
+The output is deterministic for a given model (stable chart ids), so two reports can be diffed.
 """
 
 from __future__ import annotations
@@ -137,6 +143,14 @@ def fmt_float(x: Any, digits: int = 1) -> str:
     return "—" if v is None else f"{v:,.{digits}f}"
 
 
+def fmt_gbps(x: Any) -> str:
+    """Bandwidth in GB/s: 3 significant digits below 10 (``0.125``), 1 decimal above."""
+    v = _num(x)
+    if v is None:
+        return "—"
+    return f"{v:.3g}" if abs(v) < 10 else f"{v:,.1f}"
+
+
 def fmt_bytes(x: Any) -> str:
     v = _num(x)
     if v is None:
@@ -218,7 +232,7 @@ def ranges(xs: Iterable[Any]) -> str:
 
 
 for _name, _fn in {"ms": fmt_ms, "signed_ms": fmt_signed_ms, "pct": fmt_pct, "int": fmt_int, "num": fmt_float,
-                   "bytes": fmt_bytes, "text": text, "basename": basename, "short": short_name,
+                   "bytes": fmt_bytes, "gbps": fmt_gbps, "text": text, "basename": basename, "short": short_name,
                    "ranges": ranges}.items():
     _env.filters[_name] = _fn
 
@@ -226,7 +240,6 @@ for _name, _fn in {"ms": fmt_ms, "signed_ms": fmt_signed_ms, "pct": fmt_pct, "in
 # ---------------------------------------------------------------------------------------------------------
 # Charts: pygal → cleaned, escaped SVG.
 
-_chart_seq = [0]
 _GEOMETRY = {"d", "x", "y", "width", "height", "cx", "cy", "r", "x1", "x2", "y1", "y2", "transform", "points"}
 _ROUND = re.compile(r"(\d\.\d\d)\d+")
 
@@ -251,8 +264,8 @@ def _local(tag: object) -> str:
     return tag.rsplit("}", 1)[-1] if isinstance(tag, str) else ""
 
 
-def _svg(chart: pygal.graph.graph.Graph, label: str, titles: dict[tuple[int, int], str] | None = None,
-         thick: set[int] | None = None) -> Markup:
+def _svg(chart: pygal.graph.graph.Graph, chart_id: str, label: str,
+         titles: dict[tuple[int, int], str] | None = None, thick: set[int] | None = None) -> Markup:
     """Render ``chart`` without any script, link or comment. ``label`` names the chart (its ``<title>``, in
     place of pygal's "Pygal"), ``titles[(serie, index)]`` become hover text on the values and the lines of
     the series numbered in ``thick`` are drawn heavier.
@@ -261,9 +274,8 @@ def _svg(chart: pygal.graph.graph.Graph, label: str, titles: dict[tuple[int, int
         ValueError: the cleaned SVG still names a URL other than a w3.org namespace (a bug; never inlined).
     """
     root = chart.render_tree()
-    _chart_seq[0] += 1
     old_id = root.get("id") or ""
-    new_id = f"ta-chart-{_chart_seq[0]}"
+    new_id = chart_id  # pygal's is a random uuid; a stable one keeps reports reproducible
     root.set("id", new_id)
     for child in root:
         if _local(child.tag) == "title":
@@ -312,7 +324,7 @@ def _svg(chart: pygal.graph.graph.Graph, label: str, titles: dict[tuple[int, int
     return Markup(out)  # noqa: S704 — generated and escaped by ElementTree above; holds no model markup
 
 
-def breakdown_chart(ranks: list[dict], flags: dict[int, list[str]]) -> Markup | None:
+def breakdown_chart(ranks: list[dict], flags: dict[int, list[str]], chart_id: str = "ta-breakdown") -> Markup | None:
     """Stacked horizontal bars: compute / non-compute / idle % per rank, rank 0 at the top."""
     rows = [r for r in ranks if _num(r.get("idle_pct")) is not None][:MAX_BAR_RANKS]
     if not rows:
@@ -340,10 +352,11 @@ def breakdown_chart(ranks: list[dict], flags: dict[int, list[str]]) -> Markup | 
             vals.append({"value": v, "formatter": (lambda _x: "") if small else (lambda x: f"{x:.0f}")})
             titles[(s, i)] = f"rank {r.get('rank')}: {label} {v:.2f} %"
         chart.add(label, vals)
-    return _svg(chart, "Temporal breakdown per rank (% of trace window)", titles)
+    return _svg(chart, chart_id, "Temporal breakdown per rank (% of trace window)", titles)
 
 
-def steps_chart(steps: list[dict], rank_ids: list[int], flags: dict[int, list[str]]) -> Markup | None:
+def steps_chart(steps: list[dict], rank_ids: list[int], flags: dict[int, list[str]],
+                chart_id: str = "ta-steps") -> Markup | None:
     """Step time (ms) per profiler step: one line per rank, or min/median/max across ranks when there are many."""
     by_step: dict[int, dict[int, float]] = {}
     for s in steps:
@@ -358,6 +371,9 @@ def steps_chart(steps: list[dict], rank_ids: list[int], flags: dict[int, list[st
     cfg = _config(RANK_COLORS, width=960, height=300, show_dots=dots, dots_size=3, y_title="step time (ms)",
                   x_title="profiler step", show_minor_x_labels=len(step_ids) <= 30, x_labels_major_count=15,
                   truncate_legend=24, legend_at_bottom=False)
+    all_ms = [v for d in by_step.values() for v in d.values()]
+    if all_ms and max(all_ms) > 0:  # from 80 % of the fastest step: a few % of jitter should not fill the chart
+        cfg.range = (0.8 * min(all_ms), 1.05 * max(all_ms))
     chart = pygal.Line(cfg)
     chart.x_labels = [str(s) for s in step_ids]
     titles: dict[tuple[int, int], str] = {}
@@ -380,7 +396,7 @@ def steps_chart(steps: list[dict], rank_ids: list[int], flags: dict[int, list[st
             chart.add(f"{label} across ranks", vals)
             for k, (s, v) in enumerate(zip(step_ids, vals, strict=True)):
                 titles[(n, k)] = f"step {s}: {label} {v:,.2f} ms" if v is not None else ""
-    return _svg(chart, "Step time per rank and profiler step (ms)", titles, thick)
+    return _svg(chart, chart_id, "Step time per rank and profiler step (ms)", titles, thick)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -464,7 +480,7 @@ def _flags(run: dict, findings: list[dict]) -> dict[int, list[str]]:
     return flags
 
 
-def _run_view(run: dict, findings: list[dict]) -> dict:
+def _run_view(run: dict, findings: list[dict], idx: int = 1) -> dict:
     ranks = sorted((r for r in _list(run.get("ranks")) if isinstance(r, dict)),
                    key=lambda r: r.get("rank") if isinstance(r.get("rank"), int) else 1 << 30)
     mode = run.get("mode") if run.get("mode") in MODE_TEXT else None
@@ -493,10 +509,13 @@ def _run_view(run: dict, findings: list[dict]) -> dict:
     facts.append(("Median step time", f"{fmt_ms(run.get('step_time_us'))} ms"))
     facts.append(("Files read", f"{len(files)} trace file{'s' if len(files) != 1 else ''}"
                   + (f" ({n_cached} from cache)" if n_cached else "")))
+    if _num(run.get("effective_batch")) is not None:
+        facts.append(("Effective (global) batch", fmt_float(run.get("effective_batch"), 0)))
     link = _dict(run.get("link"))
     if link:
-        facts.append(("Expected link bandwidth", f"{fmt_float(link.get('expected_gbps'))} GB/s"
-                      + (f" ({link['source']})" if link.get("source") else "")))
+        gbps = (f"{fmt_float(link.get('expected_gbps'))} GB/s" if _num(link.get("expected_gbps")) is not None
+                else "not known")
+        facts.append(("Expected link bandwidth", gbps + (f" ({link['source']})" if link.get("source") else "")))
 
     # Per-step table: steps × ranks, bounded.
     by_step: dict[Any, dict[Any, Any]] = {}
@@ -527,10 +546,15 @@ def _run_view(run: dict, findings: list[dict]) -> dict:
             kernels.append({**k, "name": "" if k.get("name") is None else str(k.get("name"))})
     extras = []
     for key, title in (("compile", "torch.compile"), ("log_facts", "Facts from the logs")):
-        d = _dict(run.get(key))
-        if d:
-            extras.append({"title": title, "rows": [(str(k), _scalar(v)) for k, v in d.items()]})
+        rows = _fact_rows(_dict(run.get(key)))
+        if rows:
+            extras.append({"title": title, "rows": rows})
     offsets = _dict(run.get("clock_offsets_us"))
+    waits = _dict(run.get("collective_wait_us"))
+    loader = _dict(_dict(run.get("dataloader")).get("share_pct"))
+    rank_extra = {r.get("rank"): {"wait_us": waits.get(str(r.get("rank")), waits.get(r.get("rank"))),
+                                  "loader_pct": loader.get(str(r.get("rank")), loader.get(r.get("rank")))}
+                  for r in ranks}
 
     return {
         "name": text(run.get("name")), "path": run.get("path"), "role": run.get("role") or "subject",
@@ -538,17 +562,18 @@ def _run_view(run: dict, findings: list[dict]) -> dict:
         "facts": facts, "files": files[:MAX_FILE_ROWS], "files_more": max(0, len(files) - MAX_FILE_ROWS),
         "sidecars": [s for s in _list(run.get("sidecars")) if isinstance(s, dict)],
         "ranks": ranks, "flags": flags, "show_kernel_cols": mode != "cpu",
-        "breakdown_svg": breakdown_chart(ranks, flags),
+        "breakdown_svg": breakdown_chart(ranks, flags, f"ta-breakdown-{idx}"),
         "bar_note": (f"first {MAX_BAR_RANKS} of {len(ranks)} ranks drawn; the table lists all"
                      if len(ranks) > MAX_BAR_RANKS else ""),
-        "steps_svg": steps_chart(_list(run.get("steps")), rank_ids, flags),
+        "steps_svg": steps_chart(_list(run.get("steps")), rank_ids, flags, f"ta-steps-{idx}"),
         "step_cols": step_cols, "step_rows": step_rows, "step_note": "; ".join(step_note),
         "many_lines": len(rank_ids) > MAX_LINE_RANKS,
         "kernels": kernels, "kernels_title": "Top ops (CPU)" if mode == "cpu" else "Top GPU kernels",
         "dtype_mix": [d for d in _list(run.get("dtype_mix")) if isinstance(d, dict)],
         "collectives": [c for c in _list(run.get("collectives")) if isinstance(c, dict)],
+        "precision_rows": _fact_rows(_dict(run.get("precision"))),
         "link": link, "clock_offsets": sorted(offsets.items(), key=lambda kv: str(kv[0]).zfill(8)),
-        "extras": extras,
+        "extras": extras, "rank_extra": rank_extra, "has_wait": bool(waits), "has_loader": bool(loader),
         "step_time_us": run.get("step_time_us"),
         "mean_idle": _mean(r.get("idle_pct") for r in ranks),
         "mean_compute": _mean(r.get("compute_pct") for r in ranks),
@@ -562,14 +587,43 @@ def _mean(xs: Iterable[Any]) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
-def _scalar(v: Any) -> str:
+def _fact_rows(d: dict) -> list[tuple[str, str]]:
+    """A dict of facts as (label, text) rows: ``*_us`` keys shown in ms, ``*_pct`` in %, unknown (None) left out."""
+    rows = []
+    for k, v in d.items():
+        if v is None or v == [] or v == {}:
+            continue
+        key = str(k)
+        unit = ""
+        if key.endswith("_us"):
+            key, unit = key[:-3], "ms"
+        elif key.endswith("_pct"):
+            key, unit = key[:-4], "%"
+        label = key.replace("_", " ").strip()
+        label = label[:1].upper() + label[1:]
+        rows.append((label + (f" ({unit})" if unit else ""), _scalar(v, unit)))
+    return rows
+
+
+def _scalar(v: Any, unit: str = "") -> str:
+    """One fact as text; per-rank dicts (``{"0": x, "1": y}``) as ``rank 0: x · rank 1: y``."""
     if isinstance(v, (list, tuple)):
-        s = ", ".join(_scalar(x) for x in v[:20]) + (f", … ({len(v)} items)" if len(v) > 20 else "")
+        uniq = list(dict.fromkeys(_scalar(x, unit) for x in v))  # the same fact from several logs: once
+        s = ", ".join(uniq[:20]) + (f", … ({len(uniq)} values)" if len(uniq) > 20 else "")
         return s or "—"
     if isinstance(v, dict):
-        return "; ".join(f"{k}: {_scalar(x)}" for k, x in list(v.items())[:20])
+        per_rank = all(str(k).isdigit() for k in v)
+        items = list(v.items())
+        s = " · ".join(f"{'rank ' if per_rank else ''}{k}: {_scalar(x, unit)}" for k, x in items[:32])
+        return s + (f" · … ({len(items)} entries)" if len(items) > 32 else "")
     if isinstance(v, bool):
         return "yes" if v else "no"
+    if unit == "ms":
+        return fmt_ms(v)
+    if unit == "%":
+        return fmt_pct(v, 1)
+    if isinstance(v, float):
+        return fmt_float(v, 3 if abs(v) < 1 else 2)
     s = text(v)
     return s if len(s) <= 300 else s[:299] + "…"
 
@@ -583,6 +637,8 @@ def _comparison(model: dict, findings: list[dict]) -> dict | None:
     for p in _list(c.get("parts")):
         if not isinstance(p, dict):
             continue
+        if all(not _num(p.get(k)) for k in ("subject_us", "baseline_us", "delta_us")) and not p.get("finding"):
+            continue  # an empty part (0 vs 0) only adds noise
         f = by_title.get(str(p.get("finding"))) if p.get("finding") else None
         parts.append({**p, "cause_key": f["cause_key"] if f else None})
     delta = _num(c.get("delta_us"))
@@ -622,7 +678,7 @@ def _view(model: dict) -> dict:
     verdict, verdict_cause = _verdict(model, findings)
     runs = [r for r in _list(model.get("runs")) if isinstance(r, dict)]
     runs.sort(key=lambda r: 0 if r.get("role", "subject") == "subject" else 1)
-    run_views = [_run_view(r, findings) for r in runs]
+    run_views = [_run_view(r, findings, i) for i, r in enumerate(runs, start=1)]
     warnings = _warnings(model)
     n_files = sum(len(rv["files"]) + rv["files_more"] for rv in run_views)
     n_bad = sum(1 for w in warnings if w["level"] in ("error", "partial"))
@@ -655,7 +711,6 @@ def html(model: dict) -> str:
     Returns:
         The complete HTML document as text.
     """
-    _chart_seq[0] = 0
     return _env.get_template("report.html.j2").render(v=_view(model))
 
 
@@ -713,8 +768,8 @@ def _view_md(model: dict) -> list[str]:
                        f"| {fmt_signed_ms(p.get('delta_us'))} | {_md(p.get('finding')) if p.get('finding') else ''} |")
         diffs = comp["config_diffs"][:8]
         if diffs:
-            out.append("Config differences: " + "; ".join(
-                f"{_md(d.get('key'))}: {_md(d.get('subject'))} vs {_md(d.get('baseline'))}" for d in diffs))
+            out += ["", "Config differences: " + "; ".join(
+                f"{_md(d.get('key'))}: {_md(d.get('subject'))} vs {_md(d.get('baseline'))}" for d in diffs)]
         out.append("")
 
     for run in runs:
