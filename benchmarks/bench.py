@@ -1,0 +1,183 @@
+#!/usr/bin/env python3
+"""Benchmark: `traceanalyze report` end to end against Holistic Trace Analysis on the same traces.
+
+    pip install '.[bench]'            # HTA 0.5.0 + psutil (HTA pulls in jupyterlab)
+    python benchmarks/bench.py        # 8-rank scale set from ../shared/tools/make_scale_set.py
+    python benchmarks/bench.py --traces DIR --runs 5 --scaling --big
+
+In the same run, alternating, it times (a) HTA: ``TraceAnalysis`` load plus ``get_temporal_breakdown``,
+``get_comm_comp_overlap``, ``get_idle_time_breakdown``, ``get_gpu_kernel_breakdown``, and (b)
+``traceanalyze report`` (ingest, all metrics, findings, HTML) into a fresh database (cold), then a re-run on the
+unchanged files (cached). Each is a separate process; the figures are medians of ``--runs`` runs, with the peak
+RSS of the whole process tree (sampled every 20 ms with psutil) and the input rate in MB/s of decompressed JSON.
+``--scaling`` repeats traceanalyze on 1, 2, 4 and 8 ranks; ``--big`` ingests one ~2 GB plain-JSON file
+(``make_scale_set.py --ranks 1 --repeat 45 --no-gzip``) to check streaming memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared"
+MAKE_SCALE_SET = SHARED / "tools" / "make_scale_set.py"
+
+HTA_SCRIPT = """
+import sys, warnings
+warnings.filterwarnings("ignore")
+import logging; logging.disable(logging.WARNING)
+from hta.trace_analysis import TraceAnalysis
+a = TraceAnalysis(trace_dir=sys.argv[1])
+a.get_temporal_breakdown(visualize=False)
+a.get_comm_comp_overlap(visualize=False)
+a.get_idle_time_breakdown(ranks=sorted(a.t.traces), visualize=False)
+a.get_gpu_kernel_breakdown(visualize=False)
+"""
+
+
+def run_measured(cmd: list[str]) -> tuple[float, float]:
+    """Run ``cmd``; return (wall seconds, peak RSS in MB of the process and all its children)."""
+    import psutil
+
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    ps = psutil.Process(proc.pid)
+    peak = 0
+    while proc.poll() is None:
+        try:
+            procs = [ps] + ps.children(recursive=True)
+            rss = 0
+            for p in procs:
+                try:
+                    rss += p.memory_info().rss
+                except psutil.Error:
+                    pass
+            peak = max(peak, rss)
+        except psutil.Error:
+            pass
+        time.sleep(0.02)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        err = proc.stderr.read().decode(errors="replace")[-2000:]
+        raise SystemExit(f"benchmark command failed ({proc.returncode}): {' '.join(cmd)}\n{err}")
+    return wall, peak / 1e6
+
+
+def json_megabytes(folder: Path) -> float:
+    """Decompressed JSON size of every trace in ``folder`` (MB, 1e6 bytes)."""
+    total = 0
+    for f in sorted(folder.iterdir()):
+        if f.name.endswith(".json.gz"):
+            with gzip.open(f, "rb") as fh:
+                while chunk := fh.read(1 << 24):
+                    total += len(chunk)
+        elif f.name.endswith(".json"):
+            total += f.stat().st_size
+    return total / 1e6
+
+
+def traceanalyze_cmd(folder: Path, out: Path, db: Path) -> list[str]:
+    return [sys.executable, "-m", "traceanalyze.cli", "report", str(folder), "-o", str(out), "--db", str(db), "-q"]
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--traces", type=Path, help="folder of traces (default: build the 8-rank scale set)")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--hta-python", default=sys.executable, help="interpreter that has HTA installed")
+    ap.add_argument("--skip-hta", action="store_true")
+    ap.add_argument("--scaling", action="store_true", help="also time 1, 2, 4, 8 ranks")
+    ap.add_argument("--big", action="store_true", help="also ingest one ~2 GB plain JSON file")
+    ap.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "traceanalyze-bench")
+    args = ap.parse_args()
+
+    args.work.mkdir(parents=True, exist_ok=True)
+    traces = args.traces
+    if traces is None:
+        if not MAKE_SCALE_SET.exists():
+            raise SystemExit(f"{MAKE_SCALE_SET} not found: pass --traces DIR")
+        traces = args.work / "scale8"
+        if not traces.exists() or len(list(traces.glob("*.json.gz"))) < 8:
+            subprocess.run([sys.executable, str(MAKE_SCALE_SET), str(traces), "--ranks", "8"], check=True,
+                           stdout=subprocess.DEVNULL)
+    mb = json_megabytes(traces)
+    gz_mb = sum(f.stat().st_size for f in traces.iterdir() if f.is_file()) / 1e6
+    print(f"input: {traces} ({gz_mb:.1f} MB on disk, {mb:.1f} MB of JSON)", flush=True)
+
+    hta_t, hta_m, cold_t, cold_m, warm_t, warm_m = [], [], [], [], [], []
+    out = args.work / "report.html"
+    for i in range(args.runs):
+        if not args.skip_hta:
+            t, m = run_measured([args.hta_python, "-c", HTA_SCRIPT, str(traces)])
+            hta_t.append(t)
+            hta_m.append(m)
+            print(f"run {i + 1}: HTA {t:.2f} s, {m:.0f} MB", flush=True)
+        db = args.work / "cold.duckdb"
+        db.unlink(missing_ok=True)
+        t, m = run_measured(traceanalyze_cmd(traces, out, db))
+        cold_t.append(t)
+        cold_m.append(m)
+        t2, m2 = run_measured(traceanalyze_cmd(traces, out, db))
+        warm_t.append(t2)
+        warm_m.append(m2)
+        print(f"run {i + 1}: traceanalyze cold {t:.2f} s, {m:.0f} MB; cached {t2:.2f} s, {m2:.0f} MB", flush=True)
+
+    rows = [("traceanalyze report, cold", median(cold_t), median(cold_m)),
+            ("traceanalyze report, cached re-run", median(warm_t), median(warm_m))]
+    if hta_t:
+        rows.insert(0, ("HTA 0.5.0 load + 4 analyses", median(hta_t), median(hta_m)))
+    print(f"\n| {args.runs} runs, medians | time (s) | peak RSS (MB) | JSON MB/s |")
+    print("|---|--:|--:|--:|")
+    for name, t, m in rows:
+        print(f"| {name} | {t:.2f} | {m:.0f} | {mb / t:.0f} |")
+    if hta_t:
+        print(f"\nspeed-up over HTA: {median(hta_t) / median(cold_t):.1f}× cold, "
+              f"{median(hta_t) / median(warm_t):.1f}× cached; RSS {median(cold_m) / median(hta_m):.2f}× of HTA's")
+
+    if args.scaling:
+        files = sorted(f for f in traces.iterdir() if f.name.endswith((".json", ".json.gz")))
+        print("\n| ranks | JSON MB | time (s) | MB/s | peak RSS (MB) |\n|--:|--:|--:|--:|--:|")
+        for k in (1, 2, 4, 8):
+            if k > len(files):
+                break
+            sub = args.work / f"ranks{k}"
+            shutil.rmtree(sub, ignore_errors=True)
+            sub.mkdir()
+            for f in files[:k]:
+                (sub / f.name).symlink_to(f.resolve())
+            ts, ms = [], []
+            for _ in range(args.runs):
+                db = args.work / f"r{k}.duckdb"
+                db.unlink(missing_ok=True)
+                t, m = run_measured(traceanalyze_cmd(sub, out, db))
+                ts.append(t)
+                ms.append(m)
+            kmb = mb * k / len(files)
+            print(f"| {k} | {kmb:.0f} | {median(ts):.2f} | {kmb / median(ts):.0f} | {median(ms):.0f} |", flush=True)
+
+    if args.big:
+        big = args.work / "big"
+        if not big.exists():
+            subprocess.run([sys.executable, str(MAKE_SCALE_SET), str(big), "--ranks", "1", "--repeat", "45",
+                            "--no-gzip"], check=True, stdout=subprocess.DEVNULL)
+        bmb = json_megabytes(big)
+        db = args.work / "big.duckdb"
+        db.unlink(missing_ok=True)
+        t, m = run_measured(traceanalyze_cmd(big, out, db))
+        print(f"\nsingle file {bmb:.0f} MB of JSON: {t:.1f} s, {bmb / t:.0f} MB/s, peak RSS {m:.0f} MB")
+
+
+if __name__ == "__main__":
+    main()
