@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from traceanalyze.errors import InputError
-from traceanalyze.ingest import read_header
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 CHAKRA_MARKERS = (".et.json", "_et.json", ".et.", "execution_trace")
@@ -239,6 +238,8 @@ def assign_ranks(paths: list[Path], headers: dict[Path, dict]) -> tuple[dict[Pat
 
 def read_headers(paths: list[Path]) -> dict[Path, dict]:
     """Cheap header read for each trace (distributedInfo, deviceProperties); unreadable files give ``{}``."""
+    from traceanalyze.ingest import read_header
+
     out = {}
     for p in paths:
         try:

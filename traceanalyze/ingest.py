@@ -55,7 +55,7 @@ CPU_CATS = {
 # ---------------------------------------------------------------------------------------------------------
 # Typed decode: only the fields the analyses use. Unknown keys are skipped by msgspec without building them.
 
-class _Args(msgspec.Struct, omit_defaults=True):
+class _Args(msgspec.Struct, gc=False):
     external_id: Any = msgspec.field(name="External id", default=None)
     external_id_old: Any = msgspec.field(name="external id", default=None)
     correlation: Any = None
@@ -79,7 +79,7 @@ class _Args(msgspec.Struct, omit_defaults=True):
     name: Any = None  # metadata events: thread / process names
 
 
-class _Event(msgspec.Struct):
+class _Event(msgspec.Struct, gc=False):
     ph: Any = None
     cat: Any = None
     name: Any = None
@@ -485,15 +485,15 @@ def parse_trace(path: str | Path, out_dir: str | Path | None = None, *, key: str
 
     Args:
         path: the trace file.
-        out_dir: when given, rows are written to ``out_dir/{key}.{table}.parquet`` chunk by chunk (memory
-            bounded by ``chunk_rows``), and the second return value is None. When None, the tables are
-            returned in memory (for small files and tests).
+        out_dir: when given and the file holds more than ``chunk_rows`` rows, rows are written to
+            ``out_dir/{key}.{table}.parquet`` chunk by chunk (memory bounded by ``chunk_rows``) and the second
+            return value is None. Smaller files, or any file when ``out_dir`` is None, come back in memory.
         key: file-name prefix for the Parquet files.
         max_decompressed: bound in bytes on the decompressed size (guards against gzip bombs).
         chunk_rows: rows buffered before a Parquet row group is written.
 
     Returns:
-        ``(TraceFile, tables)``: the summary and, when ``out_dir`` is None, ``{"kernels", "cpu_ops",
+        ``(TraceFile, tables)``: the summary and, unless the rows went to Parquet, ``{"kernels", "cpu_ops",
         "threads"}`` as Arrow tables with the schemas in ``TABLES`` (``ts_ns``/``dur_ns`` in ns).
 
     Raises:
@@ -511,22 +511,84 @@ def parse_trace(path: str | Path, out_dir: str | Path | None = None, *, key: str
     return info, result
 
 
+_BOUNDARY = re.compile(rb"\}\s*,\s*\{")
+_TAIL_WINDOW = 1 << 16
+
+
+class _EventStream:
+    """Phase two of a parse: cut the bytes after the events array's ``[`` into runs of complete events.
+
+    Fast path: the last ``}, {`` in a block's final 64 KiB is taken as the boundary between two events and
+    the run before it is decoded at once. A cut that falls inside a string or a nested object cannot decode
+    (the run would hold an open string or bracket), so a successful decode proves the cut; a failed one falls
+    back to the structural scanner for that block. The scanner also finds the array's closing ``]``.
+    """
+
+    def __init__(self, events_depth: int, decode) -> None:
+        self.ed = events_depth
+        self.decode = decode  # callable(bytes, strict: bool) -> bool (False: not valid JSON as cut)
+        self.rest = b""
+        self.closed = False
+        self.tail = b""
+
+    def feed(self, blk: bytes, path) -> None:
+        if self.closed:
+            self.tail += blk
+            return
+        data = self.rest + blk if self.rest else blk
+        window_start = max(0, len(data) - _TAIL_WINDOW)
+        last = None
+        for m in _BOUNDARY.finditer(data, window_start):
+            last = m
+        if last is not None and self.decode(data[: last.start() + 1], True):
+            self.rest = data[last.end() - 1:]
+            return
+        self._scan(data, path)
+
+    def _scan(self, data: bytes, path) -> None:
+        sc = _Scanner()
+        sc.depth = self.ed  # data starts between two events: inside the array, outside any string
+        pos, chars, depth = sc.scan(data, 0)
+        close = np.flatnonzero(depth == self.ed - 1)
+        limit = int(close[0]) if close.size else len(pos)
+        ends = np.flatnonzero((chars[:limit] == 125) & (depth[:limit] == self.ed))
+        if close.size:
+            self.decode(data[: int(pos[close[0]])], False)
+            self.closed = True
+            self.tail = data[int(pos[close[0]]) + 1:]
+            self.rest = b""
+            return
+        if ends.size:
+            cut = int(pos[ends[-1]]) + 1
+            self.decode(data[:cut], False)
+            self.rest = data[cut:]
+        else:
+            self.rest = data
+            if len(data) > MAX_EVENT_BYTES:
+                raise InputError(path, f"an event larger than {MAX_EVENT_BYTES >> 20} MiB; the file is corrupt")
+
+    def finish(self, path) -> None:
+        """At end of input: decode what is complete in the remainder (a cut-off file ends mid-array)."""
+        if not self.closed and self.rest.strip():
+            self._scan(self.rest, path)
+
+
 def _parse_blocks(path, blocks, state, info: TraceFile, out_dir, key, chunk_rows):
     sc = _Scanner()
-    buf = b""  # bytes not yet consumed: the header (until the array opens), then the incomplete event
+    buf = b""  # the header, until the events array opens
     header_bytes = b""
-    tail_bytes = b""
-    cols: _Columns | None = None
+    cols = _Columns()
     writers: dict[str, pq.ParquetWriter] = {}
     tables_mem: dict[str, list[pa.Table]] = {n: [] for n in TABLES}
     n_events = 0
-    first = True
+    stream: _EventStream | None = None
 
     def flush(final: bool = False) -> None:
-        if cols is None or (not final and len(cols) < chunk_rows):
+        if not final and len(cols) < chunk_rows:
             return
         for name, tbl in cols.tables().items():
-            if out_dir is None:
+            # small files stay in memory even with out_dir; Parquet only once a file outgrows one chunk
+            if out_dir is None or (final and not writers):
                 tables_mem[name].append(tbl)
             else:
                 w = writers.get(name)
@@ -536,24 +598,31 @@ def _parse_blocks(path, blocks, state, info: TraceFile, out_dir, key, chunk_rows
                     info.parquet[name] = str(p)
                 w.write_table(tbl)
 
-    def decode(chunk: bytes) -> None:
-        nonlocal n_events, cols
-        if cols is None:
-            info.header = _decode_header(path, header_bytes)
-            cols = _Columns()
+    def decode(chunk: bytes, strict: bool) -> bool:
+        nonlocal n_events
         body = chunk.strip().lstrip(b",")
         if not body.strip():
-            return
+            return True
         try:
             events = _EVENTS.decode(b"[" + body + b"]")
-        except (msgspec.DecodeError, msgspec.ValidationError):
+        except msgspec.ValidationError:
+            events = _decode_one_by_one(body, info)  # valid JSON, odd types: keep what can be kept
+        except msgspec.DecodeError:
+            if strict:
+                return False
             events = _decode_one_by_one(body, info)
         n_events += len(events)
         cols.add(events)
         flush()
+        return True
 
+    first = True
     try:
         for blk in blocks:
+            info.bytes_read += len(blk)
+            if stream is not None:
+                stream.feed(blk, path)
+                continue
             if first:
                 first = False
                 if blk[:3] == b"\xef\xbb\xbf":
@@ -562,77 +631,48 @@ def _parse_blocks(path, blocks, state, info: TraceFile, out_dir, key, chunk_rows
                     raise InputError(path, "not JSON (does not start with '{' or '[')")
             start = len(buf)
             buf += blk
-            info.bytes_read += len(blk)
             pos, chars, depth = sc.scan(buf, start)
-            cut = 0  # bytes of buf handed over so far
-            if sc.events_depth is None and pos.size:
-                opened = _find_events_array(buf, pos, chars, depth)
-                if opened is None:
-                    if sc.depth <= 0 and (depth <= 0).any():
-                        raise InputError(path, "valid JSON but not a trace (no traceEvents array)")
-                    if len(buf) > MAX_EVENT_BYTES:
-                        raise InputError(path, "no traceEvents array in the first "
-                                               f"{MAX_EVENT_BYTES >> 20} MiB")
-                    continue
-                idx, sc.events_depth = opened
-                header_bytes = buf[: pos[idx]]
-                cut = int(pos[idx]) + 1
-                pos, chars, depth = pos[idx + 1:], chars[idx + 1:], depth[idx + 1:]
-            if sc.events_depth is None:
+            opened = _find_events_array(buf, pos, chars, depth) if pos.size else None
+            if opened is None:
+                if sc.depth <= 0 and (depth <= 0).any():
+                    raise InputError(path, "valid JSON but not a trace (no traceEvents array)")
+                if len(buf) > MAX_EVENT_BYTES:
+                    raise InputError(path, f"no traceEvents array in the first {MAX_EVENT_BYTES >> 20} MiB")
                 continue
-            if sc.array_closed:
-                tail_bytes += buf[cut:]
-                buf = b""
-                continue
-            ed = sc.events_depth
-            close = np.flatnonzero(depth == ed - 1)
-            if close.size:  # the events array ends in this block
-                end = int(pos[close[0]])
-                decode(buf[cut:end])
-                sc.array_closed = True
-                tail_bytes = buf[end + 1:]
-                buf = b""
-                continue
-            ends = np.flatnonzero((chars == 125) & (depth == ed))
-            if ends.size:
-                last = int(pos[ends[-1]]) + 1
-                decode(buf[cut:last])
-                cut = last
-            elif len(buf) - cut > MAX_EVENT_BYTES:
-                raise InputError(path, f"an event larger than {MAX_EVENT_BYTES >> 20} MiB; the file is corrupt")
-            buf = buf[cut:]
+            idx, sc.events_depth = opened
+            header_bytes = buf[: pos[idx]]
+            info.header = _decode_header(path, header_bytes)
+            stream = _EventStream(sc.events_depth, decode)
+            stream.feed(buf[int(pos[idx]) + 1:], path)
+            buf = b""
+        if stream is not None:
+            stream.finish(path)
     except InputError:
         for w in writers.values():
             w.close()
         raise
 
     if state["error"]:
-        if cols is None or n_events == 0:
+        if stream is None or n_events == 0:
             for w in writers.values():
                 w.close()
             raise InputError(path, state["error"])
         info.partial = True
         info.warnings.append(f"{state['error']}; read {n_events} events before it")
-    if sc.events_depth is None:
+    if stream is None:
         if info.bytes_read == 0:
             raise InputError(path, "empty file")
         if state["truncated"]:
             raise InputError(path, "gzip stream ends before any event")
         raise InputError(path, "no traceEvents array (not a Kineto/Chrome trace)")
-    if cols is None:  # the array opened but no complete event followed
-        info.header = _decode_header(path, header_bytes)
-        cols = _Columns()
-    if not sc.array_closed:
+    if not stream.closed:
         info.partial = True
         why = "gzip stream ends early" if state["truncated"] else "JSON ends mid-array"
         info.warnings.append(f"truncated ({why}, as when a job is killed mid-write); "
                              f"read {n_events} complete events")
-    elif tail_bytes.strip():
-        _merge_tail(path, tail_bytes, info)
-    elif sc.depth > 0 and sc.events_depth == 2:
-        info.partial = True
-        info.warnings.append("truncated after the events array; header fields after it are missing")
-    if n_events == 0 and not info.partial and sc.array_closed:
+    elif stream.tail.strip() and stream.ed == 2:
+        _merge_tail(path, stream.tail, info)
+    if n_events == 0 and not info.partial:
         info.warnings.append("the trace holds no events")
     if cols.bad_time:
         info.skipped_events += cols.bad_time
@@ -642,7 +682,7 @@ def _parse_blocks(path, blocks, state, info: TraceFile, out_dir, key, chunk_rows
     for w in writers.values():
         w.close()
     info.counts = {}
-    if out_dir is None:
+    if out_dir is None or not writers:
         out = {n: pa.concat_tables(ts) if ts else TABLES[n].empty_table() for n, ts in tables_mem.items()}
         info.counts = {n: t.num_rows for n, t in out.items()}
         return out

@@ -20,11 +20,14 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import duckdb
 
 from traceanalyze.errors import InputError, TraceanalyzeError
-from traceanalyze.ingest import TABLES, TraceFile, parse_trace
+
+if TYPE_CHECKING:
+    from traceanalyze.ingest import TraceFile
 
 SCHEMA_VERSION = 1
 
@@ -87,30 +90,52 @@ CREATE TABLE IF NOT EXISTS threads (
 CREATE TABLE IF NOT EXISTS warnings (
     run_id INTEGER, file VARCHAR, message VARCHAR
 );
-CREATE OR REPLACE TABLE run_facts (  -- what logs and configs state: per_device_batch, precision, ...
+CREATE TABLE IF NOT EXISTS run_facts (  -- what logs and configs state: per_device_batch, precision, ...
     run_id INTEGER, key VARCHAR, value VARCHAR, num DOUBLE, source VARCHAR
 );
-CREATE OR REPLACE TABLE log_steps (  -- one row per step line of a training log
+CREATE TABLE IF NOT EXISTS log_steps (  -- one row per step line of a training log
     run_id INTEGER, file VARCHAR, framework VARCHAR, rank INTEGER, step INTEGER, iter INTEGER, loss DOUBLE,
     lr DOUBLE, grad_norm DOUBLE, tokens_per_s DOUBLE, tflops DOUBLE, mfu_pct DOUBLE, step_time_ms DOUBLE,
     memory_gib DOUBLE, epoch DOUBLE
 );
-CREATE OR REPLACE TABLE nccl_channels (  -- NCCL_DEBUG=INFO channel lines
+CREATE TABLE IF NOT EXISTS nccl_channels (  -- NCCL_DEBUG=INFO channel lines
     run_id INTEGER, file VARCHAR, host VARCHAR, device INTEGER, channel INTEGER, src_rank INTEGER,
     dst_rank INTEGER, transport VARCHAR, detail VARCHAR
 );
-CREATE OR REPLACE TABLE topology_links (  -- nvidia-smi topo -m matrix cells
+CREATE TABLE IF NOT EXISTS topology_links (  -- nvidia-smi topo -m matrix cells
     run_id INTEGER, file VARCHAR, a VARCHAR, b VARCHAR, link VARCHAR
 );
-CREATE OR REPLACE TABLE collective_calls (  -- collectives matched across ranks, per operation and size
+CREATE TABLE IF NOT EXISTS collective_calls (  -- collectives matched across ranks, per operation and size
     run_id INTEGER, collective VARCHAR, size_bytes BIGINT, count INTEGER, n_ranks INTEGER, transfer_us DOUBLE,
     wait_us DOUBLE, algbw_gbps DOUBLE, busbw_gbps DOUBLE
 );
-CREATE OR REPLACE TABLE findings (
+CREATE TABLE IF NOT EXISTS findings (
     run_id INTEGER, cause VARCHAR, kind VARCHAR, severity VARCHAR, impact_pct DOUBLE, ranks VARCHAR,
     title VARCHAR, evidence VARCHAR, recommendation VARCHAR
 );
+CREATE TABLE IF NOT EXISTS report_cache (  -- the last report's model, keyed by its inputs and options
+    key VARCHAR, model JSON
+);
 """
+
+# Macros stored in the database so users can classify rows the way the metrics do, in their own queries.
+MACROS = r"""
+CREATE OR REPLACE MACRO kernel_class(cat, name) AS CASE
+    WHEN regexp_matches(name, '^(void )?(nccl|rccl)') THEN 'communication'
+    WHEN cat IN ('gpu_memcpy', 'gpu_memset') OR regexp_matches(name, '^(Memcpy|Memset|dma)') THEN 'memory'
+    ELSE 'compute' END;
+CREATE OR REPLACE MACRO cpu_op_class(cat, name) AS CASE
+    WHEN name LIKE 'c10d::%' OR name LIKE 'gloo:%' OR name LIKE 'nccl:%' THEN 'communication'
+    WHEN cat = 'cpu_op' AND name LIKE 'aten::%' THEN 'compute'
+    ELSE 'other' END;
+CREATE OR REPLACE MACRO profiler_step(cat, name) AS
+    CASE WHEN cat = 'user_annotation' AND name LIKE 'ProfilerStep#%'
+         THEN TRY_CAST(regexp_extract(name, '#(\d+)', 1) AS INTEGER) END;
+"""
+
+# Tables that describe the latest report only; emptied before a report is recomputed.
+REPORT_TABLES = ("runs", "warnings", "run_facts", "log_steps", "nccl_channels", "topology_links", "collective_calls",
+                 "findings", "report_cache")
 
 
 @dataclass
@@ -142,6 +167,7 @@ def connect(db_path: str | Path | None) -> duckdb.DuckDBPyConnection:
     except duckdb.Error as exc:
         raise TraceanalyzeError(f"{db_path}: not a usable DuckDB database ({str(exc).splitlines()[0]})") from None
     con.execute(DDL)
+    con.execute(MACROS)
     return con
 
 
@@ -150,18 +176,25 @@ def _stat_key(path: Path) -> tuple[str, int, int]:
     return str(path.resolve()), st.st_size, st.st_mtime_ns
 
 
-def _parse_to_parquet(args: tuple[str, str, str, int]) -> tuple[str, TraceFile | None, str | None]:
-    """Worker: parse one file into Parquet files; return (path, summary, error message)."""
+def _parse_one(args: tuple[str, str, str, int]) -> tuple[str, TraceFile | None, dict | None, str | None]:
+    """Worker: parse one file; return (path, summary, in-memory tables or None if they went to Parquet, error)."""
+    import gc
+
+    from traceanalyze.ingest import parse_trace
+
     path, out_dir, key, max_decompressed = args
+    gc.disable()  # millions of short-lived objects; collection passes only cost time here
     try:
-        info, _ = parse_trace(path, out_dir, key=key, max_decompressed=max_decompressed)
-        return path, info, None
+        info, tables = parse_trace(path, out_dir, key=key, max_decompressed=max_decompressed)
+        return path, info, tables, None
     except InputError as exc:
-        return path, None, exc.problem
+        return path, None, None, exc.problem
     except MemoryError:
-        return path, None, "ran out of memory while parsing"
+        return path, None, None, "ran out of memory while parsing"
     except Exception as exc:  # a bug or an unforeseen input must not stop the other ranks
-        return path, None, f"could not be parsed ({type(exc).__name__}: {exc})"
+        return path, None, None, f"could not be parsed ({type(exc).__name__}: {exc})"
+    finally:
+        gc.enable()
 
 
 def load_traces(con: duckdb.DuckDBPyConnection, paths: Iterable[Path], *, jobs: int | None = None,
@@ -198,15 +231,15 @@ def load_traces(con: duckdb.DuckDBPyConnection, paths: Iterable[Path], *, jobs: 
             n_jobs = max(1, min(jobs or os.cpu_count() or 1, len(work)))
             keys = {str(p): (p, k) for p, k in todo}
             if n_jobs == 1:
-                results: Iterable = map(_parse_to_parquet, work)
+                results: Iterable = map(_parse_one, work)
                 pool = None
             else:
                 pool = ProcessPoolExecutor(max_workers=n_jobs)
-                results = pool.map(_parse_to_parquet, work)
+                results = pool.map(_parse_one, work)
             try:
-                for path_s, info, err in results:
+                for path_s, info, tables, err in results:
                     p, key = keys[path_s]
-                    out[p] = _store_file(con, p, key, info, err)
+                    out[p] = _store_file(con, p, key, info, err, tables)
                     if progress:
                         progress(key[1])
             finally:
@@ -217,26 +250,36 @@ def load_traces(con: duckdb.DuckDBPyConnection, paths: Iterable[Path], *, jobs: 
     return [out[p] for p in paths]
 
 
-def _store_file(con, path: Path, key, info: TraceFile | None, err: str | None) -> LoadedFile:
+def _store_file(con, path: Path, key, info: TraceFile | None, err: str | None,
+                tables: dict | None = None) -> LoadedFile:
+    from traceanalyze.ingest import TABLES  # not at module level: a cached report never parses
+
     resolved, size, mtime = key
     con.execute("BEGIN TRANSACTION")
     try:
-        old = con.execute("SELECT file_id FROM files WHERE path = ?", [resolved]).fetchone()
+        # fetchall: DuckDB 2 keeps a half-read result open, which blocks register() below
+        old = next(iter(con.execute("SELECT file_id FROM files WHERE path = ?", [resolved]).fetchall()), None)
         if old is not None:
             for t in TABLES:
                 con.execute(f"DELETE FROM {t} WHERE file_id = ?", [old[0]])
             con.execute("DELETE FROM files WHERE file_id = ?", [old[0]])
-        file_id = con.execute("SELECT coalesce(max(file_id), 0) + 1 FROM files").fetchone()[0]
+        file_id = con.execute("SELECT coalesce(max(file_id), 0) + 1 FROM files").fetchall()[0][0]
         if info is None:
             con.execute("INSERT INTO files (file_id, path, size_bytes, mtime_ns, status, message) "
                         "VALUES (?, ?, ?, ?, 'error', ?)", [file_id, resolved, size, mtime, err])
         else:
             base = int(info.base_time_ns)
-            for t, pq_path in info.parquet.items():
-                cols = [c for c in TABLES[t].names]
+            for t in TABLES:
+                cols = TABLES[t].names
                 sel = ", ".join(f"ts_ns + {base} AS ts_ns" if c == "ts_ns" else f'"{c}"' for c in cols)
-                con.execute(f"INSERT INTO {t} (file_id, {', '.join(chr(34) + c + chr(34) for c in cols)}) "
-                            f"SELECT {file_id}, {sel} FROM read_parquet(?)", [pq_path])
+                names = ", ".join(f'"{c}"' for c in cols)
+                if tables is not None:
+                    con.register("_incoming", tables[t])
+                    con.execute(f"INSERT INTO {t} (file_id, {names}) SELECT {file_id}, {sel} FROM _incoming")
+                    con.unregister("_incoming")
+                else:
+                    con.execute(f"INSERT INTO {t} (file_id, {names}) SELECT {file_id}, {sel} FROM read_parquet(?)",
+                                [info.parquet[t]])
             con.execute(
                 "INSERT INTO files (file_id, path, size_bytes, mtime_ns, status, message, bytes_read, "
                 "base_time_ns, header, n_kernels, n_cpu_ops) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",

@@ -34,20 +34,10 @@ from dataclasses import asdict, dataclass, field
 import duckdb
 import numpy as np
 
-# Stored in the database so users can classify kernels the same way in their own queries.
-MACROS = r"""
-CREATE OR REPLACE MACRO kernel_class(cat, name) AS CASE
-    WHEN regexp_matches(name, '^(void )?(nccl|rccl)') THEN 'communication'
-    WHEN cat IN ('gpu_memcpy', 'gpu_memset') OR regexp_matches(name, '^(Memcpy|Memset|dma)') THEN 'memory'
-    ELSE 'compute' END;
-CREATE OR REPLACE MACRO cpu_op_class(cat, name) AS CASE
-    WHEN name LIKE 'c10d::%' OR name LIKE 'gloo:%' OR name LIKE 'nccl:%' THEN 'communication'
-    WHEN cat = 'cpu_op' AND name LIKE 'aten::%' THEN 'compute'
-    ELSE 'other' END;
-CREATE OR REPLACE MACRO profiler_step(cat, name) AS
-    CASE WHEN cat = 'user_annotation' AND name LIKE 'ProfilerStep#%'
-         THEN TRY_CAST(regexp_extract(name, '#(\d+)', 1) AS INTEGER) END;
-"""
+from traceanalyze import store
+
+# Stored in the database (see store.MACROS) so users can classify rows the same way in their own queries.
+MACROS = store.MACROS
 
 METRIC_TABLES = """
 CREATE OR REPLACE TABLE rank_metrics (
