@@ -213,31 +213,43 @@ def _interconnect_recommendation(ev: RunEvidence, topo_pairs) -> str:
 
 
 def rule_straggler(ev: RunEvidence) -> list[Finding]:
-    """Imbalance: one rank computes longer per step and the others wait for it in the collectives."""
+    """Imbalance: one rank works longer per step and the others wait for it in the collectives.
+
+    Per rank, *work* = step time − time waiting in collectives for slower peers (the collectives' wait, see
+    :mod:`traceanalyze.metrics.collectives`). The straggler has the most work; its excess over the median is
+    what the others spend waiting, and what balancing would win back (impact = excess / step time). Without
+    matched collectives, compute time per step stands in for work.
+    """
     if len(ev.ranks) < 2 or ev.mode == "logs":
         return []
+    step = {r["rank"]: _step_us(ev, r) for r in ev.ranks}
     comp = {r["rank"]: _per_step(ev, r, "compute_us") or 0.0 for r in ev.ranks}
-    med = statistics.median(comp.values())
-    slow = max(comp, key=comp.get)
-    if med <= 0:
-        return []
-    excess = comp[slow] - med
-    excess_pct = 100 * excess / med
-    step = statistics.median(_step_us(ev, r) for r in ev.ranks)
-    if excess_pct < STRAGGLER_EXCESS_PCT or step <= 0:
-        return []
-    impact = round(100 * excess / step, 1)
-    if impact < 3:
-        return []
-    evidence = [f"rank {slow} computes {_ms(comp[slow])} per step vs a median of {_ms(med)} "
-                f"(+{excess_pct:.0f}%)"]
+    waits: dict[int, float] = {}
     if ev.coll and ev.coll.matched:
-        n_steps = max(1, max((r.get("n_steps") or 1) for r in ev.ranks))
-        waits = {r: w / n_steps for r, w in ev.coll.wait_us.items()}
+        for r in ev.ranks:
+            n = max(1, r.get("n_steps") or 1)
+            per = [w for (rk, _), w in ev.coll.per_step_wait_us.items() if rk == r["rank"]]
+            waits[r["rank"]] = sum(per) / n if per else ev.coll.wait_us.get(r["rank"], 0.0) / n
+        work = {r: step[r] - waits.get(r, 0.0) for r in step}
+    else:
+        work = comp
+    med = statistics.median(work.values())
+    slow = max(work, key=work.get)
+    step_med = statistics.median(step.values())
+    if med <= 0 or step_med <= 0:
+        return []
+    excess = work[slow] - med
+    excess_pct = 100 * excess / med
+    impact = round(100 * excess / step_med, 1)
+    if excess_pct < STRAGGLER_EXCESS_PCT or impact < 3:
+        return []
+    evidence = [f"rank {slow} works {_ms(work[slow])} per step (outside collective waits) vs a median of "
+                f"{_ms(med)} (+{excess_pct:.0f}%); compute {_ms(comp[slow])} vs median "
+                f"{_ms(statistics.median(comp.values()))}"]
+    if waits:
         others = [w for r, w in waits.items() if r != slow]
-        if others:
-            evidence.append(f"the other ranks wait {_ms(statistics.mean(others))} per step in collectives; "
-                            f"rank {slow} waits {_ms(waits.get(slow, 0.0))}")
+        evidence.append(f"the other ranks wait {_ms(statistics.mean(others))} per step in collectives; "
+                        f"rank {slow} waits {_ms(waits.get(slow, 0.0))}")
         last = ev.coll.last_arrivals.get(slow, 0)
         evidence.append(f"rank {slow} arrives last at {last} of {ev.coll.n_matched_calls} matched collectives")
     return [Finding("imbalance", "straggler", severity(impact), impact, [slow],
