@@ -22,7 +22,9 @@ import platform
 import re
 import shlex
 import shutil
+import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -34,6 +36,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
+sys.dont_write_bytecode = True  # no sample_traces/__pycache__ (.gitignore whitelists sample_traces/**)
 
 from workload import JobConfig  # noqa: E402  (beside this file, not a package)
 
@@ -103,27 +106,32 @@ class JobResult:
 
 
 def wait_all(procs: list[subprocess.Popen], stderr_paths: list[Path], what: str) -> None:
-    """Wait for every process; on a failure or timeout stop the rest and raise with stderr tails."""
+    """Wait for every process (each started with ``start_new_session=True``). As soon as one fails, at
+    the time limit, or on an interrupt, kill the process groups still running; raise on a failure with
+    the tails of ``stderr_paths``."""
     deadline = time.monotonic() + JOB_TIMEOUT_S
-    failed: list[str] = []
-    for i, p in enumerate(procs):
-        try:
-            rc = p.wait(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            rc = None
-        if rc != 0:
-            failed.append(f"process {i} exited {rc}")
-            break
-    if failed:
+    failed = ""
+    try:
+        while not failed and any(p.poll() is None for p in procs):
+            time.sleep(0.2)
+            failed = next((f"process {i} exited {p.returncode}" for i, p in enumerate(procs) if p.poll()), "")
+            if time.monotonic() > deadline:
+                failed = f"timed out after {JOB_TIMEOUT_S} s"
+        failed = failed or next(
+            (f"process {i} exited {p.returncode}" for i, p in enumerate(procs) if p.poll()), ""
+        )
+    finally:
         for p in procs:
             if p.poll() is None:
-                p.kill()
+                os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
-        tails = []
-        for path in stderr_paths:
-            if path.exists():
-                tails.append(f"--- {path.name}\n" + "\n".join(path.read_text().splitlines()[-25:]))
-        raise RuntimeError(f"{what}: {'; '.join(failed)}\n" + "\n".join(tails))
+    if failed:
+        tails = [
+            f"--- {path.name}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-25:])
+            for path in stderr_paths
+            if path.exists()
+        ]
+        raise RuntimeError(f"{what}: {failed}\n" + "\n".join(tails))
 
 
 def run_ranks(
@@ -164,15 +172,18 @@ def run_ranks(
                 "--result-dir",
                 str(tmp),
             ]
-            shown = {**dist_env, **{k: v for k, v in (env or {}).items() if k.startswith("TORCHINDUCTOR")}}
-            commands.append(
-                " ".join(f"{k}={shlex.quote(v)}" for k, v in shown.items()) + " " + shlex.join(argv)
-            )
+            shown = {**{k: v for k, v in (env or {}).items() if k.startswith("TORCHINDUCTOR")}, **dist_env}
+            commands.append(show_command(shown, argv, tmp))
             stderr_paths.append(tmp / f"rank{r}.stderr")
             with open(out / f"rank{r}.log", "w") as log, open(stderr_paths[-1], "w") as err:
                 procs.append(
                     subprocess.Popen(
-                        argv, cwd=REPO, env=base_env({**(env or {}), **dist_env}), stdout=log, stderr=err
+                        argv,
+                        cwd=REPO,
+                        env=base_env({**(env or {}), **dist_env}),
+                        stdout=log,
+                        stderr=err,
+                        start_new_session=True,
                     )
                 )
         t0 = time.monotonic()
@@ -188,6 +199,14 @@ def run_ranks(
     )
 
 
+def show_command(env: dict[str, str], argv: list[str], tmp: Path) -> str:
+    """``argv`` as a shell line with its ``env`` settings in front, ``python`` for this interpreter
+    and ``TMP`` for the job's temporary directory (which holds config.json and the step-time files)."""
+    line = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+    line += " " + shlex.join(["python" if a == sys.executable else a for a in argv])
+    return line.replace(str(tmp), "TMP")
+
+
 def trace_files(d: Path) -> list[Path]:
     """The Kineto traces in ``d`` (``*.pt.trace.json.gz``), sorted by name."""
     return sorted(d.glob("*.pt.trace.json.gz"))
@@ -200,14 +219,10 @@ def check_traces(d: Path, world: int) -> None:
         raise RuntimeError(f"{d}: expected {world} traces, found {[p.name for p in found]}")
 
 
-def mean(xs: list[float]) -> float:
-    """Arithmetic mean (0.0 for an empty list)."""
-    return sum(xs) / len(xs) if xs else 0.0
-
-
 def steady_ms(result: JobResult, first: int = 2) -> dict[str, float]:
-    """Per rank, the mean step time over steps ``first``.. (skips warm-up steps)."""
-    return {r: round(mean(t[first:]), 1) for r, t in result.step_times_ms.items()}
+    """Per rank, the median step time over steps ``first``.. (skips warm-up and compile steps; the
+    median also ignores the step after the profiled window, which waits for peers writing traces)."""
+    return {r: round(statistics.median(t[first:]), 1) for r, t in result.step_times_ms.items()}
 
 
 def write_ground_truth(
@@ -233,7 +248,7 @@ def write_ground_truth(
         "python_version": platform.python_version(),
         "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "processor": cpu_model()},
         "step_times_ms": result.step_times_ms,
-        "mean_step_time_ms_from_step2": steady_ms(result),
+        "median_step_time_ms_from_step2": steady_ms(result),
         "profiled_steps": extra.pop("profiled_steps", [2, 3, 4]),
         "config": config,
         "n_params": result.n_params,
@@ -314,17 +329,17 @@ def scenario_healthy(out_root: Path) -> None:
 
 @scenario
 def scenario_straggler(out_root: Path) -> None:
-    """Rank 2 runs 3 extra no-grad forward passes before backward every step (~2x its compute)."""
+    """Rank 2 runs 6 extra no-grad forward passes before backward every step (~3x its compute)."""
     simple(
         "straggler",
         out_root,
         4,
-        "4 gloo ranks; rank 2 alone runs 3 extra forward passes of the model under torch.no_grad() "
-        "before backward every step (like an evaluation/metrics pass only one rank does; about 2x its "
+        "4 gloo ranks; rank 2 alone runs 6 extra forward passes of the model under torch.no_grad() "
+        "before backward every step (like an evaluation/metrics pass only one rank does; about 3x its "
         "compute), so the other ranks wait for it in the gradient all-reduce (gloo:all_reduce).",
         {"cause": "imbalance", "kind": "straggler", "ranks": [2]},
         straggler_rank=2,
-        straggler_extra_forwards=3,
+        straggler_extra_forwards=6,
     )
 
 
@@ -378,30 +393,43 @@ def compile_env(cache: Path) -> dict[str, str]:
     return {"TORCHINDUCTOR_CACHE_DIR": str(cache), "TORCHINDUCTOR_COMPILE_THREADS": "1"}
 
 
+def compile_counters(log: Path) -> dict:
+    """The ``# compile counters {...}`` line workload.py prints at the end of a compiled run
+    (torch._dynamo.utils.counters: FX graph / AOTAutograd cache hits, misses, bypasses)."""
+    for line in log.read_text().splitlines():
+        if line.startswith("# compile counters "):
+            return json.loads(line.removeprefix("# compile counters "))
+    return {}
+
+
+def compile_run(out_root: Path, name: str, description: str, expected: dict, **extra: object) -> None:
+    """Run the 2-rank compiled job with the shared inductor cache, profiled from step 0."""
+    world, out = 2, out_root / name
+    reset_dir(out)
+    cfg = job_config(name, out, **COMPILE_KW)
+    result = run_ranks(cfg, world, env=compile_env(inductor_cache_dir()))
+    check_traces(out, world)
+    counters = {str(r): compile_counters(out / f"rank{r}.log") for r in range(world)}
+    write_ground_truth(
+        out, name, description, expected, world, result, public_config(cfg),
+        profiled_steps=[0, 1, 2], compile_counters=counters, **extra,
+    )  # fmt: skip
+
+
 @scenario
 def scenario_compile_cold(out_root: Path) -> None:
     """torch.compile with an empty inductor cache, profiled from the first step."""
-    name, world = "compile_cold", 2
-    out = out_root / name
-    reset_dir(out)
     cache = inductor_cache_dir()
     if any(cache.iterdir()):
         raise RuntimeError(f"inductor cache {cache} is not empty; compile_cold must run before compile_warm")
-    cfg = job_config(name, out, **COMPILE_KW)
-    result = run_ranks(cfg, world, env=compile_env(cache))
-    check_traces(out, world)
-    write_ground_truth(
-        out,
-        name,
+    compile_run(
+        out_root,
+        "compile_cold",
         "2 gloo ranks, torch.compile(DDP(model)) with an empty TORCHINDUCTOR_CACHE_DIR (fresh temp dir), "
         "profiled from the first step (schedule wait=0, warmup=0, active=3): ProfilerStep#0 holds the "
         "whole dynamo + AOTAutograd + inductor compile (entire_frame_compile, backend_compile, "
-        "inductor_compile ranges).",
+        "inductor_compile, entire_backward_compile ranges); later steps take ~0.1 s.",
         {"cause": "config", "kind": "compile_overhead", "ranks": [0, 1]},
-        world,
-        result,
-        public_config(cfg),
-        profiled_steps=[0, 1, 2],
         inductor_cache="empty at start (fresh temporary directory)",
     )
 
@@ -409,33 +437,25 @@ def scenario_compile_cold(out_root: Path) -> None:
 @scenario
 def scenario_compile_warm(out_root: Path) -> None:
     """The same compiled job again, with the inductor cache compile_cold left behind."""
-    name, world = "compile_warm", 2
-    out = out_root / name
     cache = inductor_cache_dir()
     warmed_by = "the compile_cold run of the same generate.py invocation"
     if not any(cache.iterdir()):
         # Run alone (--only compile_warm): warm the cache with an unrecorded run of the same job first.
         scratch = Path(tempfile.mkdtemp(prefix="ta_warmup_"))
         try:
-            run_ranks(job_config(name, scratch, **COMPILE_KW), world, env=compile_env(cache))
+            run_ranks(job_config("compile_warm", scratch, **COMPILE_KW), 2, env=compile_env(cache))
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         warmed_by = "an unrecorded run of the same job just before (compile_cold was not run)"
-    reset_dir(out)
-    cfg = job_config(name, out, **COMPILE_KW)
-    result = run_ranks(cfg, world, env=compile_env(cache))
-    check_traces(out, world)
-    write_ground_truth(
-        out,
-        name,
-        "The compile_cold job again in new processes with the now-warm TORCHINDUCTOR_CACHE_DIR "
-        "(FX graph and AOTAutograd caches hit): dynamo still traces each frame, but inductor compile "
-        "is skipped; profiled from the first step like compile_cold.",
+    compile_run(
+        out_root,
+        "compile_warm",
+        "The compile_cold job again in new processes with the now-warm TORCHINDUCTOR_CACHE_DIR: the "
+        "inductor FX graph cache hits (see compile_counters), so inductor codegen and C++ compilation "
+        "are skipped. Dynamo still traces the frame and AOTAutograd still traces the joint graph (its "
+        "cache is bypassed on this CPU-only torch build, which has no triton), so ProfilerStep#0 still "
+        "takes a few seconds, about a quarter of compile_cold's; profiled from the first step like it.",
         {"cause": None, "kind": None, "ranks": []},
-        world,
-        result,
-        public_config(cfg),
-        profiled_steps=[0, 1, 2],
         inductor_cache=f"warm, filled by {warmed_by}",
     )
 
@@ -624,21 +644,17 @@ def run_hf(out: Path, world: int) -> tuple[JobResult, str]:
         launcher_log = tmp / "launcher.log"
         t0 = time.monotonic()
         with open(launcher_log, "w") as log:
-            proc = subprocess.Popen(argv, cwd=REPO, env=base_env(), stdout=log, stderr=subprocess.STDOUT)
-            try:
-                wait_all(
-                    [proc],
-                    [launcher_log, *(out / f"rank{r}.log" for r in range(world))],
-                    f"grad_accum {world}proc",
-                )
-            finally:
-                if proc.poll() is None:
-                    proc.kill()
+            proc = subprocess.Popen(
+                argv, cwd=REPO, env=base_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+            wait_all(
+                [proc],
+                [launcher_log, *(out / f"rank{r}.log" for r in range(world))],
+                f"grad_accum {world}proc",
+            )
         wall = time.monotonic() - t0
         results = [json.loads((tmp / f"result_rank{r}.json").read_text()) for r in range(world)]
-    command = "OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 " + shlex.join(["python", *argv[1:]]).replace(
-        str(tmp), "TMP"
-    )
+    command = show_command({"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}, argv, tmp)
     result = JobResult(
         step_times_ms={str(r["rank"]): r["step_times_ms"] for r in results},
         n_params=results[0]["n_params"],
@@ -722,7 +738,9 @@ def scenario_grad_accum(out_root: Path) -> None:
             if world == 1
             else {"cause": "config", "kind": "gradient_accumulation", "ranks": [0, 1]}
         )
-        write_ground_truth(root / sub, f"{name}/{sub}", desc, expected, world, result, cfg, role=role)
+        write_ground_truth(
+            root / sub, f"{name}/{sub}", desc, expected, world, result, cfg, role=role, distributed=world > 1
+        )
         runs[sub] = {
             "role": role,
             "world_size": world,
@@ -730,16 +748,18 @@ def scenario_grad_accum(out_root: Path) -> None:
             "step_times_ms": result.step_times_ms,
             "command": result.commands[0],
         }
-    subject, baseline = results[2], results[1]
+    subject = results[2]
     cfg2 = hf_config(2, subject.extra["model"])
     write_ground_truth(
         root,
         name,
         "The LLaMA-Factory mistake: the same HF Trainer recipe (per-device batch 2, "
         "gradient_accumulation_steps=8) moved from 1 process (1proc/, baseline) to 2 processes (2proc/, "
-        "subject) without lowering gradient_accumulation_steps, so the effective batch doubles from "
-        "16 to 32 (banner 'Total train batch size (w. parallel, distributed & accumulation)'): each "
-        "optimizer step does twice the work, and there are half as many steps per epoch.",
+        "subject) without lowering gradient_accumulation_steps, so the effective (global) batch doubles "
+        "from 16 to 32 (banner 'Total train batch size (w. parallel, distributed & accumulation)'). Both "
+        "runs take max_steps=8 optimizer steps, but each 2-process step consumes twice the samples and "
+        "is slower (gloo all-reduce, two processes on two cores), and an epoch has half the optimizer "
+        "steps, so loss curve and LR schedule no longer match the 1-process run.",
         {"cause": "config", "kind": "gradient_accumulation", "ranks": [0, 1]},
         2,
         subject,
@@ -751,7 +771,6 @@ def scenario_grad_accum(out_root: Path) -> None:
             "1proc": HF_KW["per_device"] * HF_KW["grad_accum"],
             "2proc": HF_KW["per_device"] * HF_KW["grad_accum"] * 2,
         },
-        baseline_step_times_ms=baseline.step_times_ms,
     )
 
 

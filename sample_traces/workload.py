@@ -23,7 +23,7 @@ import random
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -65,7 +65,6 @@ class JobConfig:
     profile_warmup: int = 1
     profile_active: int = 3
     seed: int = 0
-    extra: dict = field(default_factory=dict)
 
 
 class Block(nn.Module):
@@ -260,6 +259,11 @@ def run(cfg: JobConfig, result_dir: Path) -> None:
                 flush=True,
             )
             prof.step()
+    if cfg.compile:
+        from torch._dynamo.utils import counters
+
+        kept = ("inductor", "aot_autograd", "stats")
+        print(f"# compile counters {json.dumps({k: dict(counters[k]) for k in kept}, sort_keys=True)}")
     dist.barrier()
     (result_dir / f"result_rank{rank}.json").write_text(
         json.dumps({"rank": rank, "step_times_ms": step_times, "n_params": n_params})
