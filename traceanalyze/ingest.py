@@ -35,6 +35,8 @@ from traceanalyze.errors import InputError
 BLOCK_BYTES = 8 << 20  # decompressed bytes scanned per block
 MAX_EVENT_BYTES = 64 << 20  # one event larger than this is a corrupt file, not an event
 DEFAULT_MAX_DECOMPRESSED = 64 << 30  # bound on what one file may inflate to (gzip bombs)
+MAX_DUR_US = 86_400e6  # an event longer than 1 day is a CUPTI timestamp fault (durations of years), not an event
+MAX_TS_US = 4e15  # |ts| beyond year ~2096 in epoch µs is garbage (and would overflow int64 ns)
 
 # Kineto category -> the table it goes to. Old (2021) traces use capitalised names.
 GPU_CATS = {
@@ -91,6 +93,7 @@ class _Event(msgspec.Struct, gc=False):
 
 
 _EVENTS = msgspec.json.Decoder(list[_Event])
+_BAD_JSON = (msgspec.DecodeError, UnicodeDecodeError)  # msgspec raises the latter for invalid UTF-8 in a string
 _EVENT = msgspec.json.Decoder(_Event)
 _ANY = msgspec.json.Decoder()
 
@@ -275,13 +278,13 @@ class _Scanner:
 # Columns.
 
 def _int_or_none(v: Any) -> int | None:
-    if type(v) is int:
-        return v
     if type(v) is float and math.isfinite(v):
-        return int(v)
-    if type(v) is str:
-        m = re.search(r"-?\d+", v)  # "stream 7" in old traces
-        return int(m.group()) if m else None
+        v = int(v)
+    elif type(v) is str:
+        m = re.search(r"-?\d{1,19}", v)  # "stream 7" in old traces
+        v = int(m.group()) if m else None
+    if type(v) is int and -(1 << 63) <= v < 1 << 63:  # what does not fit an int64 column is garbage
+        return v
     return None
 
 
@@ -298,9 +301,17 @@ def _raw_text(v: msgspec.Raw | None) -> str | None:
     if t.startswith('"') and t.endswith('"'):  # "Process Group Ranks": "[0, 1]" is a JSON string
         try:
             return _ANY.decode(t)
-        except msgspec.DecodeError:
+        except _BAD_JSON:
             return t
     return t
+
+
+def _us_to_ns(us: pa.Array) -> pa.Array:
+    """µs (float64) -> int64 ns, exact for old traces' absolute epoch µs (~1.7e15): whole µs times 1000 in
+    integers plus the rounded fraction (a plain ``us * 1000`` in float64 is off by up to 128 ns there)."""
+    whole = pc.floor(us)
+    frac_ns = pc.cast(pc.round(pc.multiply(pc.subtract(us, whole), 1000.0)), pa.int64())
+    return pc.add(pc.multiply(pc.cast(whole, pa.int64()), 1000), frac_ns)
 
 
 def _arr(values: list, typ: pa.DataType) -> pa.Array:
@@ -327,13 +338,15 @@ class _Columns:
     """Turns decoded events into the three Arrow tables, column by column (no per-event Python branching).
 
     Odd types in a column (a string ``ts``, a list ``name``) are coerced item by item or become null;
-    X events whose ts/dur are missing, non-numeric, negative or not finite are dropped and counted.
+    X events whose ts/dur are missing, non-numeric, negative or not finite are dropped and counted, and so are
+    events longer than :data:`MAX_DUR_US` (1 day: a known CUPTI fault writes durations of years).
     """
 
     def __init__(self) -> None:
         self.parts: dict[str, list[pa.Table]] = {n: [] for n in TABLES}
         self.rows = 0
         self.bad_time = 0
+        self.too_long = 0
 
     def __len__(self) -> int:
         return self.rows
@@ -370,16 +383,21 @@ class _Columns:
         ts = _arr([e.ts for e in ev], pa.float64())
         dur = _arr([e.dur for e in ev], pa.float64())
         ok = pc.fill_null(pc.and_(pc.and_(pc.is_finite(ts), pc.is_finite(dur)),
-                                  pc.greater_equal(dur, 0.0)), False)
+                                  pc.and_(pc.greater_equal(dur, 0.0), pc.less_equal(pc.abs(ts), MAX_TS_US))), False)
         n_ok = pc.sum(ok).as_py() or 0
         if n_ok < len(ev):
             self.bad_time += len(ev) - n_ok
+        too_long = pc.and_(ok, pc.greater(dur, MAX_DUR_US))
+        n_long = pc.sum(too_long).as_py() or 0
+        if n_long:  # a CUPTI fault: an end time never written gives durations of years
+            self.too_long += n_long
+            ok = pc.and_(ok, pc.invert(too_long))
         args = [e.args or _NO_ARGS for e in ev]
         ext = [a.external_id if a.external_id is not None else a.external_id_old for a in args]
         base = {
             "cat": kind,
             "name": _arr([e.name for e in ev], pa.string()),
-            "ts_ns": pc.cast(pc.round(pc.multiply(pc.if_else(ok, ts, 0.0), 1000.0)), pa.int64()),
+            "ts_ns": _us_to_ns(pc.if_else(ok, ts, 0.0)),
             "dur_ns": pc.cast(pc.round(pc.multiply(pc.if_else(ok, dur, 0.0), 1000.0)), pa.int64()),
             "external_id": _arr(ext, pa.int64()),
             "correlation": _arr([a.correlation for a in args], pa.int64()),
@@ -474,7 +492,7 @@ def read_header(path: Path, max_bytes: int = 4 << 20) -> dict:
         return {}
     try:
         return _ANY.decode(head[: m.start()].rstrip().rstrip(b",") + b"}")
-    except msgspec.DecodeError:
+    except _BAD_JSON:
         return {}
 
 
@@ -607,7 +625,7 @@ def _parse_blocks(path, blocks, state, info: TraceFile, out_dir, key, chunk_rows
             events = _EVENTS.decode(b"[" + body + b"]")
         except msgspec.ValidationError:
             events = _decode_one_by_one(body, info)  # valid JSON, odd types: keep what can be kept
-        except msgspec.DecodeError:
+        except _BAD_JSON:
             if strict:
                 return False
             events = _decode_one_by_one(body, info)
@@ -677,6 +695,10 @@ def _parse_blocks(path, blocks, state, info: TraceFile, out_dir, key, chunk_rows
     if cols.bad_time:
         info.skipped_events += cols.bad_time
         info.warnings.append(f"{cols.bad_time} events skipped: missing, non-numeric, negative or NaN ts/dur")
+    if cols.too_long:
+        info.skipped_events += cols.too_long
+        info.warnings.append(f"{cols.too_long} events longer than 1 day dropped (a known CUPTI timestamp fault: "
+                             "an end time never recorded)")
     info.base_time_ns = _header_base_ns(info.header)
     flush(final=True)
     for w in writers.values():
@@ -714,7 +736,7 @@ def _decode_header(path: Path, header_bytes: bytes) -> dict:
     try:
         h = _ANY.decode(text + b"}")
         return h if isinstance(h, dict) else {}
-    except msgspec.DecodeError:
+    except _BAD_JSON:
         return {}
 
 
@@ -725,7 +747,7 @@ def _merge_tail(path: Path, tail: bytes, info: TraceFile) -> None:
         text = text[1:]
     try:
         extra = _ANY.decode(b"{" + text)
-    except msgspec.DecodeError:
+    except _BAD_JSON:
         info.warnings.append("the header fields after traceEvents are damaged; ignored")
         return
     if isinstance(extra, dict):
@@ -759,12 +781,12 @@ def _decode_one_by_one(body: bytes, info: TraceFile) -> list[_Event]:
             continue
         except msgspec.ValidationError:
             pass
-        except msgspec.DecodeError:
+        except _BAD_JSON:
             bad += 1
             continue
         try:
             ev = _ANY.decode(raw)
-        except msgspec.DecodeError:
+        except _BAD_JSON:
             bad += 1
             continue
         if not isinstance(ev, dict):
@@ -775,7 +797,7 @@ def _decode_one_by_one(body: bytes, info: TraceFile) -> list[_Event]:
             ev["args"] = {k: v for k, v in args.items() if isinstance(v, (int, float, str))}
         try:
             out.append(_EVENT.decode(msgspec.json.encode(ev)))
-        except (msgspec.DecodeError, msgspec.ValidationError):
+        except (*_BAD_JSON, msgspec.ValidationError):
             bad += 1
     if bad:
         info.skipped_events += bad
