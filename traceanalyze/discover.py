@@ -26,7 +26,7 @@ _RANK_NAME = re.compile(r"(?:^|[^a-z])rank[-_:\s\[]*(\d+)", re.IGNORECASE)
 
 @dataclass
 class Sidecar:
-    """A non-trace input: ``kind`` is training_log, nccl_debug, topology or config."""
+    """A non-trace input: ``kind`` is training_log, nccl_debug, topology, config or env (capture facts)."""
 
     path: Path
     kind: str
@@ -69,7 +69,7 @@ def classify(path: Path) -> tuple[str | None, str]:
     """Classify one file from its name and first 64 KiB.
 
     Returns ``(kind, note)``: kind is ``"trace"``, ``"chakra"``, ``"training_log"``, ``"nccl_debug"``,
-    ``"topology"``, ``"config"`` or None (not ours); note says why a file is skipped.
+    ``"topology"``, ``"config"``, ``"env"`` (capture facts) or None (not ours); note says why a file is skipped.
     Raises :class:`InputError` when the file cannot be read.
     """
     name = path.name.lower()
@@ -141,7 +141,7 @@ def discover(inputs: list[str | Path]) -> Discovery:
             continue
         if kind == "trace":
             traces.setdefault(f.parent, []).append(f)
-        elif kind in ("training_log", "nccl_debug", "topology", "config"):
+        elif kind in ("training_log", "nccl_debug", "topology", "config", "env"):
             sidecars.append(Sidecar(f, kind))
         elif note:
             skipped.append((str(f), note))
@@ -153,14 +153,17 @@ def discover(inputs: list[str | Path]) -> Discovery:
     _name_runs(runs)
     # training logs first: a folder of logs without traces becomes a log-only run, and the topology or config
     # files above it then attach to it like to a trace run
-    order = {"training_log": 0, "nccl_debug": 1, "topology": 2, "config": 3}
+    order = {"training_log": 0, "nccl_debug": 1, "topology": 2, "config": 3, "env": 4}
     trace_runs = list(runs)
     for sc in sorted(sidecars, key=lambda s: (order.get(s.kind, 9), str(s.path))):
         owners = [r for r in runs if _is_within(sc.path.parent, r.path)]
         if not owners:
             owners = [r for r in runs if _is_within(r.path, sc.path.parent)]
-        if not owners and len(trace_runs) == 1 and sc.kind in ("topology", "config", "nccl_debug"):
+        if not owners and len(trace_runs) == 1 and sc.kind in ("topology", "config", "nccl_debug", "env"):
             owners = trace_runs  # e.g. a topology file kept elsewhere for a single run
+        if not owners and sc.kind == "env":
+            skipped.append((str(sc.path), "capture env file without traces beside it; skipped"))
+            continue
         if not owners:  # logs without traces still tell a story: a log-only run per folder
             run = Run(name=sc.path.parent.name or str(sc.path.parent), path=sc.path.parent)
             runs.append(run)

@@ -67,6 +67,7 @@ __all__ = [
     "expected_link_gbps",
     "normalize_precision",
     "parse_config",
+    "parse_env",
     "parse_llamafactory_jsonl",
     "parse_text_log",
     "parse_topology",
@@ -492,8 +493,8 @@ def sniff(path: Path, head: bytes) -> str | None:
     Returns ``"training_log"`` (also for a torchrun log that mixes NCCL INFO lines in, for LLaMA-Factory
     ``trainer_log.jsonl`` and HF ``trainer_state.json``), ``"nccl_debug"`` (NCCL_DEBUG output alone),
     ``"topology"`` (``nvidia-smi topo -m``), ``"config"`` (YAML/TOML/JSON whose keys look like a training
-    config; JSON holding ``traceEvents`` or a Chakra ``nodes``/``schema`` pair is never a config), or None
-    (not ours). Never raises.
+    config; JSON holding ``traceEvents`` or a Chakra ``nodes``/``schema`` pair is never a config), ``"env"``
+    (``env_rank{r}.json`` written by :mod:`traceanalyze.capture`), or None (not ours). Never raises.
     """
     path = Path(path)
     name = path.name.lower()
@@ -511,6 +512,8 @@ def sniff(path: Path, head: bytes) -> str | None:
     if suffix == ".json":
         if '"traceEvents"' in text or ('"nodes"' in text and '"schema"' in text):
             return None
+        if '"traceanalyze_capture"' in text or re.fullmatch(r"env_rank\d+\.json", name):
+            return "env"
         if '"log_history"' in text:
             return "training_log"
         return "config" if _looks_like_config(text, "json") else None
@@ -1516,3 +1519,43 @@ def parse_config(path: Path) -> list[Fact]:
     if not isinstance(data, dict):
         return []
     return _config_facts(data, text.splitlines(), path.name)
+
+
+def parse_env(path: Path) -> list[Fact]:
+    """Facts from an ``env_rank{r}.json`` written by :mod:`traceanalyze.capture` (``capture.environment``).
+
+    Keys: ``world_size``, ``nccl_version`` (standard keys); ``torch_version``, ``cuda_version``,
+    ``python_version``, ``hostname``, ``backend``, ``gpu`` and ``env`` (one fact per communication variable,
+    ``NAME=value``, e.g. ``NCCL_P2P_DISABLE=1``). Content that does not parse gives ``[]``. Raises
+    :class:`InputError` when the file cannot be read.
+    """
+    path = Path(path)
+    text = _read_text(path)
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):
+        return []
+    if not isinstance(data, dict):
+        return []
+    src = path.name
+    out: list[Fact] = []
+
+    def add(key: str, v: Any) -> None:
+        if v is None or v == "" or isinstance(v, (dict, list)):
+            return
+        out.append(Fact(key, str(v), _num(v) if key == "world_size" else None, src))
+
+    add("world_size", data.get("world_size"))
+    versions = data.get("versions") if isinstance(data.get("versions"), dict) else {}
+    add("nccl_version", versions.get("nccl"))
+    for k in ("torch", "cuda", "python"):
+        add(f"{k}_version", versions.get(k))
+    add("hostname", data.get("hostname"))
+    add("backend", data.get("backend"))
+    for g in data.get("gpus") or []:
+        add("gpu", g)
+    env = data.get("env") if isinstance(data.get("env"), dict) else {}
+    for k, v in sorted(env.items()):
+        if k not in ("RANK", "LOCAL_RANK", "GROUP_RANK", "MASTER_PORT"):  # per-process noise
+            add("env", f"{k}={v}")
+    return out

@@ -107,6 +107,9 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
         con.execute(f"DELETE FROM {t}")
     con.execute("UPDATE files SET run_id = NULL, rank = NULL, \"window\" = NULL")
     con.execute(metrics.METRIC_TABLES)
+    from traceanalyze.metrics.idle import IDLE_TABLE
+
+    con.execute(IDLE_TABLE)
     warnings: list[dict] = [{"file": f, "message": m} for f, m in disc.skipped]
     runs_model = []
     evidence: list[diagnose.RunEvidence] = []
@@ -217,6 +220,7 @@ def _comparison_pair(runs_model: list[dict], evidence) -> tuple[int, int] | None
 def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: float | None = None,
                peak_tflops: float | None = None) -> tuple[dict, list[dict], diagnose.RunEvidence]:
     from traceanalyze import diagnose, metrics
+    from traceanalyze.metrics import idle
     from traceanalyze.metrics.collectives import analyze_collectives
     from traceanalyze.metrics.host import compile_stats, launch_stats, loader_stats
     from traceanalyze.metrics.precision import analyze_precision
@@ -280,6 +284,8 @@ def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: floa
     comp = compile_stats(con, run_id) if good else None
     loader = loader_stats(con, run_id) if good else None
     launch = launch_stats(con, run_id) if good and mode == "gpu" else None
+    idle_rows = idle.idle_breakdown(con, run_id) if good and mode == "gpu" else []
+    idle.save(con, idle_rows)
     if coll is not None:
         for c in coll.summaries:
             con.execute("INSERT INTO collective_calls VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -322,6 +328,7 @@ def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: floa
         "link": link,
         "clock_offsets_us": coll.clock_offsets_us if coll else {},
         "collectives": [asdict(c) for c in coll.summaries] if coll else [],
+        "idle_breakdown": [r.model() for r in idle_rows],
         "collective_wait_us": coll.wait_us if coll else {},
         "dtype_mix": prec.mix if prec else [],
         "precision": ({k: v for k, v in asdict(prec).items() if k != "mix"} if prec else None),
@@ -373,6 +380,9 @@ def _read_sidecars(con, run_id: int, run: Run, warnings: list[dict]) -> dict:
                                 [run_id, str(sc.path), lk.a, lk.b, lk.link])
             elif sc.kind == "config":
                 for f in logs.parse_config(sc.path):
+                    facts.setdefault(f.key, []).append(f)
+            elif sc.kind == "env":  # env_rank{r}.json from traceanalyze.capture
+                for f in logs.parse_env(sc.path):
                     facts.setdefault(f.key, []).append(f)
         except TraceanalyzeError as exc:
             warnings.append({"file": str(sc.path), "message": str(getattr(exc, "problem", exc)), "level": "warning"})
