@@ -694,7 +694,8 @@ def _parse_blocks(path, blocks, state, info: TraceFile, out_dir, key, chunk_rows
         info.warnings.append("the trace holds no events")
     if cols.bad_time:
         info.skipped_events += cols.bad_time
-        info.warnings.append(f"{cols.bad_time} events skipped: missing, non-numeric, negative or NaN ts/dur")
+        info.warnings.append(f"{cols.bad_time} events skipped: missing, non-numeric, negative, NaN or out-of-range "
+                             "ts/dur")
     if cols.too_long:
         info.skipped_events += cols.too_long
         info.warnings.append(f"{cols.too_long} events longer than 1 day dropped (a known CUPTI timestamp fault: "
