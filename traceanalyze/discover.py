@@ -11,8 +11,10 @@ windows of that rank (kineto writes one file per active window) and are both kep
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,10 +47,15 @@ class Run:
 
 @dataclass
 class Discovery:
-    """Everything found under the inputs: the runs, and a note for each file skipped (path, reason)."""
+    """Everything found under the inputs: the runs, and a note for each file skipped (path, reason).
+
+    ``unreadable`` lists the skipped paths that are errors rather than notes: files that could not be read
+    (permissions, I/O errors), broken symlinks, symlink loops, FIFOs and other non-regular files.
+    """
 
     runs: list[Run]
     skipped: list[tuple[str, str]]
+    unreadable: list[str] = field(default_factory=list)
 
 
 def _head(path: Path) -> bytes:
@@ -103,18 +110,26 @@ def classify(path: Path) -> tuple[str | None, str]:
 
 def discover(inputs: list[str | Path]) -> Discovery:
     """Find every trace and sidecar under ``inputs`` (folders are walked recursively, symlinked folders are
-    not followed, so a symlink loop cannot hang the walk) and group them into runs.
+    not followed, so a symlink loop cannot hang the walk) and group them into runs. Files that cannot be read
+    (broken symlinks, symlink loops, FIFOs, no permission) are skipped with a note and listed in ``unreadable``;
+    FIFOs are never opened.
 
     Raises :class:`InputError` when an input path does not exist.
     """
     files: list[Path] = []
     skipped: list[tuple[str, str]] = []
+    unreadable: list[str] = []
     for inp in inputs:
         p = Path(inp)
-        if not p.exists():
+        if not p.exists() and not p.is_symlink():
             raise InputError(p, "no such file or folder")
-        if p.is_file():
-            files.append(p)
+        if not p.is_dir():
+            problem = _not_readable(p)
+            if problem:
+                skipped.append((str(p), f"{problem}; skipped"))
+                unreadable.append(str(p))
+            else:
+                files.append(p)
             continue
         for root, dirs, names in os.walk(p, followlinks=False):
             dirs[:] = sorted(d for d in dirs if not d.startswith("."))
@@ -122,8 +137,10 @@ def discover(inputs: list[str | Path]) -> Discovery:
                 if n.startswith("."):
                     continue
                 f = Path(root) / n
-                if f.is_symlink() and not f.exists():
-                    skipped.append((str(f), "broken symlink; skipped"))
+                problem = _not_readable(f)
+                if problem:
+                    skipped.append((str(f), f"{problem}; skipped"))
+                    unreadable.append(str(f))
                     continue
                 files.append(f)
 
@@ -138,6 +155,7 @@ def discover(inputs: list[str | Path]) -> Discovery:
             kind, note = classify(f)
         except InputError as exc:
             skipped.append((str(f), exc.problem))
+            unreadable.append(str(f))
             continue
         if kind == "trace":
             traces.setdefault(f.parent, []).append(f)
@@ -172,7 +190,33 @@ def discover(inputs: list[str | Path]) -> Discovery:
             r.sidecars.append(sc)
     runs.sort(key=lambda r: str(r.path))
     _name_runs(runs)
-    return Discovery(runs=runs, skipped=skipped)
+    return Discovery(runs=runs, skipped=skipped, unreadable=unreadable)
+
+
+def _not_readable(path: Path) -> str | None:
+    """Why ``path`` cannot be read as a file (broken symlink, symlink loop, FIFO, device, no permission); None
+    when it is a regular file. Never opens it, so a FIFO cannot block the walk."""
+    try:
+        st = path.stat()
+    except OSError as exc:
+        if path.is_symlink():
+            if exc.errno == errno.ELOOP:
+                return "symlink loop"
+            try:
+                return f"broken symlink (its target {os.readlink(path)} does not exist)"
+            except OSError:
+                return "broken symlink"
+        if exc.errno == errno.ENOENT:
+            return None  # plainly missing: the caller says so
+        return f"cannot read ({exc.strerror or exc})"
+    if stat.S_ISDIR(st.st_mode):
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        what = "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode) else "a device"
+        return f"not a regular file ({what})"
+    if not os.access(path, os.R_OK):
+        return "cannot read (permission denied)"
+    return None
 
 
 def _is_within(child: Path, parent: Path) -> bool:

@@ -49,7 +49,8 @@ class Analysis:
 def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = None,
             baseline: list[str | Path] | str | Path | None = None, jobs: int | None = None,
             progress: Callable[[int], None] | None = None, on_total: Callable[[int], None] | None = None,
-            link_bw_gbps: float | None = None, peak_tflops: float | None = None) -> Analysis:
+            link_bw_gbps: float | None = None, peak_tflops: float | None = None,
+            max_decompressed: int | None = None) -> Analysis:
     """Analyze every run found under ``inputs`` (and ``baseline``, when given) end to end.
 
     Args:
@@ -62,6 +63,8 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
         link_bw_gbps: expected per-direction link bandwidth (GB/s) to judge busbw against; overrides what the
             topology, NCCL transport or GPU model suggest.
         peak_tflops: dense peak TFLOPS of the GPU for MFU; overrides the datasheet table.
+        max_decompressed: bound in bytes on what one trace may inflate to (gzip bombs); default
+            :data:`traceanalyze.ingest.DEFAULT_MAX_DECOMPRESSED`. A file over it is an error row, the rest go on.
 
     Returns:
         :class:`Analysis`.
@@ -78,15 +81,20 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
         for r in bdisc.runs:
             roles[id(r)] = "baseline"
             r.name = f"{r.name} (baseline)" if any(r.name == s.name for s in disc.runs) else r.name
-        disc = Discovery(runs=disc.runs + bdisc.runs, skipped=disc.skipped + bdisc.skipped)
+        disc = Discovery(runs=disc.runs + bdisc.runs, skipped=disc.skipped + bdisc.skipped,
+                         unreadable=disc.unreadable + bdisc.unreadable)
     if not disc.runs:
         where = ", ".join(str(p) for p in subject_in)
+        bad = [f"{f}: {m.removesuffix('; skipped')}" for f, m in disc.skipped if f in set(disc.unreadable)]
+        if bad:  # say which files were there but could not be read
+            more = f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""
+            raise TraceanalyzeError(f"{where}: no readable trace or log; {'; '.join(bad[:3])}{more}")
         raise TraceanalyzeError(f"{where}: no Kineto trace or training log found (looked for *.json and *.json.gz "
                                 "with a traceEvents array, and for logs, NCCL output, topology and configs)")
 
     con = store.connect(db)
     all_paths = [p for r in disc.runs for p in r.traces]
-    cache_key = _cache_key(disc, roles, link_bw_gbps, peak_tflops)
+    cache_key = _cache_key(disc, roles, link_bw_gbps, peak_tflops, max_decompressed)
     cached = _cached_model(con, cache_key)
     if cached is not None:  # same inputs, same options, same tool: the stored report is still the answer
         cached["generated_at"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
@@ -100,7 +108,8 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
         return Analysis(con=con, model=cached, db_path=str(db) if db else None, discovery=disc)
     if on_total:
         on_total(sum(_size(p) for p in all_paths))
-    loaded = {lf.path: lf for lf in store.load_traces(con, all_paths, jobs=jobs, progress=progress)}
+    bound = {} if max_decompressed is None else {"max_decompressed": max_decompressed}
+    loaded = {lf.path: lf for lf in store.load_traces(con, all_paths, jobs=jobs, progress=progress, **bound)}
     from traceanalyze import diagnose, metrics
 
     for t in store.REPORT_TABLES:
@@ -110,7 +119,9 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
     from traceanalyze.metrics.idle import IDLE_TABLE
 
     con.execute(IDLE_TABLE)
-    warnings: list[dict] = [{"file": f, "message": m} for f, m in disc.skipped]
+    unreadable = set(disc.unreadable)
+    warnings: list[dict] = [{"file": f, "message": m, "level": "error" if f in unreadable else "info"}
+                            for f, m in disc.skipped]
     runs_model = []
     evidence: list[diagnose.RunEvidence] = []
     all_findings: list[diagnose.Finding] = []
@@ -162,11 +173,12 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
     return Analysis(con=con, model=model, db_path=str(db) if db else None, discovery=disc, errors=errors)
 
 
-def _cache_key(disc: Discovery, roles: dict, link_bw: float | None, peak: float | None) -> str:
+def _cache_key(disc: Discovery, roles: dict, link_bw: float | None, peak: float | None,
+               max_decompressed: int | None = None) -> str:
     """Hash of everything a report depends on: tool version, options, and each input file's path, size, mtime."""
     import hashlib
 
-    h = hashlib.sha256(f"{__version__}|{link_bw}|{peak}".encode())
+    h = hashlib.sha256(f"{__version__}|{link_bw}|{peak}|{max_decompressed}".encode())
     for r in disc.runs:
         h.update(f"|run {r.path} {roles.get(id(r))}".encode())
         for p in [*r.traces, *(s.path for s in r.sidecars)]:
@@ -248,6 +260,8 @@ def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: floa
     by_rank: dict[int, list] = {}
     for lf in good:
         by_rank.setdefault(ranks[lf.path], []).append(lf)
+    dropped = _check_files(con, run, by_rank, headers, warnings)
+    good = [lf for lf in good if lf.path not in dropped]
     for r, lfs in by_rank.items():
         lfs.sort(key=lambda lf: (starts.get(lf.file_id) or 0, str(lf.path)))
         for w, lf in enumerate(lfs):
@@ -439,6 +453,82 @@ def _median(xs: list[float]) -> float | None:
     xs = sorted(xs)
     n = len(xs)
     return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
+MIXED_RUN_GAP_NS = 3600 * 10**9  # ranks of one job start their first profiling window within seconds
+_EPOCH_2001_NS = 10**18  # starts before this are relative clocks, not comparable across files
+
+
+def _names(paths, limit: int = 4) -> str:
+    names = sorted(Path(p).name for p in paths)
+    return ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def _check_files(con, run: Run, by_rank: dict[int, list], headers: dict, warnings: list[dict]) -> set:
+    """Find the files of one folder that do not belong together; return the paths left out.
+
+    * Two files of one rank whose time spans overlap are not two profiling windows: identical ones (same span
+      and event counts) are copies, read once; different ones are left out with a warning naming both.
+    * Different ``distributedInfo.world_size`` values, or ranks whose first traces start more than
+      :data:`MIXED_RUN_GAP_NS` apart, mean the folder mixes runs: a warning names the files of each side.
+    """
+    ids = [lf.file_id for lfs in by_rank.values() for lf in lfs]
+    if not ids:
+        return set()
+    marks = ", ".join("?" * len(ids))
+    spans = {fid: (lo, hi, n) for fid, lo, hi, n in con.execute(
+        "SELECT file_id, min(ts_ns), max(ts_ns + dur_ns), count(*) FROM (SELECT file_id, ts_ns, dur_ns FROM kernels "
+        f"WHERE file_id IN ({marks}) UNION ALL SELECT file_id, ts_ns, dur_ns FROM cpu_ops WHERE file_id IN ({marks})) "
+        "GROUP BY file_id", ids + ids).fetchall()}
+    counts = dict(con.execute(f"SELECT file_id, [n_kernels, n_cpu_ops] FROM files WHERE file_id IN ({marks})",
+                              ids).fetchall())
+    dropped: set = set()
+    for r, lfs in by_rank.items():
+        if len(lfs) < 2:
+            continue
+        kept: list = []
+        for lf in sorted(lfs, key=lambda lf: ((spans.get(lf.file_id) or (0,))[0], str(lf.path))):
+            s = spans.get(lf.file_id)
+            twin = next((k for k in kept if s and spans.get(k.file_id)
+                         and s[0] < spans[k.file_id][1] and spans[k.file_id][0] < s[1]), None)
+            if twin is None:
+                kept.append(lf)
+                continue
+            dropped.add(lf.path)
+            if s == spans[twin.file_id] and counts.get(lf.file_id) == counts.get(twin.file_id):
+                msg = f"a copy of {twin.path} (rank {r}, the same events); read once"
+            else:
+                msg = (f"rank {r} again, at the same time as {twin.path}: not a second profiling window; left out "
+                       "(two runs in one folder? put each run's traces in its own folder)")
+            warnings.append({"file": str(lf.path), "level": "warning", "message": msg})
+        lfs[:] = kept
+    by_ws: dict[int, list] = {}
+    for lfs in by_rank.values():
+        for lf in lfs:
+            di = headers.get(lf.path, {}).get("distributedInfo")
+            ws = di.get("world_size") if isinstance(di, dict) else None
+            if isinstance(ws, int) and not isinstance(ws, bool) and ws > 0:
+                by_ws.setdefault(ws, []).append(lf.path)
+    if len(by_ws) > 1:
+        sides = "; ".join(f"world_size {ws} in {_names(ps)}" for ws, ps in sorted(by_ws.items()))
+        warnings.append({"file": None, "level": "warning",
+                         "message": f"{run.path} mixes runs ({sides}): put each run's traces in its own folder"})
+        return dropped
+    firsts = []
+    for lfs in by_rank.values():
+        starts = [(spans[lf.file_id][0], lf.path) for lf in lfs if spans.get(lf.file_id)]
+        if starts:
+            firsts.append(min(starts))
+    if len(firsts) > 1 and all(t > _EPOCH_2001_NS for t, _ in firsts):
+        firsts.sort()
+        gap, i = max((firsts[j + 1][0] - firsts[j][0], j + 1) for j in range(len(firsts) - 1))
+        if gap > MIXED_RUN_GAP_NS:
+            early, late = [p for _, p in firsts[:i]], [p for _, p in firsts[i:]]
+            warnings.append({"file": None, "level": "warning",
+                             "message": f"{run.path} seems to mix runs: {_names(late)} start {gap / 3.6e12:.1f} h "
+                                        f"after {_names(early)} (the ranks of one job start within seconds); put "
+                                        "each run's traces in its own folder"})
+    return dropped
 
 
 def _ranges(xs: list[int]) -> str:
