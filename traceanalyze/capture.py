@@ -1,0 +1,189 @@
+"""Record traces for traceanalyze from inside a training loop (needs torch: ``pip install 'traceanalyze[torch]'``).
+
+Usage, on every rank::
+
+    from traceanalyze import capture
+
+    capture.prepare_env("traces/")             # before init_process_group: routes NCCL_DEBUG output to files
+    dist.init_process_group("nccl")
+    with capture.profile("traces/", wait=1, warmup=1, active=3) as prof:
+        for step, batch in enumerate(loader):
+            train_step(batch)
+            prof.step()
+
+:func:`profile` wraps ``torch.profiler.profile`` with a short schedule (``wait`` skipped steps, ``warmup``
+steps, ``active`` recorded steps, once), ``record_shapes=True`` (dtypes and shapes of each op, for the
+precision analysis) and CUDA activity when a GPU is present, and writes into ``out_dir``:
+
+- ``rank{r}.<time>.pt.trace.json.gz``: the Kineto trace of rank ``r`` (``worker_name=f"rank{r}"``, gzip);
+- ``env_rank{r}.json``: what the report can use about the process: rank, world size, hostname, versions
+  (python, torch, CUDA, NCCL, cuDNN), GPU names, the backend, and the environment variables that change
+  communication (``NCCL_*``, ``TORCH_NCCL_*``, ``CUDA_VISIBLE_DEVICES``, ``MASTER_ADDR``/``MASTER_PORT``,
+  ``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``, ...). traceanalyze reads it as facts about the run;
+- ``topo.txt``: ``nvidia-smi topo -m`` output, written by rank 0 when ``nvidia-smi`` exists;
+- ``nccl_rank{r}_<host>_<pid>.log``: NCCL's debug lines, when ``NCCL_DEBUG=INFO`` is set and
+  :func:`prepare_env` ran before the process group was created (NCCL reads ``NCCL_DEBUG_FILE`` once, when it
+  initializes; otherwise it prints to stderr, and the torchrun log holding it can be copied beside the traces).
+
+Only this module imports torch, and only inside its functions: importing ``traceanalyze`` (or this module)
+never does, and the analyzer itself never needs torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import json
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "GLOO_", "UCX_", "FI_")
+ENV_NAMES = ("CUDA_VISIBLE_DEVICES", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK",
+             "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "OMP_NUM_THREADS", "TORCHELASTIC_RUN_ID",
+             "PYTORCH_CUDA_ALLOC_CONF", "CUDA_DEVICE_MAX_CONNECTIONS", "TORCHINDUCTOR_CACHE_DIR")
+ENV_MARKER = "traceanalyze_capture"  # top-level key that tells discovery this JSON is an env file
+
+
+def prepare_env(out_dir: str | os.PathLike, rank: int | None = None) -> dict[str, str]:
+    """Route NCCL's debug output into ``out_dir``: call it before ``torch.distributed.init_process_group``.
+
+    When ``NCCL_DEBUG`` is set and ``NCCL_DEBUG_FILE`` is not, sets ``NCCL_DEBUG_FILE`` to
+    ``<out_dir>/nccl_rank{rank}_%h_%p.log`` (NCCL expands ``%h`` to the host name and ``%p`` to the pid;
+    ``rank`` defaults to the ``RANK`` environment variable, and is left out of the name when unknown).
+    Without ``NCCL_DEBUG`` nothing is set: turn it on with ``NCCL_DEBUG=INFO`` (``NCCL_DEBUG_SUBSYS=INIT,GRAPH``
+    keeps it short).
+
+    Returns:
+        The variables it set (empty when none).
+
+    Raises:
+        OSError: ``out_dir`` cannot be created.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if rank is None and os.environ.get("RANK", "").isdigit():
+        rank = int(os.environ["RANK"])
+    set_: dict[str, str] = {}
+    if os.environ.get("NCCL_DEBUG") and not os.environ.get("NCCL_DEBUG_FILE"):
+        name = f"nccl_rank{rank}_%h_%p.log" if rank is not None else "nccl_%h_%p.log"
+        os.environ["NCCL_DEBUG_FILE"] = set_["NCCL_DEBUG_FILE"] = str(out.resolve() / name)
+    return set_
+
+
+def _rank_world(rank: int | None, world_size: int | None) -> tuple[int, int | None, str | None]:
+    backend = None
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            rank = dist.get_rank() if rank is None else rank
+            world_size = dist.get_world_size() if world_size is None else world_size
+            backend = str(dist.get_backend())
+    except Exception:  # a half-initialized process group must not stop training
+        pass
+    if rank is None:
+        rank = int(os.environ["RANK"]) if os.environ.get("RANK", "").isdigit() else 0
+    if world_size is None and os.environ.get("WORLD_SIZE", "").isdigit():
+        world_size = int(os.environ["WORLD_SIZE"])
+    return rank, world_size, backend
+
+
+def environment(rank: int | None = None, world_size: int | None = None) -> dict[str, Any]:
+    """What :func:`profile` writes to ``env_rank{r}.json``: a JSON-ready dict.
+
+    Keys: ``traceanalyze_capture`` (format version, 1), ``rank``, ``world_size``, ``backend``, ``hostname``,
+    ``pid``, ``time`` (UTC, ISO 8601), ``versions`` (``python``, ``torch``, ``cuda``, ``nccl``, ``cudnn``;
+    None where absent), ``gpus`` (device names), ``env`` (the variables named in :data:`ENV_PREFIXES` /
+    :data:`ENV_NAMES` that are set). Never raises for a missing GPU or NCCL.
+    """
+    import torch
+
+    rank, world_size, backend = _rank_world(rank, world_size)
+    versions: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__,
+                                "cuda": getattr(torch.version, "cuda", None), "nccl": None, "cudnn": None}
+    gpus: list[str] = []
+    try:
+        if torch.cuda.is_available():
+            gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+            v = torch.cuda.nccl.version()
+            versions["nccl"] = ".".join(str(x) for x in v) if isinstance(v, tuple) else str(v)
+            versions["cudnn"] = torch.backends.cudnn.version()
+    except Exception:  # CPU builds, broken drivers: versions stay None
+        pass
+    env = {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES) or k in ENV_NAMES}
+    return {ENV_MARKER: 1, "rank": rank, "world_size": world_size, "backend": backend,
+            "hostname": socket.gethostname(), "pid": os.getpid(),
+            "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "versions": versions, "gpus": gpus, "env": env}
+
+
+def write_topology(out_dir: str | os.PathLike, timeout_s: float = 20.0) -> Path | None:
+    """Write ``nvidia-smi topo -m`` output to ``<out_dir>/topo.txt``; None when nvidia-smi is absent or fails."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        res = subprocess.run([exe, "topo", "-m"], capture_output=True, text=True, timeout=timeout_s, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if res.returncode != 0 or not res.stdout.strip():
+        return None
+    p = Path(out_dir) / "topo.txt"
+    p.write_text(res.stdout, encoding="utf-8")
+    return p
+
+
+@contextlib.contextmanager
+def profile(out_dir: str | os.PathLike, *, wait: int = 1, warmup: int = 1, active: int = 3,
+            record_shapes: bool = True, profile_memory: bool = False, with_stack: bool = False,
+            rank: int | None = None, world_size: int | None = None, cuda: bool | None = None,
+            write_env: bool = True, topology: bool = True) -> Iterator[Any]:
+    """Profile a short window of a training loop on this rank; yields the ``torch.profiler.profile`` object.
+
+    Call ``prof.step()`` once per training step. Steps ``wait`` are skipped, ``warmup`` are traced but
+    discarded, then ``active`` steps are recorded (one window) and the trace is written when the window ends.
+
+    Args:
+        out_dir: folder for every rank's files (shared or per host; created when missing).
+        wait, warmup, active: the ``torch.profiler.schedule`` (``repeat=1``).
+        record_shapes: record op input shapes and dtypes (needed for the precision findings).
+        profile_memory, with_stack: passed to ``torch.profiler.profile`` (both make traces bigger).
+        rank, world_size: default to ``torch.distributed`` when initialized, else ``RANK``/``WORLD_SIZE``, else
+            rank 0.
+        cuda: record CUDA activity (default: when ``torch.cuda.is_available()``).
+        write_env: write ``env_rank{r}.json``. topology: rank 0 writes ``topo.txt`` when nvidia-smi exists.
+
+    Raises:
+        ImportError: torch is not installed. OSError: ``out_dir`` cannot be created or written.
+    """
+    import torch
+    from torch.profiler import ProfilerActivity, schedule, tensorboard_trace_handler
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    r, ws, _ = _rank_world(rank, world_size)
+    if os.environ.get("NCCL_DEBUG") and not os.environ.get("NCCL_DEBUG_FILE"):
+        print(f"traceanalyze.capture: NCCL_DEBUG is set but NCCL_DEBUG_FILE is not; call "
+              f"capture.prepare_env({str(out)!r}) before init_process_group to keep NCCL's lines beside the "
+              "traces", file=sys.stderr)
+    if write_env:
+        (out / f"env_rank{r}.json").write_text(json.dumps(environment(r, ws), indent=1, default=str),
+                                               encoding="utf-8")
+    if topology and r == 0:
+        write_topology(out)
+    activities = [ProfilerActivity.CPU]
+    if cuda if cuda is not None else torch.cuda.is_available():
+        activities.append(ProfilerActivity.CUDA)
+    prof = torch.profiler.profile(
+        activities=activities, record_shapes=record_shapes, profile_memory=profile_memory, with_stack=with_stack,
+        schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
+        on_trace_ready=tensorboard_trace_handler(str(out), worker_name=f"rank{r}", use_gzip=True))
+    with prof:
+        yield prof
