@@ -148,6 +148,7 @@ def run_ranks(
     stdout of rank r into ``cfg.out_dir/rank{r}.log``; return the step times the ranks measured."""
     out = Path(cfg.out_dir)
     port = port or free_port()
+    busy = busy_check()
     with tempfile.TemporaryDirectory(prefix="ta_job_") as tmp_s:
         tmp = Path(tmp_s)
         cfg_path = tmp / "config.json"
@@ -195,8 +196,32 @@ def run_ranks(
         n_params=results[0]["n_params"],
         commands=commands,
         wall_s=round(wall, 1),
-        extra={},
+        extra={"cpu_busy_before": busy},
     )
+
+
+def busy_check(seconds: float = 1.0) -> float | None:
+    """Share of all cores (0..1) busy during ``seconds`` before a job, from /proc/stat (None where
+    unreadable); warns when other work is running, since it shares the 2 cores with the ranks."""
+
+    def snapshot() -> tuple[int, int]:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        return sum(fields), fields[3] + fields[4]  # total, idle + iowait
+
+    try:
+        total0, idle0 = snapshot()
+        time.sleep(seconds)
+        total1, idle1 = snapshot()
+    except (OSError, ValueError, IndexError):
+        return None
+    busy = round(1 - (idle1 - idle0) / max(1, total1 - total0), 2)
+    if busy > 0.2:
+        print(
+            f"   warning: {busy:.0%} of the CPU was busy before the job: other processes share the "
+            "cores, so the recorded step times will carry their noise",
+            flush=True,
+        )
+    return busy
 
 
 def show_command(env: dict[str, str], argv: list[str], tmp: Path) -> str:
@@ -246,7 +271,12 @@ def write_ground_truth(
         "backend": "gloo",
         "torch_version": torch.__version__,
         "python_version": platform.python_version(),
-        "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "processor": cpu_model()},
+        "host": {
+            "machine": platform.machine(),
+            "cpus": os.cpu_count(),
+            "processor": cpu_model(),
+            "cpu_busy_before_job": result.extra.get("cpu_busy_before"),
+        },
         "step_times_ms": result.step_times_ms,
         "median_step_time_ms_from_step2": steady_ms(result),
         "profiled_steps": extra.pop("profiled_steps", [2, 3, 4]),
@@ -606,9 +636,10 @@ def scenario_fast_interconnect(out_root: Path) -> None:
 HF_KW: dict = {"per_device": 2, "grad_accum": 8, "max_steps": 8, "seq_len": 64}
 
 
-def run_hf(out: Path, world: int) -> tuple[JobResult, str]:
+def run_hf(out: Path, world: int) -> JobResult:
     """Run hf_job.py on ``world`` processes (plain python for 1, torch.distributed.run for more)."""
     reset_dir(out)
+    busy = busy_check()
     with tempfile.TemporaryDirectory(prefix="ta_hf_job_") as tmp_s:
         tmp = Path(tmp_s)
         job = [
@@ -655,14 +686,13 @@ def run_hf(out: Path, world: int) -> tuple[JobResult, str]:
         wall = time.monotonic() - t0
         results = [json.loads((tmp / f"result_rank{r}.json").read_text()) for r in range(world)]
     command = show_command({"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}, argv, tmp)
-    result = JobResult(
+    return JobResult(
         step_times_ms={str(r["rank"]): r["step_times_ms"] for r in results},
         n_params=results[0]["n_params"],
         commands=[command],
         wall_s=round(wall, 1),
-        extra={"model": results[0]["model"]},
+        extra={"model": results[0]["model"], "cpu_busy_before": busy},
     )
-    return result, command
 
 
 def hf_config(world: int, model: dict) -> dict:
@@ -718,7 +748,7 @@ def scenario_grad_accum(out_root: Path) -> None:
     results: dict[int, JobResult] = {}
     for world in (1, 2):
         sub = f"{world}proc"
-        result, _ = run_hf(root / sub, world)
+        result = run_hf(root / sub, world)
         check_traces(root / sub, world)
         results[world] = result
         cfg = hf_config(world, result.extra["model"])
