@@ -146,6 +146,14 @@ class TraceFile:
 # ---------------------------------------------------------------------------------------------------------
 # Reading bytes: plain or gzip, streaming, bounded.
 
+def size_text(n: int) -> str:
+    """Bytes for people: ``64 << 30`` → ``64 GiB``, ``1536 << 20`` → ``1.5 GiB``."""
+    for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.3g} {unit}"
+    return f"{n} bytes"
+
+
 def _open_blocks(path: Path, max_bytes: int):
     """Yield blocks of decompressed bytes; set ``state['truncated']`` if the compressed stream ends early."""
     state = {"truncated": False, "error": None}
@@ -174,8 +182,9 @@ def _open_blocks(path: Path, max_bytes: int):
                     for out in chunks:
                         total += len(out)
                         if total > max_bytes:
-                            state["error"] = (f"decompresses to more than {max_bytes >> 20} MiB; "
-                                              "raise --max-decompressed if this is real")
+                            state["over_bound"] = True
+                            state["error"] = (f"decompresses to more than {size_text(max_bytes)} (a gzip bomb?); "
+                                              "raise --max-decompressed if this is a real trace")
                             return
                         if out:
                             yield out
@@ -189,7 +198,9 @@ def _open_blocks(path: Path, max_bytes: int):
                         break
                     total += len(raw)
                     if total > max_bytes:
-                        state["error"] = f"larger than {max_bytes >> 20} MiB"
+                        state["over_bound"] = True
+                        state["error"] = (f"larger than {size_text(max_bytes)}; raise --max-decompressed if "
+                                          "this is a real trace")
                         return
                     yield raw
 
@@ -671,7 +682,7 @@ def _parse_blocks(path, blocks, state, info: TraceFile, out_dir, key, chunk_rows
         raise
 
     if state["error"]:
-        if stream is None or n_events == 0:
+        if stream is None or n_events == 0 or state.get("over_bound"):  # over the bound: no half-read trace
             for w in writers.values():
                 w.close()
             raise InputError(path, state["error"])
@@ -683,7 +694,7 @@ def _parse_blocks(path, blocks, state, info: TraceFile, out_dir, key, chunk_rows
         if state["truncated"]:
             raise InputError(path, "gzip stream ends before any event")
         raise InputError(path, "no traceEvents array (not a Kineto/Chrome trace)")
-    if not stream.closed:
+    if not stream.closed and not state["error"]:
         info.partial = True
         why = "gzip stream ends early" if state["truncated"] else "JSON ends mid-array"
         info.warnings.append(f"truncated ({why}, as when a job is killed mid-write); "
