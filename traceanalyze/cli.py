@@ -1,5 +1,4 @@
-"""Command line: ``traceanalyze report``, ``traceanalyze sql``, ``traceanalyze batch``. A thin layer over
-:mod:`traceanalyze.pipeline` (and :mod:`traceanalyze.batch`).
+"""Command line: ``traceanalyze report``, ``traceanalyze sql``. A thin layer over :mod:`traceanalyze.pipeline`.
 
 Every error a user can cause (missing folder, unreadable trace, locked database) is printed as one line
 and exits with status 1; a Python traceback appears only with ``--debug``.
@@ -45,20 +44,6 @@ class _Progress:
             self.bar.close()
 
 
-class _Size(click.ParamType):
-    """A byte size: ``1048576``, ``512M``, ``64G``, ``1T`` (powers of 1024; a trailing ``B``/``iB`` is allowed)."""
-
-    name = "size"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, int):
-            return value
-        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*", str(value), re.IGNORECASE)
-        if not m or float(m.group(1)) <= 0:
-            self.fail(f"{value!r} is not a size such as 512M or 64G", param, ctx)
-        return int(float(m.group(1)) * 1024 ** " KMGT".index(m.group(2).upper() or " "))
-
-
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="traceanalyze")
 @click.option("--debug", is_flag=True, help="Show Python tracebacks instead of one-line errors.")
@@ -84,16 +69,13 @@ def cli(ctx: click.Context, debug: bool) -> None:
               help="Expected per-direction link bandwidth between ranks, to judge busbw against.")
 @click.option("--peak-tflops", type=click.FloatRange(min=0, min_open=True), metavar="TFLOPS",
               help="Dense peak of one GPU for the main matmul dtype, for MFU.")
-@click.option("--max-decompressed", type=_Size(), default="64G", show_default=True, metavar="SIZE",
-              help="Bound on what one trace may inflate to (a gzip bomb is an error naming the file): 512M, 64G, ...")
 @click.option("--export", "export_path", type=click.Path(dir_okay=False), metavar="FILE.json[.gz]",
               help="Also write a merged, clock-aligned trace of every rank (Perfetto) beside the HTML and link it.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar, no summary.")
 @click.pass_context
 def report(ctx: click.Context, paths: tuple[str, ...], output: str | None, json_path: str | None,
            md_path: str | None, fmt: str, db: str | None, baseline: tuple[str, ...], jobs: int | None,
-           link_bw: float | None, peak_tflops: float | None, max_decompressed: int, export_path: str | None,
-           quiet: bool) -> None:
+           link_bw: float | None, peak_tflops: float | None, export_path: str | None, quiet: bool) -> None:
     """Analyze the traces under PATHS and write one self-contained HTML report.
 
     \b
@@ -117,8 +99,7 @@ def report(ctx: click.Context, paths: tuple[str, ...], output: str | None, json_
         prog = _Progress(enabled=not quiet and sys.stderr.isatty())
         try:
             a = analyze(list(paths), db=db_path, baseline=list(baseline) or None, jobs=jobs,
-                        progress=prog.step, on_total=prog.total, link_bw_gbps=link_bw, peak_tflops=peak_tflops,
-                        max_decompressed=max_decompressed)
+                        progress=prog.step, on_total=prog.total, link_bw_gbps=link_bw, peak_tflops=peak_tflops)
         finally:
             prog.close()
         model = a.model
@@ -140,11 +121,11 @@ def report(ctx: click.Context, paths: tuple[str, ...], output: str | None, json_
         if md_path:
             Path(md_path).write_text(render.markdown(model), encoding="utf-8")
         a.con.close()
-        for w in model["warnings"]:  # errors even with --quiet; partial files and warnings without it
-            if w.get("level") == "error" or (not quiet and w.get("level") in ("partial", "warning")):
-                click.echo(f"traceanalyze: {w['file']}: {w['message']}" if w["file"]
-                           else f"traceanalyze: {w['message']}", err=True)
         if not quiet:
+            for w in model["warnings"]:
+                if w.get("level") in ("error", "partial"):
+                    click.echo(f"traceanalyze: {w['file']}: {w['message']}" if w["file"]
+                               else f"traceanalyze: {w['message']}", err=True)
             n_ranks = sum(len(r["ranks"]) for r in model["runs"])
             if out is not None and fmt == "html" or (out is not None and fmt != "html"):
                 click.echo(f"wrote {out} ({len(model['runs'])} run(s), {n_ranks} rank(s)); database {db_path}",
@@ -244,66 +225,6 @@ def sql(ctx: click.Context, db: str, query: str, as_csv: bool) -> None:
         else:
             rel.show(max_width=10_000, max_rows=10_000)
         con.close()
-
-    _guard(ctx, run)
-
-
-@cli.command()
-@click.argument("archive", type=click.Path())
-@click.option("-o", "--output", "outdir", type=click.Path(file_okay=False), required=True,
-              help="Output folder: catalog.duckdb, index.html and runs/<run>/ reports (reused on a re-run).")
-@click.option("-j", "--jobs", type=click.IntRange(1, 1024), help="Runs analyzed at once (default: CPUs); "
-              "with --executor dask, the local cluster's worker processes.")
-@click.option("--executor", type=click.Choice(["local", "dask"]), default="local", show_default=True,
-              help="local: processes on this machine; dask: a Dask cluster (pip install 'traceanalyze[dask]').")
-@click.option("--scheduler", metavar="tcp://HOST:8786", help="Dask scheduler of a running cluster (implies "
-              "--executor dask; workers must see ARCHIVE and OUTPUT at the same paths).")
-@click.option("--threshold", type=click.FloatRange(min=1, min_open=True), default=1.2, show_default=True,
-              help="Flag a run whose step time exceeds this × the median of its group's earlier runs.")
-@click.option("--force", is_flag=True, help="Analyze every run again, changed or not.")
-@click.option("--link-bw", type=click.FloatRange(min=0, min_open=True), metavar="GB/s",
-              help="Expected per-direction link bandwidth between ranks, to judge busbw against.")
-@click.option("--peak-tflops", type=click.FloatRange(min=0, min_open=True), metavar="TFLOPS",
-              help="Dense peak of one GPU for the main matmul dtype, for MFU.")
-@click.option("-q", "--quiet", is_flag=True, help="No progress bar, no summary.")
-@click.pass_context
-def batch(ctx: click.Context, archive: str, outdir: str, jobs: int | None, executor: str, scheduler: str | None,
-          threshold: float, force: bool, link_bw: float | None, peak_tflops: float | None, quiet: bool) -> None:
-    """Analyze every run under ARCHIVE; keep a catalog of them and an index page that flags regressions.
-
-    Re-running on the same OUTPUT analyzes only new or changed runs; runs gone from ARCHIVE drop out.
-
-    \b
-    Example:
-        traceanalyze batch /archive/traces -o /reports/archive
-        traceanalyze sql /reports/archive/catalog.duckdb "SELECT run_id, step_time_us, top_cause FROM runs"
-    """
-    from traceanalyze.batch import run_batch
-
-    def run() -> None:
-        bar = None
-        if not quiet and sys.stderr.isatty():
-            from tqdm import tqdm
-
-            bar = tqdm(unit="run", desc="batch", file=sys.stderr, leave=False)
-        try:
-            res = run_batch(archive, outdir, jobs=jobs, executor=executor, scheduler=scheduler, threshold=threshold,
-                            force=force, link_bw_gbps=link_bw, peak_tflops=peak_tflops,
-                            on_run=(lambda _row: bar.update(1)) if bar is not None else None)
-        finally:
-            if bar is not None:
-                bar.close()
-        if not quiet:
-            for r in res.runs:
-                if r["status"] == "error" and r["run_id"] in res.analyzed:
-                    click.echo(f"traceanalyze: {r['run_id']}: {r['error']}", err=True)
-            rate = (f" in {res.seconds:.1f} s ({res.runs_per_s:.2f} runs/s, {res.mb_per_s:.1f} MB/s of traces)"
-                    if res.analyzed else f" in {res.seconds:.1f} s")
-            click.echo(f"{len(res.runs)} run(s): {len(res.analyzed)} analyzed, {len(res.unchanged)} unchanged, "
-                       f"{len(res.removed)} removed, {len(res.errors)} error(s), {len(res.regressions)} "
-                       f"regression(s){rate}; index {res.index}, catalog {res.catalog}", err=True)
-        if res.runs and all(r["status"] == "error" for r in res.runs):
-            raise TraceanalyzeError("nothing could be analyzed: every run failed (see index.html)")
 
     _guard(ctx, run)
 
