@@ -713,12 +713,17 @@ def html(model: dict) -> str:
     Returns:
         The complete HTML document as text.
     """
-    return _env.get_template("report.html.j2").render(v=_view(model))
+    return _CONTROL.sub("\ufffd", _env.get_template("report.html.j2").render(v=_view(model)))
+
+
+# C0/C1 control characters but tab, newline and carriage return: trace names can hold them (a NUL, an ANSI escape);
+# in HTML they are parse errors, so they become U+FFFD (what a browser would show for a NUL) in both outputs.
+_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 
 
 def _md(x: Any) -> str:
-    """Model text for Markdown: one line, no raw HTML, no table breaks."""
-    s = text(x).replace("\r", " ").replace("\n", " ")
+    """Model text for Markdown: one line, no raw HTML, no table breaks, no control characters."""
+    s = _CONTROL.sub("\ufffd", text(x).replace("\r", " ").replace("\n", " "))
     return s.replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|")
 
 
