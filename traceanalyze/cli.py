@@ -44,6 +44,25 @@ class _Progress:
             self.bar.close()
 
 
+def _line(msg: str) -> str:
+    """One terminal line: newlines and control characters (from file or kernel names) shown as ``?``."""
+    return re.sub(r"[\x00-\x1f\x7f-\x9f]", "?", msg)
+
+
+class _Size(click.ParamType):
+    """A byte size: ``1048576``, ``512M``, ``64G``, ``1T`` (powers of 1024; a trailing ``B``/``iB`` is allowed)."""
+
+    name = "size"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*", str(value), re.IGNORECASE)
+        if not m or float(m.group(1)) <= 0:
+            self.fail(f"{value!r} is not a size such as 512M or 64G", param, ctx)
+        return int(float(m.group(1)) * 1024 ** " KMGT".index(m.group(2).upper() or " "))
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="traceanalyze")
 @click.option("--debug", is_flag=True, help="Show Python tracebacks instead of one-line errors.")
@@ -69,13 +88,16 @@ def cli(ctx: click.Context, debug: bool) -> None:
               help="Expected per-direction link bandwidth between ranks, to judge busbw against.")
 @click.option("--peak-tflops", type=click.FloatRange(min=0, min_open=True), metavar="TFLOPS",
               help="Dense peak of one GPU for the main matmul dtype, for MFU.")
+@click.option("--max-decompressed", type=_Size(), default="64G", show_default=True, metavar="SIZE",
+              help="Bound on what one trace may inflate to (a gzip bomb is an error naming the file): 512M, 64G, ...")
 @click.option("--export", "export_path", type=click.Path(dir_okay=False), metavar="FILE.json[.gz]",
               help="Also write a merged, clock-aligned trace of every rank (Perfetto) beside the HTML and link it.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar, no summary.")
 @click.pass_context
 def report(ctx: click.Context, paths: tuple[str, ...], output: str | None, json_path: str | None,
            md_path: str | None, fmt: str, db: str | None, baseline: tuple[str, ...], jobs: int | None,
-           link_bw: float | None, peak_tflops: float | None, export_path: str | None, quiet: bool) -> None:
+           link_bw: float | None, peak_tflops: float | None, max_decompressed: int, export_path: str | None,
+           quiet: bool) -> None:
     """Analyze the traces under PATHS and write one self-contained HTML report.
 
     \b
@@ -99,7 +121,8 @@ def report(ctx: click.Context, paths: tuple[str, ...], output: str | None, json_
         prog = _Progress(enabled=not quiet and sys.stderr.isatty())
         try:
             a = analyze(list(paths), db=db_path, baseline=list(baseline) or None, jobs=jobs,
-                        progress=prog.step, on_total=prog.total, link_bw_gbps=link_bw, peak_tflops=peak_tflops)
+                        progress=prog.step, on_total=prog.total, link_bw_gbps=link_bw, peak_tflops=peak_tflops,
+                        max_decompressed=max_decompressed)
         finally:
             prog.close()
         model = a.model
@@ -121,11 +144,11 @@ def report(ctx: click.Context, paths: tuple[str, ...], output: str | None, json_
         if md_path:
             Path(md_path).write_text(render.markdown(model), encoding="utf-8")
         a.con.close()
+        for w in model["warnings"]:  # errors even with --quiet; partial files and warnings without it
+            if w.get("level") == "error" or (not quiet and w.get("level") in ("partial", "warning")):
+                click.echo(_line(f"traceanalyze: {w['file']}: {w['message']}" if w["file"]
+                                 else f"traceanalyze: {w['message']}"), err=True)
         if not quiet:
-            for w in model["warnings"]:
-                if w.get("level") in ("error", "partial"):
-                    click.echo(f"traceanalyze: {w['file']}: {w['message']}" if w["file"]
-                               else f"traceanalyze: {w['message']}", err=True)
             n_ranks = sum(len(r["ranks"]) for r in model["runs"])
             if out is not None and fmt == "html" or (out is not None and fmt != "html"):
                 click.echo(f"wrote {out} ({len(model['runs'])} run(s), {n_ranks} rank(s)); database {db_path}",
@@ -237,7 +260,7 @@ def _guard(ctx: click.Context, fn) -> None:
     try:
         fn()
     except TraceanalyzeError as exc:
-        click.echo(f"traceanalyze: {exc}", err=True)
+        click.echo(_line(f"traceanalyze: {exc}"), err=True)
         sys.exit(1)
     except KeyboardInterrupt:
         click.echo("traceanalyze: interrupted; files loaded so far stay in the database", err=True)
