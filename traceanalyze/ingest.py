@@ -689,10 +689,10 @@ def _parse_blocks(path, blocks, state, info: TraceFile, out_dir, key, chunk_rows
         info.partial = True
         info.warnings.append(f"{state['error']}; read {n_events} events before it")
     if stream is None:
+        if state["truncated"]:
+            raise InputError(path, "gzip stream ends before any event (truncated)")
         if info.bytes_read == 0:
             raise InputError(path, "empty file")
-        if state["truncated"]:
-            raise InputError(path, "gzip stream ends before any event")
         raise InputError(path, "no traceEvents array (not a Kineto/Chrome trace)")
     if not stream.closed and not state["error"]:
         info.partial = True
