@@ -1,4 +1,5 @@
-"""Command line: ``traceanalyze report``, ``traceanalyze sql``. A thin layer over :mod:`traceanalyze.pipeline`.
+"""Command line: ``traceanalyze report``, ``traceanalyze sql``, ``traceanalyze batch``. A thin layer over
+:mod:`traceanalyze.pipeline` (and :mod:`traceanalyze.batch`).
 
 Every error a user can cause (missing folder, unreadable trace, locked database) is printed as one line
 and exits with status 1; a Python traceback appears only with ``--debug``.
@@ -248,6 +249,66 @@ def sql(ctx: click.Context, db: str, query: str, as_csv: bool) -> None:
         else:
             rel.show(max_width=10_000, max_rows=10_000)
         con.close()
+
+    _guard(ctx, run)
+
+
+@cli.command()
+@click.argument("archive", type=click.Path())
+@click.option("-o", "--output", "outdir", type=click.Path(file_okay=False), required=True,
+              help="Output folder: catalog.duckdb, index.html and runs/<run>/ reports (reused on a re-run).")
+@click.option("-j", "--jobs", type=click.IntRange(1, 1024), help="Runs analyzed at once (default: CPUs); "
+              "with --executor dask, the local cluster's worker processes.")
+@click.option("--executor", type=click.Choice(["local", "dask"]), default="local", show_default=True,
+              help="local: processes on this machine; dask: a Dask cluster (pip install 'traceanalyze[dask]').")
+@click.option("--scheduler", metavar="tcp://HOST:8786", help="Dask scheduler of a running cluster (implies "
+              "--executor dask; workers must see ARCHIVE and OUTPUT at the same paths).")
+@click.option("--threshold", type=click.FloatRange(min=1, min_open=True), default=1.2, show_default=True,
+              help="Flag a run whose step time exceeds this × the median of its group's earlier runs.")
+@click.option("--force", is_flag=True, help="Analyze every run again, changed or not.")
+@click.option("--link-bw", type=click.FloatRange(min=0, min_open=True), metavar="GB/s",
+              help="Expected per-direction link bandwidth between ranks, to judge busbw against.")
+@click.option("--peak-tflops", type=click.FloatRange(min=0, min_open=True), metavar="TFLOPS",
+              help="Dense peak of one GPU for the main matmul dtype, for MFU.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar, no summary.")
+@click.pass_context
+def batch(ctx: click.Context, archive: str, outdir: str, jobs: int | None, executor: str, scheduler: str | None,
+          threshold: float, force: bool, link_bw: float | None, peak_tflops: float | None, quiet: bool) -> None:
+    """Analyze every run under ARCHIVE; keep a catalog of them and an index page that flags regressions.
+
+    Re-running on the same OUTPUT analyzes only new or changed runs; runs gone from ARCHIVE drop out.
+
+    \b
+    Example:
+        traceanalyze batch /archive/traces -o /reports/archive
+        traceanalyze sql /reports/archive/catalog.duckdb "SELECT run_id, step_time_us, top_cause FROM runs"
+    """
+    from traceanalyze.batch import run_batch
+
+    def run() -> None:
+        bar = None
+        if not quiet and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            bar = tqdm(unit="run", desc="batch", file=sys.stderr, leave=False)
+        try:
+            res = run_batch(archive, outdir, jobs=jobs, executor=executor, scheduler=scheduler, threshold=threshold,
+                            force=force, link_bw_gbps=link_bw, peak_tflops=peak_tflops,
+                            on_run=(lambda _row: bar.update(1)) if bar is not None else None)
+        finally:
+            if bar is not None:
+                bar.close()
+        if not quiet:
+            for r in res.runs:
+                if r["status"] == "error" and r["run_id"] in res.analyzed:
+                    click.echo(f"traceanalyze: {r['run_id']}: {r['error']}", err=True)
+            rate = (f" in {res.seconds:.1f} s ({res.runs_per_s:.2f} runs/s, {res.mb_per_s:.1f} MB/s of traces)"
+                    if res.analyzed else f" in {res.seconds:.1f} s")
+            click.echo(f"{len(res.runs)} run(s): {len(res.analyzed)} analyzed, {len(res.unchanged)} unchanged, "
+                       f"{len(res.removed)} removed, {len(res.errors)} error(s), {len(res.regressions)} "
+                       f"regression(s){rate}; index {res.index}, catalog {res.catalog}", err=True)
+        if res.runs and all(r["status"] == "error" for r in res.runs):
+            raise TraceanalyzeError("nothing could be analyzed: every run failed (see index.html)")
 
     _guard(ctx, run)
 

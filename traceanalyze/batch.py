@@ -1,0 +1,899 @@
+"""Batch: analyze every run of an archive, keep one catalog of them, and flag regressions.
+
+``traceanalyze batch ARCHIVE -o OUTDIR`` finds every run under ARCHIVE (:func:`traceanalyze.discover.discover`:
+nested folders, any mix of sizes), analyzes each one with the code path of ``traceanalyze report`` (one
+:func:`traceanalyze.pipeline.analyze` per run, its own DuckDB), and writes::
+
+    OUTDIR/catalog.duckdb                 one row per run, all findings, every rank's metrics (tables below)
+    OUTDIR/index.html                     every run linked; top-cause distribution; step time over time per group
+    OUTDIR/runs/<slug>/report.html|json|duckdb           what ``report`` writes for that run
+    OUTDIR/runs/<slug>/regression.html|json|duckdb       a flagged run compared with its group's reference run
+
+**Incremental.** A run is keyed on its files' paths (relative to ARCHIVE), sizes and mtimes (plus the tool
+version and the options that change results): a re-run analyzes only new or changed runs, and runs gone from
+the archive drop out of the catalog (their ``runs/<slug>`` folder is removed).
+
+**Regressions.** Runs are grouped by what makes them comparable: the model name the logs or configs state, else
+the run's folder name (date-, id- and ``traces``-like folder names are skipped: ``llama/2026-11-01/traces`` is
+``llama``), plus the world size. Within a group, a run whose step time exceeds ``threshold`` × the median step
+time of the group's earlier runs is flagged, and explained against the earlier run closest to that median
+exactly as ``report RUN --baseline REF`` does; the finding tied to the largest part of the step-time difference
+is named.
+
+**Errors.** One bad run never stops the batch: it gets a catalog row with ``status = 'error'`` and the message,
+and the index lists it.
+
+**Beyond one machine.** The per-run work, :func:`analyze_run` and :func:`explain_regression`, is a pure
+function of a run's files: it takes a plain dict, writes only under ``OUTDIR/runs/<slug>/`` and returns plain
+dicts (the catalog rows); only this process writes the catalog and the index. So any engine that runs Python
+functions can fan it out. Two executors are built in: ``local`` (``concurrent.futures.ProcessPoolExecutor``,
+one run per process, ``--jobs`` processes) and ``dask`` (``dask.distributed.Client``: a ``LocalCluster`` by
+default, or ``--scheduler tcp://host:8786`` for a real cluster whose workers see ARCHIVE and OUTDIR at the same
+paths, e.g. on a shared file system, and have traceanalyze installed). Dask rather than Ray or Spark: it is a
+pure-Python install (``pip install 'traceanalyze[dask]'``, about 45 MB, a few seconds), its local cluster is one
+process tree that needs no service, and its futures API is the one ``concurrent.futures`` already uses here, so
+both executors share one code path; Ray brings a large native runtime and its own object store, Spark a JVM.
+Nothing here schedules work itself: the executors do.
+
+Catalog tables (``OUTDIR/catalog.duckdb``; open it with ``traceanalyze sql``):
+
+- ``runs``: one row per run (columns in :data:`CATALOG_DDL`): ``run_id`` (the run's folder relative to
+  ARCHIVE), ``status`` (ok / partial / error) and ``error``, ``date`` (UTC: the first event of the traces,
+  ``baseTimeNanoseconds`` applied, else the folder's mtime; ``date_source`` says which), ``world_size``,
+  ``gpu_model``, ``mode``, ``step_time_us``, ``mfu_pct``, the top finding (``top_cause``, ``top_kind``,
+  ``top_impact_pct``, ...: the highest-ranked finding of high or medium severity, NULL for a healthy run),
+  ``findings`` (JSON, every finding), ``group_key``, the regression verdict (``regression``,
+  ``regression_ratio``, ``regression_reference``, ``regression_cause``, ``regression_finding``, ...), and the
+  report files (relative to OUTDIR).
+- ``findings``: one row per finding of each run (``run_id``, ``pos`` 1 = top, cause, kind, severity, ...).
+- ``rank_metrics``: the per-rank metrics of every run (``report``'s ``rank_metrics`` with ``run_id`` the
+  catalog's run id).
+- ``batches``: one row per ``batch`` invocation (runs analyzed, unchanged, removed, seconds, bytes).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import multiprocessing as mp
+import os
+import re
+import shutil
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import duckdb
+
+from traceanalyze import __version__
+from traceanalyze.errors import TraceanalyzeError
+
+CATALOG_VERSION = "1"
+REGRESSION_THRESHOLD = 1.2  # step time above this × the group's median of earlier runs is a regression
+MAX_GROUP_CHARTS = 40  # the index draws step time over time for at most this many groups (the busiest)
+_EPOCH_NS = 10**18  # event times above this are epoch ns (after 2001-09-09); below, a trace-relative clock
+
+CATALOG_DDL = f"""
+CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR);
+INSERT OR IGNORE INTO meta VALUES ('catalog_version', '{CATALOG_VERSION}');
+CREATE TABLE IF NOT EXISTS runs (
+    run_id VARCHAR PRIMARY KEY,    -- the run's folder relative to ARCHIVE
+    path VARCHAR,                  -- the run's folder (resolved)
+    slug VARCHAR,                  -- its output folder: OUTDIR/runs/<slug>/
+    status VARCHAR,                -- ok | partial (some trace unreadable or truncated) | error
+    error VARCHAR,                 -- why error (or what was partial)
+    fingerprint VARCHAR,           -- sha256 of the files' paths (in ARCHIVE), sizes, mtimes, version, options
+    n_files INTEGER,               -- trace files + logs/configs
+    trace_bytes BIGINT,            -- trace files' size on disk
+    json_bytes BIGINT,             -- decompressed trace JSON read
+    date TIMESTAMP,                -- UTC: first trace event, else the folder's mtime
+    date_source VARCHAR,           -- trace | mtime
+    name VARCHAR,                  -- run name in its report
+    group_name VARCHAR,            -- model name from logs/configs, else the folder name
+    group_key VARCHAR,             -- group_name + world size: runs that are compared with each other
+    world_size INTEGER, backend VARCHAR, mode VARCHAR, gpu_model VARCHAR,
+    step_time_us DOUBLE,           -- median over ranks of the mean ProfilerStep time
+    mfu_pct DOUBLE,                -- from GEMM FLOPs in the trace, else the logs' median; NULL if unknown
+    verdict VARCHAR,
+    top_cause VARCHAR, top_kind VARCHAR, top_severity VARCHAR, top_impact_pct DOUBLE, top_title VARCHAR,
+    n_findings INTEGER,
+    findings JSON,                 -- every finding of the run, ranked (the report's "findings")
+    report_html VARCHAR, report_json VARCHAR, report_db VARCHAR,   -- relative to OUTDIR
+    analyzed_at TIMESTAMP, analyze_s DOUBLE,
+    regression BOOLEAN,            -- step time > threshold × median of the group's earlier runs
+    regression_ratio DOUBLE,       -- step time / that median
+    regression_median_us DOUBLE,   -- the median of the group's earlier runs
+    regression_reference VARCHAR,  -- run_id of the earlier run compared against (closest to the median)
+    regression_part VARCHAR,       -- the part of the step that grew most (compute, exposed communication, ...)
+    regression_delta_us DOUBLE,    -- step-time difference against the reference
+    regression_cause VARCHAR, regression_kind VARCHAR,
+    regression_finding VARCHAR,    -- title of the finding that explains the difference
+    regression_report VARCHAR,     -- comparison report (relative to OUTDIR)
+    regression_key VARCHAR,        -- fingerprints of run + reference: the comparison is redone when it changes
+    regression_error VARCHAR
+);
+CREATE TABLE IF NOT EXISTS findings (
+    run_id VARCHAR, pos INTEGER,   -- 1 = the run's top finding
+    cause VARCHAR, kind VARCHAR, severity VARCHAR, impact_pct DOUBLE, ranks JSON, title VARCHAR,
+    evidence JSON, recommendation VARCHAR
+);
+CREATE TABLE IF NOT EXISTS rank_metrics (
+    run_id VARCHAR, rank INTEGER, mode VARCHAR, n_files INTEGER,
+    window_us DOUBLE, busy_us DOUBLE, idle_us DOUBLE, compute_us DOUBLE, non_compute_us DOUBLE,
+    idle_pct DOUBLE, compute_pct DOUBLE, non_compute_pct DOUBLE,
+    comm_us DOUBLE, comm_comp_overlap_pct DOUBLE, exposed_comm_us DOUBLE,
+    kernel_compute_us DOUBLE, kernel_comm_us DOUBLE, kernel_memory_us DOUBLE, n_kernels BIGINT,
+    n_steps INTEGER, step_time_us DOUBLE
+);
+CREATE TABLE IF NOT EXISTS batches (
+    started_at TIMESTAMP, seconds DOUBLE, archive VARCHAR, executor VARCHAR, jobs INTEGER,
+    n_runs INTEGER, analyzed INTEGER, unchanged INTEGER, removed INTEGER, errors INTEGER, regressions INTEGER,
+    trace_bytes BIGINT,            -- trace bytes (on disk) of the runs analyzed by this invocation
+    json_bytes BIGINT
+);
+"""
+
+
+
+def _columns(table: str) -> list[str]:
+    """Column names of a table of :data:`CATALOG_DDL`, in order."""
+    body = CATALOG_DDL.split(f"CREATE TABLE IF NOT EXISTS {table} (")[1].split(");")[0]
+    return [c.split()[0] for c in re.sub(r"--[^\n]*", "", body).split(",") if c.strip()]
+
+
+_RUN_COLUMNS = _columns("runs")
+_RANK_COLUMNS = ["rank", "mode", "n_files", "window_us", "busy_us", "idle_us", "compute_us", "non_compute_us",
+                 "idle_pct", "compute_pct", "non_compute_pct", "comm_us", "comm_comp_overlap_pct", "exposed_comm_us",
+                 "kernel_compute_us", "kernel_comm_us", "kernel_memory_us", "n_kernels", "n_steps", "step_time_us"]
+_FINDING_COLUMNS = ["cause", "kind", "severity", "impact_pct", "ranks", "title", "evidence", "recommendation"]
+_REGRESSION_COLUMNS = [c for c in _RUN_COLUMNS if c.startswith("regression")]
+
+# folder names that say when or which attempt, not what ran: skipped when naming a run's group
+_NOT_A_NAME = re.compile(
+    r"^(?:\d{4}[-_.]?\d{2}[-_.]?\d{2}(?:[T_ .-]?\d{2}[-:_.]?\d{2}(?:[-:_.]?\d{2})?)?Z?"   # dates, timestamps
+    r"|(?:run|job|attempt|trial|try|seed|rep|repeat|iter|step|v|version)?[-_.]?\d+"       # run_3, 0042
+    r"|[0-9a-f]{8,}"                                                                       # hashes
+    r"|traces?|profiles?|profiler|logs?|tb|tensorboard|kineto|pt_traces?|torch_traces?|output|outputs)$",
+    re.IGNORECASE)
+_DATE_AFFIX = re.compile(r"[-_.]?\d{4}-?\d{2}-?\d{2}(?:[T_-]?\d{4,6})?$|^\d{4}-?\d{2}-?\d{2}[-_.]")
+
+
+@dataclass
+class BatchResult:
+    """What one :func:`run_batch` did. Run ids are paths relative to the archive."""
+
+    outdir: Path
+    catalog: Path
+    index: Path
+    runs: list[dict]                         # every catalog row, by date
+    analyzed: list[str] = field(default_factory=list)     # (re)analyzed by this invocation
+    unchanged: list[str] = field(default_factory=list)    # taken from the catalog as they were
+    removed: list[str] = field(default_factory=list)      # gone from the archive, dropped from the catalog
+    errors: list[str] = field(default_factory=list)       # runs with status error
+    regressions: list[str] = field(default_factory=list)  # runs flagged as regressions
+    explained: list[str] = field(default_factory=list)    # regressions compared by this invocation
+    seconds: float = 0.0
+    trace_bytes: int = 0                     # on-disk trace bytes of the runs analyzed by this invocation
+    json_bytes: int = 0                      # decompressed JSON bytes of those
+
+    @property
+    def runs_per_s(self) -> float:
+        return len(self.analyzed) / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.trace_bytes / 1e6 / self.seconds if self.seconds > 0 else 0.0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Per-run work: pure functions of a run's files (plain dicts in and out; writes only under runs/<slug>/)
+
+def analyze_run(task: dict) -> dict:
+    """Analyze one run exactly as ``traceanalyze report`` does and write its report files.
+
+    Args:
+        task: ``{"run_id", "slug", "path", "files", "outdir", "fingerprint", "n_files", "trace_bytes",
+            "link_bw_gbps", "peak_tflops"}`` (plain values: it travels to other processes or machines).
+
+    Returns:
+        ``{"run": catalog row (dict), "findings": [dict], "rank_metrics": [dict]}``. Never raises for a bad
+        run: the row then has ``status = "error"`` and the message.
+    """
+    from traceanalyze import pipeline, render
+
+    t0 = time.perf_counter()
+    out = Path(task["outdir"]) / "runs" / task["slug"]
+    out.mkdir(parents=True, exist_ok=True)
+    rel = f"runs/{task['slug']}"
+    row: dict = {c: None for c in _RUN_COLUMNS}
+    row.update(run_id=task["run_id"], path=task["path"], slug=task["slug"], status="error",
+               fingerprint=task["fingerprint"], n_files=task["n_files"], trace_bytes=task["trace_bytes"],
+               json_bytes=0, group_name=_folder_group_name(task["run_id"]), name=Path(task["path"]).name,
+               analyzed_at=_dt.datetime.now(_dt.timezone.utc).replace(tzinfo=None), regression=False)
+    row["date"], row["date_source"] = _mtime_date(task["path"]), "mtime"
+    result = {"run": row, "findings": [], "rank_metrics": []}
+    try:
+        a = pipeline.analyze(task["files"], db=out / "report.duckdb", jobs=1, link_bw_gbps=task.get("link_bw_gbps"),
+                             peak_tflops=task.get("peak_tflops"))
+    except Exception as exc:  # a bad run must not stop the batch: its row says why
+        row["error"] = _one_line(exc)
+        row["analyze_s"] = round(time.perf_counter() - t0, 3)
+        row["group_key"] = _group_key(row["group_name"], None)
+        return result
+    try:
+        model = a.model
+        run = next((r for r in model["runs"] if r.get("role") == "subject"), model["runs"][0])
+        (out / "report.json").write_text(pipeline.to_json(model), encoding="utf-8")
+        row["report_json"] = f"{rel}/report.json"
+        (out / "report.html").write_text(render.html(model), encoding="utf-8")
+        row["report_html"], row["report_db"] = f"{rel}/report.html", f"{rel}/report.duckdb"
+        rid = run["run_id"]
+        first_ns, json_bytes = a.con.execute(
+            "WITH f AS (SELECT file_id FROM files WHERE run_id = $1) "
+            "SELECT least((SELECT min(ts_ns) FROM cpu_ops WHERE file_id IN (SELECT file_id FROM f)), "
+            "(SELECT min(ts_ns) FROM kernels WHERE file_id IN (SELECT file_id FROM f))), "
+            "(SELECT sum(bytes_read) FROM files WHERE run_id = $1)", [rid]).fetchone()
+        row["json_bytes"] = int(json_bytes or 0)
+        if first_ns is not None and first_ns > _EPOCH_NS:
+            row["date"] = _dt.datetime.fromtimestamp(first_ns / 1e9, _dt.timezone.utc).replace(tzinfo=None)
+            row["date_source"] = "trace"
+        facts = run.get("log_facts") or {}
+        if facts.get("model_name"):
+            row["group_name"] = str(facts["model_name"][0])
+        findings = model.get("findings") or []
+        top = next((f for f in findings if f.get("severity") in ("high", "medium")), None)
+        mfu = (run.get("precision") or {}).get("mfu_pct")
+        if mfu is None:
+            mfu = a.con.execute("SELECT median(mfu_pct) FROM log_steps WHERE run_id = ?", [rid]).fetchone()[0]
+        row.update(name=run.get("name"), world_size=run.get("world_size"), backend=run.get("backend"),
+                   mode=run.get("mode"), gpu_model=run.get("gpu_model"), step_time_us=run.get("step_time_us"),
+                   mfu_pct=mfu, verdict=model.get("verdict"), n_findings=len(findings),
+                   findings=json.dumps(findings, default=str))
+        if top is not None:
+            row.update(top_cause=top["cause"], top_kind=top["kind"], top_severity=top["severity"],
+                       top_impact_pct=top["impact_pct"], top_title=top["title"])
+        cols = [d[0] for d in a.con.execute("SELECT * FROM rank_metrics LIMIT 0").description]
+        for vals in a.con.execute("SELECT * FROM rank_metrics WHERE run_id = ? ORDER BY rank", [rid]).fetchall():
+            d = dict(zip(cols, vals, strict=True))
+            result["rank_metrics"].append({c: d.get(c) for c in _RANK_COLUMNS})
+        result["findings"] = [{c: (json.dumps(f.get(c)) if c in ("ranks", "evidence") else f.get(c))
+                               for c in _FINDING_COLUMNS} for f in findings]
+        problems = [w for w in model.get("warnings") or [] if w.get("level") in ("error", "partial")]
+        usable = any((r.get("window_us") or 0) > 0 for r in run.get("ranks") or []) or run.get("log_steps")
+        if not usable:
+            row["status"] = "error"
+            row["error"] = "nothing could be analyzed: " + ("; ".join(_warning_text(w) for w in problems[:3])
+                                                             or "no rank has any activity and no log has steps")
+            result["rank_metrics"] = []  # empty ranks: nothing to compare with other runs
+        else:
+            row["status"] = "partial" if problems else "ok"
+            row["error"] = "; ".join(_warning_text(w) for w in problems[:3]) or None
+    except Exception as exc:
+        row["status"], row["error"] = "error", _one_line(exc)
+    finally:
+        a.con.close()
+    row["group_key"] = _group_key(row["group_name"], row["world_size"])
+    row["analyze_s"] = round(time.perf_counter() - t0, 3)
+    return result
+
+
+def explain_regression(task: dict) -> dict:
+    """Compare a flagged run with its reference run, as ``report RUN --baseline REF`` does.
+
+    Args:
+        task: ``{"run_id", "slug", "outdir", "files", "ref_files", "ref_run_id", "regression_key",
+            "link_bw_gbps", "peak_tflops"}``.
+
+    Returns:
+        The ``regression_*`` columns of the run's catalog row that the comparison fills (part, delta, cause,
+        kind, finding, report, key, error). Never raises.
+    """
+    from traceanalyze import pipeline, render
+
+    out = Path(task["outdir"]) / "runs" / task["slug"]
+    res = {"regression_key": task["regression_key"], "regression_part": None, "regression_delta_us": None,
+           "regression_cause": None, "regression_kind": None, "regression_finding": None,
+           "regression_report": None, "regression_error": None}
+    db = out / "regression.duckdb"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        if not db.exists() and (out / "report.duckdb").exists():
+            shutil.copyfile(out / "report.duckdb", db)  # the run's traces are parsed already: a warm cache
+        a = pipeline.analyze(task["files"], baseline=task["ref_files"], db=db, jobs=1,
+                             link_bw_gbps=task.get("link_bw_gbps"), peak_tflops=task.get("peak_tflops"))
+    except Exception as exc:
+        res["regression_error"] = _one_line(exc)
+        return res
+    try:
+        model = a.model
+        (out / "regression.json").write_text(pipeline.to_json(model), encoding="utf-8")
+        (out / "regression.html").write_text(render.html(model), encoding="utf-8")
+        res["regression_report"] = f"runs/{task['slug']}/regression.html"
+        comp = model.get("comparison") or {}
+        res["regression_delta_us"] = comp.get("delta_us")
+        findings = model.get("findings") or []
+        parts = sorted((p for p in comp.get("parts") or [] if (p.get("delta_us") or 0) > 0),
+                       key=lambda p: -p["delta_us"])
+        chosen = None
+        for p in parts:
+            if p.get("finding"):
+                chosen = next((f for f in findings if f.get("title") == p["finding"]), None)
+                if chosen is not None:
+                    res["regression_part"] = p["part"]
+                    break
+        if parts and res["regression_part"] is None:
+            res["regression_part"] = parts[0]["part"]
+        if chosen is None:  # no part tied to a finding: the comparison's top finding
+            chosen = next((f for f in findings if f.get("severity") in ("high", "medium")), None)
+        if chosen is not None:
+            res.update(regression_cause=chosen["cause"], regression_kind=chosen["kind"],
+                       regression_finding=chosen["title"])
+    except Exception as exc:
+        res["regression_error"] = _one_line(exc)
+    finally:
+        a.con.close()
+    return res
+
+
+def _one_line(exc: BaseException) -> str:
+    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return msg if isinstance(exc, TraceanalyzeError) else f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
+
+
+def _warning_text(w: dict) -> str:
+    return f"{Path(w['file']).name}: {w['message']}" if w.get("file") else str(w.get("message"))
+
+
+def _mtime_date(path: str) -> _dt.datetime | None:
+    try:
+        return _dt.datetime.fromtimestamp(os.stat(path).st_mtime, _dt.timezone.utc).replace(tzinfo=None)
+    except OSError:
+        return None
+
+
+def _folder_group_name(run_id: str) -> str:
+    """The name of what ran, from the run's folder path: the deepest folder whose name is not a date, a
+    timestamp, an attempt number, a hash or a generic ``traces``/``logs`` folder (a date affix is cut)."""
+    parts = [p for p in run_id.replace("\\", "/").split("/") if p and p != "."]
+    for p in reversed(parts):
+        if not _NOT_A_NAME.match(p):
+            return _DATE_AFFIX.sub("", p) or p
+    return parts[-1] if parts else run_id
+
+
+def _group_key(name: str | None, world_size: int | None) -> str:
+    return f"{name or '?'} / {world_size if world_size else '?'} ranks"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Executors: concurrent.futures processes, or Dask. Both yield (task, result, error) as tasks finish.
+
+class LocalExecutor:
+    """``--jobs`` worker processes (``ProcessPoolExecutor``), one run per process at a time; inline for 1 job.
+
+    A worker that dies (killed for memory, a crash in a native library) breaks the pool: the runs it took down
+    with it are then retried one at a time, each in a fresh process, so only the culprit is reported."""
+
+    name = "local"
+
+    def __init__(self, jobs: int) -> None:
+        self.jobs = max(1, jobs)
+
+    def results(self, fn: Callable[[dict], dict], tasks: list[dict]) -> Iterator[tuple[dict, dict | None, str | None]]:
+        if self.jobs == 1 or len(tasks) <= 1:
+            for t in tasks:
+                try:
+                    yield t, fn(t), None
+                except Exception as exc:
+                    yield t, None, _one_line(exc)
+            return
+        if "forkserver" in mp.get_all_start_methods():
+            ctx = mp.get_context("forkserver")  # not fork: this process holds an open DuckDB (threads)
+            ctx.set_forkserver_preload(["traceanalyze.batch", "traceanalyze.pipeline", "traceanalyze.render"])
+        else:
+            ctx = mp.get_context("spawn")
+        retry: list[dict] = []
+        pool = ProcessPoolExecutor(max_workers=min(self.jobs, len(tasks)), mp_context=ctx)
+        try:
+            futs = {pool.submit(fn, t): t for t in tasks}
+            for fut in as_completed(futs):
+                t = futs[fut]
+                try:
+                    yield t, fut.result(), None
+                except BrokenProcessPool:
+                    retry.append(t)
+                except Exception as exc:
+                    yield t, None, _one_line(exc)
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+        for t in retry:
+            with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as solo:
+                try:
+                    yield t, solo.submit(fn, t).result(), None
+                except BrokenProcessPool:
+                    yield t, None, "the worker process died while analyzing this run (out of memory?)"
+                except Exception as exc:
+                    yield t, None, _one_line(exc)
+
+    def close(self) -> None:
+        pass
+
+
+class DaskExecutor:
+    """``dask.distributed``: a ``LocalCluster`` of ``jobs`` single-threaded worker processes, or the cluster
+    whose scheduler is at ``scheduler`` (``tcp://host:8786``)."""
+
+    name = "dask"
+
+    def __init__(self, jobs: int, scheduler: str | None = None, processes: bool = True) -> None:
+        try:
+            from dask.distributed import Client, LocalCluster
+        except ImportError:
+            raise TraceanalyzeError("the dask executor needs Dask: pip install 'traceanalyze[dask]'") from None
+        self.cluster = None
+        try:
+            if scheduler:
+                self.client = Client(scheduler, timeout="30s")
+            else:
+                self.cluster = LocalCluster(n_workers=max(1, jobs), threads_per_worker=1, processes=processes,
+                                            dashboard_address=None)
+                self.client = Client(self.cluster)
+        except OSError as exc:
+            raise TraceanalyzeError(f"cannot reach the Dask scheduler {scheduler or '(local)'}: {exc}") from None
+
+    def results(self, fn: Callable[[dict], dict], tasks: list[dict]) -> Iterator[tuple[dict, dict | None, str | None]]:
+        from dask.distributed import as_completed as dask_completed
+
+        futs = [self.client.submit(fn, t, pure=False) for t in tasks]
+        by_key = {f.key: t for f, t in zip(futs, tasks, strict=True)}
+        for fut in dask_completed(futs):
+            t = by_key[fut.key]
+            try:
+                yield t, fut.result(), None
+            except Exception as exc:  # KilledWorker after Dask's own retries, or a bug
+                yield t, None, _one_line(exc)
+            fut.release()
+
+    def close(self) -> None:
+        self.client.close()
+        if self.cluster is not None:
+            self.cluster.close()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The batch
+
+def find_runs(archive: str | Path) -> list[dict]:
+    """Every run under ``archive``: ``{"run_id", "path", "files", "traces", "n_files", "trace_bytes",
+    "stat"}``, where ``stat`` lists ``(path, size, mtime_ns)`` of each file (the incremental key)."""
+    from traceanalyze.discover import discover
+
+    root = Path(archive)
+    disc = discover([root])
+    rroot = root.resolve()
+    specs = []
+    for run in disc.runs:
+        files = [str(p) for p in run.traces] + [str(s.path) for s in run.sidecars]
+        stat = []  # paths relative to the archive: a moved or re-mounted archive is not analyzed again
+        for f in files:
+            fr = Path(f).resolve()
+            name = fr.relative_to(rroot).as_posix() if fr.is_relative_to(rroot) else str(fr)
+            try:
+                st = os.stat(f)
+                stat.append((name, st.st_size, st.st_mtime_ns))
+            except OSError:
+                stat.append((name, -1, -1))
+        try:
+            rel = run.path.resolve().relative_to(rroot).as_posix()
+        except ValueError:
+            rel = run.path.as_posix()
+        rel = rel if rel not in ("", ".") else (rroot.name or "run")
+        trace_set = {str(p) for p in run.traces}
+        specs.append({"run_id": rel, "path": str(run.path.resolve()), "files": files,
+                      "n_files": len(files), "stat": sorted(stat),
+                      "trace_bytes": sum(s for f, (_, s, _) in zip(files, stat, strict=True)
+                                         if f in trace_set and s > 0)})
+    return specs
+
+
+def _fingerprint(spec: dict, options: dict) -> str:
+    h = hashlib.sha256(f"traceanalyze {__version__} catalog {CATALOG_VERSION}\n".encode())
+    h.update(json.dumps(options, sort_keys=True).encode())
+    for p, size, mtime in spec["stat"]:
+        h.update(f"\n{p}\t{size}\t{mtime}".encode())
+    return h.hexdigest()
+
+
+def _slug(run_id: str) -> str:
+    s = "__".join(re.sub(r"[^A-Za-z0-9_.-]+", "_", p).strip("._") or "_" for p in run_id.split("/"))
+    return s[:150] or "run"
+
+
+def open_catalog(path: str | Path, read_only: bool = False) -> duckdb.DuckDBPyConnection:
+    """Open (create) the catalog database. Raises :class:`TraceanalyzeError` when it is in use or unusable."""
+    try:
+        con = duckdb.connect(str(path), read_only=read_only)
+    except duckdb.Error as exc:
+        first = str(exc).splitlines()[0]
+        if "lock" in first.lower():
+            raise TraceanalyzeError(f"{path}: in use by another process (is another batch running on this "
+                                    "output folder?)") from None
+        raise TraceanalyzeError(f"{path}: cannot open the catalog ({first})") from None
+    if not read_only:
+        version = None
+        try:
+            version = con.execute("SELECT value FROM meta WHERE key = 'catalog_version'").fetchone()
+        except duckdb.Error:
+            pass
+        if version is not None and version[0] != CATALOG_VERSION:  # older layout: start over, re-analyze all
+            for t in ("meta", "runs", "findings", "rank_metrics", "batches"):
+                con.execute(f"DROP TABLE IF EXISTS {t}")
+        con.execute(CATALOG_DDL)
+    return con
+
+
+def run_batch(archive: str | Path, outdir: str | Path, *, jobs: int | None = None, executor: str = "local",
+              scheduler: str | None = None, threshold: float = REGRESSION_THRESHOLD, force: bool = False,
+              link_bw_gbps: float | None = None, peak_tflops: float | None = None,
+              on_run: Callable[[dict], None] | None = None, dask_processes: bool = True) -> BatchResult:
+    """Analyze every new or changed run under ``archive``; update ``outdir``'s catalog, reports and index.
+
+    Args:
+        archive: folder holding runs (any depth).
+        outdir: output folder (catalog.duckdb, index.html, runs/).
+        jobs: runs analyzed at once (default: CPU count); each run is parsed by one process.
+        executor: ``"local"`` (processes on this machine) or ``"dask"``.
+        scheduler: Dask scheduler address (``tcp://host:8786``); implies ``executor="dask"``.
+        threshold: a run is a regression above ``threshold`` × its group's median step time of earlier runs.
+        force: re-analyze every run, changed or not.
+        link_bw_gbps, peak_tflops: as for ``report`` (``--link-bw``, ``--peak-tflops``).
+        on_run: called with each run's catalog row as its analysis finishes.
+        dask_processes: Dask local cluster with worker processes (False: threads in this process).
+
+    Returns:
+        :class:`BatchResult`.
+
+    Raises:
+        TraceanalyzeError: the archive does not exist or holds no run, the catalog is in use, or the executor
+            cannot start.
+    """
+    t0 = time.perf_counter()
+    started = _dt.datetime.now(_dt.timezone.utc).replace(tzinfo=None)
+    archive, outdir = Path(archive), Path(outdir)
+    if not archive.is_dir():
+        raise TraceanalyzeError(f"{archive}: no such folder")
+    jobs = jobs or os.cpu_count() or 1
+    if scheduler:
+        executor = "dask"
+    options = {"link_bw_gbps": link_bw_gbps, "peak_tflops": peak_tflops}
+    specs = find_runs(archive)
+    if not specs:
+        raise TraceanalyzeError(f"{archive}: no run found (no Kineto trace or training log in any folder)")
+    outdir.mkdir(parents=True, exist_ok=True)
+    (outdir / "runs").mkdir(exist_ok=True)
+    con = open_catalog(outdir / "catalog.duckdb")
+    try:
+        return _run(con, archive, outdir, specs, options, jobs, executor, scheduler, threshold, force, on_run,
+                    dask_processes, t0, started)
+    finally:
+        con.close()
+
+
+def _run(con, archive, outdir, specs, options, jobs, executor_name, scheduler, threshold, force, on_run,
+         dask_processes, t0, started) -> BatchResult:
+    known = {r[0]: (r[1], r[2], r[3]) for r in
+             con.execute("SELECT run_id, fingerprint, slug, report_html FROM runs").fetchall()}
+    res = BatchResult(outdir=outdir, catalog=outdir / "catalog.duckdb", index=outdir / "index.html", runs=[])
+    current = {s["run_id"] for s in specs}
+    # runs gone from the archive: out of the catalog, their outputs removed
+    for run_id, (_, slug, _) in known.items():
+        if run_id not in current:
+            _delete_run(con, run_id)
+            target = (outdir / "runs" / slug) if slug else None
+            if target is not None and target.is_dir() and target.resolve().parent == (outdir / "runs").resolve():
+                shutil.rmtree(target, ignore_errors=True)
+            res.removed.append(run_id)
+    taken = {v[1] for k, v in known.items() if k in current and v[1]}
+    tasks = []
+    for s in specs:
+        fp = _fingerprint(s, options)
+        s["fingerprint"] = fp
+        old = known.get(s["run_id"])
+        if old is not None and old[1]:
+            s["slug"] = old[1]
+        else:
+            slug = _slug(s["run_id"])
+            if slug in taken:
+                slug = f"{slug}-{hashlib.sha1(s['run_id'].encode()).hexdigest()[:8]}"
+            s["slug"] = slug
+            taken.add(slug)
+        fresh = (old is not None and old[0] == fp and not force
+                 and (old[2] is None or (outdir / old[2]).exists()))
+        if fresh:
+            res.unchanged.append(s["run_id"])
+            con.execute("UPDATE runs SET path = ? WHERE run_id = ?", [s["path"], s["run_id"]])
+            continue
+        tasks.append({"run_id": s["run_id"], "slug": s["slug"], "path": s["path"], "files": s["files"],
+                      "outdir": str(outdir.resolve()), "fingerprint": fp, "n_files": s["n_files"],
+                      "trace_bytes": s["trace_bytes"], **options})
+    tasks.sort(key=lambda t: -t["trace_bytes"])  # biggest first: the long runs do not finish last
+    ex = None
+    try:
+        if tasks:
+            ex = _executor(executor_name, jobs, scheduler, dask_processes)
+            for task, out, err in ex.results(analyze_run, tasks):
+                if out is None:  # the worker itself failed (died, or the executor lost it)
+                    out = {"run": {c: None for c in _RUN_COLUMNS}, "findings": [], "rank_metrics": []}
+                    out["run"].update(run_id=task["run_id"], path=task["path"], slug=task["slug"], status="error",
+                                      error=err, fingerprint=task["fingerprint"], n_files=task["n_files"],
+                                      trace_bytes=task["trace_bytes"], date=_mtime_date(task["path"]),
+                                      date_source="mtime", group_name=_folder_group_name(task["run_id"]),
+                                      regression=False)
+                    out["run"]["group_key"] = _group_key(out["run"]["group_name"], None)
+                _store(con, out)
+                res.analyzed.append(task["run_id"])
+                res.trace_bytes += int(out["run"].get("trace_bytes") or 0)
+                res.json_bytes += int(out["run"].get("json_bytes") or 0)
+                if on_run is not None:
+                    on_run(out["run"])
+        explain = _flag_regressions(con, specs, threshold, outdir, options)
+        if explain:
+            if ex is None:
+                ex = _executor(executor_name, jobs, scheduler, dask_processes)
+            for task, out, err in ex.results(explain_regression, explain):
+                if out is None:
+                    out = {"regression_key": task["regression_key"], "regression_error": err}
+                sets = ", ".join(f"{k} = ?" for k in out)
+                con.execute(f"UPDATE runs SET {sets} WHERE run_id = ?", [*out.values(), task["run_id"]])
+                res.explained.append(task["run_id"])
+    finally:
+        if ex is not None:
+            ex.close()
+    rows = _catalog_rows(con)
+    res.runs = rows
+    res.errors = [r["run_id"] for r in rows if r["status"] == "error"]
+    res.regressions = [r["run_id"] for r in rows if r["regression"]]
+    res.seconds = time.perf_counter() - t0
+    res.index.write_text(index_html(rows, archive=str(archive.resolve()), stats=res, threshold=threshold),
+                         encoding="utf-8")
+    res.seconds = time.perf_counter() - t0
+    con.execute("INSERT INTO batches VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [started, round(res.seconds, 3), str(archive.resolve()), executor_name, jobs, len(rows),
+                 len(res.analyzed), len(res.unchanged), len(res.removed), len(res.errors), len(res.regressions),
+                 res.trace_bytes, res.json_bytes])
+    return res
+
+
+def _executor(name: str, jobs: int, scheduler: str | None, processes: bool):
+    if name == "dask":
+        return DaskExecutor(jobs, scheduler, processes=processes)
+    if name != "local":
+        raise TraceanalyzeError(f"unknown executor {name!r} (local or dask)")
+    return LocalExecutor(jobs)
+
+
+def _delete_run(con, run_id: str) -> None:
+    for t in ("runs", "findings", "rank_metrics"):
+        con.execute(f"DELETE FROM {t} WHERE run_id = ?", [run_id])
+
+
+def _store(con, out: dict) -> None:
+    """Replace one run's rows in the catalog, in one transaction (an interrupted batch keeps finished runs)."""
+    row = out["run"]
+    con.execute("BEGIN TRANSACTION")
+    try:
+        _delete_run(con, row["run_id"])
+        con.execute(f"INSERT INTO runs ({', '.join(_RUN_COLUMNS)}) VALUES ({', '.join('?' * len(_RUN_COLUMNS))})",
+                    [row.get(c) for c in _RUN_COLUMNS])
+        for i, f in enumerate(out["findings"], start=1):
+            con.execute(f"INSERT INTO findings (run_id, pos, {', '.join(_FINDING_COLUMNS)}) "
+                        f"VALUES (?, ?, {', '.join('?' * len(_FINDING_COLUMNS))})",
+                        [row["run_id"], i, *[f.get(c) for c in _FINDING_COLUMNS]])
+        if out["rank_metrics"]:
+            con.executemany(f"INSERT INTO rank_metrics (run_id, {', '.join(_RANK_COLUMNS)}) "
+                            f"VALUES (?, {', '.join('?' * len(_RANK_COLUMNS))})",
+                            [[row["run_id"], *[m.get(c) for c in _RANK_COLUMNS]] for m in out["rank_metrics"]])
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+
+
+def _catalog_rows(con) -> list[dict]:
+    rel = con.execute("SELECT * FROM runs ORDER BY date DESC NULLS LAST, run_id")
+    cols = [d[0] for d in rel.description]
+    return [dict(zip(cols, r, strict=True)) for r in rel.fetchall()]
+
+
+def _flag_regressions(con, specs: list[dict], threshold: float, outdir: Path, options: dict) -> list[dict]:
+    """Flag, per group, the runs slower than ``threshold`` × the median step time of the group's earlier runs;
+    return the comparisons to (re)do. Every run's flag is recomputed: a run added with an earlier date changes
+    the history of the runs after it."""
+    by_id = {s["run_id"]: s for s in specs}
+    rows = con.execute("SELECT run_id, group_key, date, step_time_us, fingerprint, regression_key, "
+                       "regression_report FROM runs WHERE status IN ('ok', 'partial') AND step_time_us > 0 "
+                       "AND date IS NOT NULL ORDER BY group_key, date, run_id").fetchall()
+    groups: dict[str, list[tuple]] = {}
+    for r in rows:
+        groups.setdefault(r[1], []).append(r)
+    flagged: dict[str, dict] = {}
+    for members in groups.values():
+        for i, (run_id, _, date, step, fp, old_key, old_report) in enumerate(members):
+            earlier = [m for m in members[:i] if m[2] < date]
+            if not earlier:
+                continue
+            med = statistics.median(m[3] for m in earlier)
+            ratio = step / med
+            if ratio <= threshold:
+                continue
+            ref = min(reversed(earlier), key=lambda m: abs(m[3] - med))  # closest to the median, latest on ties
+            key = f"{fp}:{ref[4]}"
+            flagged[run_id] = {"ratio": ratio, "median": med, "ref": ref[0], "key": key,
+                               "redo": key != old_key or not old_report or not (outdir / old_report).exists()}
+    keep = ", ".join(f"{c} = NULL" for c in _REGRESSION_COLUMNS if c != "regression")
+    con.execute(f"UPDATE runs SET regression = false, {keep} WHERE run_id NOT IN (SELECT unnest(?::VARCHAR[]))",
+                [list(flagged)])
+    tasks = []
+    for run_id, f in flagged.items():
+        con.execute("UPDATE runs SET regression = true, regression_ratio = ?, regression_median_us = ?, "
+                    "regression_reference = ? WHERE run_id = ?", [round(f["ratio"], 3), f["median"], f["ref"], run_id])
+        if f["redo"] and run_id in by_id and f["ref"] in by_id:
+            slug = con.execute("SELECT slug FROM runs WHERE run_id = ?", [run_id]).fetchone()[0]
+            tasks.append({"run_id": run_id, "slug": slug, "outdir": str(outdir.resolve()),
+                          "files": by_id[run_id]["files"], "ref_files": by_id[f["ref"]]["files"],
+                          "ref_run_id": f["ref"], "regression_key": f["key"], **options})
+    return tasks
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The index page: templates/batch_index.html.j2 (autoescaped; charts are pygal SVG cleaned by render._svg)
+
+_ORDERS = (("date", "date"), ("step", "step time"), ("impact", "impact"), ("cause", "top cause"),
+           ("group", "group"), ("status", "status"))
+_NONE_COLOR, _ERROR_COLOR = "#2b8a3e", "#c92a2a"
+
+
+def index_html(rows: list[dict], *, archive: str, stats: BatchResult | None = None,
+               threshold: float = REGRESSION_THRESHOLD) -> str:
+    """The batch index: one self-contained HTML page (inline CSS and SVG, no script, no network request)
+    linking every run's report. ``rows`` are catalog rows (:func:`_catalog_rows`), newest first."""
+    from traceanalyze import render
+
+    rows = sorted(rows, key=lambda r: (r.get("date") or _dt.datetime.min, r["run_id"]), reverse=True)
+    runs = [_row_view(r) for r in rows]
+
+    def order(key) -> dict[str, int]:
+        return {r["run_id"]: i for i, r in enumerate(sorted(rows, key=key))}
+
+    big = float("inf")
+    orders = {
+        "step": order(lambda r: (-(r.get("step_time_us") or -1), r["run_id"])),
+        "impact": order(lambda r: (-(r.get("top_impact_pct") or -1), r["run_id"])),
+        "cause": order(lambda r: ((r.get("top_cause") or "~") if r["status"] != "error" else "~~",
+                                  -(r.get("top_impact_pct") or 0), r["run_id"])),
+        "group": order(lambda r: (r.get("group_key") or "~", -(r["date"].timestamp() if r.get("date") else -big),
+                                  r["run_id"])),
+        "status": order(lambda r: ({"error": 0}.get(r["status"], 1 if r.get("regression") else
+                                                     2 if r["status"] == "partial" else 3),
+                                   -(r["date"].timestamp() if r.get("date") else -big), r["run_id"])),
+    }
+    for rv in runs:
+        rv["style"] = ";".join(f"--o-{k}:{orders[k][rv['run_id']]}" for k in orders)
+    n = len(rows)
+    counts = {c: sum(1 for r in rows if r["status"] != "error" and r.get("top_cause") == c) for c in render.CAUSES}
+    counts["other"] = sum(1 for r in rows if r["status"] != "error" and r.get("top_cause")
+                          and r["top_cause"] not in render.CAUSES)
+    dist = [(render.CAUSE_LABELS[c], counts[c], render.CAUSE_COLORS[c], f"cause-{c}") for c in counts if counts[c]]
+    dist.append(("No significant finding",
+                 sum(1 for r in rows if r["status"] != "error" and not r.get("top_cause")), _NONE_COLOR, "healthy"))
+    dist.append(("Error (not analyzed)", sum(1 for r in rows if r["status"] == "error"), _ERROR_COLOR, "error"))
+    dist = [d for d in dist if d[1]]
+    groups = _group_views(rows)
+    charted = [g for g in groups if g["n_points"] >= 2][:MAX_GROUP_CHARTS]
+    for i, g in enumerate(charted):
+        g["chart"] = _group_chart(g, f"ta-group-{i}")
+    v = {
+        "title": f"traceanalyze batch: {Path(archive).name or archive}",
+        "archive": archive, "tool_name": "traceanalyze", "tool_version": __version__,
+        "generated_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "cause_colors": render.CAUSE_COLORS, "threshold": threshold,
+        "n": n, "n_ok": sum(1 for r in rows if r["status"] == "ok"),
+        "n_partial": sum(1 for r in rows if r["status"] == "partial"),
+        "n_error": sum(1 for r in rows if r["status"] == "error"),
+        "stats": stats, "runs": runs, "orders": _ORDERS,
+        "regressions": [rv for rv in runs if rv["regression"]],
+        "errors": [rv for rv in runs if rv["status"] == "error"],
+        "dist": dist, "dist_chart": _cause_chart(dist) if dist else None,
+        "groups": groups, "charted": charted,
+        "n_uncharted": sum(1 for g in groups if g["n_points"] >= 2) - len(charted),
+    }
+    return render._env.get_template("batch_index.html.j2").render(v=v)
+
+
+def _row_view(r: dict) -> dict:
+    return {
+        "run_id": r["run_id"], "status": r["status"], "error": r.get("error"),
+        "date": r["date"].strftime("%Y-%m-%d %H:%M") if r.get("date") else "–",
+        "date_source": r.get("date_source"), "group": r.get("group_key"), "world_size": r.get("world_size"),
+        "mode": r.get("mode"), "gpu_model": r.get("gpu_model"), "step_time_us": r.get("step_time_us"),
+        "mfu_pct": r.get("mfu_pct"), "cause": r.get("top_cause"), "kind": r.get("top_kind"),
+        "severity": r.get("top_severity"), "impact": r.get("top_impact_pct"), "title": r.get("top_title"),
+        "report": r.get("report_html"), "regression": bool(r.get("regression")),
+        "ratio": r.get("regression_ratio"), "reference": r.get("regression_reference"),
+        "median_us": r.get("regression_median_us"), "part": r.get("regression_part"),
+        "delta_us": r.get("regression_delta_us"), "reg_cause": r.get("regression_cause"),
+        "reg_kind": r.get("regression_kind"), "reg_finding": r.get("regression_finding"),
+        "reg_report": r.get("regression_report"), "reg_error": r.get("regression_error"),
+    }
+
+
+def _group_views(rows: list[dict]) -> list[dict]:
+    groups: dict[str, dict] = {}
+    for r in rows:
+        g = groups.setdefault(r.get("group_key") or "?", {"key": r.get("group_key") or "?", "runs": [], "points": []})
+        g["runs"].append(r)
+        if r["status"] != "error" and r.get("step_time_us") and r.get("date"):
+            g["points"].append(r)
+    out = []
+    for g in groups.values():
+        g["points"].sort(key=lambda r: (r["date"], r["run_id"]))
+        g["n_points"] = len(g["points"])
+        g["n_regressions"] = sum(1 for r in g["runs"] if r.get("regression"))
+        g["n_runs"] = len(g["runs"])
+        out.append(g)
+    out.sort(key=lambda g: (-g["n_regressions"], -g["n_points"], g["key"]))
+    return out
+
+
+def _cause_chart(dist: list[tuple[str, int, str, str]]):
+    """Horizontal bars: how many runs have each top cause."""
+    import pygal
+
+    from traceanalyze import render
+
+    rows = dist[::-1]  # pygal draws the first label at the bottom
+    cfg = render._config(("#495057",), width=760, height=60 + 26 * len(rows), show_legend=False,
+                         print_values=True, spacing=8, margin=8, show_y_guides=False, show_x_guides=True,
+                         x_title="runs", truncate_label=40)
+    chart = pygal.HorizontalBar(cfg)
+    chart.x_labels = [d[0] for d in rows]
+    chart.add("runs", [{"value": d[1], "color": d[2]} for d in rows])
+    titles = {(0, i): f"{d[0]}: {d[1]} run{'s' if d[1] != 1 else ''}" for i, d in enumerate(rows)}
+    return render._svg(chart, "ta-causes", "Runs by top cause", titles)
+
+
+def _group_chart(g: dict, chart_id: str):
+    """Step time (ms) of a group's runs over their dates; regressions as red dots."""
+    import pygal
+
+    from traceanalyze import render
+
+    pts = g["points"]
+    ms = [r["step_time_us"] / 1e3 for r in pts]
+    cfg = render._config(("#1c3d6e", _ERROR_COLOR), width=960, height=280, show_dots=True, dots_size=4,
+                         y_title="step time (ms)", x_label_rotation=20, truncate_legend=30,
+                         x_value_formatter=lambda d: d.strftime("%Y-%m-%d"), range=(0, 1.08 * max(ms)))
+    chart = pygal.DateTimeLine(cfg)
+    days = sorted({r["date"] for r in pts})
+    chart.x_labels = days[:: max(1, -(-len(days) // 12))]  # the runs' own dates, at most 12 labels
+    chart.add("step time", [(r["date"], v) for r, v in zip(pts, ms, strict=True)])
+    reg = [(r["date"], v) for r, v in zip(pts, ms, strict=True) if r.get("regression")]
+    titles = {}
+    for i, (r, v) in enumerate(zip(pts, ms, strict=True)):
+        cause = f"; top cause {r['top_cause']} ({r['top_kind']})" if r.get("top_cause") else ""
+        titles[(0, i)] = f"{r['run_id']}: {v:,.1f} ms{cause}"
+    if reg:
+        chart.add("regression", reg, stroke=False, dots_size=7)
+        k = 0
+        for r, v in zip(pts, ms, strict=True):
+            if r.get("regression"):
+                why = f"; explained by {r['regression_cause']} ({r['regression_kind']})" if r.get(
+                    "regression_cause") else ""
+                titles[(1, k)] = f"{r['run_id']}: {v:,.1f} ms, {r['regression_ratio']:.2f}× the earlier median{why}"
+                k += 1
+    return render._svg(chart, chart_id, f"Step time over time: {g['key']}", titles)
