@@ -88,12 +88,12 @@ def test_rerun_reuses_the_database_without_parsing(tmp_path, monkeypatch):
     first = analyze(src, db=db, jobs=1)
     idle = [r["idle_pct"] for r in first.model["runs"][0]["ranks"]]
     first.con.close()
-    import traceanalyze.store as store
+    import traceanalyze.ingest as ingest
 
     def boom(*a, **k):
         raise AssertionError("parsed again")
 
-    monkeypatch.setattr(store, "parse_trace", boom)
+    monkeypatch.setattr(ingest, "parse_trace", boom)
     second = analyze(src, db=db, jobs=1)
     assert all(f["cached"] for f in second.model["runs"][0]["files"])
     assert [r["idle_pct"] for r in second.model["runs"][0]["ranks"]] == idle
@@ -132,3 +132,16 @@ def test_locked_database_gives_a_clear_error(tmp_path):
             connect(db)
     finally:
         holder.kill()
+
+
+def test_cached_report_is_reused_only_for_the_same_inputs_and_options(tmp_path):
+    src = real("hta/trace_filter")
+    db = tmp_path / "m.duckdb"
+    analyze(src, db=db, jobs=1).con.close()
+    again = analyze(src, db=db, jobs=1)
+    assert again.model.get("cached") is True  # same files, same options: the stored model
+    again.con.close()
+    other = analyze(src, db=db, jobs=1, link_bw_gbps=12.0)  # an option changed: recomputed, files still cached
+    assert "cached" not in other.model
+    assert other.model["runs"][0]["link"] == {"expected_gbps": 12.0, "source": "--link-bw"}
+    assert all(f["cached"] for f in other.model["runs"][0]["files"])

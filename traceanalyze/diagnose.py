@@ -217,8 +217,9 @@ def rule_straggler(ev: RunEvidence) -> list[Finding]:
 
     Per rank, *work* = step time − time waiting in collectives for slower peers (the collectives' wait, see
     :mod:`traceanalyze.metrics.collectives`). The straggler has the most work; its excess over the median is
-    what the others spend waiting, and what balancing would win back (impact = excess / step time). Without
-    matched collectives, compute time per step stands in for work.
+    what the others spend waiting, and what balancing would win back (impact = excess / step time). With matched
+    collectives the rank must also arrive last at half of them or more (clock offsets applied). Without matched
+    collectives, compute time per step stands in for work.
     """
     if len(ev.ranks) < 2 or ev.mode == "logs":
         return []
@@ -243,6 +244,8 @@ def rule_straggler(ev: RunEvidence) -> list[Finding]:
     impact = round(100 * excess / step_med, 1)
     if excess_pct < STRAGGLER_EXCESS_PCT or impact < 3:
         return []
+    if waits and ev.coll.last_arrivals.get(slow, 0) < 0.5 * ev.coll.n_matched_calls:
+        return []  # the others are not waiting for this rank: it does not arrive last at most collectives
     evidence = [f"rank {slow} works {_ms(work[slow])} per step (outside collective waits) vs a median of "
                 f"{_ms(med)} (+{excess_pct:.0f}%); compute {_ms(comp[slow])} vs median "
                 f"{_ms(statistics.median(comp.values()))}"]
