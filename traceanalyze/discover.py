@@ -51,13 +51,11 @@ class Discovery:
 
     ``unreadable`` lists the skipped paths that are errors rather than notes: files that could not be read
     (permissions, I/O errors), broken symlinks, symlink loops, FIFOs and other non-regular files.
-    ``not_traces`` lists the skipped JSON files named like a rank's trace (``rank3.json``) that hold no trace.
     """
 
     runs: list[Run]
     skipped: list[tuple[str, str]]
     unreadable: list[str] = field(default_factory=list)
-    not_traces: list[str] = field(default_factory=list)
 
 
 def _head(path: Path) -> bytes:
@@ -105,9 +103,8 @@ def classify(path: Path) -> tuple[str | None, str]:
     kind = logs.sniff(path, head)
     if kind:
         return kind, ""
-    if name.endswith(TRACE_SUFFIXES) and name_is_trace_like(path):
-        what = "JSON without a traceEvents array" if stripped[:1] in (b"{", b"[") else "not JSON"
-        return None, f"named like a trace but is not one ({what}); skipped"
+    if name_is_trace_like(path):
+        return "trace", ""  # named like a rank's trace (rank3.json): ingest says exactly what is wrong with it
     if name.endswith(TRACE_SUFFIXES):
         return None, "JSON that is neither a Kineto trace nor a known config; skipped"
     return None, ""
@@ -124,7 +121,6 @@ def discover(inputs: list[str | Path]) -> Discovery:
     files: list[Path] = []
     skipped: list[tuple[str, str]] = []
     unreadable: list[str] = []
-    not_traces: list[str] = []
     for inp in inputs:
         p = Path(inp)
         if not p.exists() and not p.is_symlink():
@@ -169,8 +165,6 @@ def discover(inputs: list[str | Path]) -> Discovery:
             sidecars.append(Sidecar(f, kind))
         elif note:
             skipped.append((str(f), note))
-            if kind is None and name_is_trace_like(f):
-                not_traces.append(str(f))
 
     runs = []
     for folder in sorted(traces):
@@ -198,13 +192,13 @@ def discover(inputs: list[str | Path]) -> Discovery:
             r.sidecars.append(sc)
     runs.sort(key=lambda r: str(r.path))
     _name_runs(runs)
-    return Discovery(runs=runs, skipped=skipped, unreadable=unreadable, not_traces=not_traces)
+    return Discovery(runs=runs, skipped=skipped, unreadable=unreadable)
 
 
 def name_is_trace_like(path: Path) -> bool:
     """A ``*.json[.gz]`` name that says rank or trace (``rank3.json``, ``host.pt.trace.json.gz``)."""
     name = path.name.lower()
-    return name.endswith(TRACE_SUFFIXES) and (rank_from_name(path) is not None or "trace" in name)
+    return name.endswith(TRACE_SUFFIXES) and (rank_from_name(path) is not None or ".trace." in name)
 
 
 def _not_readable(path: Path) -> str | None:

@@ -82,7 +82,7 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
             roles[id(r)] = "baseline"
             r.name = f"{r.name} (baseline)" if any(r.name == s.name for s in disc.runs) else r.name
         disc = Discovery(runs=disc.runs + bdisc.runs, skipped=disc.skipped + bdisc.skipped,
-                         unreadable=disc.unreadable + bdisc.unreadable, not_traces=disc.not_traces + bdisc.not_traces)
+                         unreadable=disc.unreadable + bdisc.unreadable)
     if not disc.runs:
         where = ", ".join(str(p) for p in subject_in)
         bad = [f"{f}: {m.removesuffix('; skipped')}" for f, m in disc.skipped if f in set(disc.unreadable)]
@@ -119,9 +119,9 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
     from traceanalyze.metrics.idle import IDLE_TABLE
 
     con.execute(IDLE_TABLE)
-    unreadable, not_traces = set(disc.unreadable), set(disc.not_traces)
-    warnings: list[dict] = [{"file": f, "message": m, "level": "error" if f in unreadable else
-                             "warning" if f in not_traces else "info"} for f, m in disc.skipped]
+    unreadable = set(disc.unreadable)
+    warnings: list[dict] = [{"file": f, "message": m, "level": "error" if f in unreadable else "info"}
+                            for f, m in disc.skipped]
     runs_model = []
     evidence: list[diagnose.RunEvidence] = []
     all_findings: list[diagnose.Finding] = []
