@@ -1,0 +1,76 @@
+"""The rendered report in a real browser: headless Chromium (Debian's ``chromium``) driven by Playwright.
+
+Opens the straggler sample's report from a file:// URL with the network left on and checks that the page logs
+no console error, requests nothing but itself, and shows the verdict and the per-rank chart (an inline SVG).
+Saves the top of the page to ``docs/report.png`` (the README shows it). Skipped when Playwright's Python
+package or a Chromium binary is missing; Playwright's own browser downloads are never used.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, sample
+from traceanalyze import render
+from traceanalyze.pipeline import analyze
+
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--headless", "--disable-background-networking",
+                 "--disable-component-update", "--no-first-run", "--disable-sync"]
+SCREENSHOT = ROOT / "docs" / "report.png"
+
+
+def _chromium() -> str:
+    for c in ("/usr/bin/chromium", shutil.which("chromium"), shutil.which("chromium-browser")):
+        if c and Path(c).exists():
+            return c
+    pytest.skip("no chromium binary (apt-get install chromium)")
+
+
+def test_report_opens_offline_without_errors(tmp_path, monkeypatch):
+    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
+    exe = _chromium()
+    sample("straggler")
+    monkeypatch.chdir(ROOT)  # a relative input: the page (and so the screenshot) holds no machine path
+    a = analyze("sample_traces/straggler", jobs=1)
+    a.model["generated_at"] = "2026-11-22T00:00:00+00:00"  # a stable screenshot
+    page_path = tmp_path / "report.html"
+    page_path.write_text(render.html(a.model), encoding="utf-8")
+    url = page_path.as_uri()
+
+    console_errors: list[str] = []
+    requests: list[str] = []
+    with sync_api.sync_playwright() as pw:
+        try:
+            browser = pw.chromium.launch(executable_path=exe, args=CHROMIUM_ARGS, headless=True)
+        except Exception as exc:  # a chromium that cannot start here (missing libraries): not the report's fault
+            pytest.skip(f"chromium did not start: {str(exc).splitlines()[0]}")
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 1100})
+            page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda e: console_errors.append(str(e)))
+            page.on("request", lambda r: requests.append(r.url))
+            page.goto(url, wait_until="load")
+            page.wait_for_load_state("networkidle")
+
+            verdict = page.locator("#verdict")
+            assert verdict.is_visible()
+            assert "rank 2" in verdict.inner_text().lower()  # the straggler sample's verdict names the slow rank
+            chart = page.locator("svg[id^='ta-breakdown']").first
+            assert chart.is_visible()
+            box = chart.bounding_box()
+            assert box and box["width"] > 300 and box["height"] > 100
+            assert page.locator("svg[id^='ta-breakdown'] rect").count() >= 4  # bars for the 4 ranks
+            assert page.locator("script").count() == 0
+            # the top of the report down to the per-rank chart: verdict, findings, run facts, breakdown
+            png = page.screenshot(full_page=True, clip={"x": 0, "y": 0, "width": 1280,
+                                                        "height": box["y"] + box["height"] + 58})
+        finally:
+            browser.close()
+    assert console_errors == []
+    assert requests == [url]  # the file itself, nothing else: no font, stylesheet, image or script
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    if not SCREENSHOT.exists() or SCREENSHOT.read_bytes() != png:
+        SCREENSHOT.write_bytes(png)
