@@ -7,7 +7,8 @@ operation and size (``collective``, ``nelems``) on each rank, in start order.
 For a matched call (nccl-tests ``PERFORMANCE.md`` conventions):
 
 - transfer ≈ the shortest duration across ranks (the last rank to arrive waits for nobody);
-- wait on rank r = its duration − transfer;
+- wait on rank r = its duration − transfer, the head of the call before the last rank arrives; a rank's wait
+  time is the union of these intervals (DDP buckets on separate threads wait at the same time);
 - algbw = bytes / transfer (GB/s = 1e9 B/s); busbw = algbw × factor, factor = 2(n−1)/n for all_reduce,
   (n−1)/n for all_gather, reduce_scatter, all_to_all, 1 for broadcast, reduce, send/recv;
   bytes for all_gather/reduce_scatter count the full (n × per-rank) buffer.
@@ -26,6 +27,8 @@ from dataclasses import dataclass, field
 
 import duckdb
 import numpy as np
+
+from traceanalyze.metrics.breakdown import clip, length
 
 DTYPE_BYTES = {
     "float": 4, "float32": 4, "f32": 4, "int": 4, "int32": 4, "i32": 4, "u32": 4, "uint32": 4,
@@ -228,6 +231,7 @@ def analyze_collectives(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, 
     res.n_matched_calls = len(matches)
     agg: dict[tuple[str, int | None], dict] = {}
     total_t, total_b = 0.0, 0
+    wait_iv: dict[int, list[tuple[int, int]]] = {r: [] for r in ranks}
     for key, m in matches:
         durs = {r: m[r].end - m[r].start for r in ranks}
         transfer = min(durs.values())
@@ -235,14 +239,9 @@ def analyze_collectives(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, 
         last = max(arrival, key=arrival.get)
         res.last_arrivals[last] = res.last_arrivals.get(last, 0) + 1
         for r in ranks:
-            w = (durs[r] - transfer) / 1e3
-            res.wait_us[r] = res.wait_us.get(r, 0.0) + w
+            # the wait is the head of the call, before the last rank arrives
+            wait_iv[r].append((m[r].start, m[r].start + durs[r] - transfer))
             res.transfer_us[r] = res.transfer_us.get(r, 0.0) + transfer / 1e3
-            if steps:
-                for step, s, e in steps.get(r, []):
-                    if s <= m[r].start < e:
-                        res.per_step_wait_us[(r, step)] = res.per_step_wait_us.get((r, step), 0.0) + w
-                        break
         a = agg.setdefault(key, {"n": 0, "t": 0.0, "w": 0.0, "bytes": m[ref].nbytes,
                                  "group": m[ref].group_size or world_size or len(ranks)})
         a["n"] += 1
@@ -251,6 +250,16 @@ def analyze_collectives(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, 
         if m[ref].nbytes and transfer > 0 and key[0] != "barrier":
             total_t += transfer
             total_b += m[ref].nbytes
+    # concurrent calls (DDP buckets on separate threads) wait at the same time: count wall time, not the sum
+    for r, iv in wait_iv.items():
+        if not iv:
+            continue
+        a_s = np.array([x[0] for x in iv], dtype=np.int64)
+        a_e = np.array([x[1] for x in iv], dtype=np.int64)
+        res.wait_us[r] = length(a_s, a_e) / 1e3
+        for step, s, e in (steps or {}).get(r, []):
+            cs, ce = clip(a_s, a_e, s, e)
+            res.per_step_wait_us[(r, step)] = length(cs, ce) / 1e3
     for (op, _nel), a in sorted(agg.items(), key=lambda kv: -kv[1]["t"]):
         t_us = a["t"] / a["n"] / 1e3
         alg = a["bytes"] / (a["t"] / a["n"] / 1e9) / 1e9 if a["bytes"] and a["t"] > 0 else None
