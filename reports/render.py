@@ -4,7 +4,7 @@
     python reports/render.py        # from the repository root, after `pip install .`
 
 One report per scenario (`reports/<scenario>.html` + `.md`), and the comparisons the stories are about
-(`slow_vs_fast_interconnect`, `fp32_vs_bf16`, `compile_cold_vs_warm`, `grad_accum_2proc_vs_1proc`).
+(`slow_vs_fast_interconnect`, `fp32_vs_bf16`, `compile_cold_vs_warm`; `grad_accum` pairs its two runs by itself).
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ PAIRS = {
     "slow_vs_fast_interconnect": ("slow_interconnect", "fast_interconnect"),
     "fp32_vs_bf16": ("precision_fp32", "precision_bf16"),
     "compile_cold_vs_warm": ("compile_cold", "compile_warm"),
-    "grad_accum_2proc_vs_1proc": ("grad_accum/2proc", "grad_accum/1proc"),
 }
 
 
