@@ -329,17 +329,26 @@ def public_config(cfg: JobConfig) -> dict:
     return d
 
 
-def simple(
-    name: str, out_root: Path, world: int, description: str, expected: dict, **cfg_kw: object
-) -> JobResult:
-    """Run one plain (loopback) job and write its ground truth; the common case."""
+def record(
+    name: str,
+    out_root: Path,
+    world: int,
+    description: str,
+    expected: dict,
+    *,
+    run_kw: dict | None = None,
+    truth: Callable[[Path, JobResult], dict] | None = None,
+    **cfg_kw: object,
+) -> None:
+    """Record scenario ``name``: a fresh ``out_root/name``, the ``world``-rank job (``run_ranks`` with
+    ``run_kw``), a check for one trace per rank, and scenario.json with the extra keys ``truth`` gives."""
     out = out_root / name
     reset_dir(out)
     cfg = job_config(name, out, **cfg_kw)
-    result = run_ranks(cfg, world)
+    result = run_ranks(cfg, world, **(run_kw or {}))
     check_traces(out, world)
-    write_ground_truth(out, name, description, expected, world, result, public_config(cfg))
-    return result
+    extra = truth(out, result) if truth else {}
+    write_ground_truth(out, name, description, expected, world, result, public_config(cfg), **extra)
 
 
 # ----------------------------------------------------------------------------------------- scenarios
@@ -348,7 +357,7 @@ def simple(
 @scenario
 def scenario_healthy(out_root: Path) -> None:
     """4 balanced ranks: the reference run, which should get no finding."""
-    simple(
+    record(
         "healthy",
         out_root,
         4,
@@ -360,7 +369,7 @@ def scenario_healthy(out_root: Path) -> None:
 @scenario
 def scenario_straggler(out_root: Path) -> None:
     """Rank 2 runs 6 extra no-grad forward passes before backward every step (~3x its compute)."""
-    simple(
+    record(
         "straggler",
         out_root,
         4,
@@ -379,7 +388,7 @@ PRECISION_KW: dict = {"d_model": 384, "n_heads": 6, "micro_batch": 16, "seq_len"
 @scenario
 def scenario_precision_fp32(out_root: Path) -> None:
     """The 2-rank job with every matmul in fp32."""
-    simple(
+    record(
         "precision_fp32",
         out_root,
         2,
@@ -394,7 +403,7 @@ def scenario_precision_fp32(out_root: Path) -> None:
 @scenario
 def scenario_precision_bf16(out_root: Path) -> None:
     """The same 2-rank job under bf16 autocast (the fix for precision_fp32)."""
-    simple(
+    record(
         "precision_bf16",
         out_root,
         2,
@@ -432,18 +441,22 @@ def compile_counters(log: Path) -> dict:
     return {}
 
 
-def compile_run(out_root: Path, name: str, description: str, expected: dict, **extra: object) -> None:
-    """Run the 2-rank compiled job with the shared inductor cache, profiled from step 0."""
-    world, out = 2, out_root / name
-    reset_dir(out)
-    cfg = job_config(name, out, **COMPILE_KW)
-    result = run_ranks(cfg, world, env=compile_env(inductor_cache_dir()))
-    check_traces(out, world)
-    counters = {str(r): compile_counters(out / f"rank{r}.log") for r in range(world)}
-    write_ground_truth(
-        out, name, description, expected, world, result, public_config(cfg),
-        profiled_steps=[0, 1, 2], compile_counters=counters, **extra,
-    )  # fmt: skip
+def compile_run(out_root: Path, name: str, description: str, expected: dict, cache_note: str) -> None:
+    """Record the 2-rank compiled job with the shared inductor cache, profiled from step 0."""
+    record(
+        name,
+        out_root,
+        2,
+        description,
+        expected,
+        run_kw={"env": compile_env(inductor_cache_dir())},
+        truth=lambda out, result: {
+            "profiled_steps": [0, 1, 2],
+            "compile_counters": {r: compile_counters(out / f"rank{r}.log") for r in result.step_times_ms},
+            "inductor_cache": cache_note,
+        },
+        **COMPILE_KW,
+    )
 
 
 @scenario
@@ -460,7 +473,7 @@ def scenario_compile_cold(out_root: Path) -> None:
         "whole dynamo + AOTAutograd + inductor compile (entire_frame_compile, backend_compile, "
         "inductor_compile, entire_backward_compile ranges); later steps take ~0.1 s.",
         {"cause": "config", "kind": "compile_overhead", "ranks": [0, 1]},
-        inductor_cache="empty at start (fresh temporary directory)",
+        "empty at start (fresh temporary directory)",
     )
 
 
@@ -486,7 +499,7 @@ def scenario_compile_warm(out_root: Path) -> None:
         "cache is bypassed on this CPU-only torch build, which has no triton), so ProfilerStep#0 still "
         "takes a few seconds, about a quarter of compile_cold's; profiled from the first step like it.",
         {"cause": None, "kind": None, "ranks": []},
-        inductor_cache=f"warm, filled by {warmed_by}",
+        f"warm, filled by {warmed_by}",
     )
 
 
@@ -496,7 +509,7 @@ DATALOADER_ROUNDS = 80
 @scenario
 def scenario_dataloader_bound(out_root: Path) -> None:
     """An expensive pure-Python per-sample transform in a num_workers=0 DataLoader."""
-    simple(
+    record(
         "dataloader_bound",
         out_root,
         2,
@@ -569,21 +582,7 @@ def veth_namespaces(qdisc: list[str] | None) -> Iterator[list[str]]:
 def interconnect(
     out_root: Path, name: str, qdisc: list[str] | None, description: str, expected: dict
 ) -> None:
-    """Run the 2-rank job with rank r inside namespace ta_r{r}, talking over the veth pair only."""
-    world = 2
-    out = out_root / name
-    with veth_namespaces(qdisc) as setup:
-        reset_dir(out)
-        cfg = job_config(name, out, **INTERCONNECT_KW)
-        result = run_ranks(
-            cfg,
-            world,
-            master_addr=ADDRS[0],
-            port=29500,
-            rank_prefix=lambda r: ["ip", "netns", "exec", NETNS[r]],
-            rank_env=lambda r: {"GLOO_SOCKET_IFNAME": VETH[r]},
-        )
-    check_traces(out, world)
+    """Record the 2-rank job with rank r inside namespace ta_r{r}, talking over the veth pair only."""
     link = {
         "type": "veth pair between two network namespaces",
         "namespaces": list(NETNS),
@@ -591,18 +590,26 @@ def interconnect(
         "addresses": list(ADDRS),
         "qdisc": " ".join(qdisc) if qdisc else "none (veth default, memory-speed)",
     }
-    write_ground_truth(
-        out,
-        name,
-        description,
-        expected,
-        world,
-        result,
-        public_config(cfg),
-        link=link,
-        network_setup=setup,
-        grad_bytes_per_step=4 * result.n_params,
-    )
+    with veth_namespaces(qdisc) as setup:
+        record(
+            name,
+            out_root,
+            2,
+            description,
+            expected,
+            run_kw={
+                "master_addr": ADDRS[0],
+                "port": 29500,
+                "rank_prefix": lambda r: ["ip", "netns", "exec", NETNS[r]],
+                "rank_env": lambda r: {"GLOO_SOCKET_IFNAME": VETH[r]},
+            },
+            truth=lambda out, result: {
+                "link": link,
+                "network_setup": setup,
+                "grad_bytes_per_step": 4 * result.n_params,
+            },
+            **INTERCONNECT_KW,
+        )
 
 
 @scenario
