@@ -626,7 +626,7 @@ def _parse_blocks(path, blocks, state, info: TraceFile, out_dir, key, chunk_rows
                 w = writers.get(name)
                 if w is None:
                     p = Path(out_dir) / f"{key}.{name}.parquet"
-                    w = writers[name] = pq.ParquetWriter(p, tbl.schema, compression="zstd")
+                    w = writers[name] = pq.ParquetWriter(p, tbl.schema, compression="lz4")  # temp: speed, not size
                     info.parquet[name] = str(p)
                 w.write_table(tbl)
 
