@@ -147,3 +147,27 @@ def test_parquet_output_is_chunked(tmp_path):
 
     f = pq.ParquetFile(info.parquet["kernels"])
     assert tables is None and f.metadata.num_rows == 3000 and f.metadata.num_row_groups >= 2
+
+
+def test_large_plain_file_split_in_byte_ranges_gives_the_same_rows(tmp_path, monkeypatch):
+    from traceanalyze import ingest as ing
+    from traceanalyze.pipeline import analyze
+
+    src = real("hta/nccl_parser_config") / "nccl_data.json.gz"
+    plain = tmp_path / "split" / "nccl_data.json"
+    plain.parent.mkdir()
+    plain.write_bytes(gzip.decompress(src.read_bytes()))
+    monkeypatch.setattr(ing, "SPLIT_MIN_BYTES", 1 << 20)
+    points = ing.split_points(plain, 3)
+    assert len(points) == 3 and points[0] == 0
+    data = plain.read_bytes()
+    assert all(data[p:p + 1] == b"{" for p in points[1:])  # each part starts at an event
+    whole = analyze(src, jobs=1)
+    parts = analyze(plain.parent, jobs=3)
+    q = "SELECT count(*), sum(ts_ns), sum(dur_ns), count(DISTINCT name) FROM {}"
+    for t in ("kernels", "cpu_ops"):
+        assert parts.con.execute(q.format(t)).fetchall() == whole.con.execute(q.format(t)).fetchall()
+    hdr = parts.con.execute("SELECT base_time_ns, status FROM files").fetchall()
+    assert hdr == [(1711964646000000000, "ok")]  # baseTimeNanoseconds comes after the events: read by the last part
+    a, b = parts.model["runs"][0]["ranks"][0], whole.model["runs"][0]["ranks"][0]
+    assert (a["idle_pct"], a["comm_comp_overlap_pct"]) == (b["idle_pct"], b["comm_comp_overlap_pct"])

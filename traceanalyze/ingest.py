@@ -155,8 +155,11 @@ def size_text(n: int) -> str:
     return f"{n} bytes"
 
 
-def _open_blocks(path: Path, max_bytes: int):
-    """Yield blocks of decompressed bytes; set ``state['truncated']`` if the compressed stream ends early."""
+def _open_blocks(path: Path, max_bytes: int, byte_range: tuple[int, int] | None = None):
+    """Yield blocks of decompressed bytes; set ``state['truncated']`` if the compressed stream ends early.
+
+    ``byte_range`` (plain files only) limits the blocks to bytes ``[start, end)`` of the file.
+    """
     state = {"truncated": False, "error": None}
 
     def gen():
@@ -164,6 +167,17 @@ def _open_blocks(path: Path, max_bytes: int):
             magic = fh.read(2)
             fh.seek(0)
             total = 0
+            if byte_range is not None and magic != b"\x1f\x8b":
+                start, end = byte_range
+                fh.seek(start)
+                left = end - start
+                while left > 0:
+                    raw = fh.read(min(BLOCK_BYTES, left))
+                    if not raw:
+                        break
+                    left -= len(raw)
+                    yield raw
+                return
             if magic == b"\x1f\x8b":
                 d = zlib.decompressobj(wbits=31)
                 while True:
@@ -511,7 +525,7 @@ def read_header(path: Path, max_bytes: int = 4 << 20) -> dict:
 
 def parse_trace(path: str | Path, out_dir: str | Path | None = None, *, key: str = "t",
                 max_decompressed: int = DEFAULT_MAX_DECOMPRESSED, chunk_rows: int = 500_000,
-                ) -> tuple[TraceFile, dict[str, pa.Table] | None]:
+                byte_range: tuple[int, int] | None = None) -> tuple[TraceFile, dict[str, pa.Table] | None]:
     """Parse one Kineto trace file (``.json`` or ``.json.gz``) in one streaming pass.
 
     Args:
@@ -522,6 +536,9 @@ def parse_trace(path: str | Path, out_dir: str | Path | None = None, *, key: str
         key: file-name prefix for the Parquet files.
         max_decompressed: bound in bytes on the decompressed size (guards against gzip bombs).
         chunk_rows: rows buffered before a Parquet row group is written.
+        byte_range: ``(start, end)`` to parse one part of a large plain-JSON file (see :func:`split_points`): a
+            part that starts after 0 begins at an event's ``{`` and has no header; one that ends before the end
+            of the file stops before an event's ``{``, which is not a truncation.
 
     Returns:
         ``(TraceFile, tables)``: the summary and, unless the rows went to Parquet, ``{"kernels", "cpu_ops",
@@ -534,15 +551,64 @@ def parse_trace(path: str | Path, out_dir: str | Path | None = None, *, key: str
     """
     path = Path(path)
     info = TraceFile(path=str(path))
+    part = None
+    if byte_range is not None:
+        part = (byte_range[0] > 0, byte_range[1] < path.stat().st_size)
     try:
-        blocks, state = _open_blocks(path, max_decompressed)
-        result = _parse_blocks(path, blocks, state, info, out_dir, key, chunk_rows)
+        blocks, state = _open_blocks(path, max_decompressed, byte_range)
+        result = _parse_blocks(path, blocks, state, info, out_dir, key, chunk_rows, part)
     except OSError as exc:
         raise InputError(path, f"cannot read ({exc.strerror or exc})") from None
     return info, result
 
 
 _EVENTS_KEY_OPEN = re.compile(rb'"traceEvents"\s*:\s*\[')
+
+SPLIT_MIN_BYTES = 256 << 20  # plain-JSON traces at least this big are parsed in parts by several processes
+
+
+def split_points(path: str | Path, n: int) -> list[int]:
+    """Byte offsets at which ``n`` processes can each parse a part of one large plain-JSON trace.
+
+    The first offset is 0; each other one is the ``{`` of an event near ``size * k / n``. A candidate boundary
+    ``}, {`` is accepted when the bytes up to the next candidate decode as one JSON object, which a cut inside
+    a string or a nested object cannot. Returns ``[0]`` (do not split) for gzip files, files under
+    :data:`SPLIT_MIN_BYTES`, files whose ``traceEvents`` key is not found early, or when no boundary is found.
+    """
+    path = Path(path)
+    size = path.stat().st_size
+    if n < 2 or size < SPLIT_MIN_BYTES:
+        return [0]
+    with open(path, "rb") as fh:
+        head = fh.read(1 << 20)
+        key_at = _EVENTS_KEY_OPEN.search(head)
+        if head[:2] == b"\x1f\x8b" or key_at is None:
+            return [0]
+        sc = _Scanner()
+        _, hchars, hdepth = sc.scan(head[: key_at.end()], 0)
+        if not (hdepth.size and hdepth[-1] == 2 and hchars[-1] == 91 and not sc.in_string):
+            return [0]
+        points = [0]
+        for k in range(1, n):
+            at = _event_start_after(fh, size * k // n)
+            if at is not None and at > points[-1] + (1 << 20):
+                points.append(at)
+    return points
+
+
+def _event_start_after(fh, offset: int, window: int = 4 << 20) -> int | None:
+    fh.seek(offset)
+    data = fh.read(window)
+    cands = list(_BOUNDARY.finditer(data))
+    for m, nxt in zip(cands, cands[1:], strict=False):
+        try:
+            _EVENT.decode(data[m.end() - 1: nxt.start() + 1])
+        except msgspec.ValidationError:
+            pass  # valid JSON with odd types: still a boundary
+        except msgspec.DecodeError:
+            continue
+        return offset + m.end() - 1
+    return None
 _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 _TAIL_WINDOW = 1 << 16
 
@@ -605,7 +671,7 @@ class _EventStream:
             self._scan(self.rest, path)
 
 
-def _parse_blocks(path, blocks, state, info: TraceFile, out_dir, key, chunk_rows):
+def _parse_blocks(path, blocks, state, info: TraceFile, out_dir, key, chunk_rows, part=None):
     sc = _Scanner()
     buf = b""  # the header, until the events array opens
     header_bytes = b""
@@ -648,6 +714,9 @@ def _parse_blocks(path, blocks, state, info: TraceFile, out_dir, key, chunk_rows
         flush()
         return True
 
+    mid_start, cut_end = part or (False, False)
+    if mid_start:  # a later part of a split file: it starts at an event, inside the events array
+        stream = _EventStream(2, decode)
     first = True
     try:
         for blk in blocks:
@@ -710,14 +779,16 @@ def _parse_blocks(path, blocks, state, info: TraceFile, out_dir, key, chunk_rows
         if info.bytes_read == 0:
             raise InputError(path, "empty file")
         raise InputError(path, "no traceEvents array (not a Kineto/Chrome trace)")
-    if not stream.closed and not state["error"]:
+    if cut_end:
+        pass  # this part ends where the next begins
+    elif not stream.closed and not state["error"]:
         info.partial = True
         why = "gzip stream ends early" if state["truncated"] else "JSON ends mid-array"
         info.warnings.append(f"truncated ({why}, as when a job is killed mid-write); "
                              f"read {n_events} complete events")
     elif stream.tail.strip() and stream.ed == 2:
         _merge_tail(path, stream.tail, info)
-    if n_events == 0 and not info.partial:
+    if n_events == 0 and not info.partial and part is None:
         info.warnings.append("the trace holds no events")
     if cols.bad_time:
         info.skipped_events += cols.bad_time

@@ -176,16 +176,17 @@ def _stat_key(path: Path) -> tuple[str, int, int]:
     return str(path.resolve()), st.st_size, st.st_mtime_ns
 
 
-def _parse_one(args: tuple[str, str, str, int]) -> tuple[str, TraceFile | None, dict | None, str | None]:
-    """Worker: parse one file; return (path, summary, in-memory tables or None if they went to Parquet, error)."""
+def _parse_one(args: tuple) -> tuple[str, TraceFile | None, dict | None, str | None]:
+    """Worker: parse one file (or one byte range of it); return (path, summary, in-memory tables or None if
+    they went to Parquet, error)."""
     import gc
 
     from traceanalyze.ingest import parse_trace
 
-    path, out_dir, key, max_decompressed = args
+    path, out_dir, key, max_decompressed, byte_range = args
     gc.disable()  # millions of short-lived objects; collection passes only cost time here
     try:
-        info, tables = parse_trace(path, out_dir, key=key, max_decompressed=max_decompressed)
+        info, tables = parse_trace(path, out_dir, key=key, max_decompressed=max_decompressed, byte_range=byte_range)
         return path, info, tables, None
     except InputError as exc:
         return path, None, None, exc.problem
@@ -225,10 +226,21 @@ def load_traces(con: duckdb.DuckDBPyConnection, paths: Iterable[Path], *, jobs: 
         else:
             todo.append((p, key))
     if todo:
+        from traceanalyze.ingest import split_points
+
         tmp = tempfile.mkdtemp(prefix="traceanalyze-")
         try:
-            work = [(str(p), tmp, f"f{i}", max_decompressed) for i, (p, _) in enumerate(todo)]
-            n_jobs = max(1, min(jobs or os.cpu_count() or 1, len(work)))
+            n_cpu = max(1, jobs or os.cpu_count() or 1)
+            work = []
+            n_parts: dict[str, int] = {}
+            for i, (p, k) in enumerate(todo):
+                # a big plain-JSON file is cut into byte ranges at event boundaries, one per process
+                points = split_points(p, n_cpu) if n_cpu > 1 else [0]
+                ends = points[1:] + [k[1]]
+                n_parts[str(p)] = len(points)
+                for j, (a, b) in enumerate(zip(points, ends, strict=True)):
+                    work.append((str(p), tmp, f"f{i}p{j}", max_decompressed, None if len(points) == 1 else (a, b)))
+            n_jobs = max(1, min(n_cpu, len(work)))
             keys = {str(p): (p, k) for p, k in todo}
             if n_jobs == 1:
                 results: Iterable = map(_parse_one, work)
@@ -237,9 +249,15 @@ def load_traces(con: duckdb.DuckDBPyConnection, paths: Iterable[Path], *, jobs: 
                 pool = ProcessPoolExecutor(max_workers=n_jobs)
                 results = pool.map(_parse_one, work)
             try:
-                for path_s, info, tables, err in results:
+                parts: list[tuple] = []
+                for path_s, info, tables, err in results:  # in order: the parts of a file arrive together
+                    parts.append((info, tables, err))
+                    if len(parts) < n_parts[path_s]:
+                        continue
                     p, key = keys[path_s]
-                    out[p] = _store_file(con, p, key, info, err, tables)
+                    info, err = _join_parts(parts)
+                    out[p] = _store_file(con, p, key, info, err, [(i.parquet, t) for i, t, _ in parts if i])
+                    parts = []
                     if progress:
                         progress(key[1])
             finally:
@@ -250,8 +268,29 @@ def load_traces(con: duckdb.DuckDBPyConnection, paths: Iterable[Path], *, jobs: 
     return [out[p] for p in paths]
 
 
+def _join_parts(parts: list[tuple]) -> tuple[TraceFile | None, str | None]:
+    """One summary for a file parsed in byte ranges: the first part's header plus the keys after the events
+    (``baseTimeNanoseconds``) that the last part read; counts and warnings of all parts."""
+    from traceanalyze.ingest import _header_base_ns
+
+    errs = [e for _, _, e in parts if e]
+    if errs or len(parts) == 1:
+        return (None, errs[0]) if errs else (parts[0][0], None)
+    infos = [i for i, _, _ in parts]
+    first, last = infos[0], infos[-1]
+    first.header = {**first.header, **last.header}
+    first.base_time_ns = _header_base_ns(first.header)
+    first.partial = last.partial
+    first.bytes_read = sum(i.bytes_read for i in infos)
+    first.skipped_events = sum(i.skipped_events for i in infos)
+    first.warnings = [w for i in infos for w in i.warnings]
+    first.counts = {k: sum(i.counts.get(k, 0) for i in infos) for k in first.counts}
+    return first, None
+
+
 def _store_file(con, path: Path, key, info: TraceFile | None, err: str | None,
-                tables: dict | None = None) -> LoadedFile:
+                parts: list[tuple[dict, dict | None]] | None = None) -> LoadedFile:
+    """Load one parsed file in one transaction. ``parts``: per byte range, (Parquet paths, in-memory tables)."""
     from traceanalyze.ingest import TABLES  # not at module level: a cached report never parses
 
     resolved, size, mtime = key
@@ -269,17 +308,18 @@ def _store_file(con, path: Path, key, info: TraceFile | None, err: str | None,
                         "VALUES (?, ?, ?, ?, 'error', ?)", [file_id, resolved, size, mtime, err])
         else:
             base = int(info.base_time_ns)
-            for t in TABLES:
-                cols = TABLES[t].names
-                sel = ", ".join(f"ts_ns + {base} AS ts_ns" if c == "ts_ns" else f'"{c}"' for c in cols)
-                names = ", ".join(f'"{c}"' for c in cols)
-                if tables is not None:
-                    con.register("_incoming", tables[t])
-                    con.execute(f"INSERT INTO {t} (file_id, {names}) SELECT {file_id}, {sel} FROM _incoming")
-                    con.unregister("_incoming")
-                else:
-                    con.execute(f"INSERT INTO {t} (file_id, {names}) SELECT {file_id}, {sel} FROM read_parquet(?)",
-                                [info.parquet[t]])
+            for parquet, tables in parts or [(info.parquet, None)]:
+                for t in TABLES:
+                    cols = TABLES[t].names
+                    sel = ", ".join(f"ts_ns + {base} AS ts_ns" if c == "ts_ns" else f'"{c}"' for c in cols)
+                    names = ", ".join(f'"{c}"' for c in cols)
+                    if tables is not None:
+                        con.register("_incoming", tables[t])
+                        con.execute(f"INSERT INTO {t} (file_id, {names}) SELECT {file_id}, {sel} FROM _incoming")
+                        con.unregister("_incoming")
+                    else:
+                        con.execute(f"INSERT INTO {t} (file_id, {names}) SELECT {file_id}, {sel} "
+                                    "FROM read_parquet(?)", [parquet[t]])
             con.execute(
                 "INSERT INTO files (file_id, path, size_bytes, mtime_ns, status, message, bytes_read, "
                 "base_time_ns, header, n_kernels, n_cpu_ops) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
