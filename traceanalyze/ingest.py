@@ -624,8 +624,10 @@ class _EventStream:
 
     def __init__(self, events_depth: int, decode) -> None:
         self.ed = events_depth
-        self.decode = decode  # callable(bytes, strict: bool) -> bool (False: not valid JSON as cut)
-        self.rest = b""
+        # decode(parts, strict) -> bool: decode the concatenated parts as complete events (False: the cut
+        # was not a boundary, only with strict)
+        self.decode = decode
+        self.rest = b""  # bytes held back: they start at an event's '{' (or whitespace before it)
         self.closed = False
         self.tail = b""
 
@@ -633,12 +635,18 @@ class _EventStream:
         if self.closed:
             self.tail += blk
             return
+        if len(blk) > _TAIL_WINDOW:  # usual case: look for the cut in the new block, copy it only once
+            last = None
+            for m in _BOUNDARY.finditer(blk, len(blk) - _TAIL_WINDOW):
+                last = m
+            if last is not None and self.decode([self.rest, memoryview(blk)[: last.start() + 1]], True):
+                self.rest = blk[last.end() - 1:]
+                return
         data = self.rest + blk if self.rest else blk
-        window_start = max(0, len(data) - _TAIL_WINDOW)
         last = None
-        for m in _BOUNDARY.finditer(data, window_start):
+        for m in _BOUNDARY.finditer(data, max(0, len(data) - _TAIL_WINDOW)):
             last = m
-        if last is not None and self.decode(data[: last.start() + 1], True):
+        if last is not None and self.decode([memoryview(data)[: last.start() + 1]], True):
             self.rest = data[last.end() - 1:]
             return
         self._scan(data, path)
@@ -651,15 +659,15 @@ class _EventStream:
         limit = int(close[0]) if close.size else len(pos)
         ends = np.flatnonzero((chars[:limit] == 125) & (depth[:limit] == self.ed))
         if close.size:
-            self.decode(data[: int(pos[close[0]])], False)
+            self.decode([data[: int(pos[close[0]])]], False)
             self.closed = True
             self.tail = data[int(pos[close[0]]) + 1:]
             self.rest = b""
             return
         if ends.size:
             cut = int(pos[ends[-1]]) + 1
-            self.decode(data[:cut], False)
-            self.rest = data[cut:]
+            self.decode([data[:cut]], False)
+            self.rest = data[cut:].lstrip(b", \t\r\n")
         else:
             self.rest = data
             if len(data) > MAX_EVENT_BYTES:
@@ -696,19 +704,23 @@ def _parse_blocks(path, blocks, state, info: TraceFile, out_dir, key, chunk_rows
                     info.parquet[name] = str(p)
                 w.write_table(tbl)
 
-    def decode(chunk: bytes, strict: bool) -> bool:
+    def decode(parts: list, strict: bool) -> bool:
         nonlocal n_events
-        body = chunk.strip().lstrip(b",")
-        if not body.strip():
+        doc = b"".join([b"[", *parts, b"]"])  # the one copy of these bytes
+        head = doc[1:65].lstrip()
+        if head.startswith(b","):  # a run that starts after a comma: rare, copy again without it
+            doc = b"[" + doc[1:].lstrip().lstrip(b",")
+        elif head == b"]":
             return True
+        body = memoryview(doc)[1:-1]
         try:
-            events = _EVENTS.decode(b"[" + body + b"]")
+            events = _EVENTS.decode(doc)
         except msgspec.ValidationError:
-            events = _decode_one_by_one(body, info)  # valid JSON, odd types: keep what can be kept
+            events = _decode_one_by_one(bytes(body), info)  # valid JSON, odd types: keep what can be kept
         except _BAD_JSON:
             if strict:
                 return False
-            events = _decode_one_by_one(body, info)
+            events = _decode_one_by_one(bytes(body), info)
         n_events += len(events)
         cols.add(events)
         flush()
