@@ -9,7 +9,8 @@ In the same run, alternating, it times (a) HTA: ``TraceAnalysis`` load plus ``ge
 ``get_comm_comp_overlap``, ``get_idle_time_breakdown``, ``get_gpu_kernel_breakdown``, and (b)
 ``traceanalyze report`` (ingest, all metrics, findings, HTML) into a fresh database (cold), then a re-run on the
 unchanged files (cached). Each is a separate process; the figures are medians of ``--runs`` runs, with the peak
-RSS of the whole process tree (sampled every 20 ms with psutil) and the input rate in MB/s of decompressed JSON.
+memory of the whole process tree (sum of PSS, sampled every 20 ms with psutil) and the input rate in MB/s of
+decompressed JSON.
 ``--scaling`` repeats traceanalyze on 1, 2, 4 and 8 ranks; ``--big`` ingests one ~2 GB plain-JSON file
 (``make_scale_set.py --ranks 1 --repeat 45 --no-gzip``) to check streaming memory.
 """
@@ -44,7 +45,12 @@ a.get_gpu_kernel_breakdown(visualize=False)
 
 
 def run_measured(cmd: list[str]) -> tuple[float, float]:
-    """Run ``cmd``; return (wall seconds, peak RSS in MB of the process and all its children)."""
+    """Run ``cmd``; return (wall seconds, peak memory in MB of the process and all its children).
+
+    Memory is the sum of each process's PSS (proportional set size: shared pages split between the processes
+    that map them), so forked workers that share the parent's pages are not counted twice; for a single
+    process it equals its RSS minus what other processes share with it.
+    """
     import psutil
 
     t0 = time.perf_counter()
@@ -57,9 +63,12 @@ def run_measured(cmd: list[str]) -> tuple[float, float]:
             rss = 0
             for p in procs:
                 try:
-                    rss += p.memory_info().rss
-                except psutil.Error:
-                    pass
+                    rss += p.memory_full_info().pss
+                except (psutil.Error, AttributeError):
+                    try:
+                        rss += p.memory_info().rss
+                    except psutil.Error:
+                        pass
             peak = max(peak, rss)
         except psutil.Error:
             pass
@@ -138,17 +147,17 @@ def main() -> None:
             ("traceanalyze report, cached re-run", median(warm_t), median(warm_m))]
     if hta_t:
         rows.insert(0, ("HTA 0.5.0 load + 4 analyses", median(hta_t), median(hta_m)))
-    print(f"\n| {args.runs} runs, medians | time (s) | peak RSS (MB) | JSON MB/s |")
+    print(f"\n| {args.runs} runs, medians | time (s) | peak memory, PSS (MB) | JSON MB/s |")
     print("|---|--:|--:|--:|")
     for name, t, m in rows:
         print(f"| {name} | {t:.2f} | {m:.0f} | {mb / t:.0f} |")
     if hta_t:
         print(f"\nspeed-up over HTA: {median(hta_t) / median(cold_t):.1f}× cold, "
-              f"{median(hta_t) / median(warm_t):.1f}× cached; RSS {median(cold_m) / median(hta_m):.2f}× of HTA's")
+              f"{median(hta_t) / median(warm_t):.1f}× cached; memory {median(cold_m) / median(hta_m):.2f}× of HTA's")
 
     if args.scaling:
         files = sorted(f for f in traces.iterdir() if f.name.endswith((".json", ".json.gz")))
-        print("\n| ranks | JSON MB | time (s) | MB/s | peak RSS (MB) |\n|--:|--:|--:|--:|--:|")
+        print("\n| ranks | JSON MB | time (s) | MB/s | peak PSS (MB) |\n|--:|--:|--:|--:|--:|")
         for k in (1, 2, 4, 8):
             if k > len(files):
                 break
@@ -176,7 +185,7 @@ def main() -> None:
         db = args.work / "big.duckdb"
         db.unlink(missing_ok=True)
         t, m = run_measured(traceanalyze_cmd(big, out, db))
-        print(f"\nsingle file {bmb:.0f} MB of JSON: {t:.1f} s, {bmb / t:.0f} MB/s, peak RSS {m:.0f} MB")
+        print(f"\nsingle file {bmb:.0f} MB of JSON: {t:.1f} s, {bmb / t:.0f} MB/s, peak PSS {m:.0f} MB")
 
 
 if __name__ == "__main__":
