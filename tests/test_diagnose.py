@@ -151,3 +151,14 @@ def test_case_grad_accum_kept_at_8_on_8_cards():
 
 def test_samples_folder_exists_in_repo():
     assert (SAMPLES / "straggler" / "scenario.json").exists()
+
+
+def test_launch_bound_needs_host_wait_on_the_busiest_stream():
+    # nccl_parser_config (A100): GPU idle ~77% between tiny kernels, and 99.6% of stream 7's idle is host wait
+    m = analyze(real("hta/nccl_parser_config"), jobs=1).model
+    top = m["findings"][0]
+    assert (top["cause"], top["kind"]) == ("config", "launch_bound")
+    assert any("host wait is 100% of the idle time" in e for e in top["evidence"])
+    # trace_filter also idles with small kernels, but its compute stream waits on other work (45% host wait)
+    m = analyze(real("hta/trace_filter"), jobs=1).model
+    assert not [f for f in m["findings"] if f["kind"] == "launch_bound"]

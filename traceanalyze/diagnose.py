@@ -67,6 +67,7 @@ class RunEvidence:
     nccl: object | None = None  # logs.NcclInfo
     topology: object | None = None  # logs.Topology
     link: dict = field(default_factory=dict)  # {"expected_gbps", "source"}
+    idle: list[dict] = field(default_factory=list)  # GPU idle breakdown per rank and stream (metrics.idle)
 
     def fact(self, key: str):
         """The first stated value of a fact (its ``num`` when numeric, else its text), or None."""
@@ -419,13 +420,34 @@ def rule_launch_bound(ev: RunEvidence) -> list[Finding]:
     idle = statistics.median(r["idle_pct"] for r in ev.ranks)
     if idle < 40 or ln.median_kernel_us > 20 or (ln.kernels_per_step or 0) < 500:
         return []
+    evidence = [f"{ln.kernels_per_step:,.0f} kernels per step, median {ln.median_kernel_us:.1f} µs each",
+                f"launch calls take {_ms(ln.launch_us_per_step)} per step on the host"]
+    host_wait = _main_stream_host_wait(ev)
+    if host_wait is not None:
+        # the GPU must be waiting for launches (HTA host wait), not for data, peers or its own queue
+        if host_wait < 50:
+            return []
+        evidence.append(f"host wait is {host_wait:.0f}% of the idle time on the busiest stream (the CPU had not "
+                        "launched the next kernel yet; HTA idle-time breakdown)")
     impact = round(idle * 0.5, 1)
     return [Finding("config", "launch_bound", severity(impact), impact, [r["rank"] for r in ev.ranks],
-                    f"Launch-bound: GPU idle {idle:.0f}% with many tiny kernels",
-                    [f"{ln.kernels_per_step:,.0f} kernels per step, median {ln.median_kernel_us:.1f} µs each",
-                     f"launch calls take {_ms(ln.launch_us_per_step)} per step on the host"],
+                    f"Launch-bound: GPU idle {idle:.0f}% with many tiny kernels", evidence,
                     "capture the step in CUDA graphs (torch.compile(mode='reduce-overhead')), fuse small ops "
                     "(torch.compile), or raise the per-GPU batch")]
+
+
+def _main_stream_host_wait(ev: RunEvidence) -> float | None:
+    """Median over ranks of host wait % on each rank's stream with the most kernels; None without data."""
+    best: dict[int, dict] = {}
+    for row in ev.idle:
+        if row.get("host_wait_pct") is None:
+            continue
+        cur = best.get(row["rank"])
+        if cur is None or row["n_kernels"] > cur["n_kernels"]:
+            best[row["rank"]] = row
+    if not best:
+        return None
+    return statistics.median(r["host_wait_pct"] for r in best.values())
 
 
 def rule_effective_batch_single(ev: RunEvidence) -> list[Finding]:

@@ -323,7 +323,7 @@ def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: floa
         name=run.name, mode=mode, world_size=world, gpu_model=facts["gpu_model"], ranks=ranks_model,
         steps=steps_model, step_time_us=step_time, coll=coll, prec=prec, compile=comp, loader=loader,
         launch=launch, facts=side["facts"], log_steps=side["log_steps"], nccl=side["nccl"],
-        topology=side["topology"], link=link)
+        topology=side["topology"], link=link, idle=[r.model() for r in idle_rows])
     model = {
         "run_id": run_id,
         "name": run.name,
