@@ -48,8 +48,16 @@ def test_other_frames(tf):
     f = tf.findings
     assert list(f.columns) == ["run", "cause", "kind", "severity", "impact_pct", "ranks", "title", "evidence",
                                "recommendation"]
-    assert len(f) == len(tf.model["findings"]) and isinstance(f.iloc[0]["ranks"], list)
+    assert len(f) == len(tf.model["findings"])  # trace_filter (2 of 128 ranks) has none
     assert tf.runs.iloc[0]["mode"] == "gpu"
+
+
+def test_findings_frame_on_the_straggler_sample():
+    with ta.analyze(sample("straggler"), jobs=1) as a:
+        f = a.findings
+    top = f.iloc[0]
+    assert (top["cause"], top["kind"], top["ranks"]) == ("imbalance", "straggler", [2])
+    assert isinstance(top["evidence"], list) and top["impact_pct"] > 25
 
 
 def test_sql(tf):
