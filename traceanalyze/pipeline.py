@@ -236,6 +236,7 @@ def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: floa
     from traceanalyze.metrics.collectives import analyze_collectives
     from traceanalyze.metrics.host import compile_stats, launch_stats, loader_stats
     from traceanalyze.metrics.precision import analyze_precision
+    from traceanalyze.render import ranges
 
     warnings: list[dict] = []
     good = []
@@ -278,7 +279,7 @@ def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: floa
         if missing:
             warnings.append({"file": None, "level": "warning",
                              "message": f"{len(missing)} of {facts['world_size']} ranks have no trace "
-                                        f"(ranks {_ranges(missing)}): copy every rank's trace file into "
+                                        f"(ranks {ranges(missing)}): copy every rank's trace file into "
                                         f"{run.path} for a complete picture"})
         facts["missing_ranks"] = missing
     mode = metrics.run_mode(con, run_id)
@@ -529,20 +530,6 @@ def _check_files(con, run: Run, by_rank: dict[int, list], headers: dict, warning
                                         f"after {_names(early)} (the ranks of one job start within seconds); put "
                                         "each run's traces in its own folder"})
     return dropped
-
-
-def _ranges(xs: list[int]) -> str:
-    """[5, 6, 7, 9] -> '5–7, 9'."""
-    out = []
-    start = prev = xs[0]
-    for x in xs[1:] + [None]:
-        if x is not None and x == prev + 1:
-            prev = x
-            continue
-        out.append(f"{start}–{prev}" if prev > start else str(start))
-        if x is not None:
-            start = prev = x
-    return ", ".join(out)
 
 
 def _run_facts(headers, by_rank) -> dict:
