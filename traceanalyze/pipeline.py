@@ -373,26 +373,22 @@ def _read_sidecars(con, run_id: int, run: Run, warnings: list[dict]) -> dict:
                 for f in res.facts:
                     facts.setdefault(f.key, []).append(f)
                 log_steps.extend(res.steps)
-                for st in res.steps:
-                    con.execute("INSERT INTO log_steps VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                                [run_id, str(sc.path), res.framework, st.rank, st.step, st.iter, st.loss, st.lr,
-                                 st.grad_norm, st.tokens_per_s, st.tflops, st.mfu_pct, st.step_time_ms,
-                                 st.memory_gib, st.epoch])
+                _insert(con, "log_steps", [
+                    [run_id, str(sc.path), res.framework, st.rank, st.step, st.iter, st.loss, st.lr, st.grad_norm,
+                     st.tokens_per_s, st.tflops, st.mfu_pct, st.step_time_ms, st.memory_gib, st.epoch]
+                    for st in res.steps])
                 if res.nccl is not None and (res.nccl.channels or res.nccl.version):
                     if nccl is None:
                         nccl = res.nccl
                     else:
                         nccl.channels.extend(res.nccl.channels)
-                    for c in res.nccl.channels:
-                        con.execute("INSERT INTO nccl_channels VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                                    [run_id, str(sc.path), c.host, c.device, c.channel, c.src_rank, c.dst_rank,
-                                     c.transport, c.detail])
+                    _insert(con, "nccl_channels", [
+                        [run_id, str(sc.path), c.host, c.device, c.channel, c.src_rank, c.dst_rank, c.transport,
+                         c.detail] for c in res.nccl.channels])
                 warnings.extend({"file": str(sc.path), "message": m, "level": "info"} for m in res.warnings)
             elif sc.kind == "topology":
                 topology = logs.parse_topology(sc.path)
-                for lk in topology.links:
-                    con.execute("INSERT INTO topology_links VALUES (?, ?, ?, ?, ?)",
-                                [run_id, str(sc.path), lk.a, lk.b, lk.link])
+                _insert(con, "topology_links", [[run_id, str(sc.path), lk.a, lk.b, lk.link] for lk in topology.links])
             elif sc.kind == "config":
                 for f in logs.parse_config(sc.path):
                     facts.setdefault(f.key, []).append(f)
@@ -401,10 +397,14 @@ def _read_sidecars(con, run_id: int, run: Run, warnings: list[dict]) -> dict:
                     facts.setdefault(f.key, []).append(f)
         except TraceanalyzeError as exc:
             warnings.append({"file": str(sc.path), "message": str(getattr(exc, "problem", exc)), "level": "warning"})
-    for key, fs in facts.items():
-        for f in fs:
-            con.execute("INSERT INTO run_facts VALUES (?, ?, ?, ?, ?)", [run_id, key, f.value, f.num, f.source])
+    _insert(con, "run_facts", [[run_id, key, f.value, f.num, f.source] for key, fs in facts.items() for f in fs])
     return {"facts": facts, "log_steps": log_steps, "nccl": nccl, "topology": topology}
+
+
+def _insert(con, table: str, rows: list[list]) -> None:
+    """All rows in one statement (logs can hold many thousands of step lines)."""
+    if rows:
+        con.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * len(rows[0]))})", rows)
 
 
 def _expected_link(facts: dict, side: dict, override: float | None) -> dict:
