@@ -145,3 +145,19 @@ def test_cached_report_is_reused_only_for_the_same_inputs_and_options(tmp_path):
     assert "cached" not in other.model
     assert other.model["runs"][0]["link"] == {"expected_gbps": 12.0, "source": "--link-bw"}
     assert all(f["cached"] for f in other.model["runs"][0]["files"])
+
+
+def test_own_outputs_beside_the_traces_are_not_read_back(tmp_path):
+    from traceanalyze.export import export_trace
+
+    for r in range(2):
+        _tiny_trace(tmp_path / f"rank{r}.json", r, 2)
+    first = analyze(tmp_path, jobs=1)
+    from traceanalyze.pipeline import to_json
+
+    (tmp_path / "report.json").write_text(to_json(first.model))  # a --json report written into the folder
+    export_trace(first.con, tmp_path / "merged.json.gz")
+    again = analyze(tmp_path, jobs=1).model
+    (run,) = again["runs"]
+    assert [f["path"].rsplit("/", 1)[-1] for f in run["files"]] == ["rank0.json", "rank1.json"]
+    assert run["sidecars"] == [] and not [w for w in again["warnings"] if w.get("level") == "error"]

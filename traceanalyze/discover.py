@@ -72,6 +72,14 @@ def _head(path: Path) -> bytes:
     return raw
 
 
+def _is_own_output(head: bytes) -> bool:
+    """A ``--json`` report (``{"tool": {"name": "traceanalyze", ...``) or an ``export`` file (first key
+    ``traceanalyze_export``)."""
+    start = head.lstrip()[:400]
+    return start.startswith(b'{"traceanalyze_export"') or (
+        b'"tool"' in start and re.search(rb'"name":\s*"traceanalyze"', start) is not None)
+
+
 def classify(path: Path) -> tuple[str | None, str]:
     """Classify one file from its name and first 64 KiB.
 
@@ -85,6 +93,8 @@ def classify(path: Path) -> tuple[str | None, str]:
     except OSError as exc:
         raise InputError(path, f"cannot read ({exc.strerror or exc})") from None
     if name.endswith(TRACE_SUFFIXES) or name.endswith(".json.gz"):
+        if _is_own_output(head):
+            return None, ""  # our JSON report or merged export written beside the traces: not an input
         if any(m in name for m in CHAKRA_MARKERS):
             return "chakra", "Chakra execution trace (not a Kineto trace); skipped"
         stripped = head.lstrip(b"\xef\xbb\xbf \t\r\n")

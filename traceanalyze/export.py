@@ -36,6 +36,7 @@ from pathlib import Path
 import duckdb
 import numpy as np
 
+from traceanalyze import __version__
 from traceanalyze.errors import TraceanalyzeError
 
 DEFAULT_MAX_EVENTS = 2_000_000
@@ -301,7 +302,8 @@ def export_trace(con: duckdb.DuckDBPyConnection, out_path: str | Path, *, run: s
     thread_names = _thread_names(con, run_id)
     seen_threads: set[tuple[int, int]] = set()
     with opener(out_path, "wt", encoding="utf-8") as fh:
-        fh.write('{"displayTimeUnit": "ms", "traceEvents": [\n')
+        # the first key marks the file as ours, so discovery skips it if it is written beside the traces
+        fh.write('{"traceanalyze_export": ' + json.dumps(__version__) + ', "displayTimeUnit": "ms", "traceEvents": [\n')
         first = True
 
         def emit(ev: dict) -> None:
