@@ -135,14 +135,14 @@ def rule_exposed_communication(ev: RunEvidence) -> list[Finding]:
     expected = ev.link.get("expected_gbps")
     kind = "slow_collectives"
     if ev.coll and ev.coll.busbw_gbps is not None:
-        s = f"measured busbw {ev.coll.busbw_gbps:.2f} GB/s over {ev.coll.total_bytes / 1e6:,.1f} MB of collectives"
+        s = f"measured busbw {ev.coll.busbw_gbps:.3g} GB/s over {ev.coll.total_bytes / 1e6:,.1f} MB of collectives"
         if expected:
             s += f"; expected {expected:g} GB/s ({ev.link.get('source')}): {100 * ev.coll.busbw_gbps / expected:.0f}%"
         evidence.append(s)
         for c in (ev.coll.summaries or [])[:3]:
             if c.size_bytes:
                 evidence.append(f"{c.collective} of {c.size_bytes / 1e6:,.2f} MB × {c.count}: transfer "
-                                f"{_ms(c.transfer_us)}, busbw {c.busbw_gbps or 0:.2f} GB/s, wait {_ms(c.wait_us)}")
+                                f"{_ms(c.transfer_us)}, busbw {c.busbw_gbps or 0:.3g} GB/s, wait {_ms(c.wait_us)}")
     transport = _transport_note(ev)
     if transport:
         evidence.append(transport)
