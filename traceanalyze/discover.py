@@ -255,9 +255,9 @@ def _name_runs(runs: list[Run]) -> None:
             r.name = "/".join(r.path.parts[-2:])
 
 
-def rank_from_name(path: Path) -> int | None:
+def rank_from_name(path: Path | str) -> int | None:
     """Rank from a file name such as ``rank3.json``, ``trace_rank-3``, ``[rank3]``; None when absent."""
-    m = _RANK_NAME.search(path.name)
+    m = _RANK_NAME.search(Path(path).name)
     return int(m.group(1)) if m else None
 
 
@@ -299,16 +299,3 @@ def assign_ranks(paths: list[Path], headers: dict[Path, dict]) -> tuple[dict[Pat
                 ranks[p] = next(free)
                 warnings.append(f"{p}: no rank in distributedInfo or the file name; assumed rank {ranks[p]}")
     return ranks, warnings
-
-
-def read_headers(paths: list[Path]) -> dict[Path, dict]:
-    """Cheap header read for each trace (distributedInfo, deviceProperties); unreadable files give ``{}``."""
-    from traceanalyze.ingest import read_header
-
-    out = {}
-    for p in paths:
-        try:
-            out[p] = read_header(p)
-        except InputError:
-            out[p] = {}
-    return out

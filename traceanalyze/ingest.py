@@ -16,7 +16,6 @@ Timestamps become integer nanoseconds on the trace's own clock: ``ts_ns = round(
 
 from __future__ import annotations
 
-import gzip
 import math
 import re
 import zlib
@@ -527,32 +526,6 @@ def _header_base_ns(header: dict) -> int:
 
 # ---------------------------------------------------------------------------------------------------------
 
-def read_header(path: Path, max_bytes: int = 4 << 20) -> dict:
-    """Return the top-level keys that come before ``traceEvents`` (cheap; reads at most ``max_bytes``).
-
-    Used by discovery to read ``distributedInfo.rank`` without parsing events. Returns ``{}`` when the file
-    is not a JSON object or the events array starts beyond ``max_bytes``. Raises :class:`InputError` when
-    the file cannot be opened.
-    """
-    try:
-        blocks, state = _open_blocks(path, DEFAULT_MAX_DECOMPRESSED)
-        head = b""
-        for blk in blocks:
-            head += blk
-            if len(head) >= max_bytes or b'"traceEvents"' in head:
-                break
-        blocks.close()
-    except OSError as exc:
-        raise InputError(path, f"cannot read ({exc.strerror or exc})") from None
-    m = re.search(rb'"traceEvents"\s*:\s*\[', head)
-    if not m or not head.lstrip().startswith(b"{"):
-        return {}
-    try:
-        return _ANY.decode(head[: m.start()].rstrip().rstrip(b",") + b"}")
-    except _BAD_JSON:
-        return {}
-
-
 def parse_trace(path: str | Path, out_dir: str | Path | None = None, *, key: str = "t",
                 max_decompressed: int = DEFAULT_MAX_DECOMPRESSED, chunk_rows: int = 500_000,
                 byte_range: tuple[int, int] | None = None) -> tuple[TraceFile, dict[str, pa.Table] | None]:
@@ -946,10 +919,4 @@ def _decode_one_by_one(body: bytes, info: TraceFile) -> list[_Event]:
     return out
 
 
-def gzip_magic(path: Path) -> bool:
-    """True when ``path`` starts with the gzip magic bytes."""
-    with open(path, "rb") as fh:
-        return fh.read(2) == b"\x1f\x8b"
-
-
-__all__ = ["TraceFile", "parse_trace", "read_header", "TABLES", "gzip", "gzip_magic"]
+__all__ = ["TraceFile", "parse_trace", "split_points", "TABLES"]

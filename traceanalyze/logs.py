@@ -41,6 +41,7 @@ from typing import Any
 
 import yaml
 
+from traceanalyze.discover import rank_from_name  # one rule for trace and log file names
 from traceanalyze.errors import InputError
 
 try:  # Python 3.11+
@@ -308,7 +309,6 @@ def expected_link_gbps(link: str, pcie_gen: int = 4) -> float | None:
 
 _ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)")
 _TQDM_RE = re.compile(r"\s*\d{1,3}%\|[^|]*\|\s*\d+/\d+\s*\[[^\]]*\]")
-_RANK_NAME_RE = re.compile(r"(?:^|[^a-z])rank[-_]?(\d+)(?!\d)", re.IGNORECASE)
 _PREFIX_RE = re.compile(r"^(?:\d{1,5}: )?(?:\[rank(?P<rank>\d+)\]:)?(?:\[rank: (?P<lrank>\d+)\] )?")
 
 _PRECISIONS = {
@@ -334,12 +334,6 @@ def normalize_precision(value: Any) -> str | None:
     if v.startswith(("float8", "fp8", "e4m3", "e5m2")):
         return "fp8"
     return None
-
-
-def rank_from_name(path: Path | str) -> int | None:
-    """Rank from a file name such as ``rank3.log``, ``rank-3.txt``, ``train_rank_3.out``; else None."""
-    m = _RANK_NAME_RE.search(Path(path).name)
-    return int(m.group(1)) if m else None
 
 
 def effective_batch(per_device_batch: int, gradient_accumulation_steps: int, data_parallel_size: int) -> int:

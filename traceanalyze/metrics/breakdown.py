@@ -28,7 +28,6 @@ Several windows of one rank (two files) are computed separately and their times 
 
 from __future__ import annotations
 
-import re
 from dataclasses import asdict, dataclass, field
 
 import duckdb
@@ -394,9 +393,3 @@ def save(con: duckdb.DuckDBPyConnection, ranks: list[RankMetrics], steps: list[S
         cols = list(StepMetrics.__dataclass_fields__)
         con.executemany(f"INSERT INTO step_metrics ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
                         [[getattr(s, c) for c in cols] for s in steps])
-
-
-def step_number(name: str) -> int | None:
-    """N of ``ProfilerStep#N``; None for other names."""
-    m = re.fullmatch(r"ProfilerStep#(\d+)", name)
-    return int(m.group(1)) if m else None
