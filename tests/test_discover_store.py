@@ -112,6 +112,22 @@ def test_changed_file_is_parsed_again(tmp_path):
     assert a.con.execute("SELECT count(*) FROM kernels").fetchone() == (2,)
 
 
+def test_database_of_an_older_schema_is_rebuilt(tmp_path):
+    shutil.copy(real("hta/trace_filter") / "sampled_rank-0.json.gz", tmp_path / "r0.json.gz")
+    db = tmp_path / "c.duckdb"
+    analyze(tmp_path, db=db, jobs=1).con.close()
+    con = connect(db)  # pretend a version-1 database: event tables with the collective columns, a cached file
+    con.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
+    con.execute("ALTER TABLE kernels ADD COLUMN collective VARCHAR")
+    con.close()
+    a = analyze(tmp_path, db=db, jobs=1)
+    assert not a.model["runs"][0]["files"][0]["cached"]  # parsed again into the new tables
+    assert a.con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("2",)
+    assert "collective" not in [r[0] for r in a.con.execute("DESCRIBE kernels").fetchall()]
+    assert a.con.execute("SELECT count(*) FROM kernels").fetchone() == (1204,)
+    a.con.close()
+
+
 def test_parallel_parse_gives_the_same_numbers():
     src = real("hta/trace_filter")
     one = analyze(src, jobs=1).model["runs"][0]["ranks"]

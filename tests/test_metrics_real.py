@@ -93,8 +93,9 @@ def test_every_real_folder_reports(tmp_path):
 def test_nccl_collective_metadata_is_ingested():
     a = analyze(real("hta/nccl_parser_config"), jobs=1)
     n, coll, group = a.con.execute("""
-        SELECT count(*), any_value(collective), any_value(group_size) FROM kernels
-        WHERE collective IS NOT NULL AND name LIKE 'ncclKernel%'""").fetchone()
+        SELECT count(*), any_value(collective), any_value(group_size) FROM comm_events
+        WHERE source = 'kernels' AND collective IS NOT NULL AND name LIKE 'ncclKernel%'""").fetchone()
     assert n == 21 and coll == "allreduce" and group == 2
-    ranks, = a.con.execute("SELECT any_value(pg_ranks) FROM cpu_ops WHERE name = 'record_param_comms'").fetchone()
+    ranks, = a.con.execute("SELECT any_value(pg_ranks) FROM comm_events "
+                           "WHERE source = 'cpu_ops' AND name = 'record_param_comms'").fetchone()
     assert ranks == "[0, 1]"

@@ -337,6 +337,9 @@ def _guard(ctx: click.Context, fn) -> None:
 
 def main() -> None:
     """Console-script entry point."""
+    from traceanalyze.store import block_pandas
+
+    block_pandas()
     cli(prog_name="traceanalyze")
 
 

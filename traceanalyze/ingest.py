@@ -27,12 +27,11 @@ import msgspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from msgspec.structs import astuple
 
 from traceanalyze.errors import InputError
 
-BLOCK_BYTES = 8 << 20  # decompressed bytes scanned per block
+BLOCK_BYTES = 2 << 20  # decompressed bytes scanned per block; 8 MiB blocks cost ~30 % more in page faults
 MAX_EVENT_BYTES = 64 << 20  # one event larger than this is a corrupt file, not an event
 DEFAULT_MAX_DECOMPRESSED = 64 << 30  # bound on what one file may inflate to (gzip bombs)
 MAX_DUR_US = 86_400e6  # an event longer than 1 day is a CUPTI timestamp fault (durations of years), not an event
@@ -138,18 +137,23 @@ COLLECTIVE_FIELDS = [
 KERNEL_SCHEMA = pa.schema([
     ("cat", pa.string()), ("name", pa.string()), ("device", pa.int64()), ("stream", pa.int64()),
     ("ts_ns", pa.int64()), ("dur_ns", pa.int64()), ("correlation", pa.int64()), ("external_id", pa.int64()),
-    ("bytes", pa.int64()), *COLLECTIVE_FIELDS,
+    ("bytes", pa.int64()),
 ])
 CPU_OP_SCHEMA = pa.schema([
     ("cat", pa.string()), ("name", pa.string()), ("pid", pa.int64()), ("tid", pa.int64()),
     ("ts_ns", pa.int64()), ("dur_ns", pa.int64()), ("external_id", pa.int64()), ("correlation", pa.int64()),
     ("input_types", pa.string()), ("input_dims", pa.string()), ("kernel_backend", pa.string()),
-    *COLLECTIVE_FIELDS,
+])
+# Collective metadata lives in its own table: only a few rows in a thousand carry it, and every column of the
+# big event tables costs insert time even when it is all nulls (9 such columns were a third of the load)
+COMM_SCHEMA = pa.schema([
+    ("source", pa.string()), ("cat", pa.string()), ("name", pa.string()), ("ts_ns", pa.int64()),
+    ("dur_ns", pa.int64()), ("correlation", pa.int64()), ("external_id", pa.int64()), *COLLECTIVE_FIELDS,
 ])
 THREAD_SCHEMA = pa.schema([
     ("pid", pa.int64()), ("tid", pa.int64()), ("kind", pa.string()), ("label", pa.string()),
 ])
-TABLES = {"kernels": KERNEL_SCHEMA, "cpu_ops": CPU_OP_SCHEMA, "threads": THREAD_SCHEMA}
+TABLES = {"kernels": KERNEL_SCHEMA, "cpu_ops": CPU_OP_SCHEMA, "comm_events": COMM_SCHEMA, "threads": THREAD_SCHEMA}
 
 
 @dataclass
@@ -467,26 +471,32 @@ class _Columns:
         }
         base["device"] = pc.coalesce(_arr(a_cols["device"], pa.int64()), base["pid"])
         base["stream"] = pc.coalesce(_arr(a_cols["stream"], pa.int64()), base["tid"])
-        if any(a_cols[f].count(None) != n for f in ("collective", "pg_name", "in_nelems")):
-            base["collective"] = _arr(a_cols["collective"], pa.string())
-            base["in_nelems"] = pc.coalesce(_arr(a_cols["in_nelems"], pa.int64()), _arr(a_cols["in_size"], pa.int64()))
-            base["out_nelems"] = pc.coalesce(_arr(a_cols["out_nelems"], pa.int64()),
-                                             _arr(a_cols["out_size"], pa.int64()))
-            base["group_size"] = _arr(a_cols["group_size"], pa.int64())
-            base["comm_dtype"] = _arr(a_cols["comm_dtype"], pa.string())
-            base["pg_name"] = _arr(a_cols["pg_name"], pa.string())
-            base["pg_desc"] = _arr(a_cols["pg_desc"], pa.string())
-            base["pg_ranks"] = pa.array([_raw_text(x) for x in a_cols["pg_ranks"]], pa.string())
-            base["seq"] = _arr(a_cols["seq"], pa.int64())
-        else:
-            for f, typ in COLLECTIVE_FIELDS:
-                base[f] = pa.nulls(n, typ)
         for table, mask in (("kernels", pc.and_(gpu, ok)), ("cpu_ops", pc.and_(pc.invert(gpu), ok))):
             schema = TABLES[table]
             t = pa.table([base[f] for f in schema.names], schema=schema).filter(mask)
             if t.num_rows:
                 self.parts[table].append(t)
                 self.rows += t.num_rows
+        if all(a_cols[f].count(None) == n for f in ("collective", "pg_name", "in_nelems", "in_size")):
+            return
+        comm = {
+            "collective": _arr(a_cols["collective"], pa.string()),
+            "in_nelems": pc.coalesce(_arr(a_cols["in_nelems"], pa.int64()), _arr(a_cols["in_size"], pa.int64())),
+            "out_nelems": pc.coalesce(_arr(a_cols["out_nelems"], pa.int64()), _arr(a_cols["out_size"], pa.int64())),
+            "group_size": _arr(a_cols["group_size"], pa.int64()),
+            "comm_dtype": _arr(a_cols["comm_dtype"], pa.string()),
+            "pg_name": _arr(a_cols["pg_name"], pa.string()),
+            "pg_desc": _arr(a_cols["pg_desc"], pa.string()),
+            "pg_ranks": pa.array([_raw_text(x) for x in a_cols["pg_ranks"]], pa.string()),
+            "seq": _arr(a_cols["seq"], pa.int64()),
+        }
+        has = pc.or_(pc.or_(pc.is_valid(comm["collective"]), pc.is_valid(comm["pg_name"])),
+                     pc.is_valid(comm["in_nelems"]))
+        comm["source"] = pc.if_else(gpu, "kernels", "cpu_ops")
+        t = pa.table([comm.get(f, base.get(f)) for f in COMM_SCHEMA.names], schema=COMM_SCHEMA)
+        t = t.filter(pc.fill_null(pc.and_(ok, has), False))
+        if t.num_rows:
+            self.parts["comm_events"].append(t)
 
     def tables(self) -> dict[str, pa.Table]:
         out = {n: pa.concat_tables(p) if p else TABLES[n].empty_table() for n, p in self.parts.items()}
@@ -512,7 +522,6 @@ def _raw_column(raws: tuple) -> pa.Array:
         return arr.cast(pa.string())
     except pa.ArrowInvalid:
         return pa.array([None if r is None else bytes(r).decode("utf-8", "replace") for r in raws], pa.string())
-_COLL_NAMES = [f for f, _ in COLLECTIVE_FIELDS]
 
 
 def _header_base_ns(header: dict) -> int:
@@ -687,7 +696,7 @@ def _parse_blocks(path, blocks, state, info: TraceFile, out_dir, key, chunk_rows
     buf = b""  # the header, until the events array opens
     header_bytes = b""
     cols = _Columns()
-    writers: dict[str, pq.ParquetWriter] = {}
+    writers: dict = {}  # table name -> pyarrow.parquet.ParquetWriter
     tables_mem: dict[str, list[pa.Table]] = {n: [] for n in TABLES}
     n_events = 0
     stream: _EventStream | None = None
@@ -702,6 +711,8 @@ def _parse_blocks(path, blocks, state, info: TraceFile, out_dir, key, chunk_rows
             else:
                 w = writers.get(name)
                 if w is None:
+                    import pyarrow.parquet as pq  # only for files over one chunk; it imports pandas when present
+
                     p = Path(out_dir) / f"{key}.{name}.parquet"
                     w = writers[name] = pq.ParquetWriter(p, tbl.schema, compression="lz4")  # temp: speed, not size
                     info.parquet[name] = str(p)
@@ -822,6 +833,8 @@ def _parse_blocks(path, blocks, state, info: TraceFile, out_dir, key, chunk_rows
         out = {n: pa.concat_tables(ts) if ts else TABLES[n].empty_table() for n, ts in tables_mem.items()}
         info.counts = {n: t.num_rows for n, t in out.items()}
         return out
+    import pyarrow.parquet as pq
+
     for name in TABLES:
         if name not in info.parquet:
             p = Path(out_dir) / f"{key}.{name}.parquet"

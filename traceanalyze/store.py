@@ -12,9 +12,11 @@ leaves every finished file usable.
 
 from __future__ import annotations
 
+import importlib.abc
 import json
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
@@ -29,7 +31,7 @@ from traceanalyze.errors import InputError, TraceanalyzeError
 if TYPE_CHECKING:
     from traceanalyze.ingest import TraceFile
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # a database written with another version is rebuilt: it is a cache of the traces
 
 DDL = f"""
 CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR);
@@ -66,9 +68,7 @@ CREATE TABLE IF NOT EXISTS kernels (
     ts_ns BIGINT, dur_ns BIGINT,   -- start on the rank's clock, duration (ns)
     correlation BIGINT,            -- == cuda_runtime.correlation of the launch
     external_id BIGINT,            -- == cpu_ops.external_id of the launching op
-    bytes BIGINT,                  -- memcpy/memset bytes
-    collective VARCHAR, in_nelems BIGINT, out_nelems BIGINT, group_size BIGINT, comm_dtype VARCHAR,
-    pg_name VARCHAR, pg_desc VARCHAR, pg_ranks VARCHAR, seq BIGINT   -- NCCL metadata, when kineto wrote it
+    bytes BIGINT                   -- memcpy/memset bytes
 );
 CREATE TABLE IF NOT EXISTS cpu_ops (
     file_id INTEGER,
@@ -78,9 +78,18 @@ CREATE TABLE IF NOT EXISTS cpu_ops (
     external_id BIGINT, correlation BIGINT,
     input_types VARCHAR,           -- JSON text of args["Input type"] (record_shapes)
     input_dims VARCHAR,            -- JSON text of args["Input Dims"]
-    kernel_backend VARCHAR,        -- "triton" on inductor launches
-    collective VARCHAR, in_nelems BIGINT, out_nelems BIGINT, group_size BIGINT, comm_dtype VARCHAR,
-    pg_name VARCHAR, pg_desc VARCHAR, pg_ranks VARCHAR, seq BIGINT   -- record_param_comms metadata
+    kernel_backend VARCHAR         -- "triton" on inductor launches
+);
+CREATE TABLE IF NOT EXISTS comm_events (  -- the kernels / cpu_ops rows that carry collective metadata
+    file_id INTEGER,
+    source VARCHAR,                -- kernels (NCCL kernels) | cpu_ops (record_param_comms, nccl:* annotations)
+    cat VARCHAR, name VARCHAR,
+    ts_ns BIGINT, dur_ns BIGINT,   -- as in the source row: join on (file_id, ts_ns, correlation)
+    correlation BIGINT, external_id BIGINT,
+    collective VARCHAR,            -- "Collective name": allreduce, _allgather_base, ...
+    in_nelems BIGINT, out_nelems BIGINT,  -- "In/Out msg nelems" (or "In/Out msg size" in older kineto)
+    group_size BIGINT, comm_dtype VARCHAR,
+    pg_name VARCHAR, pg_desc VARCHAR, pg_ranks VARCHAR, seq BIGINT
 );
 CREATE TABLE IF NOT EXISTS threads (
     file_id INTEGER, pid BIGINT, tid BIGINT,
@@ -166,14 +175,55 @@ def connect(db_path: str | Path | None) -> duckdb.DuckDBPyConnection:
         raise TraceanalyzeError(f"{db_path}: cannot open the database ({msg.splitlines()[0]})") from None
     except duckdb.Error as exc:
         raise TraceanalyzeError(f"{db_path}: not a usable DuckDB database ({str(exc).splitlines()[0]})") from None
+    _drop_if_old(con)
     con.execute(DDL)
     con.execute(MACROS)
     return con
 
 
+def _drop_if_old(con: duckdb.DuckDBPyConnection) -> None:
+    """A database from another schema version is a stale cache: drop its tables so they are rebuilt."""
+    has_meta = con.execute("SELECT count(*) FROM duckdb_tables() WHERE schema_name = 'main' AND table_name = 'meta'"
+                           ).fetchone()[0]
+    if not has_meta:
+        return
+    row = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    if row is not None and row[0] == str(SCHEMA_VERSION):
+        return
+    for (name,) in con.execute("SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main'").fetchall():
+        con.execute(f'DROP TABLE "{name}"')
+
+
 def _stat_key(path: Path) -> tuple[str, int, int]:
     st = path.stat()
     return str(path.resolve()), st.st_size, st.st_mtime_ns
+
+
+class _NoPandas(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "pandas":
+            raise ImportError("pandas is not imported by the traceanalyze command line")
+        return None
+
+
+def block_pandas() -> None:
+    """Make ``import pandas`` fail in this process unless it is already imported.
+
+    pyarrow imports pandas, when installed, on its first array conversion: 0.2 s and ~50 MB in the main process
+    and in each parse worker. The command line never builds a DataFrame, so it calls this first; the Python
+    API does not (users' pandas must keep working).
+    """
+    if "pandas" not in sys.modules and not any(isinstance(f, _NoPandas) for f in sys.meta_path):
+        sys.meta_path.insert(0, _NoPandas())
+
+
+def _pandas_blocked() -> bool:
+    return any(isinstance(f, _NoPandas) for f in sys.meta_path)
+
+
+def _worker_init(no_pandas: bool) -> None:
+    if no_pandas:  # as in the parent; matters where workers start fresh (spawn, forkserver) instead of forking
+        block_pandas()
 
 
 def _parse_one(args: tuple) -> tuple[str, TraceFile | None, dict | None, str | None]:
@@ -246,7 +296,8 @@ def load_traces(con: duckdb.DuckDBPyConnection, paths: Iterable[Path], *, jobs: 
                 results: Iterable = map(_parse_one, work)
                 pool = None
             else:
-                pool = ProcessPoolExecutor(max_workers=n_jobs)
+                pool = ProcessPoolExecutor(max_workers=n_jobs, initializer=_worker_init,
+                                           initargs=(_pandas_blocked(),))
                 results = pool.map(_parse_one, work)
             try:
                 parts: list[tuple] = []

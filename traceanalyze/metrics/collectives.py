@@ -133,9 +133,11 @@ class CollectiveAnalysis:
 def _calls(con: duckdb.DuckDBPyConnection, run_id: int, mode: str) -> list[Call]:
     if mode == "gpu":
         rows = con.execute("""
-            SELECT f.rank, k.name, k.collective, k.in_nelems, k.out_nelems, k.comm_dtype, k.group_size,
+            SELECT f.rank, k.name, m.collective, m.in_nelems, m.out_nelems, m.comm_dtype, m.group_size,
                    k.ts_ns, k.ts_ns + k.dur_ns
             FROM kernels k JOIN files f USING (file_id)
+            LEFT JOIN comm_events m ON m.file_id = k.file_id AND m.source = 'kernels' AND m.ts_ns = k.ts_ns
+                 AND m.name = k.name AND m.correlation IS NOT DISTINCT FROM k.correlation
             WHERE f.run_id = ? AND k.cat = 'kernel' AND kernel_class(k.cat, k.name) = 'communication'
             ORDER BY f.rank, k.ts_ns""", [run_id]).fetchall()
         out = []
