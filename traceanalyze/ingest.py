@@ -27,7 +27,6 @@ import msgspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from msgspec.structs import astuple
 
 from traceanalyze.errors import InputError
 
@@ -393,112 +392,132 @@ def _float_or_none(v: Any) -> float | None:
 
 
 class _Columns:
-    """Turns decoded events into the three Arrow tables, column by column (no per-event Python branching).
+    """Turns decoded events into the Arrow tables, column by column (no per-event Python branching).
 
-    Odd types in a column (a string ``ts``, a list ``name``) are coerced item by item or become null;
-    X events whose ts/dur are missing, non-numeric, negative or not finite are dropped and counted, and so are
-    events longer than :data:`MAX_DUR_US` (1 day: a known CUPTI fault writes durations of years).
+    Kept events wait in a list and are converted :data:`BATCH_ROWS` at a time, so the per-call cost of Arrow
+    kernels is paid per batch, not per block of bytes. Odd types in a column (a string ``ts``, a list
+    ``name``) are coerced item by item or become null; X events whose ts/dur are missing, non-numeric,
+    negative or not finite are dropped and counted, and so are events longer than :data:`MAX_DUR_US` (1 day:
+    a known CUPTI fault writes durations of years).
     """
+
+    BATCH_ROWS = 1 << 13  # larger batches fall out of the CPU cache and get slower
 
     def __init__(self) -> None:
         self.parts: dict[str, list[pa.Table]] = {n: [] for n in TABLES}
         self.rows = 0
         self.bad_time = 0
         self.too_long = 0
+        self.pending: list = []  # X events of a kept category, not yet converted
 
     def __len__(self) -> int:
-        return self.rows
+        return self.rows + len(self.pending)
 
-    def add(self, events: list[_Event]) -> None:
-        events = [e for e in events if e.ph in ("X", "M")]  # skipped phases carry nothing
-        if not events:
-            return
-        ph = _arr([e.ph for e in events], pa.string())
-        cat = _arr([e.cat for e in events], pa.string())
-        is_x = pc.fill_null(pc.equal(ph, "X"), False)
-        kind = pc.fill_null(pc.take(_KIND_VALUES, pc.index_in(cat, _KIND_KEYS)), "")
-        is_gpu = pc.and_(is_x, pc.is_in(kind, _GPU_KINDS))
-        is_cpu = pc.and_(is_x, pc.is_in(kind, _CPU_KINDS))
-        keep = pc.or_(is_gpu, is_cpu)
-        if pc.any(keep).as_py():
-            idx = pc.indices_nonzero(keep).to_numpy()
-            self._add_x(events, idx, kind, is_gpu)
-        is_m = pc.fill_null(pc.equal(ph, "M"), False)
-        if pc.any(is_m).as_py():
-            t = {f: [] for f in THREAD_SCHEMA.names}
-            for i in pc.indices_nonzero(is_m).to_numpy():
-                e = events[i]
-                if e.name in ("thread_name", "process_name", "process_labels") and e.args is not None:
-                    t["pid"].append(_int_or_none(e.pid))
-                    t["tid"].append(_int_or_none(e.tid))
-                    t["kind"].append(e.name)
-                    t["label"].append(_str_or_none(e.args.name))
+    def add(self, events: list) -> None:
+        """Take decoded events (any phase; only X and M events are kept)."""
+        try:
+            x = [e for e in events if e.ph == "X" and e.cat in _KEPT_CATS]
+        except TypeError:  # an unhashable cat (a list) somewhere: such an event is no kernel or op
+            x = [e for e in events if e.ph == "X" and type(e.cat) is str and e.cat in _KEPT_CATS]
+        self.pending += x
+        if len(self.pending) >= self.BATCH_ROWS:
+            self.convert()
+        m = [e for e in events if e.ph == "M"]
+        if m:
+            self._add_m(m)
+
+    def _add_m(self, events: list) -> None:
+        t: dict[str, list] = {f: [] for f in THREAD_SCHEMA.names}
+        for e in events:
+            if e.name in ("thread_name", "process_name", "process_labels") and e.args is not None:
+                t["pid"].append(_int_or_none(e.pid))
+                t["tid"].append(_int_or_none(e.tid))
+                t["kind"].append(e.name)
+                t["label"].append(_str_or_none(e.args.name))
+        if t["pid"]:
             self.parts["threads"].append(pa.table(t, schema=THREAD_SCHEMA))
 
-    def _add_x(self, events: list[_Event], idx: np.ndarray, kind: pa.Array, is_gpu: pa.Array) -> None:
-        ev = [events[i] for i in idx.tolist()]
-        kind = kind.take(idx)
-        gpu = is_gpu.take(idx)
+    def convert(self) -> None:
+        """Convert the pending events to Arrow tables."""
+        ev, self.pending = self.pending, []
+        if not ev:
+            return
+        n = len(ev)
+        kind = pc.take(_KIND_VALUES, pc.index_in(pa.array([e.cat for e in ev], pa.string()), _KIND_KEYS))
+        gpu = pc.is_in(kind, _GPU_KINDS)
         ts = _arr([e.ts for e in ev], pa.float64())
         dur = _arr([e.dur for e in ev], pa.float64())
         ok = pc.fill_null(pc.and_(pc.and_(pc.is_finite(ts), pc.is_finite(dur)),
                                   pc.and_(pc.greater_equal(dur, 0.0), pc.less_equal(pc.abs(ts), MAX_TS_US))), False)
         n_ok = pc.sum(ok).as_py() or 0
-        if n_ok < len(ev):
-            self.bad_time += len(ev) - n_ok
+        if n_ok < n:
+            self.bad_time += n - n_ok
         too_long = pc.and_(ok, pc.greater(dur, MAX_DUR_US))
         n_long = pc.sum(too_long).as_py() or 0
         if n_long:  # a CUPTI fault: an end time never written gives durations of years
             self.too_long += n_long
             ok = pc.and_(ok, pc.invert(too_long))
-        # transpose structs to columns in C (astuple + zip) instead of one Python comprehension per field
-        a_cols = dict(zip(_ARG_FIELDS, zip(*[astuple(e.args or _NO_ARGS) for e in ev], strict=True), strict=True))
-        n = len(ev)
+        args = [e.args or _NO_ARGS for e in ev]
         base = {
             "cat": kind,
             "name": _arr([e.name for e in ev], pa.string()),
             "ts_ns": _us_to_ns(pc.if_else(ok, ts, 0.0)),
             "dur_ns": pc.cast(pc.round(pc.multiply(pc.if_else(ok, dur, 0.0), 1000.0)), pa.int64()),
-            "external_id": pc.coalesce(_arr(a_cols["external_id"], pa.int64()),
-                                       _arr(a_cols["external_id_old"], pa.int64())),
-            "correlation": _arr(a_cols["correlation"], pa.int64()),
+            "external_id": pc.coalesce(_arr([a.external_id for a in args], pa.int64()),
+                                       _arr([a.external_id_old for a in args], pa.int64())),
+            "correlation": _arr([a.correlation for a in args], pa.int64()),
             "pid": _arr([e.pid for e in ev], pa.int64()),
             "tid": _arr([e.tid for e in ev], pa.int64()),
-            "bytes": _arr(a_cols["nbytes"], pa.int64()),
-            "kernel_backend": _arr(a_cols["kernel_backend"], pa.string()),
-            "input_types": _raw_column(a_cols["input_type"]),
-            "input_dims": _raw_column(a_cols["input_dims"]),
         }
-        base["device"] = pc.coalesce(_arr(a_cols["device"], pa.int64()), base["pid"])
-        base["stream"] = pc.coalesce(_arr(a_cols["stream"], pa.int64()), base["tid"])
-        for table, mask in (("kernels", pc.and_(gpu, ok)), ("cpu_ops", pc.and_(pc.invert(gpu), ok))):
-            schema = TABLES[table]
-            t = pa.table([base[f] for f in schema.names], schema=schema).filter(mask)
-            if t.num_rows:
-                self.parts[table].append(t)
-                self.rows += t.num_rows
-        if all(a_cols[f].count(None) == n for f in ("collective", "pg_name", "in_nelems", "in_size")):
+        gpu_ok = pc.and_(gpu, ok)
+        if pc.any(gpu_ok).as_py():
+            base["device"] = pc.coalesce(_arr([a.device for a in args], pa.int64()), base["pid"])
+            base["stream"] = pc.coalesce(_arr([a.stream for a in args], pa.int64()), base["tid"])
+            base["bytes"] = _arr([a.nbytes for a in args], pa.int64())
+            self._append("kernels", base, gpu_ok)
+        cpu_ok = pc.and_(pc.invert(gpu), ok)
+        if pc.any(cpu_ok).as_py():
+            base["input_types"] = _raw_column([a.input_type for a in args])
+            base["input_dims"] = _raw_column([a.input_dims for a in args])
+            base["kernel_backend"] = _arr([a.kernel_backend for a in args], pa.string())
+            self._append("cpu_ops", base, cpu_ok)
+        self._add_comm(args, base, gpu, ok)
+
+    def _append(self, table: str, cols: dict, mask: pa.Array) -> None:
+        schema = TABLES[table]
+        t = pa.table([cols[f] for f in schema.names], schema=schema).filter(mask)
+        self.parts[table].append(t)
+        self.rows += t.num_rows
+
+    def _add_comm(self, args: list, base: dict, gpu: pa.Array, ok: pa.Array) -> None:
+        n = len(args)
+        # these four tell whether any event carries collective metadata: most batches hold none
+        raw = {"collective": [a.collective for a in args], "pg_name": [a.pg_name for a in args],
+               "in_nelems": [a.in_nelems for a in args], "in_size": [a.in_size for a in args]}
+        if all(v.count(None) == n for v in raw.values()):
             return
+        raw.update({f: [getattr(a, f) for a in args] for f in _COMM_ARGS if f not in raw})
         comm = {
-            "collective": _arr(a_cols["collective"], pa.string()),
-            "in_nelems": pc.coalesce(_arr(a_cols["in_nelems"], pa.int64()), _arr(a_cols["in_size"], pa.int64())),
-            "out_nelems": pc.coalesce(_arr(a_cols["out_nelems"], pa.int64()), _arr(a_cols["out_size"], pa.int64())),
-            "group_size": _arr(a_cols["group_size"], pa.int64()),
-            "comm_dtype": _arr(a_cols["comm_dtype"], pa.string()),
-            "pg_name": _arr(a_cols["pg_name"], pa.string()),
-            "pg_desc": _arr(a_cols["pg_desc"], pa.string()),
-            "pg_ranks": pa.array([_raw_text(x) for x in a_cols["pg_ranks"]], pa.string()),
-            "seq": _arr(a_cols["seq"], pa.int64()),
+            "collective": _arr(raw["collective"], pa.string()),
+            "in_nelems": pc.coalesce(_arr(raw["in_nelems"], pa.int64()), _arr(raw["in_size"], pa.int64())),
+            "out_nelems": pc.coalesce(_arr(raw["out_nelems"], pa.int64()), _arr(raw["out_size"], pa.int64())),
+            "group_size": _arr(raw["group_size"], pa.int64()),
+            "comm_dtype": _arr(raw["comm_dtype"], pa.string()),
+            "pg_name": _arr(raw["pg_name"], pa.string()),
+            "pg_desc": _arr(raw["pg_desc"], pa.string()),
+            "pg_ranks": pa.array([_raw_text(x) for x in raw["pg_ranks"]], pa.string()),
+            "seq": _arr(raw["seq"], pa.int64()),
+            "source": pc.if_else(gpu, "kernels", "cpu_ops"),
         }
         has = pc.or_(pc.or_(pc.is_valid(comm["collective"]), pc.is_valid(comm["pg_name"])),
                      pc.is_valid(comm["in_nelems"]))
-        comm["source"] = pc.if_else(gpu, "kernels", "cpu_ops")
         t = pa.table([comm.get(f, base.get(f)) for f in COMM_SCHEMA.names], schema=COMM_SCHEMA)
         t = t.filter(pc.fill_null(pc.and_(ok, has), False))
         if t.num_rows:
             self.parts["comm_events"].append(t)
 
     def tables(self) -> dict[str, pa.Table]:
+        self.convert()
         out = {n: pa.concat_tables(p) if p else TABLES[n].empty_table() for n, p in self.parts.items()}
         self.parts = {n: [] for n in TABLES}
         self.rows = 0
@@ -508,11 +527,12 @@ class _Columns:
 _KIND_KEYS = pa.array(list(GPU_CATS) + list(CPU_CATS))
 _KIND_VALUES = pa.array(list(GPU_CATS.values()) + [v or "" for v in CPU_CATS.values()])
 _GPU_KINDS = pa.array(sorted(set(GPU_CATS.values())))
-_CPU_KINDS = pa.array(sorted({v for v in CPU_CATS.values() if v}))
+_KEPT_CATS = frozenset(c for c, v in {**GPU_CATS, **CPU_CATS}.items() if v)
+_COMM_ARGS = ("collective", "in_nelems", "out_nelems", "in_size", "out_size", "group_size", "comm_dtype", "pg_name",
+              "pg_desc", "pg_ranks", "seq")
 
 
 _NO_ARGS = _Args()
-_ARG_FIELDS = _Args.__struct_fields__
 
 
 def _raw_column(raws: tuple) -> pa.Array:
@@ -816,6 +836,7 @@ def _parse_blocks(path, blocks, state, info: TraceFile, out_dir, key, chunk_rows
         _merge_tail(path, stream.tail, info)
     if n_events == 0 and not info.partial and part is None:
         info.warnings.append("the trace holds no events")
+    cols.convert()  # the last batch, so that its dropped events are counted below
     if cols.bad_time:
         info.skipped_events += cols.bad_time
         info.warnings.append(f"{cols.bad_time} events skipped: missing, non-numeric, negative, NaN or out-of-range "

@@ -227,16 +227,27 @@ def _worker_init(no_pandas: bool) -> None:
 
 
 def _parse_one(args: tuple) -> tuple[str, TraceFile | None, dict | None, str | None]:
-    """Worker: parse one file (or one byte range of it); return (path, summary, in-memory tables or None if
-    they went to Parquet, error)."""
+    """Worker: parse one file (or one byte range of it); return (path, summary, tables, error).
+
+    ``tables`` maps table name to an Arrow table, or, with ``to_files``, to an Arrow IPC file in ``out_dir``
+    that the parent maps into memory: cheaper than pickling the columns through a pipe. It is None when the
+    rows went to Parquet (a file over one chunk).
+    """
     import gc
 
     from traceanalyze.ingest import parse_trace
 
-    path, out_dir, key, max_decompressed, byte_range = args
+    path, out_dir, key, max_decompressed, byte_range, to_files = args
     gc.disable()  # millions of short-lived objects; collection passes only cost time here
     try:
         info, tables = parse_trace(path, out_dir, key=key, max_decompressed=max_decompressed, byte_range=byte_range)
+        if tables is not None and to_files:
+            import pyarrow as pa
+
+            for name, t in tables.items():
+                tables[name] = f = str(Path(out_dir) / f"{key}.{name}.arrow")
+                with pa.OSFile(f, "wb") as fh, pa.ipc.new_file(fh, t.schema) as w:
+                    w.write_table(t)
         return path, info, tables, None
     except InputError as exc:
         return path, None, None, exc.problem
@@ -289,8 +300,10 @@ def load_traces(con: duckdb.DuckDBPyConnection, paths: Iterable[Path], *, jobs: 
                 ends = points[1:] + [k[1]]
                 n_parts[str(p)] = len(points)
                 for j, (a, b) in enumerate(zip(points, ends, strict=True)):
-                    work.append((str(p), tmp, f"f{i}p{j}", max_decompressed, None if len(points) == 1 else (a, b)))
+                    work.append([str(p), tmp, f"f{i}p{j}", max_decompressed, None if len(points) == 1 else (a, b)])
             n_jobs = max(1, min(n_cpu, len(work)))
+            for w in work:
+                w.append(n_jobs > 1)
             keys = {str(p): (p, k) for p, k in todo}
             if n_jobs == 1:
                 results: Iterable = map(_parse_one, work)
@@ -365,7 +378,12 @@ def _store_file(con, path: Path, key, info: TraceFile | None, err: str | None,
                     sel = ", ".join(f"ts_ns + {base} AS ts_ns" if c == "ts_ns" else f'"{c}"' for c in cols)
                     names = ", ".join(f'"{c}"' for c in cols)
                     if tables is not None:
-                        con.register("_incoming", tables[t])
+                        tbl = tables[t]
+                        if isinstance(tbl, str):  # an Arrow IPC file from a worker: mapped, not copied
+                            import pyarrow as pa
+
+                            tbl = pa.ipc.open_file(pa.memory_map(tbl)).read_all()
+                        con.register("_incoming", tbl)
                         con.execute(f"INSERT INTO {t} (file_id, {names}) SELECT {file_id}, {sel} FROM _incoming")
                         con.unregister("_incoming")
                     else:
