@@ -142,6 +142,8 @@ CREATE OR REPLACE MACRO profiler_step(cat, name) AS
          THEN TRY_CAST(regexp_extract(name, '#(\d+)', 1) AS INTEGER) END;
 """
 
+INGEST_MEMORY_LIMIT = "64MB"  # DuckDB's buffer pool while trace files are loaded (see load_traces)
+
 # Tables that describe the latest report only; emptied before a report is recomputed.
 REPORT_TABLES = ("runs", "warnings", "run_facts", "log_steps", "nccl_channels", "topology_links", "collective_calls",
                  "findings", "report_cache")
@@ -224,6 +226,10 @@ def _pandas_blocked() -> bool:
 def _worker_init(no_pandas: bool) -> None:
     if no_pandas:  # as in the parent; matters where workers start fresh (spawn, forkserver) instead of forking
         block_pandas()
+    import pyarrow as pa
+
+    # mimalloc (pyarrow's default) keeps what a parse freed: ~35 MB more per worker, for no speed we can measure
+    pa.set_memory_pool(pa.system_memory_pool())
 
 
 def _parse_one(args: tuple) -> tuple[str, TraceFile | None, dict | None, str | None]:
@@ -290,6 +296,9 @@ def load_traces(con: duckdb.DuckDBPyConnection, paths: Iterable[Path], *, jobs: 
         from traceanalyze.ingest import split_points
 
         tmp = tempfile.mkdtemp(prefix="traceanalyze-")
+        # DuckDB keeps every block it just wrote in its buffer pool (~12 MB per 47 MB trace); they are on disk
+        # already, so a low limit while loading only lets them go, and the analysis re-reads what it needs
+        con.execute(f"SET memory_limit = '{INGEST_MEMORY_LIMIT}'")
         try:
             n_cpu = max(1, jobs or os.cpu_count() or 1)
             work = []
@@ -328,6 +337,7 @@ def load_traces(con: duckdb.DuckDBPyConnection, paths: Iterable[Path], *, jobs: 
                 if pool is not None:
                     pool.shutdown(cancel_futures=True)
         finally:
+            con.execute("RESET memory_limit")
             shutil.rmtree(tmp, ignore_errors=True)
     return [out[p] for p in paths]
 
