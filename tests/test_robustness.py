@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import duckdb
@@ -26,7 +27,7 @@ from hypothesis import strategies as st
 from markupsafe import escape
 
 from tests.conftest import REAL, real, sample
-from traceanalyze import render, store
+from traceanalyze import ingest, render, store
 from traceanalyze.cli import cli
 from traceanalyze.errors import InputError, TraceanalyzeError
 from traceanalyze.ingest import GPU_CATS, parse_trace
@@ -123,8 +124,8 @@ CASES = {
                        "valid JSON but not a trace (no traceEvents array)"),
     "big_json_not_trace": ("rank1.json", lambda p: p.write_text(json.dumps({"a": "x" * 100_000})), "error",
                            "valid JSON but not a trace (no traceEvents array)"),
-    "gzip_corrupt": ("rank1.json.gz", _gz_corrupt, "error",
-                     "corrupt gzip data (Error -3 while decompressing data: invalid code lengths set)"),
+    "gzip_corrupt": ("rank1.json.gz", _gz_corrupt, "error", "corrupt gzip data (invalid code lengths set)"
+                     if ingest._inflate is zlib else "corrupt gzip data (invalid deflate block found)"),
     "gzip_cut_in_header": ("rank1.json.gz", lambda p: p.write_bytes(gzip.compress(b'{"traceEvents": []}')[:15]),
                            "error", "gzip stream ends before any event (truncated)"),
     "broken_symlink": ("rank1.json", lambda p: p.symlink_to(p.parent / "gone.json"), "error",
@@ -523,7 +524,6 @@ def test_gzip_bomb_is_bounded_with_a_clear_message(tmp_path):
 
 
 def test_whitespace_bomb_stops_at_the_event_bound(tmp_path, monkeypatch):
-    from traceanalyze import ingest
 
     monkeypatch.setattr(ingest, "MAX_EVENT_BYTES", 1 << 20)
     p = tmp_path / "rank1.json.gz"
