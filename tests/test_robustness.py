@@ -524,7 +524,6 @@ def test_gzip_bomb_is_bounded_with_a_clear_message(tmp_path):
 
 
 def test_whitespace_bomb_stops_at_the_event_bound(tmp_path, monkeypatch):
-
     monkeypatch.setattr(ingest, "MAX_EVENT_BYTES", 1 << 20)
     p = tmp_path / "rank1.json.gz"
     with gzip.open(p, "wb") as fh:
