@@ -408,3 +408,119 @@ def test_short_name() -> None:
     assert len(render.short_name("x" * 5000)) == render.NAME_CHARS
     assert render.ranges([2, 3, 4, 7, 9, 10]) == "2–4, 7, 9–10"
     assert render.fmt_ms(615120.0) == "615.12" and render.fmt_ms(None) == "—" and render.fmt_ms(float("nan")) == "—"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Compiled templates kept on disk (Jinja2 bytecode cache)
+
+def _fresh_env(monkeypatch: pytest.MonkeyPatch, cache_home: Path | str) -> object:
+    """What a new process gets: an environment whose cache folder comes from XDG_CACHE_HOME, used by html()."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache_home))
+    env = render._new_env()
+    monkeypatch.setattr(render, "_env_made", env)
+    return env
+
+
+def _no_compile(*_a: object, **_k: object) -> None:
+    raise AssertionError("template compiled although the cache holds it")
+
+
+def test_compiled_templates_cached_on_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import jinja2
+
+    model = synthetic_model()
+    _fresh_env(monkeypatch, tmp_path / "xdg")
+    folder = tmp_path / "xdg" / "traceanalyze" / f"jinja-{jinja2.__version__}"
+    assert not folder.exists()  # made on demand
+    expected = render.html(model)
+    entries = sorted(folder.glob("*.cache"))
+    assert len(entries) == 3  # report.html.j2, the macros it imports and the CSS it includes
+    assert all(e.stat().st_size > 0 for e in entries) and not list(folder.glob("*.tmp"))
+    assert render._env is render._env_made  # what batch.py uses is the same environment
+
+    # A second process: the code is loaded from the folder, nothing is compiled, the HTML is the same.
+    env = _fresh_env(monkeypatch, tmp_path / "xdg")
+    env.compile = _no_compile
+    assert render.html(model) == expected
+    assert sorted(folder.glob("*.cache")) == entries
+
+    # A damaged entry is compiled again and replaced, without an error.
+    for e in entries:
+        e.write_bytes(e.read_bytes()[:40])
+    _fresh_env(monkeypatch, tmp_path / "xdg")
+    assert render.html(model) == expected
+    env = _fresh_env(monkeypatch, tmp_path / "xdg")
+    env.compile = _no_compile
+    assert render.html(model) == expected
+
+
+@pytest.mark.parametrize("where", ["file", "read-only"])
+def test_unusable_template_cache_is_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    model = synthetic_model()
+    _fresh_env(monkeypatch, tmp_path / "ok")
+    expected = render.html(model)
+    if where == "file":  # XDG_CACHE_HOME names a file: the folder can be neither made nor read
+        home = tmp_path / "not-a-folder"
+        home.write_text("x")
+    else:  # a read-only cache home (as root, the mode is not enforced; the report must come out either way)
+        home = tmp_path / "ro"
+        home.mkdir()
+        home.chmod(0o500)
+    try:
+        for _ in range(2):
+            _fresh_env(monkeypatch, home)
+            assert render.html(model) == expected
+    finally:
+        if where == "read-only":
+            home.chmod(0o700)
+    if where == "file":
+        assert home.read_text() == "x"
+
+
+def test_template_cache_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import jinja2
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert render._template_cache_dir() == str(tmp_path / "xdg" / "traceanalyze" / f"jinja-{jinja2.__version__}")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    for unset in ("", "relative/cache"):  # unset or relative: ~/.cache, as the XDG spec says
+        monkeypatch.setenv("XDG_CACHE_HOME", unset)
+        assert render._template_cache_dir() == str(tmp_path / "home" / ".cache" / "traceanalyze"
+                                                   / f"jinja-{jinja2.__version__}")
+
+
+def test_median_matches_statistics() -> None:
+    import statistics
+
+    for xs in ([3.0], [5, 1], [2.5, 9.0, 1.0], [4, 4, 1, 7], [0.1, 0.2, 0.3, 0.4, 1e9, -3.0], list(range(11))):
+        assert render._median(xs) == statistics.median(xs)
+        assert render._median(iter(xs)) == statistics.median(xs)
+    with pytest.raises(ValueError):
+        render._median([])
+
+
+def test_template_cache_others_can_write_is_not_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = synthetic_model()
+    _fresh_env(monkeypatch, tmp_path / "xdg")
+    expected = render.html(model)
+    folder = Path(render._template_cache_dir() or "")
+    entries = {e: e.read_bytes() for e in folder.glob("*.cache")}
+    assert len(entries) == 3
+    folder.chmod(0o777)  # e.g. XDG_CACHE_HOME=/tmp: another user could plant code there
+    try:
+        env = _fresh_env(monkeypatch, tmp_path / "xdg")
+        compiled: list[str] = []
+        real_compile = env.compile
+
+        def counting_compile(source: str, name: str | None = None, *a: object, **k: object) -> object:
+            compiled.append(str(name))
+            return real_compile(source, name, *a, **k)
+
+        env.compile = counting_compile
+        for e in entries:
+            e.write_bytes(b"planted")
+        assert render.html(model) == expected
+        assert sorted(compiled) == ["macros.html.j2", "report.css", "report.html.j2"]
+        assert all(e.read_bytes() == b"planted" for e in entries)  # nor is anything written there
+    finally:
+        folder.chmod(0o700)

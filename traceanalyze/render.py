@@ -29,26 +29,22 @@ The output is deterministic for a given model (stable chart ids), so two reports
 
 from __future__ import annotations
 
+import functools
 import math
+import os
 import re
-import statistics
-import xml.etree.ElementTree as ET
+import stat
 from collections.abc import Iterable
 from pathlib import PurePath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pygal
-from jinja2 import Environment, PackageLoader, select_autoescape
-from markupsafe import Markup
-from pygal.style import Style
-
-_env = Environment(loader=PackageLoader("traceanalyze", "templates"),
-                   autoescape=select_autoescape(default=True, default_for_string=True),
-                   trim_blocks=True, lstrip_blocks=True)
+if TYPE_CHECKING:  # imported where used: the Markdown summary and the JSON output need neither pygal nor Jinja2
+    import jinja2
+    import pygal
+    from markupsafe import Markup
+    from pygal.style import Style
 
 SVG_NS = "http://www.w3.org/2000/svg"
-ET.register_namespace("", SVG_NS)
-ET.register_namespace("xlink", "http://www.w3.org/1999/xlink")
 
 MAX_STEP_ROWS = 40
 MAX_STEP_COLS = 16
@@ -231,10 +227,120 @@ def ranges(xs: Iterable[Any]) -> str:
     return ", ".join(out)
 
 
-for _name, _fn in {"ms": fmt_ms, "signed_ms": fmt_signed_ms, "pct": fmt_pct, "int": fmt_int, "num": fmt_float,
-                   "bytes": fmt_bytes, "gbps": fmt_gbps, "text": text, "basename": basename, "short": short_name,
-                   "ranges": ranges}.items():
-    _env.filters[_name] = _fn
+def _median(xs: Iterable[float]) -> float:
+    """The median, as :func:`statistics.median` computes it (the mean of the two middle values for an even count),
+    without importing :mod:`statistics` (and with it :mod:`fractions` and :mod:`decimal`)."""
+    data = sorted(xs)
+    n = len(data)
+    if not n:
+        raise ValueError("median of no values")
+    i = n // 2
+    return data[i] if n % 2 else (data[i - 1] + data[i]) / 2
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Templates: one Jinja2 environment, made on first use, whose compiled templates are kept on disk.
+#
+# Compiling the report templates (lexing, parsing and generating Python, then ``compile``) costs more CPU than
+# rendering them, on every process start. Jinja2's bytecode cache keeps the compiled code in a per-user cache
+# folder, ``$XDG_CACHE_HOME/traceanalyze/jinja-<Jinja2 version>`` (``~/.cache/...`` when XDG_CACHE_HOME is unset
+# or relative), made on demand. An entry is used only when its checksum matches the template source, so an
+# edited template is compiled again; the key also covers the environment options below and the template's path,
+# and Jinja2 rejects entries written by another Python version. The entries are code that is run, so a folder that
+# is not ours or that others can write to is not used. When the folder cannot be made, read or written (read-only
+# home, permissions, a full disk, a corrupt entry), templates are compiled as before: the cache never makes a
+# report fail.
+
+_FILTERS = {"ms": fmt_ms, "signed_ms": fmt_signed_ms, "pct": fmt_pct, "int": fmt_int, "num": fmt_float,
+            "bytes": fmt_bytes, "gbps": fmt_gbps, "text": text, "basename": basename, "short": short_name,
+            "ranges": ranges}
+_ENV_OPTIONS = {"trim_blocks": True, "lstrip_blocks": True}  # they change the compiled code: part of the cache key
+_AUTOESCAPE = {"default": True, "default_for_string": True}
+_env_made: jinja2.Environment | None = None
+
+
+def _template_cache_dir() -> str | None:
+    """The folder for compiled templates, or None when there is no home to put it in or no Jinja2 version."""
+    import jinja2
+
+    version = vars(jinja2).get("__version__")  # vars(): never a deprecation warning, should Jinja2 add one
+    if not version:
+        try:
+            from importlib.metadata import version as dist_version
+
+            version = dist_version("jinja2")
+        except Exception:  # no metadata: without a version, compiled code could outlive a Jinja2 upgrade
+            return None
+    base = os.environ.get("XDG_CACHE_HOME") or ""
+    if not os.path.isabs(base):  # the XDG spec: a relative path is ignored
+        home = os.path.expanduser("~")
+        if not os.path.isabs(home):
+            return None
+        base = os.path.join(home, ".cache")
+    return os.path.join(base, "traceanalyze", f"jinja-{version}")
+
+
+def _bytecode_cache(directory: str) -> jinja2.BytecodeCache:
+    from jinja2 import FileSystemBytecodeCache
+
+    salt = repr((sorted(_ENV_OPTIONS.items()), sorted(_AUTOESCAPE.items())))
+
+    class _SafeBytecodeCache(FileSystemBytecodeCache):
+        """:class:`jinja2.FileSystemBytecodeCache` that makes its folder on the first write and never raises:
+        an entry that cannot be read is compiled again, one that cannot be written is not kept."""
+
+        def get_cache_key(self, name: str, filename: str | None = None) -> str:
+            return super().get_cache_key(f"{name}|{salt}", filename)
+
+        def _private(self) -> bool:
+            """The folder is ours and only we can write to it: entries are code that gets run, so a folder others
+            could write to (XDG_CACHE_HOME pointed at /tmp) is not used, as Jinja2's own default folder is not."""
+            st = os.stat(self.directory)
+            mine = not hasattr(os, "getuid") or st.st_uid == os.getuid()
+            return mine and stat.S_ISDIR(st.st_mode) and not st.st_mode & 0o022
+
+        def load_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
+            try:
+                if self._private():
+                    super().load_bytecode(bucket)
+            except Exception:  # no folder yet, the path names a file, a truncated entry: compile instead
+                bucket.reset()
+
+        def dump_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
+            try:
+                os.makedirs(self.directory, mode=0o700, exist_ok=True)
+                if self._private():
+                    super().dump_bytecode(bucket)
+            except Exception:  # read-only home, permissions, full disk: compiled again next time
+                pass
+
+    return _SafeBytecodeCache(directory, "%s.cache")
+
+
+def _new_env() -> jinja2.Environment:
+    """A Jinja2 environment for the templates in ``traceanalyze/templates`` (autoescape on, custom filters),
+    with the bytecode cache described above (its folder is read from the environment variables now)."""
+    from jinja2 import Environment, PackageLoader, select_autoescape
+
+    directory = _template_cache_dir()
+    env = Environment(loader=PackageLoader("traceanalyze", "templates"), autoescape=select_autoescape(**_AUTOESCAPE),
+                      bytecode_cache=_bytecode_cache(directory) if directory else None, **_ENV_OPTIONS)
+    env.filters.update(_FILTERS)
+    return env
+
+
+def _get_env() -> jinja2.Environment:
+    global _env_made
+    if _env_made is None:
+        _env_made = _new_env()
+    return _env_made
+
+
+def __getattr__(name: str) -> Any:
+    """``render._env`` (used by :mod:`traceanalyze.batch` and the tests) is made on first access."""
+    if name == "_env":
+        return _get_env()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -244,7 +350,19 @@ _GEOMETRY = {"d", "x", "y", "width", "height", "cx", "cy", "r", "x1", "x2", "y1"
 _ROUND = re.compile(r"(\d\.\d\d)\d+")
 
 
+@functools.cache
+def _etree() -> Any:
+    """:mod:`xml.etree.ElementTree`, with the SVG namespaces registered (``<svg xmlns=...>``, not ``ns0:``)."""
+    import xml.etree.ElementTree as ET
+
+    ET.register_namespace("", SVG_NS)
+    ET.register_namespace("xlink", "http://www.w3.org/1999/xlink")
+    return ET
+
+
 def _style(colors: tuple[str, ...]) -> Style:
+    from pygal.style import Style
+
     return Style(font_family=FONT, background="#ffffff", plot_background="#ffffff", foreground="#343a40",
                  foreground_strong="#212529", foreground_subtle="#868e96", colors=colors, opacity=".92",
                  opacity_hover="1", label_font_size=13, major_label_font_size=13, legend_font_size=13,
@@ -252,6 +370,8 @@ def _style(colors: tuple[str, ...]) -> Style:
 
 
 def _config(colors: tuple[str, ...], **kw: Any) -> pygal.Config:
+    import pygal
+
     kw.setdefault("show_legend", True)
     kw.setdefault("legend_at_bottom", False)
     cfg = pygal.Config(js=[], disable_xml_declaration=True, style=_style(colors), tooltip_border_radius=0,
@@ -273,6 +393,9 @@ def _svg(chart: pygal.graph.graph.Graph, chart_id: str, label: str,
     Raises:
         ValueError: the cleaned SVG still names a URL other than a w3.org namespace (a bug; never inlined).
     """
+    from markupsafe import Markup
+
+    ET = _etree()
     root = chart.render_tree()
     old_id = root.get("id") or ""
     new_id = chart_id  # pygal's is a random uuid; a stable one keeps reports reproducible
@@ -329,6 +452,8 @@ def breakdown_chart(ranks: list[dict], flags: dict[int, list[str]], chart_id: st
     rows = [r for r in ranks if _num(r.get("idle_pct")) is not None][:MAX_BAR_RANKS]
     if not rows:
         return None
+    import pygal
+
     rows = rows[::-1]  # pygal draws the first label at the bottom
     labels = []
     for r in rows:
@@ -367,6 +492,8 @@ def steps_chart(steps: list[dict], rank_ids: list[int], flags: dict[int, list[st
     step_ids = sorted(by_step)
     if len(step_ids) < 2:
         return None
+    import pygal
+
     dots = len(step_ids) <= MAX_DOT_STEPS  # one hoverable dot per rank and step; beyond that the lines alone
     cfg = _config(RANK_COLORS, width=960, height=300, show_dots=dots, dots_size=3, y_title="step time (ms)",
                   x_title="profiler step", show_minor_x_labels=len(step_ids) <= 30, x_labels_major_count=15,
@@ -391,7 +518,7 @@ def steps_chart(steps: list[dict], rank_ids: list[int], flags: dict[int, list[st
                     titles[(n, k)] = f"rank {rk}, step {s}: {v:,.2f} ms"
                     k += 1
     else:
-        for n, (label, fn) in enumerate((("max", max), ("median", statistics.median), ("min", min))):
+        for n, (label, fn) in enumerate((("max", max), ("median", _median), ("min", min))):
             vals = [fn(by_step[s].values()) if by_step[s] else None for s in step_ids]
             chart.add(f"{label} across ranks", vals)
             for k, (s, v) in enumerate(zip(step_ids, vals, strict=True)):
@@ -466,8 +593,8 @@ def _flags(run: dict, findings: list[dict]) -> dict[int, list[str]]:
             good = [v for v in vals if v is not None]
             if len(good) < 3:
                 continue
-            med = statistics.median(good)
-            mad = statistics.median(abs(v - med) for v in good)
+            med = _median(good)
+            mad = _median(abs(v - med) for v in good)
             limit = max(OUTLIER_POINTS, 3 * mad)
             out = [(r, v) for r, v in zip(ranks, vals, strict=True) if v is not None and abs(v - med) > limit]
             if len(out) > max(1, n // 4):
@@ -529,7 +656,7 @@ def _run_view(run: dict, findings: list[dict], idx: int = 1) -> dict:
         cells = [by_step[st].get(rk) for rk in step_cols]
         nums = [v for v in (_num(c) for c in by_step[st].values()) if v is not None]
         hi = max(nums) if nums else None
-        med = statistics.median(nums) if nums else None
+        med = _median(nums) if nums else None
         slow = hi is not None and med is not None and len(nums) > 1 and hi > med * (1 + SLOW_STEP_FRAC)
         step_rows.append({"step": st, "cells": [(c, slow and _num(c) == hi) for c in cells],
                           "max": hi, "median": med, "spread_pct": (100 * (hi - min(nums)) / hi) if hi else None})
@@ -713,7 +840,7 @@ def html(model: dict) -> str:
     Returns:
         The complete HTML document as text.
     """
-    return _CONTROL.sub("\ufffd", _env.get_template("report.html.j2").render(v=_view(model)))
+    return _CONTROL.sub("\ufffd", _get_env().get_template("report.html.j2").render(v=_view(model)))
 
 
 # C0/C1 control characters but tab, newline and carriage return: trace names can hold them (a NUL, an ANSI escape);
