@@ -233,7 +233,8 @@ def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: floa
                peak_tflops: float | None = None) -> tuple[dict, list[dict], diagnose.RunEvidence]:
     from traceanalyze import diagnose, metrics
     from traceanalyze.metrics import idle
-    from traceanalyze.metrics.collectives import analyze_collectives
+    from traceanalyze.metrics.breakdown import insert_rows
+    from traceanalyze.metrics.collectives import CollectiveSummary, analyze_collectives
     from traceanalyze.metrics.host import compile_stats, launch_stats, loader_stats
     from traceanalyze.metrics.precision import analyze_precision
     from traceanalyze.render import ranges
@@ -257,12 +258,15 @@ def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: floa
     headers = {lf.path: store.file_header(con, lf.file_id) for lf in good}
     ranks, rank_warnings = assign_ranks([lf.path for lf in good], headers)
     warnings.extend({"file": None, "message": m, "level": "warning"} for m in rank_warnings)
-    starts = dict(con.execute("SELECT file_id, min(ts_ns) FROM cpu_ops GROUP BY file_id").fetchall())
     by_rank: dict[int, list] = {}
     for lf in good:
         by_rank.setdefault(ranks[lf.path], []).append(lf)
     dropped = _check_files(con, run, by_rank, headers, warnings)
     good = [lf for lf in good if lf.path not in dropped]
+    # a rank's windows are ordered by their first CPU op; only ranks with several files need that scan
+    multi = [lf.file_id for lfs in by_rank.values() if len(lfs) > 1 for lf in lfs]
+    starts = dict(con.execute("SELECT file_id, min(ts_ns) FROM cpu_ops WHERE file_id IN (SELECT unnest(?)) "
+                              "GROUP BY file_id", [multi]).fetchall()) if multi else {}
     for r, lfs in by_rank.items():
         lfs.sort(key=lambda lf: (starts.get(lf.file_id) or 0, str(lf.path)))
         for w, lf in enumerate(lfs):
@@ -302,10 +306,9 @@ def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: floa
     idle_rows = idle.idle_breakdown(con, run_id) if good and mode == "gpu" else []
     idle.save(con, idle_rows)
     if coll is not None:
-        for c in coll.summaries:
-            con.execute("INSERT INTO collective_calls VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                        [run_id, c.collective, c.size_bytes, c.count, c.n_ranks, c.transfer_us, c.wait_us,
-                         c.algbw_gbps, c.busbw_gbps])
+        cols = list(CollectiveSummary.__dataclass_fields__)
+        insert_rows(con, "collective_calls", ["run_id", *cols],
+                    [[run_id, *(getattr(c, f) for f in cols)] for c in coll.summaries])
     link = _expected_link(facts, side, link_bw_gbps)
     ranks_model = [_rank_model(r) for r in rank_rows]
     steps_model = [asdict(s) for s in step_rows]

@@ -178,38 +178,53 @@ def run_mode(con: duckdb.DuckDBPyConnection, run_id: int) -> str:
     return "gpu" if n else "cpu"
 
 
+def kernel_classes(con: duckdb.DuckDBPyConnection, run_id: int) -> dict[str, str]:
+    """Name -> class (``compute``, ``communication``, ``memory``) of the run's ``kernel``-category kernels.
+
+    The ``kernel_class`` macro runs once per distinct name: its regex on every kernel row costs more than the
+    queries that then select kernels by name.
+    """
+    return dict(con.execute("""
+        SELECT k.name, kernel_class('kernel', k.name) FROM kernels k JOIN files f USING (file_id)
+        WHERE f.run_id = ? AND k.cat = 'kernel' AND k.name IS NOT NULL GROUP BY k.name""", [run_id]).fetchall())
+
+
 def _intervals(con, sql: str, params: list) -> dict[tuple[int, int], dict[str, tuple[np.ndarray, np.ndarray]]]:
-    """Fetch (rank, window, class, ts_ns, end_ns) rows and split them by (rank, window) and class."""
+    """Fetch (rank, window, klass, ts_ns, end_ns) rows and split them by (rank, window) and class.
+
+    Returns (rank, window) -> {"all" | "compute" | "communication" | "memory": (starts, ends)}, int64 ns arrays
+    in row order, keys sorted.
+    """
     res = con.execute(sql, params).fetchnumpy()
     out: dict[tuple[int, int], dict[str, tuple[np.ndarray, np.ndarray]]] = {}
     if not len(res["rank"]):
         return out
     rank = np.asarray(res["rank"], dtype=np.int64)
     win = np.asarray(res["window"], dtype=np.int64)
-    klass = np.asarray(res["klass"]).astype(str)
+    klass = np.asarray(res["klass"], dtype=object)
     ts = np.asarray(res["ts_ns"], dtype=np.int64)
     end = np.asarray(res["end_ns"], dtype=np.int64)
     keys = rank * 1_000_003 + win
-    for k in np.unique(keys):
-        sel = keys == k
-        r, w = int(rank[sel][0]), int(win[sel][0])
-        d = {"all": (ts[sel], end[sel])}
+    # one stable sort groups the rows of each (rank, window) and keeps their order inside it
+    order = np.argsort(keys, kind="stable")
+    for idx in np.split(order, np.flatnonzero(np.diff(keys[order])) + 1):
+        d = {"all": (ts[idx], end[idx])}
+        k = klass[idx]
         for cls in ("compute", "communication", "memory"):
-            m = sel & (klass == cls)
+            m = idx[k == cls]
             d[cls] = (ts[m], end[m])
-        out[(r, w)] = d
+        out[(int(rank[idx[0]]), int(win[idx[0]]))] = d
     return out
 
 
 # Kernels counted by the breakdown, with HTA's profiler-step filter (see the module docstring).
 _GPU_INTERVALS_SQL = """
 WITH f AS (SELECT file_id, rank, "window" FROM files WHERE run_id = $1),
-last_step AS (
-    SELECT c.file_id, max(c.ts_ns) AS last_start FROM cpu_ops c JOIN f USING (file_id)
-    WHERE profiler_step(c.cat, c.name) IS NOT NULL GROUP BY ALL),
-filtering AS (
-    SELECT count(DISTINCT c.name) >= 2 AS on_ FROM cpu_ops c JOIN f USING (file_id)
+steps AS (  -- ProfilerStep#N ranges, read once for the two CTEs below
+    SELECT c.file_id, c.name, c.ts_ns FROM cpu_ops c JOIN f USING (file_id)
     WHERE profiler_step(c.cat, c.name) IS NOT NULL),
+last_step AS (SELECT file_id, max(ts_ns) AS last_start FROM steps GROUP BY ALL),
+filtering AS (SELECT count(DISTINCT name) >= 2 AS on_ FROM steps),
 launched AS (
     SELECT DISTINCT c.file_id, c.correlation FROM cpu_ops c JOIN f USING (file_id) JOIN last_step l USING (file_id)
     WHERE c.correlation IS NOT NULL AND c.cat IN ('cuda_runtime', 'cuda_driver') AND c.ts_ns < l.last_start)
@@ -346,10 +361,13 @@ def _restrict_cpu_compute(con, run_id, iv, threads):
 
 def _kernel_sums(con, run_id: int) -> dict[int, dict[str, float]]:
     """rank -> summed kernel time per class (µs, not merged) and kernel count."""
+    # sum per (rank, cat, name) first, so the kernel_class macro runs once per distinct kernel, not per row
     rows = con.execute("""
-        SELECT f.rank, kernel_class(k.cat, k.name), sum(k.dur_ns) / 1e3, count(*)
-        FROM kernels k JOIN files f USING (file_id)
-        WHERE f.run_id = ? AND k.cat <> 'gpu_user_annotation' GROUP BY ALL""", [run_id]).fetchall()
+        SELECT rank, kernel_class(cat, name), sum(dur_ns) / 1e3, sum(n) FROM (
+            SELECT f.rank, k.cat, k.name, sum(k.dur_ns) AS dur_ns, count(*) AS n
+            FROM kernels k JOIN files f USING (file_id)
+            WHERE f.run_id = ? AND k.cat <> 'gpu_user_annotation' GROUP BY ALL)
+        GROUP BY ALL""", [run_id]).fetchall()
     out: dict[int, dict[str, float]] = {}
     for r, cls, us, n in rows:
         d = out.setdefault(r, {"n": 0})
@@ -385,11 +403,18 @@ def top_kernels(con: duckdb.DuckDBPyConnection, run_id: int, limit: int = 15) ->
 
 def save(con: duckdb.DuckDBPyConnection, ranks: list[RankMetrics], steps: list[StepMetrics]) -> None:
     """Write the metric rows into ``rank_metrics`` / ``step_metrics`` (tables are replaced per report)."""
-    if ranks:
-        cols = [f for f in RankMetrics.__dataclass_fields__ if f != "files"]
-        con.executemany(f"INSERT INTO rank_metrics ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
-                        [[getattr(r, c) for c in cols] for r in ranks])
-    if steps:
-        cols = list(StepMetrics.__dataclass_fields__)
-        con.executemany(f"INSERT INTO step_metrics ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
-                        [[getattr(s, c) for c in cols] for s in steps])
+    cols = [f for f in RankMetrics.__dataclass_fields__ if f != "files"]
+    insert_rows(con, "rank_metrics", cols, [[getattr(r, c) for c in cols] for r in ranks])
+    cols = list(StepMetrics.__dataclass_fields__)
+    insert_rows(con, "step_metrics", cols, [[getattr(s, c) for c in cols] for s in steps])
+
+
+def insert_rows(con: duckdb.DuckDBPyConnection, table: str, cols: list[str], rows: list[list]) -> None:
+    """Insert ``rows`` (values in ``cols`` order) into ``table`` with one statement, one list per column.
+
+    ``executemany`` runs the statement once per row, which costs far more than the rows themselves.
+    """
+    if rows:
+        values = ", ".join(f"unnest(${i + 1})" for i in range(len(cols)))
+        con.execute(f"INSERT INTO {table} ({', '.join(cols)}) SELECT {values}",
+                    [list(col) for col in zip(*rows, strict=True)])

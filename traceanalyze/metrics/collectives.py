@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import duckdb
 import numpy as np
 
-from traceanalyze.metrics.breakdown import clip, length
+from traceanalyze.metrics.breakdown import clip, kernel_classes, length
 
 DTYPE_BYTES = {
     "float": 4, "float32": 4, "f32": 4, "int": 4, "int32": 4, "i32": 4, "u32": 4, "uint32": 4,
@@ -87,16 +89,23 @@ def _kernel_dtype(name: str) -> str | None:
 
 
 @dataclass
-class Call:
-    """One collective call on one rank (ns)."""
+class Calls:
+    """The collective calls of one run as NumPy columns of equal length, sorted by rank, then start.
 
-    rank: int
-    op: str
-    nelems: int | None
-    nbytes: int | None
-    group_size: int | None
-    start: int
-    end: int
+    ``rank``, ``nelems``, ``nbytes``, ``group_size``, ``start``, ``end``: int64 (times in ns); ``op``: the
+    normalised name (object array of str). ``nelems``/``nbytes`` are 0 where ``has_nelems``/``has_bytes`` is
+    False (not known); ``group_size`` is 0 when not known.
+    """
+
+    rank: np.ndarray
+    op: np.ndarray
+    nelems: np.ndarray
+    has_nelems: np.ndarray
+    nbytes: np.ndarray
+    has_bytes: np.ndarray
+    group_size: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
 
 
 @dataclass
@@ -130,35 +139,66 @@ class CollectiveAnalysis:
     per_step_wait_us: dict[tuple[int, int], float] = field(default_factory=dict)  # (rank, step) -> wait
 
 
-def _calls(con: duckdb.DuckDBPyConnection, run_id: int, mode: str) -> list[Call]:
+def _calls(con: duckdb.DuckDBPyConnection, run_id: int, mode: str) -> Calls:
+    """The run's collective calls: NCCL/RCCL kernels (GPU mode) or ``gloo:*`` ranges (CPU mode)."""
     if mode == "gpu":
-        rows = con.execute("""
-            SELECT f.rank, k.name, m.collective, m.in_nelems, m.out_nelems, m.comm_dtype, m.group_size,
-                   k.ts_ns, k.ts_ns + k.dur_ns
+        comm = [name for name, klass in kernel_classes(con, run_id).items() if klass == "communication"]
+        res = con.execute("""
+            SELECT f.rank, k.name, coalesce(nullif(m.collective, ''), k.name) AS coll, m.in_nelems, m.out_nelems,
+                   m.comm_dtype, m.group_size, k.ts_ns, k.ts_ns + k.dur_ns AS end_ns
             FROM kernels k JOIN files f USING (file_id)
             LEFT JOIN comm_events m ON m.file_id = k.file_id AND m.source = 'kernels' AND m.ts_ns = k.ts_ns
                  AND m.name = k.name AND m.correlation IS NOT DISTINCT FROM k.correlation
-            WHERE f.run_id = ? AND k.cat = 'kernel' AND kernel_class(k.cat, k.name) = 'communication'
-            ORDER BY f.rank, k.ts_ns""", [run_id]).fetchall()
-        out = []
-        for rank, name, coll, inn, outn, dt, gs, s, e in rows:
-            op = normalize_collective(coll or name)
-            nel = outn if op == "all_gather" and outn else (inn if inn is not None else outn)
-            size = _dtype_bytes(dt) or _dtype_bytes(_kernel_dtype(name))
-            out.append(Call(rank, op, nel, nel * size if nel is not None and size else None, gs, s, e))
-        return out
-    rows = con.execute("""
-        SELECT f.rank, c.name, c.input_dims, c.input_types, c.ts_ns, c.ts_ns + c.dur_ns
-        FROM cpu_ops c JOIN files f USING (file_id)
-        WHERE f.run_id = ? AND c.cat = 'user_annotation' AND c.name LIKE 'gloo:%'
-        ORDER BY f.rank, c.ts_ns""", [run_id]).fetchall()
-    out = []
-    for rank, name, dims, types, s, e in rows:
-        op = normalize_collective(name)
-        nel = _numel(dims)
-        size = _first_dtype_bytes(types)
-        out.append(Call(rank, op, nel, nel * size if nel is not None and size else None, None, s, e))
-    return out
+            WHERE f.run_id = ? AND k.cat = 'kernel' AND k.name IN (SELECT unnest(?))
+            ORDER BY f.rank, k.ts_ns""", [run_id, comm]).fetchnumpy()
+        # the string helpers run once per distinct value: thousands of calls share a handful of names
+        op = _apply(res["coll"].tolist(), normalize_collective, object)
+        inn, has_in = _int_column(res["in_nelems"])
+        outn, has_out = _int_column(res["out_nelems"])
+        # all_gather counts the gathered output (the full buffer); other ops their input, else the output
+        use_out = ((op == "all_gather") & has_out & (outn != 0)) | ~has_in
+        nelems = np.where(use_out, outn, inn)
+        has_nelems = np.where(use_out, has_out, has_in)
+        # element size: the record's dtype, else the one in the kernel name (..._Sum_bf16_...); 0 when unknown
+        by_dtype = _apply(res["comm_dtype"].tolist(), lambda dt: _dtype_bytes(dt) or 0, np.int64)
+        by_name = _apply(res["name"].tolist(), lambda n: _dtype_bytes(_kernel_dtype(n)) or 0, np.int64)
+        size = np.where(by_dtype > 0, by_dtype, by_name)
+        group_size = _int_column(res["group_size"])[0]
+    else:
+        res = con.execute("""
+            SELECT f.rank, c.name, c.input_dims, c.input_types, c.ts_ns, c.ts_ns + c.dur_ns AS end_ns
+            FROM cpu_ops c JOIN files f USING (file_id)
+            WHERE f.run_id = ? AND c.cat = 'user_annotation' AND c.name LIKE 'gloo:%'
+            ORDER BY f.rank, c.ts_ns""", [run_id]).fetchnumpy()
+        op = _apply(res["name"].tolist(), normalize_collective, object)
+        dims, code = _factorize(res["input_dims"].tolist())
+        numel = [_numel(d) for d in dims]
+        has_nelems = np.array([n is not None for n in numel], dtype=bool)[code]
+        nelems = np.array([n or 0 for n in numel], dtype=np.int64)[code]
+        size = _apply(res["input_types"].tolist(), lambda t: _first_dtype_bytes(t) or 0, np.int64)
+        group_size = np.zeros(op.size, dtype=np.int64)
+    has_bytes = has_nelems & (size > 0)
+    return Calls(rank=np.asarray(res["rank"], dtype=np.int64), op=op, nelems=nelems, has_nelems=has_nelems,
+                 nbytes=np.where(has_bytes, nelems * size, 0), has_bytes=has_bytes, group_size=group_size,
+                 start=np.asarray(res["ts_ns"], dtype=np.int64), end=np.asarray(res["end_ns"], dtype=np.int64))
+
+
+def _factorize(values: Iterable) -> tuple[list, np.ndarray]:
+    """(the distinct values in order of first appearance, each value's index into that list as int64)."""
+    index: dict = {}
+    codes = [index.setdefault(v, len(index)) for v in values]
+    return list(index), np.array(codes, dtype=np.int64)
+
+
+def _apply(values: list, fn: Callable[[Any], Any], dtype: type) -> np.ndarray:
+    """``fn`` of each value as a NumPy array of ``dtype``, calling ``fn`` once per distinct value."""
+    distinct, codes = _factorize(values)
+    return np.array([fn(v) for v in distinct], dtype=dtype)[codes] if distinct else np.array([], dtype=dtype)
+
+
+def _int_column(col: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(values with NULL read as 0, not-NULL mask) of an integer column from ``fetchnumpy``."""
+    return np.ma.filled(col, 0).astype(np.int64), ~np.ma.getmaskarray(col)
 
 
 def _numel(dims_json: str | None) -> int | None:
@@ -206,74 +246,85 @@ def analyze_collectives(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, 
     """
     calls = _calls(con, run_id, mode)
     res = CollectiveAnalysis(mode=mode, matched=False)
-    if not calls:
+    if not calls.start.size:
         return res
-    ranks = sorted({c.rank for c in calls})
-    by_key: dict[tuple[str, int | None], dict[int, list[Call]]] = {}
-    for c in calls:
-        by_key.setdefault((c.op, c.nelems), {}).setdefault(c.rank, []).append(c)
-    ref = ranks[0]
-    diffs: dict[int, list[float]] = {r: [] for r in ranks}
-    matches: list[tuple[tuple[str, int | None], dict[int, Call]]] = []
-    for key, per_rank in by_key.items():
-        n_occ = min(len(v) for v in per_rank.values()) if len(per_rank) == len(ranks) else 0
-        if len(ranks) < 2 or n_occ == 0:
-            for r, lst in per_rank.items():  # unmatched: duration is an upper bound on transfer
-                for c in lst:
-                    res.transfer_us[r] = res.transfer_us.get(r, 0.0) + (c.end - c.start) / 1e3
-            continue
-        for i in range(n_occ):
-            m = {r: per_rank[r][i] for r in ranks}
-            matches.append((key, m))
-            for r in ranks:
-                diffs[r].append(m[r].end - m[ref].end)
-    offsets = {r: float(np.median(diffs[r])) if diffs[r] else 0.0 for r in ranks}
-    res.clock_offsets_us = {r: round(o / 1e3, 3) for r, o in offsets.items()}
-    res.matched = bool(matches)
-    res.n_matched_calls = len(matches)
-    agg: dict[tuple[str, int | None], dict] = {}
-    total_t, total_b = 0.0, 0
-    wait_iv: dict[int, list[tuple[int, int]]] = {r: [] for r in ranks}
-    for key, m in matches:
-        durs = {r: m[r].end - m[r].start for r in ranks}
-        transfer = min(durs.values())
-        arrival = {r: m[r].start - offsets[r] for r in ranks}
-        last = max(arrival, key=arrival.get)
-        res.last_arrivals[last] = res.last_arrivals.get(last, 0) + 1
-        for r in ranks:
-            # the wait is the head of the call, before the last rank arrives
-            wait_iv[r].append((m[r].start, m[r].start + durs[r] - transfer))
-            res.transfer_us[r] = res.transfer_us.get(r, 0.0) + transfer / 1e3
-        a = agg.setdefault(key, {"n": 0, "t": 0.0, "w": 0.0, "bytes": m[ref].nbytes,
-                                 "group": m[ref].group_size or world_size or len(ranks)})
-        a["n"] += 1
-        a["t"] += transfer
-        a["w"] += sum(durs.values()) - transfer * len(ranks)
-        if m[ref].nbytes and transfer > 0 and key[0] != "barrier":
-            total_t += transfer
-            total_b += m[ref].nbytes
-    # concurrent calls (DDP buckets on separate threads) wait at the same time: count wall time, not the sum
-    for r, iv in wait_iv.items():
-        if not iv:
-            continue
-        a_s = np.array([x[0] for x in iv], dtype=np.int64)
-        a_e = np.array([x[1] for x in iv], dtype=np.int64)
-        res.wait_us[r] = length(a_s, a_e) / 1e3
-        for step, s, e in (steps or {}).get(r, []):
-            cs, ce = clip(a_s, a_e, s, e)
-            res.per_step_wait_us[(r, step)] = length(cs, ce) / 1e3
-    for (op, _nel), a in sorted(agg.items(), key=lambda kv: -kv[1]["t"]):
+    ranks = np.unique(calls.rank)  # sorted: ranks[0] is the reference
+    n_ranks = len(ranks)
+    col = np.searchsorted(ranks, calls.rank)  # each call's rank as a column index
+    # key (op, nelems), numbered in order of first appearance (the order summaries keep on ties)
+    keys, key = _factorize(zip(calls.op.tolist(), calls.has_nelems.tolist(), calls.nelems.tolist(), strict=True))
+    n_keys = len(keys)
+    # occurrence: the call is the occ-th of its key on its rank (a stable sort keeps start order)
+    order = np.lexsort((col, key))
+    group = (key * n_ranks + col)[order]
+    occ = np.empty_like(key)
+    occ[order] = np.arange(order.size) - np.searchsorted(group, group)
+    count = np.bincount(key * n_ranks + col, minlength=n_keys * n_ranks).reshape(n_keys, n_ranks)
+    # a key present on every rank (≥ 2) is matched: its first min(count) calls on each rank pair up, in order
+    n_occ = count.min(axis=1) if n_ranks >= 2 else np.zeros(n_keys, dtype=np.int64)
+    first_match = np.concatenate(([0], np.cumsum(n_occ)[:-1]))
+    n_match = int(n_occ.sum())
+    in_match = occ < n_occ[key]
+    match = (first_match[key] + occ)[in_match]  # the match (row below) of each call in one
+    # one row per match, one column per rank (ns)
+    starts = np.zeros((n_match, n_ranks), dtype=np.int64)
+    ends = np.zeros((n_match, n_ranks), dtype=np.int64)
+    starts[match, col[in_match]] = calls.start[in_match]
+    ends[match, col[in_match]] = calls.end[in_match]
+    ref = np.zeros(n_match, dtype=np.int64)  # index of the reference rank's call of each match
+    ref[match[col[in_match] == 0]] = np.flatnonzero(in_match & (col == 0))
+
+    offsets = np.array([float(np.median(ends[:, i] - ends[:, 0])) if n_match else 0.0 for i in range(n_ranks)])
+    res.clock_offsets_us = {int(r): round(float(o) / 1e3, 3) for r, o in zip(ranks, offsets, strict=True)}
+    res.matched = n_match > 0
+    res.n_matched_calls = n_match
+    durs = ends - starts
+    transfer = durs.min(axis=1)
+    last = np.argmax(starts - offsets, axis=1)  # arrival = start minus clock offset; ties: the lower rank
+    res.last_arrivals = {int(ranks[i]): int(n) for i, n in enumerate(np.bincount(last, minlength=n_ranks)) if n}
+
+    # transfer per rank: a matched call counts its match's transfer, a call of an unmatched key its own duration
+    # (an upper bound). Added one by one in key, then start order (cumsum; np.sum pairs), as earlier versions did,
+    # so the float totals stay the same.
+    counted = in_match | (n_occ == 0)[key]
+    t_ns = calls.end - calls.start
+    t_ns[in_match] = transfer[match]
+    for i, r in enumerate(ranks):
+        mine = order[(col[order] == i) & counted[order]]
+        if mine.size:
+            res.transfer_us[int(r)] = float(np.cumsum(t_ns[mine] / 1e3)[-1])
+    if n_match:
+        # concurrent calls (DDP buckets on separate threads) wait at the same time: count wall time, not the sum
+        for i, r in enumerate(ranks):
+            w_s, w_e = starts[:, i], ends[:, i] - transfer  # the wait: the head of the call, before the last rank
+            res.wait_us[int(r)] = length(w_s, w_e) / 1e3
+            for step, s, e in (steps or {}).get(int(r), []):
+                cs, ce = clip(w_s, w_e, s, e)
+                res.per_step_wait_us[(int(r), step)] = length(cs, ce) / 1e3
+
+    agg = []  # per matched key, in key order
+    for k in np.flatnonzero(n_occ):
+        rows = slice(first_match[k], first_match[k] + n_occ[k])
+        r0 = ref[first_match[k]]  # the reference rank's first call of the key
+        agg.append({"op": keys[k][0], "n": int(n_occ[k]), "t": float(transfer[rows].sum()),
+                    "w": float((durs[rows].sum(axis=1) - transfer[rows] * n_ranks).sum()),
+                    "bytes": int(calls.nbytes[r0]) if calls.has_bytes[r0] else None,
+                    "group": int(calls.group_size[r0]) or world_size or n_ranks})
+    for a in sorted(agg, key=lambda a: -a["t"]):
         t_us = a["t"] / a["n"] / 1e3
         alg = a["bytes"] / (a["t"] / a["n"] / 1e9) / 1e9 if a["bytes"] and a["t"] > 0 else None
         res.summaries.append(CollectiveSummary(
-            collective=op, size_bytes=a["bytes"], count=a["n"], n_ranks=len(ranks), transfer_us=round(t_us, 3),
-            wait_us=round(a["w"] / a["n"] / len(ranks) / 1e3, 3),
+            collective=a["op"], size_bytes=a["bytes"], count=a["n"], n_ranks=n_ranks, transfer_us=round(t_us, 3),
+            wait_us=round(a["w"] / a["n"] / n_ranks / 1e3, 3),
             algbw_gbps=round(alg, 4) if alg is not None else None,
-            busbw_gbps=round(alg * busbw_factor(op, a["group"]), 4) if alg is not None else None))
-    res.total_bytes = total_b
+            busbw_gbps=round(alg * busbw_factor(a["op"], a["group"]), 4) if alg is not None else None))
+    # sized calls: the reference rank's call has bytes, the transfer took time, and it is not a barrier
+    sized = calls.has_bytes[ref] & (calls.nbytes[ref] != 0) & (transfer > 0) & (calls.op[ref] != "barrier")
+    total_t = float(transfer[sized].sum())
+    res.total_bytes = int(calls.nbytes[ref][sized].sum())
     if total_t > 0:
-        group = world_size or len(ranks)
+        group = world_size or n_ranks
         # busbw of all sized calls together, weighting each by its transfer time (factor of the dominant op)
-        main_op = max(agg.items(), key=lambda kv: kv[1]["t"])[0][0]
-        res.busbw_gbps = round(total_b / (total_t / 1e9) / 1e9 * busbw_factor(main_op, group), 4)
+        main_op = max(agg, key=lambda a: a["t"])["op"]
+        res.busbw_gbps = round(res.total_bytes / (total_t / 1e9) / 1e9 * busbw_factor(main_op, group), 4)
     return res

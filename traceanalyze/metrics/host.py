@@ -62,10 +62,10 @@ class LaunchStats:
 def compile_stats(con: duckdb.DuckDBPyConnection, run_id: int) -> CompileStats:
     """Compile time per rank, frames/recompiles, and first vs steady step time (module docstring)."""
     res = CompileStats()
-    like = " OR ".join(f"c.name = '{n}' OR c.name = '{n} (dynamo_timed)'" for n in COMPILE_RANGE_NAMES)
-    rows = con.execute(f"""
+    names = [*COMPILE_RANGE_NAMES, *(f"{n} (dynamo_timed)" for n in COMPILE_RANGE_NAMES)]
+    rows = con.execute("""
         SELECT f.rank, c.ts_ns, c.ts_ns + c.dur_ns FROM cpu_ops c JOIN files f USING (file_id)
-        WHERE f.run_id = ? AND c.cat = 'cpu_op' AND ({like})""", [run_id]).fetchall()
+        WHERE f.run_id = ? AND c.cat = 'cpu_op' AND c.name IN (SELECT unnest(?))""", [run_id, names]).fetchall()
     per: dict[int, list[tuple[int, int]]] = {}
     for r, s, e in rows:
         per.setdefault(r, []).append((s, e))

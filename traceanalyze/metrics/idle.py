@@ -33,6 +33,8 @@ from dataclasses import asdict, dataclass
 
 import duckdb
 
+from traceanalyze.metrics.breakdown import insert_rows
+
 CONSECUTIVE_KERNEL_DELAY_US = 30.0  # HTA default: a gap below this is "kernel wait"
 
 IDLE_TABLE = """
@@ -49,12 +51,11 @@ CREATE OR REPLACE TABLE idle_breakdown (  -- GPU idle time per rank and stream (
 
 _SQL = """
 WITH f AS (SELECT file_id, rank FROM files WHERE run_id = $run_id AND status <> 'error'),
-step_names AS (
-    SELECT count(DISTINCT c.name) >= 2 AS on_ FROM cpu_ops c JOIN f USING (file_id)
+steps AS (  -- ProfilerStep#N ranges, read once for the two CTEs below
+    SELECT c.file_id, c.name, c.ts_ns FROM cpu_ops c JOIN f USING (file_id)
     WHERE profiler_step(c.cat, c.name) IS NOT NULL),
-last_step AS (
-    SELECT c.file_id, max(c.ts_ns) AS last_start FROM cpu_ops c JOIN f USING (file_id)
-    WHERE profiler_step(c.cat, c.name) IS NOT NULL GROUP BY ALL),
+step_names AS (SELECT count(DISTINCT name) >= 2 AS on_ FROM steps),
+last_step AS (SELECT file_id, max(ts_ns) AS last_start FROM steps GROUP BY ALL),
 launch AS (
     SELECT c.file_id, c.correlation, min(c.ts_ns) AS launch_ns FROM cpu_ops c JOIN f USING (file_id)
     WHERE c.correlation IS NOT NULL AND c.correlation >= 0 AND c.cat IN ('cuda_runtime', 'cuda_driver')
@@ -135,7 +136,5 @@ def idle_breakdown(con: duckdb.DuckDBPyConnection, run_id: int,
 
 def save(con: duckdb.DuckDBPyConnection, rows: list[IdleRow]) -> None:
     """Append rows to the ``idle_breakdown`` table (created by :data:`IDLE_TABLE`, replaced per report)."""
-    if rows:
-        cols = list(IdleRow.__dataclass_fields__)
-        con.executemany(f"INSERT INTO idle_breakdown ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
-                        [[getattr(r, c) for c in cols] for r in rows])
+    cols = list(IdleRow.__dataclass_fields__)
+    insert_rows(con, "idle_breakdown", cols, [[getattr(r, c) for c in cols] for r in rows])

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 
 import duckdb
 
+from traceanalyze.metrics.breakdown import kernel_classes
+
 # (regex searched in the kernel name, dtype, tensor core). First match wins; order matters.
 KERNEL_DTYPE_RULES: list[tuple[str, str, bool | None]] = [
     (r"_ffma_|sgemm|scudnn|simt_sgemm|gemmSN_|gemmk1_kernel<float|gemv2T_kernel_val<int, int, float", "fp32", False),
@@ -137,16 +139,17 @@ def analyze_precision(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, gp
     flops = 0.0
     flop_time_ns = 0.0
     if mode == "gpu":
+        # matrix-math kernels, picked by name first so only their rows are joined to the launching ops
+        gemm = [name for name, klass in kernel_classes(con, run_id).items()
+                if klass == "compute" and GEMM_KERNEL.search(name) and not ELEMENTWISE_EXCLUDE.search(name)]
         rows = con.execute("""
             SELECT k.name, sum(k.dur_ns), any_value(o.input_types), any_value(o.name)
             FROM kernels k JOIN files f USING (file_id)
             LEFT JOIN cpu_ops o ON o.file_id = k.file_id AND o.external_id = k.external_id AND o.cat = 'cpu_op'
-            WHERE f.run_id = ? AND k.cat = 'kernel' AND kernel_class(k.cat, k.name) = 'compute'
-            GROUP BY k.name""", [run_id]).fetchall()
+            WHERE f.run_id = ? AND k.cat = 'kernel' AND k.name IN (SELECT unnest(?))
+            GROUP BY k.name""", [run_id, gemm]).fetchall()
         from_name = from_op = 0.0
         for name, dur, types, _op in rows:
-            if not GEMM_KERNEL.search(name) or ELEMENTWISE_EXCLUDE.search(name):
-                continue
             dt, tc = kernel_dtype(name)
             if dt is None:
                 dt = _op_dtype(types) or "unknown"
