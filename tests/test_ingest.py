@@ -149,8 +149,10 @@ def test_parquet_output_is_chunked(tmp_path):
     assert tables is None and f.metadata.num_rows == 3000 and f.metadata.num_row_groups >= 2
 
 
-def test_large_plain_file_split_in_byte_ranges_gives_the_same_rows(tmp_path, monkeypatch):
+@pytest.mark.parametrize("case", ["3 ranges, 3 jobs", "7 ranges, 2 jobs", "tail base misread"])
+def test_large_plain_file_split_in_byte_ranges_gives_the_same_rows(tmp_path, monkeypatch, case):
     from traceanalyze import ingest as ing
+    from traceanalyze import store
     from traceanalyze.pipeline import analyze
 
     src = real("hta/nccl_parser_config") / "nccl_data.json.gz"
@@ -162,11 +164,18 @@ def test_large_plain_file_split_in_byte_ranges_gives_the_same_rows(tmp_path, mon
     assert len(points) == 3 and points[0] == 0
     data = plain.read_bytes()
     assert all(data[p:p + 1] == b"{" for p in points[1:])  # each part starts at an event
+    jobs = 3
+    if case == "7 ranges, 2 jobs":  # parts loaded one by one while later ones are parsed
+        monkeypatch.setattr(store, "PART_BYTES", -(-len(data) // 7))
+        jobs = 2
+    if case == "tail base misread":  # the shift applied to early parts is corrected once the last part is read
+        monkeypatch.setattr(ing, "tail_base_time_ns", lambda path, header: 0)
     whole = analyze(src, jobs=1)
-    parts = analyze(plain.parent, jobs=3)
+    parts = analyze(plain.parent, jobs=jobs)
     q = "SELECT count(*), sum(ts_ns), sum(dur_ns), count(DISTINCT name) FROM {}"
-    for t in ("kernels", "cpu_ops"):
+    for t in ("kernels", "cpu_ops", "comm_events"):
         assert parts.con.execute(q.format(t)).fetchall() == whole.con.execute(q.format(t)).fetchall()
+    assert parts.con.execute("SELECT count(*) FROM comm_events").fetchone()[0] > 0
     hdr = parts.con.execute("SELECT base_time_ns, status FROM files").fetchall()
     assert hdr == [(1711964646000000000, "ok")]  # baseTimeNanoseconds comes after the events: read by the last part
     a, b = parts.model["runs"][0]["ranks"][0], whole.model["runs"][0]["ranks"][0]

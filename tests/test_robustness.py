@@ -649,22 +649,22 @@ def _four_ranks(tmp_path: Path) -> Path:
 def test_interrupted_ingest_leaves_a_usable_database_and_the_rerun_reuses_it(tmp_path, monkeypatch):
     d = _four_ranks(tmp_path)
     db = tmp_path / "r.duckdb"
-    real_store = store._store_file
+    real_insert = store._insert_rows
     calls = []
 
-    def third_raises(*args, **kw):
+    def third_raises(*args, **kw):  # inside the third file's open transaction
         calls.append(args[1])
         if len(calls) == 3:
             raise KeyboardInterrupt
-        return real_store(*args, **kw)
+        return real_insert(*args, **kw)
 
-    monkeypatch.setattr(store, "_store_file", third_raises)
+    monkeypatch.setattr(store, "_insert_rows", third_raises)
     with pytest.raises(KeyboardInterrupt):
         analyze(d, db=db, jobs=1)
     with duckdb.connect(str(db), read_only=True) as con:
         assert con.execute("SELECT count(*), min(status), max(status) FROM files").fetchone() == (2, "ok", "ok")
         assert con.execute("SELECT count(*) FROM kernels").fetchone() == (80,)
-    monkeypatch.setattr(store, "_store_file", real_store)
+    monkeypatch.setattr(store, "_insert_rows", real_insert)
     a = analyze(d, db=db, jobs=1)
     assert [f["cached"] for f in a.model["runs"][0]["files"]] == [True, True, False, False]
     assert ranks_of(a.model) == [0, 1, 2, 3]
@@ -674,19 +674,19 @@ def test_interrupted_ingest_leaves_a_usable_database_and_the_rerun_reuses_it(tmp
 
 def test_interrupted_cli_run_says_so_in_one_line(tmp_path, monkeypatch):
     d = _four_ranks(tmp_path)
-    real_store = store._store_file
+    real_insert = store._insert_rows
     n = [0]
 
     def second_raises(*args, **kw):
         n[0] += 1
         if n[0] == 2:
             raise KeyboardInterrupt
-        return real_store(*args, **kw)
+        return real_insert(*args, **kw)
 
-    monkeypatch.setattr(store, "_store_file", second_raises)
+    monkeypatch.setattr(store, "_insert_rows", second_raises)
     code, _, err = report(d, tmp_path)
     assert code == 130 and err == "traceanalyze: interrupted; files loaded so far stay in the database\n"
-    monkeypatch.setattr(store, "_store_file", real_store)
+    monkeypatch.setattr(store, "_insert_rows", real_insert)
     code, _, err = report(d, tmp_path)
     assert code == 0 and "wrote" in err
 
@@ -695,16 +695,15 @@ KILLER = """
 import os, signal, sys
 from traceanalyze import store
 from traceanalyze.pipeline import analyze
-orig, n = store._store_file, [0]
+orig, n = store._insert_rows, [0]
 def dying(con, *args, **kw):
     n[0] += 1
     if n[0] == 3:  # die inside the third file's transaction, rows half written
-        con.execute("BEGIN TRANSACTION")
         con.execute("INSERT INTO files (file_id, path, status) VALUES (99, 'half-written', 'ok')")
         con.execute("INSERT INTO kernels (file_id, name) VALUES (99, 'half')")
         os.kill(os.getpid(), signal.SIGKILL)
     return orig(con, *args, **kw)
-store._store_file = dying
+store._insert_rows = dying
 analyze(sys.argv[1], db=sys.argv[2], jobs=1)
 """
 

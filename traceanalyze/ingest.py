@@ -611,6 +611,26 @@ _EVENTS_KEY_OPEN = re.compile(rb'"traceEvents"\s*:\s*\[')
 SPLIT_MIN_BYTES = 256 << 20  # plain-JSON traces at least this big are parsed in parts by several processes
 
 
+_TAIL_BASE = re.compile(rb'"baseTimeNanoseconds"\s*:\s*(\d{1,19})\s*[,}]')
+
+
+def tail_base_time_ns(path: str | Path, header: dict) -> int:
+    """``baseTimeNanoseconds`` of a plain-JSON trace read from its last 64 KiB (new kineto writes it after the
+    events), else from ``header`` (the keys before the events); 0 when neither has it.
+
+    Lets the parts of a split file be shifted to the trace's clock before the last part is parsed; the parse
+    of the last part remains the reference (see :class:`traceanalyze.store._FileLoad`).
+    """
+    with open(path, "rb") as fh:
+        fh.seek(0, 2)
+        fh.seek(max(0, fh.tell() - (64 << 10)))
+        tail = fh.read()
+    found = list(_TAIL_BASE.finditer(tail))
+    if found:
+        return _header_base_ns({"baseTimeNanoseconds": int(found[-1].group(1))})
+    return _header_base_ns(header)
+
+
 def split_points(path: str | Path, n: int) -> list[int]:
     """Byte offsets at which ``n`` processes can each parse a part of one large plain-JSON trace.
 

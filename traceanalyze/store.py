@@ -142,6 +142,7 @@ CREATE OR REPLACE MACRO profiler_step(cat, name) AS
          THEN TRY_CAST(regexp_extract(name, '#(\d+)', 1) AS INTEGER) END;
 """
 
+PART_BYTES = 128 << 20  # a plain-JSON file over SPLIT_MIN_BYTES is parsed in byte ranges of about this size
 INGEST_MEMORY_LIMIT = "64MB"  # DuckDB's buffer pool while trace files are loaded (see load_traces)
 
 # Tables that describe the latest report only; emptied before a report is recomputed.
@@ -304,8 +305,10 @@ def load_traces(con: duckdb.DuckDBPyConnection, paths: Iterable[Path], *, jobs: 
             work = []
             n_parts: dict[str, int] = {}
             for i, (p, k) in enumerate(todo):
-                # a big plain-JSON file is cut into byte ranges at event boundaries, one per process
-                points = split_points(p, n_cpu) if n_cpu > 1 else [0]
+                # a big plain-JSON file is cut into byte ranges at event boundaries: more ranges than processes,
+                # so that the first ones are loaded while the others are still being parsed
+                n_ranges = max(n_cpu, -(-k[1] // PART_BYTES)) if n_cpu > 1 else 1
+                points = split_points(p, n_ranges) if n_ranges > 1 else [0]
                 ends = points[1:] + [k[1]]
                 n_parts[str(p)] = len(points)
                 for j, (a, b) in enumerate(zip(points, ends, strict=True)):
@@ -322,17 +325,21 @@ def load_traces(con: duckdb.DuckDBPyConnection, paths: Iterable[Path], *, jobs: 
                                            initargs=(_pandas_blocked(),))
                 results = pool.map(_parse_one, work)
             try:
-                parts: list[tuple] = []
+                load: _FileLoad | None = None
                 for path_s, info, tables, err in results:  # in order: the parts of a file arrive together
-                    parts.append((info, tables, err))
-                    if len(parts) < n_parts[path_s]:
-                        continue
                     p, key = keys[path_s]
-                    info, err = _join_parts(parts)
-                    out[p] = _store_file(con, p, key, info, err, [(i.parquet, t) for i, t, _ in parts if i])
-                    parts = []
-                    if progress:
-                        progress(key[1])
+                    if load is None:
+                        load = _FileLoad(con, p, key, n_parts[path_s])
+                    load.add(info, tables, err)
+                    if load.done:
+                        out[p] = load.finish()
+                        load = None
+                        if progress:
+                            progress(key[1])
+            except BaseException:
+                if load is not None:
+                    load.abort()
+                raise
             finally:
                 if pool is not None:
                     pool.shutdown(cancel_futures=True)
@@ -362,55 +369,109 @@ def _join_parts(parts: list[tuple]) -> tuple[TraceFile | None, str | None]:
     return first, None
 
 
-def _store_file(con, path: Path, key, info: TraceFile | None, err: str | None,
-                parts: list[tuple[dict, dict | None]] | None = None) -> LoadedFile:
-    """Load one parsed file in one transaction. ``parts``: per byte range, (Parquet paths, in-memory tables)."""
-    from traceanalyze.ingest import TABLES  # not at module level: a cached report never parses
+class _FileLoad:
+    """One trace file loaded in one transaction, a part (byte range) at a time as the parts arrive.
 
-    resolved, size, mtime = key
-    con.execute("BEGIN TRANSACTION")
-    try:
+    A file parsed in one piece is inserted when it arrives. A file cut into byte ranges is inserted part by part
+    while the later parts are still being parsed; its ``baseTimeNanoseconds`` often follows the events, so the
+    parts are shifted by the value read from the file's tail beforehand (:func:`ingest.tail_base_time_ns`) and
+    corrected at the end in the rare case the parsed header says otherwise. A part that failed rolls the file
+    back and records the error.
+    """
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, path: Path, key: tuple[str, int, int], n_parts: int) -> None:
+        self.con, self.path, self.key, self.n_parts = con, path, key, n_parts
+        self.parts: list[tuple] = []
+        self.base: int | None = None  # the shift applied to the parts inserted so far
+        self.file_id = self._begin()
+
+    @property
+    def done(self) -> bool:
+        return len(self.parts) == self.n_parts
+
+    def _begin(self) -> int:
+        con = self.con
+        con.execute("BEGIN TRANSACTION")
         # fetchall: DuckDB 2 keeps a half-read result open, which blocks register() below
-        old = next(iter(con.execute("SELECT file_id FROM files WHERE path = ?", [resolved]).fetchall()), None)
+        old = next(iter(con.execute("SELECT file_id FROM files WHERE path = ?", [self.key[0]]).fetchall()), None)
         if old is not None:
+            from traceanalyze.ingest import TABLES
+
             for t in TABLES:
                 con.execute(f"DELETE FROM {t} WHERE file_id = ?", [old[0]])
             con.execute("DELETE FROM files WHERE file_id = ?", [old[0]])
-        file_id = con.execute("SELECT coalesce(max(file_id), 0) + 1 FROM files").fetchall()[0][0]
-        if info is None:
-            con.execute("INSERT INTO files (file_id, path, size_bytes, mtime_ns, status, message) "
-                        "VALUES (?, ?, ?, ?, 'error', ?)", [file_id, resolved, size, mtime, err])
-        else:
-            base = int(info.base_time_ns)
-            for parquet, tables in parts or [(info.parquet, None)]:
-                for t in TABLES:
-                    cols = TABLES[t].names
-                    sel = ", ".join(f"ts_ns + {base} AS ts_ns" if c == "ts_ns" else f'"{c}"' for c in cols)
-                    names = ", ".join(f'"{c}"' for c in cols)
-                    if tables is not None:
-                        tbl = tables[t]
-                        if isinstance(tbl, str):  # an Arrow IPC file from a worker: mapped, not copied
-                            import pyarrow as pa
+        return con.execute("SELECT coalesce(max(file_id), 0) + 1 FROM files").fetchall()[0][0]
 
-                            tbl = pa.ipc.open_file(pa.memory_map(tbl)).read_all()
-                        con.register("_incoming", tbl)
-                        con.execute(f"INSERT INTO {t} (file_id, {names}) SELECT {file_id}, {sel} FROM _incoming")
-                        con.unregister("_incoming")
-                    else:
-                        con.execute(f"INSERT INTO {t} (file_id, {names}) SELECT {file_id}, {sel} "
-                                    "FROM read_parquet(?)", [parquet[t]])
-            con.execute(
-                "INSERT INTO files (file_id, path, size_bytes, mtime_ns, status, message, bytes_read, "
-                "base_time_ns, header, n_kernels, n_cpu_ops) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [file_id, resolved, size, mtime, "partial" if info.partial else "ok",
-                 "; ".join(info.warnings) or None, info.bytes_read, base,
-                 json.dumps(info.header, default=str), info.counts.get("kernels", 0),
-                 info.counts.get("cpu_ops", 0)])
-        con.execute("COMMIT")
-    except BaseException:
-        con.execute("ROLLBACK")
-        raise
-    return LoadedFile(path, file_id, False, info, err)
+    def add(self, info: TraceFile | None, tables: dict | None, err: str | None) -> None:
+        self.parts.append((info, tables, err))
+        if info is None or any(e for _, _, e in self.parts):
+            return  # the file fails: nothing more is inserted
+        if self.base is None:
+            if self.n_parts == 1:
+                self.base = int(info.base_time_ns)
+            else:
+                from traceanalyze.ingest import tail_base_time_ns
+
+                self.base = tail_base_time_ns(self.path, info.header)
+        _insert_rows(self.con, self.file_id, self.base, info.parquet, tables)
+
+    def finish(self) -> LoadedFile:
+        con = self.con
+        info, err = _join_parts(self.parts)
+        resolved, size, mtime = self.key
+        try:
+            if info is None:
+                con.execute("ROLLBACK")  # drop the parts already inserted
+                self.file_id = self._begin()
+                con.execute("INSERT INTO files (file_id, path, size_bytes, mtime_ns, status, message) "
+                            "VALUES (?, ?, ?, ?, 'error', ?)", [self.file_id, resolved, size, mtime, err])
+            else:
+                base = int(info.base_time_ns)
+                if self.base is not None and base != self.base:
+                    for t in ("kernels", "cpu_ops", "comm_events"):
+                        con.execute(f"UPDATE {t} SET ts_ns = ts_ns + ? WHERE file_id = ?",
+                                    [base - self.base, self.file_id])
+                con.execute(
+                    "INSERT INTO files (file_id, path, size_bytes, mtime_ns, status, message, bytes_read, "
+                    "base_time_ns, header, n_kernels, n_cpu_ops) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    [self.file_id, resolved, size, mtime, "partial" if info.partial else "ok",
+                     "; ".join(info.warnings) or None, info.bytes_read, base,
+                     json.dumps(info.header, default=str), info.counts.get("kernels", 0),
+                     info.counts.get("cpu_ops", 0)])
+            con.execute("COMMIT")
+        except BaseException:
+            self.abort()
+            raise
+        return LoadedFile(self.path, self.file_id, False, info, err)
+
+    def abort(self) -> None:
+        try:
+            self.con.execute("ROLLBACK")
+        except duckdb.Error:
+            pass  # no transaction open
+
+
+def _insert_rows(con: duckdb.DuckDBPyConnection, file_id: int, base: int, parquet: dict,
+                 tables: dict | None) -> None:
+    """Insert one parsed part: its in-memory tables, or the Arrow IPC / Parquet files a worker wrote."""
+    from traceanalyze.ingest import TABLES  # not at module level: a cached report never parses
+
+    for t in TABLES:
+        cols = TABLES[t].names
+        sel = ", ".join(f"ts_ns + {base} AS ts_ns" if c == "ts_ns" else f'"{c}"' for c in cols)
+        names = ", ".join(f'"{c}"' for c in cols)
+        if tables is not None:
+            tbl = tables[t]
+            if isinstance(tbl, str):  # an Arrow IPC file from a worker: mapped, not copied
+                import pyarrow as pa
+
+                tbl = pa.ipc.open_file(pa.memory_map(tbl)).read_all()
+            con.register("_incoming", tbl)
+            con.execute(f"INSERT INTO {t} (file_id, {names}) SELECT {file_id}, {sel} FROM _incoming")
+            con.unregister("_incoming")
+        else:
+            con.execute(f"INSERT INTO {t} (file_id, {names}) SELECT {file_id}, {sel} FROM read_parquet(?)",
+                        [parquet[t]])
 
 
 def file_header(con: duckdb.DuckDBPyConnection, file_id: int) -> dict:
