@@ -569,7 +569,8 @@ def _header_base_ns(header: dict) -> int:
 
 def parse_trace(path: str | Path, out_dir: str | Path | None = None, *, key: str = "t",
                 max_decompressed: int = DEFAULT_MAX_DECOMPRESSED, chunk_rows: int = 500_000,
-                byte_range: tuple[int, int] | None = None) -> tuple[TraceFile, dict[str, pa.Table] | None]:
+                byte_range: tuple[int, int] | None = None,
+                ipc: bool = False) -> tuple[TraceFile, dict[str, pa.Table] | dict[str, str] | None]:
     """Parse one Kineto trace file (``.json`` or ``.json.gz``) in one streaming pass.
 
     Args:
@@ -583,10 +584,14 @@ def parse_trace(path: str | Path, out_dir: str | Path | None = None, *, key: str
         byte_range: ``(start, end)`` to parse one part of a large plain-JSON file (see :func:`split_points`): a
             part that starts after 0 begins at an event's ``{`` and has no header; one that ends before the end
             of the file stops before an event's ``{``, which is not a truncation.
+        ipc: with ``out_dir``, stream every ``chunk_rows`` rows to Arrow IPC files ``out_dir/{key}.{table}.arrow``
+            instead (cheap to write, mapped without a copy by the reader), whatever the file's size; the second
+            return value then maps each table name to its file. Used by the parse worker processes.
 
     Returns:
         ``(TraceFile, tables)``: the summary and, unless the rows went to Parquet, ``{"kernels", "cpu_ops",
-        "threads"}`` as Arrow tables with the schemas in ``TABLES`` (``ts_ns``/``dur_ns`` in ns).
+        "comm_events", "threads"}`` as Arrow tables with the schemas in ``TABLES`` (``ts_ns``/``dur_ns`` in ns),
+        or as IPC file paths with ``ipc``.
 
     Raises:
         InputError: the file cannot be read, is not JSON, is not a trace (no ``traceEvents``), or holds no
@@ -600,7 +605,7 @@ def parse_trace(path: str | Path, out_dir: str | Path | None = None, *, key: str
         part = (byte_range[0] > 0, byte_range[1] < path.stat().st_size)
     try:
         blocks, state = _open_blocks(path, max_decompressed, byte_range)
-        result = _parse_blocks(path, blocks, state, info, out_dir, key, chunk_rows, part)
+        result = _parse_blocks(path, blocks, state, info, out_dir, key, chunk_rows, part, ipc and out_dir is not None)
     except OSError as exc:
         raise InputError(path, f"cannot read ({exc.strerror or exc})") from None
     return info, result
@@ -743,13 +748,15 @@ class _EventStream:
             self._scan(self.rest, path)
 
 
-def _parse_blocks(path, blocks, state, info: TraceFile, out_dir, key, chunk_rows, part=None):
+def _parse_blocks(path, blocks, state, info: TraceFile, out_dir, key, chunk_rows, part=None, ipc=False):
     sc = _Scanner()
     buf = b""  # the header, until the events array opens
     header_bytes = b""
     cols = _Columns()
     writers: dict = {}  # table name -> pyarrow.parquet.ParquetWriter
     tables_mem: dict[str, list[pa.Table]] = {n: [] for n in TABLES}
+    ipc_files: dict[str, str] = {}
+    ipc_rows: dict[str, int] = {}
     n_events = 0
     stream: _EventStream | None = None
 
@@ -757,6 +764,15 @@ def _parse_blocks(path, blocks, state, info: TraceFile, out_dir, key, chunk_rows
         if not final and len(cols) < chunk_rows:
             return
         for name, tbl in cols.tables().items():
+            if ipc:
+                w = writers.get(name)
+                if w is None:
+                    f = str(Path(out_dir) / f"{key}.{name}.arrow")
+                    w = writers[name] = pa.ipc.new_file(f, TABLES[name])
+                    ipc_files[name] = f
+                w.write_table(tbl)
+                ipc_rows[name] = ipc_rows.get(name, 0) + tbl.num_rows
+                continue
             # small files stay in memory even with out_dir; Parquet only once a file outgrows one chunk
             if out_dir is None or (final and not writers):
                 tables_mem[name].append(tbl)
@@ -882,6 +898,9 @@ def _parse_blocks(path, blocks, state, info: TraceFile, out_dir, key, chunk_rows
     for w in writers.values():
         w.close()
     info.counts = {}
+    if ipc:
+        info.counts = ipc_rows
+        return ipc_files
     if out_dir is None or not writers:
         out = {n: pa.concat_tables(ts) if ts else TABLES[n].empty_table() for n, ts in tables_mem.items()}
         info.counts = {n: t.num_rows for n, t in out.items()}

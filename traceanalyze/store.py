@@ -142,6 +142,7 @@ CREATE OR REPLACE MACRO profiler_step(cat, name) AS
          THEN TRY_CAST(regexp_extract(name, '#(\d+)', 1) AS INTEGER) END;
 """
 
+WORKER_CHUNK_ROWS = 1 << 15  # rows a parse worker holds before writing them out
 PART_BYTES = 128 << 20  # a plain-JSON file over SPLIT_MIN_BYTES is parsed in byte ranges of about this size
 INGEST_MEMORY_LIMIT = "64MB"  # DuckDB's buffer pool while trace files are loaded (see load_traces)
 
@@ -237,8 +238,8 @@ def _parse_one(args: tuple) -> tuple[str, TraceFile | None, dict | None, str | N
     """Worker: parse one file (or one byte range of it); return (path, summary, tables, error).
 
     ``tables`` maps table name to an Arrow table, or, with ``to_files``, to an Arrow IPC file in ``out_dir``
-    that the parent maps into memory: cheaper than pickling the columns through a pipe. It is None when the
-    rows went to Parquet (a file over one chunk).
+    written chunk by chunk, which the parent maps into memory: bounded memory in the worker, and cheaper than
+    pickling the columns through a pipe. It is None when the rows went to Parquet (a file over one chunk).
     """
     import gc
 
@@ -247,14 +248,9 @@ def _parse_one(args: tuple) -> tuple[str, TraceFile | None, dict | None, str | N
     path, out_dir, key, max_decompressed, byte_range, to_files = args
     gc.disable()  # millions of short-lived objects; collection passes only cost time here
     try:
-        info, tables = parse_trace(path, out_dir, key=key, max_decompressed=max_decompressed, byte_range=byte_range)
-        if tables is not None and to_files:
-            import pyarrow as pa
-
-            for name, t in tables.items():
-                tables[name] = f = str(Path(out_dir) / f"{key}.{name}.arrow")
-                with pa.OSFile(f, "wb") as fh, pa.ipc.new_file(fh, t.schema) as w:
-                    w.write_table(t)
+        # workers stream their rows to Arrow IPC files in chunks: bounded memory, and the parent maps them
+        info, tables = parse_trace(path, out_dir, key=key, max_decompressed=max_decompressed, byte_range=byte_range,
+                                   ipc=to_files, **({"chunk_rows": WORKER_CHUNK_ROWS} if to_files else {}))
         return path, info, tables, None
     except InputError as exc:
         return path, None, None, exc.problem
