@@ -180,3 +180,18 @@ def test_large_plain_file_split_in_byte_ranges_gives_the_same_rows(tmp_path, mon
     assert hdr == [(1711964646000000000, "ok")]  # baseTimeNanoseconds comes after the events: read by the last part
     a, b = parts.model["runs"][0]["ranks"][0], whole.model["runs"][0]["ranks"][0]
     assert (a["idle_pct"], a["comm_comp_overlap_pct"]) == (b["idle_pct"], b["comm_comp_overlap_pct"])
+
+
+def test_ipc_output_streams_the_same_rows_in_chunks(tmp_path):
+    import pyarrow as pa
+
+    src = real("hta/nccl_parser_config") / "nccl_data.json.gz"
+    info_mem, mem = parse_trace(src)
+    info, files = parse_trace(src, tmp_path, key="k", chunk_rows=1000, ipc=True)
+    assert set(files) == set(mem) and info.counts == {n: t.num_rows for n, t in mem.items()}
+    for name, f in files.items():
+        reader = pa.ipc.open_file(pa.memory_map(f))
+        got = reader.read_all()
+        assert got.equals(mem[name]), name
+        if mem[name].num_rows > 2000:
+            assert reader.num_record_batches >= 2  # written chunk by chunk, not held whole
