@@ -363,7 +363,8 @@ def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: floa
 
 def _read_sidecars(con, run_id: int, run: Run, warnings: list[dict]) -> dict:
     """Parse the run's logs, NCCL output, topology and configs; store them; return what diagnosis reads."""
-    from traceanalyze import logs
+    if run.sidecars:  # the log parsers compile ~100 patterns on import: only for runs that have logs
+        from traceanalyze import logs
 
     facts: dict[str, list] = {}
     log_steps: list = []
@@ -412,12 +413,12 @@ def _insert(con, table: str, rows: list[list]) -> None:
 
 def _expected_link(facts: dict, side: dict, override: float | None) -> dict:
     """Expected per-direction GB/s between ranks and where the figure came from."""
-    from traceanalyze import logs
-
     if override:
         return {"expected_gbps": override, "source": "--link-bw"}
     topo = side["topology"]
     if topo is not None and topo.links:
+        from traceanalyze import logs
+
         gpus = topo.gpus
         worst = None
         for i, a in enumerate(gpus):
