@@ -195,3 +195,41 @@ def test_ipc_output_streams_the_same_rows_in_chunks(tmp_path):
         assert got.equals(mem[name]), name
         if mem[name].num_rows > 2000:
             assert reader.num_record_batches >= 2  # written chunk by chunk, not held whole
+
+
+def test_interrupted_split_file_is_marked_loading_and_loaded_whole_next_time(tmp_path, monkeypatch):
+    from traceanalyze import ingest as ing
+    from traceanalyze import store
+    from traceanalyze.pipeline import analyze
+
+    src = real("hta/nccl_parser_config") / "nccl_data.json.gz"
+    plain = tmp_path / "split" / "nccl_data.json"
+    plain.parent.mkdir()
+    data = gzip.decompress(src.read_bytes())
+    plain.write_bytes(data)
+    monkeypatch.setattr(ing, "SPLIT_MIN_BYTES", 1 << 20)
+    monkeypatch.setattr(store, "PART_BYTES", -(-len(data) // 5))
+    real_insert, calls = store._insert_rows, []
+
+    def third_raises(*args, **kw):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real_insert(*args, **kw)
+
+    db = tmp_path / "s.duckdb"
+    monkeypatch.setattr(store, "_insert_rows", third_raises)
+    with pytest.raises(KeyboardInterrupt):
+        analyze(plain.parent, db=db, jobs=2)
+    monkeypatch.setattr(store, "_insert_rows", real_insert)
+    con = store.connect(db)
+    assert con.execute("SELECT status FROM files").fetchall() == [("loading",)]
+    assert 0 < con.execute("SELECT count(*) FROM kernels").fetchone()[0]  # the first two parts are in
+    con.close()
+    a = analyze(plain.parent, db=db, jobs=2)
+    whole = analyze(src, jobs=1)
+    assert not a.model["runs"][0]["files"][0]["cached"]
+    q = "SELECT count(*), sum(ts_ns), sum(dur_ns) FROM {}"
+    for t in ("kernels", "cpu_ops", "comm_events"):
+        assert a.con.execute(q.format(t)).fetchall() == whole.con.execute(q.format(t)).fetchall()
+    assert a.con.execute("SELECT status FROM files").fetchall() == [("ok",)]

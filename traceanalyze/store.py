@@ -41,7 +41,7 @@ CREATE TABLE IF NOT EXISTS files (
     path VARCHAR UNIQUE,           -- resolved path
     size_bytes BIGINT,             -- file size on disk
     mtime_ns BIGINT,               -- modification time; with size the cache key
-    status VARCHAR,                -- ok | partial | error
+    status VARCHAR,                -- ok | partial | error | loading (a split file not yet complete)
     message VARCHAR,               -- why partial or error
     bytes_read BIGINT,             -- decompressed JSON bytes read
     base_time_ns BIGINT,           -- baseTimeNanoseconds (0 for old traces with absolute ts)
@@ -369,19 +369,24 @@ def _join_parts(parts: list[tuple]) -> tuple[TraceFile | None, str | None]:
 
 
 class _FileLoad:
-    """One trace file loaded in one transaction, a part (byte range) at a time as the parts arrive.
+    """One trace file loaded into the store, a part (byte range) at a time as the parts arrive.
 
-    A file parsed in one piece is inserted when it arrives. A file cut into byte ranges is inserted part by part
-    while the later parts are still being parsed; its ``baseTimeNanoseconds`` often follows the events, so the
-    parts are shifted by the value read from the file's tail beforehand (:func:`ingest.tail_base_time_ns`) and
-    corrected at the end in the rare case the parsed header says otherwise. A part that failed rolls the file
-    back and records the error.
+    A file parsed in one piece is loaded in one transaction. A file cut into byte ranges is loaded part by part
+    while the later parts are still being parsed, one transaction per part: DuckDB holds a transaction's rows in
+    memory until it commits, so one transaction for a multi-GB file would need memory in proportion to the file.
+    Its ``files`` row says ``loading`` until the last part is in; such a file is never a cache hit, and its rows
+    are deleted when it is loaded again (an interrupted run) or when a part fails.
+
+    ``baseTimeNanoseconds`` often follows the events, so the parts are shifted by the value read from the file's
+    tail beforehand (:func:`ingest.tail_base_time_ns`) and corrected at the end in the rare case the parsed
+    header says otherwise.
     """
 
     def __init__(self, con: duckdb.DuckDBPyConnection, path: Path, key: tuple[str, int, int], n_parts: int) -> None:
         self.con, self.path, self.key, self.n_parts = con, path, key, n_parts
         self.parts: list[tuple] = []
         self.base: int | None = None  # the shift applied to the parts inserted so far
+        self.split = n_parts > 1
         self.file_id = self._begin()
 
     @property
@@ -394,34 +399,57 @@ class _FileLoad:
         # fetchall: DuckDB 2 keeps a half-read result open, which blocks register() below
         old = next(iter(con.execute("SELECT file_id FROM files WHERE path = ?", [self.key[0]]).fetchall()), None)
         if old is not None:
-            from traceanalyze.ingest import TABLES
-
-            for t in TABLES:
-                con.execute(f"DELETE FROM {t} WHERE file_id = ?", [old[0]])
+            self._delete_rows(old[0])
             con.execute("DELETE FROM files WHERE file_id = ?", [old[0]])
-        return con.execute("SELECT coalesce(max(file_id), 0) + 1 FROM files").fetchall()[0][0]
+        file_id = con.execute("SELECT coalesce(max(file_id), 0) + 1 FROM files").fetchall()[0][0]
+        if self.split:
+            con.execute("INSERT INTO files (file_id, path, size_bytes, mtime_ns, status) "
+                        "VALUES (?, ?, ?, ?, 'loading')", [file_id, *self.key])
+            con.execute("COMMIT")
+        return file_id
+
+    def _delete_rows(self, file_id: int) -> None:
+        from traceanalyze.ingest import TABLES
+
+        for t in TABLES:
+            self.con.execute(f"DELETE FROM {t} WHERE file_id = ?", [file_id])
 
     def add(self, info: TraceFile | None, tables: dict | None, err: str | None) -> None:
         self.parts.append((info, tables, err))
         if info is None or any(e for _, _, e in self.parts):
             return  # the file fails: nothing more is inserted
         if self.base is None:
-            if self.n_parts == 1:
+            if not self.split:
                 self.base = int(info.base_time_ns)
             else:
                 from traceanalyze.ingest import tail_base_time_ns
 
                 self.base = tail_base_time_ns(self.path, info.header)
-        _insert_rows(self.con, self.file_id, self.base, info.parquet, tables)
+        if self.split:
+            self.con.execute("BEGIN TRANSACTION")
+        try:
+            _insert_rows(self.con, self.file_id, self.base, info.parquet, tables)
+            if self.split:
+                self.con.execute("COMMIT")
+        except BaseException:
+            if self.split:
+                self.abort()
+            raise
 
     def finish(self) -> LoadedFile:
         con = self.con
         info, err = _join_parts(self.parts)
         resolved, size, mtime = self.key
+        if self.split:
+            con.execute("BEGIN TRANSACTION")
         try:
             if info is None:
-                con.execute("ROLLBACK")  # drop the parts already inserted
-                self.file_id = self._begin()
+                if self.split:
+                    self._delete_rows(self.file_id)
+                    con.execute("DELETE FROM files WHERE file_id = ?", [self.file_id])
+                else:
+                    con.execute("ROLLBACK")  # drop what was inserted
+                    con.execute("BEGIN TRANSACTION")
                 con.execute("INSERT INTO files (file_id, path, size_bytes, mtime_ns, status, message) "
                             "VALUES (?, ?, ?, ?, 'error', ?)", [self.file_id, resolved, size, mtime, err])
             else:
@@ -430,6 +458,7 @@ class _FileLoad:
                     for t in ("kernels", "cpu_ops", "comm_events"):
                         con.execute(f"UPDATE {t} SET ts_ns = ts_ns + ? WHERE file_id = ?",
                                     [base - self.base, self.file_id])
+                con.execute("DELETE FROM files WHERE file_id = ?", [self.file_id])  # the 'loading' row, if any
                 con.execute(
                     "INSERT INTO files (file_id, path, size_bytes, mtime_ns, status, message, bytes_read, "
                     "base_time_ns, header, n_kernels, n_cpu_ops) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
