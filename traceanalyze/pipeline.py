@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -290,6 +291,13 @@ def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: floa
     con.execute("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [run_id, run.name, str(run.path), role, facts["world_size"], facts["backend"], mode,
                  facts["gpu_model"], facts["gpu_count"], facts["nccl_version"], facts["cuda_runtime_version"]])
+    # two pure-SQL analyses run on a second connection meanwhile: DuckDB works without the GIL, so they overlap
+    # with the Python parts of the others
+    bg = ThreadPoolExecutor(max_workers=1)
+    cur = con.cursor()
+    idle_future = bg.submit(idle.idle_breakdown, cur, run_id) if good and mode == "gpu" else None
+    top_future = bg.submit(metrics.top_kernels, cur, run_id) if good else None
+    bg.shutdown(wait=False)
     rank_rows, step_rows = metrics.compute_run_metrics(con, run_id)
     metrics.save(con, rank_rows, step_rows)
     side = _read_sidecars(con, run_id, run, warnings)
@@ -303,7 +311,9 @@ def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: floa
     comp = compile_stats(con, run_id) if good else None
     loader = loader_stats(con, run_id) if good else None
     launch = launch_stats(con, run_id) if good and mode == "gpu" else None
-    idle_rows = idle.idle_breakdown(con, run_id) if good and mode == "gpu" else []
+    idle_rows = idle_future.result() if idle_future else []
+    top = top_future.result() if top_future else []
+    cur.close()
     idle.save(con, idle_rows)
     if coll is not None:
         cols = list(CollectiveSummary.__dataclass_fields__)
@@ -341,7 +351,7 @@ def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: floa
         "sidecars": [{"path": str(s.path), "kind": s.kind} for s in run.sidecars],
         "ranks": ranks_model,
         "steps": steps_model,
-        "top_kernels": metrics.top_kernels(con, run_id) if good else [],
+        "top_kernels": top,
         "step_time_us": step_time,
         "link": link,
         "clock_offsets_us": coll.clock_offsets_us if coll else {},
