@@ -584,9 +584,9 @@ def parse_trace(path: str | Path, out_dir: str | Path | None = None, *, key: str
         byte_range: ``(start, end)`` to parse one part of a large plain-JSON file (see :func:`split_points`): a
             part that starts after 0 begins at an event's ``{`` and has no header; one that ends before the end
             of the file stops before an event's ``{``, which is not a truncation.
-        ipc: with ``out_dir``, stream every ``chunk_rows`` rows to Arrow IPC files ``out_dir/{key}.{table}.arrow``
-            instead (cheap to write, mapped without a copy by the reader), whatever the file's size; the second
-            return value then maps each table name to its file. Used by the parse worker processes.
+        ipc: with ``out_dir``, write every ``chunk_rows`` rows to Arrow IPC streams ``out_dir/{key}.{table}.arrow``
+            instead (cheap to write and to read a chunk at a time), whatever the file's size; the second return
+            value then maps each table name to its file. Used by the parse worker processes.
 
     Returns:
         ``(TraceFile, tables)``: the summary and, unless the rows went to Parquet, ``{"kernels", "cpu_ops",
@@ -768,7 +768,7 @@ def _parse_blocks(path, blocks, state, info: TraceFile, out_dir, key, chunk_rows
                 w = writers.get(name)
                 if w is None:
                     f = str(Path(out_dir) / f"{key}.{name}.arrow")
-                    w = writers[name] = pa.ipc.new_file(f, TABLES[name])
+                    w = writers[name] = pa.ipc.new_stream(f, TABLES[name])
                     ipc_files[name] = f
                 w.write_table(tbl)
                 ipc_rows[name] = ipc_rows.get(name, 0) + tbl.num_rows

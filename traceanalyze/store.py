@@ -237,9 +237,9 @@ def _worker_init(no_pandas: bool) -> None:
 def _parse_one(args: tuple) -> tuple[str, TraceFile | None, dict | None, str | None]:
     """Worker: parse one file (or one byte range of it); return (path, summary, tables, error).
 
-    ``tables`` maps table name to an Arrow table, or, with ``to_files``, to an Arrow IPC file in ``out_dir``
-    written chunk by chunk, which the parent maps into memory: bounded memory in the worker, and cheaper than
-    pickling the columns through a pipe. It is None when the rows went to Parquet (a file over one chunk).
+    ``tables`` maps table name to an Arrow table, or, with ``to_files``, to an Arrow IPC stream in ``out_dir``
+    written chunk by chunk, which the parent's DuckDB reads a chunk at a time: bounded memory on both sides, and
+    cheaper than pickling the columns through a pipe. It is None when the rows went to Parquet (a file over one chunk).
     """
     import gc
 
@@ -490,10 +490,10 @@ def _insert_rows(con: duckdb.DuckDBPyConnection, file_id: int, base: int, parque
         names = ", ".join(f'"{c}"' for c in cols)
         if tables is not None:
             tbl = tables[t]
-            if isinstance(tbl, str):  # an Arrow IPC file from a worker: mapped, not copied
+            if isinstance(tbl, str):  # an Arrow IPC stream from a worker: DuckDB reads it a chunk at a time
                 import pyarrow as pa
 
-                tbl = pa.ipc.open_file(pa.memory_map(tbl)).read_all()
+                tbl = pa.ipc.open_stream(pa.OSFile(tbl))
             con.register("_incoming", tbl)
             con.execute(f"INSERT INTO {t} (file_id, {names}) SELECT {file_id}, {sel} FROM _incoming")
             con.unregister("_incoming")
