@@ -99,3 +99,15 @@ def test_nccl_collective_metadata_is_ingested():
     ranks, = a.con.execute("SELECT any_value(pg_ranks) FROM comm_events "
                            "WHERE source = 'cpu_ops' AND name = 'record_param_comms'").fetchone()
     assert ranks == "[0, 1]"
+
+
+def test_overlapped_and_sequential_analyses_give_the_same_model(monkeypatch):
+    from traceanalyze import pipeline
+
+    src = real("hta/trace_filter")
+    overlapped = analyze(src, jobs=1).model["runs"][0]
+    monkeypatch.setattr(pipeline, "OVERLAP_MAX_ROWS", 0)  # as for a run of many events: one analysis at a time
+    sequential = analyze(src, jobs=1).model["runs"][0]
+    assert overlapped["idle_breakdown"] and overlapped["top_kernels"]
+    for key in ("idle_breakdown", "top_kernels", "ranks", "steps"):
+        assert sequential[key] == overlapped[key], key
