@@ -8,7 +8,7 @@ import json
 import pytest
 
 from tests.conftest import real
-from traceanalyze import ingest
+from traceanalyze import ingest, store
 from traceanalyze.errors import InputError
 from traceanalyze.ingest import parse_trace
 
@@ -232,3 +232,33 @@ def test_interrupted_split_file_is_marked_loading_and_loaded_whole_next_time(tmp
     for t in ("kernels", "cpu_ops", "comm_events"):
         assert a.con.execute(q.format(t)).fetchall() == whole.con.execute(q.format(t)).fetchall()
     assert a.con.execute("SELECT status FROM files").fetchall() == [("ok",)]
+
+
+def test_split_file_with_a_failed_part_is_one_error_and_leaves_no_rows(tmp_path, monkeypatch):
+    from traceanalyze import ingest as ing
+    from traceanalyze import store
+    from traceanalyze.pipeline import analyze
+
+    src = real("hta/nccl_parser_config") / "nccl_data.json.gz"
+    plain = tmp_path / "split" / "nccl_data.json"
+    plain.parent.mkdir()
+    data = gzip.decompress(src.read_bytes())
+    plain.write_bytes(data)
+    monkeypatch.setattr(ing, "SPLIT_MIN_BYTES", 1 << 20)
+    monkeypatch.setattr(store, "PART_BYTES", -(-len(data) // 4))
+    monkeypatch.setattr(store, "_parse_one", _third_part_fails)
+    a = analyze(plain.parent, db=tmp_path / "e.duckdb", jobs=2)
+    assert a.con.execute("SELECT status, message FROM files").fetchall() == [
+        ("error", "an event larger than 64 MiB; the file is corrupt")]
+    for t in ("kernels", "cpu_ops", "comm_events"):
+        assert a.con.execute(f"SELECT count(*) FROM {t}").fetchone() == (0,), t
+    a.con.close()
+
+
+_REAL_PARSE_ONE = store._parse_one
+
+
+def _third_part_fails(args):  # module level: the parse pool pickles it by name
+    if args[2].endswith("p2"):
+        return args[0], None, None, "an event larger than 64 MiB; the file is corrupt"
+    return _REAL_PARSE_ONE(args)
