@@ -435,6 +435,10 @@ class _FileLoad:
             if self.split:
                 self.abort()
             raise
+        finally:  # a part's temporary files go at once: a 10 GB trace would otherwise pile up GBs of them
+            for f in [*(tables or {}).values(), *info.parquet.values()]:
+                if isinstance(f, str):
+                    Path(f).unlink(missing_ok=True)
 
     def finish(self) -> LoadedFile:
         con = self.con
