@@ -267,10 +267,13 @@ def load_traces(con: duckdb.DuckDBPyConnection, paths: Iterable[Path], *, jobs: 
                 max_decompressed: int = 64 << 30) -> list[LoadedFile]:
     """Parse the trace files not already in the store (cache key: resolved path, size, mtime) and load them.
 
-    Files are parsed in ``jobs`` processes (default: the CPU count, at most the number of files) into
-    Parquet, then each is loaded in its own transaction. ``progress`` is called with each file's size in
-    bytes as it finishes. Returns one :class:`LoadedFile` per path, in input order; a file that failed
-    has ``error`` set and no rows.
+    Files are parsed in ``jobs`` processes (default: the CPU count, at most the number of files), which write
+    Arrow IPC streams; this process loads each file in its own transaction as soon as it is parsed, while the
+    others are still being parsed. A plain-JSON file over :data:`ingest.SPLIT_MIN_BYTES` is parsed in byte ranges
+    of about :data:`PART_BYTES`, committed one by one (see :class:`_FileLoad`). While loading, DuckDB runs one
+    thread with a buffer pool of :data:`INGEST_MEMORY_LIMIT`. ``progress`` is called with each file's size in
+    bytes as it finishes. Returns one :class:`LoadedFile` per path, in input order; a file that failed has
+    ``error`` set and no rows.
     """
     paths = list(paths)
     out: dict[Path, LoadedFile] = {}
