@@ -1,4 +1,4 @@
-"""Ingest: stream one Kineto trace file into columnar tables (Parquet), one pass, memory bounded by a chunk.
+"""Ingest: stream one Kineto trace file into columnar tables (Arrow), one pass, memory bounded by a chunk.
 
 A Kineto trace is one JSON object whose ``traceEvents`` array holds every event (Chrome trace format; a bare
 top-level array is accepted too). Files reach many GB, so the file is never decoded whole: a structural
@@ -6,8 +6,9 @@ scanner (NumPy, over blocks of decompressed bytes) finds where each top-level ev
 complete events is decoded by ``msgspec`` into typed structs that keep only the fields the analyses need.
 A file cut off mid-write (a killed job) yields every complete event before the cut and is marked partial.
 
-:func:`parse_trace` is a pure function from one file to Parquet files plus a :class:`TraceFile` summary, so
-ranks can be parsed in parallel processes (or on any engine) and loaded into DuckDB by :mod:`traceanalyze.store`.
+:func:`parse_trace` is a pure function from one file to Arrow tables (in memory, or as Arrow IPC or Parquet files)
+plus a :class:`TraceFile` summary, so ranks can be parsed in parallel processes (or on any engine) and loaded into
+DuckDB by :mod:`traceanalyze.store`.
 
 Timestamps become integer nanoseconds on the trace's own clock: ``ts_ns = round(ts_us * 1000) + base``, where
 ``base`` is ``baseTimeNanoseconds`` for new-schema traces (relative ``ts``) and 0 for old ones (absolute epoch
