@@ -132,3 +132,26 @@ def test_import_stays_light():
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True).stdout
     assert out.splitlines() == ["[]", "False"]
+
+
+CLI_PANDAS = """
+import sys
+from traceanalyze.cli import main
+sys.argv = ["traceanalyze", "report", sys.argv[1], "-o", sys.argv[2], "-q"]
+try:
+    main()
+except SystemExit as exc:
+    assert not exc.code, exc.code
+print("pandas" in sys.modules)
+"""
+
+
+def test_command_line_never_imports_pandas_but_the_api_still_can(tmp_path):
+    pytest.importorskip("pandas")
+    out = subprocess.run([sys.executable, "-c", CLI_PANDAS, str(sample("straggler")), str(tmp_path / "r.html")],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"  # pyarrow would import it (0.2 s, ~50 MB) on its first array
+    assert (tmp_path / "r.html").stat().st_size > 10_000
+    r = ta.analyze(sample("straggler"), jobs=1)  # the API in this process: DataFrames still work
+    assert list(r.ranks["rank"]) == [0, 1, 2, 3]
