@@ -149,7 +149,7 @@ def test_parquet_output_is_chunked(tmp_path):
     assert tables is None and f.metadata.num_rows == 3000 and f.metadata.num_row_groups >= 2
 
 
-@pytest.mark.parametrize("case", ["3 ranges, 3 jobs", "7 ranges, 2 jobs", "tail base misread"])
+@pytest.mark.parametrize("case", ["3 ranges, 3 jobs", "7 ranges, 2 jobs", "4 ranges, 1 job", "tail base misread"])
 def test_large_plain_file_split_in_byte_ranges_gives_the_same_rows(tmp_path, monkeypatch, case):
     from traceanalyze import ingest as ing
     from traceanalyze import store
@@ -168,10 +168,19 @@ def test_large_plain_file_split_in_byte_ranges_gives_the_same_rows(tmp_path, mon
     if case == "7 ranges, 2 jobs":  # parts loaded one by one while later ones are parsed
         monkeypatch.setattr(store, "PART_BYTES", -(-len(data) // 7))
         jobs = 2
+    inserts = []
+    if case == "4 ranges, 1 job":  # parsed in turn in this process, still committed range by range
+        monkeypatch.setattr(store, "PART_BYTES", -(-len(data) // 4))
+        jobs = 1
+        real_insert = store._insert_rows
+        monkeypatch.setattr(store, "_insert_rows", lambda *a, **k: inserts.append(1) or real_insert(*a, **k))
     if case == "tail base misread":  # the shift applied to early parts is corrected once the last part is read
         monkeypatch.setattr(ing, "tail_base_time_ns", lambda path, header: 0)
     whole = analyze(src, jobs=1)
+    inserts.clear()
     parts = analyze(plain.parent, jobs=jobs)
+    if case == "4 ranges, 1 job":
+        assert len(inserts) == 4
     q = "SELECT count(*), sum(ts_ns), sum(dur_ns), count(DISTINCT name) FROM {}"
     for t in ("kernels", "cpu_ops", "comm_events"):
         assert parts.con.execute(q.format(t)).fetchall() == whole.con.execute(q.format(t)).fetchall()

@@ -307,8 +307,9 @@ def load_traces(con: duckdb.DuckDBPyConnection, paths: Iterable[Path], *, jobs: 
             n_parts: dict[str, int] = {}
             for i, (p, k) in enumerate(todo):
                 # a big plain-JSON file is cut into byte ranges at event boundaries: more ranges than processes,
-                # so that the first ones are loaded while the others are still being parsed
-                n_ranges = max(n_cpu, -(-k[1] // PART_BYTES)) if n_cpu > 1 else 1
+                # so that the first ones are loaded while the others are still being parsed, and each range is
+                # committed alone (with one process too: memory stays bounded by a range)
+                n_ranges = max(n_cpu, -(-k[1] // PART_BYTES))
                 points = split_points(p, n_ranges) if n_ranges > 1 else [0]
                 ends = points[1:] + [k[1]]
                 n_parts[str(p)] = len(points)
@@ -418,7 +419,7 @@ class _FileLoad:
             self.con.execute(f"DELETE FROM {t} WHERE file_id = ?", [file_id])
 
     def add(self, info: TraceFile | None, tables: dict | None, err: str | None) -> None:
-        self.parts.append((info, tables, err))
+        self.parts.append((info, None, err))  # not the rows: a part's tables go once inserted
         if info is None or any(e for _, _, e in self.parts):
             return  # the file fails: nothing more is inserted
         if self.base is None:
