@@ -36,7 +36,7 @@ try:  # ISA-L inflates gzip 2.4x faster than zlib (0.018 s against 0.044 s for a
 except ImportError:  # a platform without its wheel
     _inflate = zlib
 
-BLOCK_BYTES = 1 << 20  # decompressed bytes scanned per block: small blocks stay in cache and bound the decoded objects
+BLOCK_BYTES = 1 << 19  # decompressed bytes per block: small blocks stay in cache and bound the decoded objects
 MAX_EVENT_BYTES = 64 << 20  # one event larger than this is a corrupt file, not an event
 DEFAULT_MAX_DECOMPRESSED = 64 << 30  # bound on what one file may inflate to (gzip bombs)
 MAX_DUR_US = 86_400e6  # an event longer than 1 day is a CUPTI timestamp fault (durations of years), not an event
@@ -414,7 +414,7 @@ class _Columns:
     a known CUPTI fault writes durations of years).
     """
 
-    BATCH_ROWS = 1 << 13  # larger batches fall out of the CPU cache and get slower
+    BATCH_ROWS = 1 << 12  # larger batches fall out of the CPU cache and get slower
 
     def __init__(self) -> None:
         self.parts: dict[str, list[pa.Table]] = {n: [] for n in TABLES}

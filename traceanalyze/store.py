@@ -142,7 +142,7 @@ CREATE OR REPLACE MACRO profiler_step(cat, name) AS
          THEN TRY_CAST(regexp_extract(name, '#(\d+)', 1) AS INTEGER) END;
 """
 
-WORKER_CHUNK_ROWS = 1 << 15  # rows a parse worker holds before writing them out
+WORKER_CHUNK_ROWS = 1 << 13  # rows a parse worker holds before writing them out
 PART_BYTES = 128 << 20  # a plain-JSON file over SPLIT_MIN_BYTES is parsed in byte ranges of about this size
 INGEST_MEMORY_LIMIT = "64MB"  # DuckDB's buffer pool while trace files are loaded (see load_traces)
 
