@@ -9,8 +9,9 @@ In the same run, alternating, it times (a) HTA: ``TraceAnalysis`` load plus ``ge
 ``get_comm_comp_overlap``, ``get_idle_time_breakdown``, ``get_gpu_kernel_breakdown``, and (b)
 ``traceanalyze report`` (ingest, all metrics, findings, HTML) into a fresh database (cold), then a re-run on the
 unchanged files (cached). Each is a separate process; the figures are medians of ``--runs`` runs, with the peak
-memory of the whole process tree (sum of PSS, sampled every 20 ms with psutil) and the input rate in MB/s of
-decompressed JSON.
+memory of the whole process tree (sum of PSS, sampled every 40 ms) and the input rate in MB/s of decompressed
+JSON. Every measurement is two runs of the same command: one timed with nothing watching it, one watched for
+memory, so the sampler's own cost (a few % of a core) never lands in a time.
 ``--scaling`` repeats traceanalyze on 1, 2, 4 and 8 ranks; ``--big`` ingests one ~2 GB plain-JSON file
 (``make_scale_set.py --ranks 1 --repeat 45 --no-gzip``) ``--runs`` times to check throughput and streaming memory.
 """
@@ -64,18 +65,28 @@ def _pss_bytes(p) -> int:
         return p.memory_info().rss
 
 
-def run_measured(cmd: list[str]) -> tuple[float, float]:
-    """Run ``cmd``; return (wall seconds, peak memory in MB of the process and all its children).
+def run_timed(cmd: list[str]) -> float:
+    """Run ``cmd`` with nothing else watching it; return its wall time in seconds."""
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=BENCH_ENV)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"benchmark command failed ({proc.returncode}): {' '.join(cmd)}\n"
+                         f"{proc.stderr.decode(errors='replace')[-2000:]}")
+    return wall
+
+
+def run_sampled(cmd: list[str]) -> float:
+    """Run ``cmd``; return the peak memory in MB of the process and all its children.
 
     Memory is the sum of each process's PSS (proportional set size: shared pages split between the processes
     that map them), so forked workers that share the parent's pages are not counted twice; for a single
     process it equals its RSS minus what other processes share with it. It is sampled every 40 ms, from
-    ``/proc/PID/smaps_rollup`` where available: on a 2-core machine a heavier sampler would itself slow the
-    process it measures.
+    ``/proc/PID/smaps_rollup`` where available. The sampler costs a few % of a core, so times are taken in
+    separate runs (:func:`run_timed`).
     """
     import psutil
 
-    t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=BENCH_ENV)
     ps = psutil.Process(proc.pid)
     peak = 0
@@ -91,11 +102,21 @@ def run_measured(cmd: list[str]) -> tuple[float, float]:
         except psutil.Error:
             pass
         time.sleep(0.04)
-    wall = time.perf_counter() - t0
     if proc.returncode != 0:
         err = proc.stderr.read().decode(errors="replace")[-2000:]
         raise SystemExit(f"benchmark command failed ({proc.returncode}): {' '.join(cmd)}\n{err}")
-    return wall, peak / 1e6
+    return peak / 1e6
+
+
+def run_measured(cmd: list[str], fresh_db: Path | None = None) -> tuple[float, float]:
+    """(wall seconds, peak memory MB) of ``cmd`` from two runs: one timed alone, one watched for memory.
+    ``fresh_db`` is deleted before each (a cold run)."""
+    if fresh_db:
+        fresh_db.unlink(missing_ok=True)
+    wall = run_timed(cmd)
+    if fresh_db:
+        fresh_db.unlink(missing_ok=True)
+    return wall, run_sampled(cmd)
 
 
 def json_megabytes(folder: Path) -> float:
@@ -152,8 +173,7 @@ def main() -> None:
             hta_m.append(m)
             print(f"run {i + 1}: HTA {t:.2f} s, {m:.0f} MB", flush=True)
         db = args.work / "cold.duckdb"
-        db.unlink(missing_ok=True)
-        t, m = run_measured(traceanalyze_cmd(traces, out, db))
+        t, m = run_measured(traceanalyze_cmd(traces, out, db), fresh_db=db)
         cold_t.append(t)
         cold_m.append(m)
         t2, m2 = run_measured(traceanalyze_cmd(traces, out, db))
@@ -187,8 +207,7 @@ def main() -> None:
             ts, ms = [], []
             for _ in range(args.runs):
                 db = args.work / f"r{k}.duckdb"
-                db.unlink(missing_ok=True)
-                t, m = run_measured(traceanalyze_cmd(sub, out, db))
+                t, m = run_measured(traceanalyze_cmd(sub, out, db), fresh_db=db)
                 ts.append(t)
                 ms.append(m)
             kmb = mb * k / len(files)
@@ -203,8 +222,7 @@ def main() -> None:
         ts, ms = [], []
         for _ in range(args.runs):
             db = args.work / "big.duckdb"
-            db.unlink(missing_ok=True)
-            t, m = run_measured(traceanalyze_cmd(big, out, db))
+            t, m = run_measured(traceanalyze_cmd(big, out, db), fresh_db=db)
             ts.append(t)
             ms.append(m)
         t, m = median(ts), median(ms)
