@@ -172,8 +172,8 @@ def test_large_plain_file_split_in_byte_ranges_gives_the_same_rows(tmp_path, mon
     if case == "4 ranges, 1 job":  # parsed in turn in this process, still committed range by range
         monkeypatch.setattr(store, "PART_BYTES", -(-len(data) // 4))
         jobs = 1
-        real_insert = store._insert_rows
-        monkeypatch.setattr(store, "_insert_rows", lambda *a, **k: inserts.append(1) or real_insert(*a, **k))
+        real_insert = store._insert_part
+        monkeypatch.setattr(store, "_insert_part", lambda *a, **k: inserts.append(1) or real_insert(*a, **k))
     if case == "tail base misread":  # the shift applied to early parts is corrected once the last part is read
         monkeypatch.setattr(ing, "tail_base_time_ns", lambda path, header: 0)
     whole = analyze(src, jobs=1)
@@ -217,7 +217,7 @@ def test_interrupted_split_file_is_marked_loading_and_loaded_whole_next_time(tmp
     plain.write_bytes(data)
     monkeypatch.setattr(ing, "SPLIT_MIN_BYTES", 1 << 20)
     monkeypatch.setattr(store, "PART_BYTES", -(-len(data) // 5))
-    real_insert, calls = store._insert_rows, []
+    real_insert, calls = store._insert_part, []
 
     def third_raises(*args, **kw):
         calls.append(1)
@@ -226,10 +226,10 @@ def test_interrupted_split_file_is_marked_loading_and_loaded_whole_next_time(tmp
         return real_insert(*args, **kw)
 
     db = tmp_path / "s.duckdb"
-    monkeypatch.setattr(store, "_insert_rows", third_raises)
+    monkeypatch.setattr(store, "_insert_part", third_raises)
     with pytest.raises(KeyboardInterrupt):
         analyze(plain.parent, db=db, jobs=2)
-    monkeypatch.setattr(store, "_insert_rows", real_insert)
+    monkeypatch.setattr(store, "_insert_part", real_insert)
     con = store.connect(db)
     assert con.execute("SELECT status FROM files").fetchall() == [("loading",)]
     assert 0 < con.execute("SELECT count(*) FROM kernels").fetchone()[0]  # the first two parts are in

@@ -649,7 +649,7 @@ def _four_ranks(tmp_path: Path) -> Path:
 def test_interrupted_ingest_leaves_a_usable_database_and_the_rerun_reuses_it(tmp_path, monkeypatch):
     d = _four_ranks(tmp_path)
     db = tmp_path / "r.duckdb"
-    real_insert = store._insert_rows
+    real_insert = store._insert_part
     calls = []
 
     def third_raises(*args, **kw):  # inside the third file's open transaction
@@ -658,13 +658,13 @@ def test_interrupted_ingest_leaves_a_usable_database_and_the_rerun_reuses_it(tmp
             raise KeyboardInterrupt
         return real_insert(*args, **kw)
 
-    monkeypatch.setattr(store, "_insert_rows", third_raises)
+    monkeypatch.setattr(store, "_insert_part", third_raises)
     with pytest.raises(KeyboardInterrupt):
         analyze(d, db=db, jobs=1)
     with duckdb.connect(str(db), read_only=True) as con:
         assert con.execute("SELECT count(*), min(status), max(status) FROM files").fetchone() == (2, "ok", "ok")
         assert con.execute("SELECT count(*) FROM kernels").fetchone() == (80,)
-    monkeypatch.setattr(store, "_insert_rows", real_insert)
+    monkeypatch.setattr(store, "_insert_part", real_insert)
     a = analyze(d, db=db, jobs=1)
     assert [f["cached"] for f in a.model["runs"][0]["files"]] == [True, True, False, False]
     assert ranks_of(a.model) == [0, 1, 2, 3]
@@ -674,7 +674,7 @@ def test_interrupted_ingest_leaves_a_usable_database_and_the_rerun_reuses_it(tmp
 
 def test_interrupted_cli_run_says_so_in_one_line(tmp_path, monkeypatch):
     d = _four_ranks(tmp_path)
-    real_insert = store._insert_rows
+    real_insert = store._insert_part
     n = [0]
 
     def second_raises(*args, **kw):
@@ -683,10 +683,10 @@ def test_interrupted_cli_run_says_so_in_one_line(tmp_path, monkeypatch):
             raise KeyboardInterrupt
         return real_insert(*args, **kw)
 
-    monkeypatch.setattr(store, "_insert_rows", second_raises)
+    monkeypatch.setattr(store, "_insert_part", second_raises)
     code, _, err = report(d, tmp_path)
     assert code == 130 and err == "traceanalyze: interrupted; files loaded so far stay in the database\n"
-    monkeypatch.setattr(store, "_insert_rows", real_insert)
+    monkeypatch.setattr(store, "_insert_part", real_insert)
     code, _, err = report(d, tmp_path)
     assert code == 0 and "wrote" in err
 
@@ -695,7 +695,7 @@ KILLER = """
 import os, signal, sys
 from traceanalyze import store
 from traceanalyze.pipeline import analyze
-orig, n = store._insert_rows, [0]
+orig, n = store._insert_part, [0]
 def dying(con, *args, **kw):
     n[0] += 1
     if n[0] == 3:  # die inside the third file's transaction, rows half written
@@ -703,7 +703,7 @@ def dying(con, *args, **kw):
         con.execute("INSERT INTO kernels (file_id, name) VALUES (99, 'half')")
         os.kill(os.getpid(), signal.SIGKILL)
     return orig(con, *args, **kw)
-store._insert_rows = dying
+store._insert_part = dying
 analyze(sys.argv[1], db=sys.argv[2], jobs=1)
 """
 

@@ -754,7 +754,7 @@ def _parse_blocks(path, blocks, state, info: TraceFile, out_dir, key, chunk_rows
     buf = b""  # the header, until the events array opens
     header_bytes = b""
     cols = _Columns()
-    writers: dict = {}  # table name -> pyarrow.parquet.ParquetWriter
+    writers: dict = {}  # table name -> Arrow IPC stream writer (ipc) or pyarrow.parquet.ParquetWriter
     tables_mem: dict[str, list[pa.Table]] = {n: [] for n in TABLES}
     ipc_files: dict[str, str] = {}
     ipc_rows: dict[str, int] = {}

@@ -234,11 +234,10 @@ def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: floa
                peak_tflops: float | None = None) -> tuple[dict, list[dict], diagnose.RunEvidence]:
     from traceanalyze import diagnose, metrics
     from traceanalyze.metrics import idle
-    from traceanalyze.metrics.breakdown import insert_rows
     from traceanalyze.metrics.collectives import CollectiveSummary, analyze_collectives
     from traceanalyze.metrics.host import compile_stats, launch_stats, loader_stats
     from traceanalyze.metrics.precision import analyze_precision
-    from traceanalyze.render import ranges
+    from traceanalyze.render import _median, ranges
 
     warnings: list[dict] = []
     good = []
@@ -321,12 +320,13 @@ def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: floa
     idle.save(con, idle_rows)
     if coll is not None:
         cols = list(CollectiveSummary.__dataclass_fields__)
-        insert_rows(con, "collective_calls", ["run_id", *cols],
+        store.insert_rows(con, "collective_calls", ["run_id", *cols],
                     [[run_id, *(getattr(c, f) for f in cols)] for c in coll.summaries])
     link = _expected_link(facts, side, link_bw_gbps)
     ranks_model = [_rank_model(r) for r in rank_rows]
     steps_model = [asdict(s) for s in step_rows]
-    step_time = _median([r.step_time_us for r in rank_rows if r.step_time_us is not None])
+    step_times = [r.step_time_us for r in rank_rows if r.step_time_us is not None]
+    step_time = _median(step_times) if step_times else None
     world = facts["world_size"]
     if not good:  # log-only: what the logs say, else NCCL's communicator size, else the ranks that logged
         ws_fact = side["facts"].get("world_size")
@@ -399,7 +399,7 @@ def _read_sidecars(con, run_id: int, run: Run, warnings: list[dict]) -> dict:
                 for f in res.facts:
                     facts.setdefault(f.key, []).append(f)
                 log_steps.extend(res.steps)
-                _insert(con, "log_steps", [
+                store.insert_rows(con, "log_steps", None, [
                     [run_id, str(sc.path), res.framework, st.rank, st.step, st.iter, st.loss, st.lr, st.grad_norm,
                      st.tokens_per_s, st.tflops, st.mfu_pct, st.step_time_ms, st.memory_gib, st.epoch]
                     for st in res.steps])
@@ -408,13 +408,14 @@ def _read_sidecars(con, run_id: int, run: Run, warnings: list[dict]) -> dict:
                         nccl = res.nccl
                     else:
                         nccl.channels.extend(res.nccl.channels)
-                    _insert(con, "nccl_channels", [
+                    store.insert_rows(con, "nccl_channels", None, [
                         [run_id, str(sc.path), c.host, c.device, c.channel, c.src_rank, c.dst_rank, c.transport,
                          c.detail] for c in res.nccl.channels])
                 warnings.extend({"file": str(sc.path), "message": m, "level": "info"} for m in res.warnings)
             elif sc.kind == "topology":
                 topology = logs.parse_topology(sc.path)
-                _insert(con, "topology_links", [[run_id, str(sc.path), lk.a, lk.b, lk.link] for lk in topology.links])
+                store.insert_rows(con, "topology_links", None,
+                                  [[run_id, str(sc.path), lk.a, lk.b, lk.link] for lk in topology.links])
             elif sc.kind == "config":
                 for f in logs.parse_config(sc.path):
                     facts.setdefault(f.key, []).append(f)
@@ -423,14 +424,9 @@ def _read_sidecars(con, run_id: int, run: Run, warnings: list[dict]) -> dict:
                     facts.setdefault(f.key, []).append(f)
         except TraceanalyzeError as exc:
             warnings.append({"file": str(sc.path), "message": str(getattr(exc, "problem", exc)), "level": "warning"})
-    _insert(con, "run_facts", [[run_id, key, f.value, f.num, f.source] for key, fs in facts.items() for f in fs])
+    store.insert_rows(con, "run_facts", None,
+                      [[run_id, key, f.value, f.num, f.source] for key, fs in facts.items() for f in fs])
     return {"facts": facts, "log_steps": log_steps, "nccl": nccl, "topology": topology}
-
-
-def _insert(con, table: str, rows: list[list]) -> None:
-    """All rows in one statement (logs can hold many thousands of step lines)."""
-    if rows:
-        con.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * len(rows[0]))})", rows)
 
 
 def _expected_link(facts: dict, side: dict, override: float | None) -> dict:
@@ -472,14 +468,6 @@ def _rank_model(r: metrics.RankMetrics) -> dict:
     d = asdict(r)
     d.pop("run_id")
     return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in d.items()}
-
-
-def _median(xs: list[float]) -> float | None:
-    if not xs:
-        return None
-    xs = sorted(xs)
-    n = len(xs)
-    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
 
 
 OVERLAP_MAX_ROWS = 2_000_000  # kernels + CPU ops up to which two analyses run at once (see _build_run)

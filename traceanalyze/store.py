@@ -217,7 +217,7 @@ def block_pandas() -> None:
     and in each parse worker. The command line never builds a DataFrame, so it calls this first; the Python
     API does not (users' pandas must keep working).
     """
-    if "pandas" not in sys.modules and not any(isinstance(f, _NoPandas) for f in sys.meta_path):
+    if "pandas" not in sys.modules and not _pandas_blocked():
         sys.meta_path.insert(0, _NoPandas())
 
 
@@ -248,7 +248,6 @@ def _parse_one(args: tuple) -> tuple[str, TraceFile | None, dict | None, str | N
     path, out_dir, key, max_decompressed, byte_range, to_files = args
     gc.disable()  # millions of short-lived objects; collection passes only cost time here
     try:
-        # workers stream their rows to Arrow IPC files in chunks: bounded memory, and the parent maps them
         info, tables = parse_trace(path, out_dir, key=key, max_decompressed=max_decompressed, byte_range=byte_range,
                                    ipc=to_files, **({"chunk_rows": WORKER_CHUNK_ROWS} if to_files else {}))
         return path, info, tables, None
@@ -352,15 +351,16 @@ def load_traces(con: duckdb.DuckDBPyConnection, paths: Iterable[Path], *, jobs: 
     return [out[p] for p in paths]
 
 
-def _join_parts(parts: list[tuple]) -> tuple[TraceFile | None, str | None]:
-    """One summary for a file parsed in byte ranges: the first part's header plus the keys after the events
-    (``baseTimeNanoseconds``) that the last part read; counts and warnings of all parts."""
+def _join_parts(parts: list[tuple[TraceFile | None, str | None]]) -> tuple[TraceFile | None, str | None]:
+    """One summary for a file parsed in byte ranges, from each part's (summary, error): the first part's header
+    plus the keys after the events (``baseTimeNanoseconds``) that the last part read; counts and warnings of all
+    parts."""
     from traceanalyze.ingest import _header_base_ns
 
-    errs = [e for _, _, e in parts if e]
+    errs = [e for _, e in parts if e]
     if errs or len(parts) == 1:
         return (None, errs[0]) if errs else (parts[0][0], None)
-    infos = [i for i, _, _ in parts]
+    infos = [i for i, _ in parts]
     first, last = infos[0], infos[-1]
     first.header = {**first.header, **last.header}
     first.base_time_ns = _header_base_ns(first.header)
@@ -388,7 +388,7 @@ class _FileLoad:
 
     def __init__(self, con: duckdb.DuckDBPyConnection, path: Path, key: tuple[str, int, int], n_parts: int) -> None:
         self.con, self.path, self.key, self.n_parts = con, path, key, n_parts
-        self.parts: list[tuple] = []
+        self.parts: list[tuple[TraceFile | None, str | None]] = []  # (summary, error) per part; rows go at once
         self.base: int | None = None  # the shift applied to the parts inserted so far
         self.split = n_parts > 1
         self.file_id = self._begin()
@@ -419,8 +419,8 @@ class _FileLoad:
             self.con.execute(f"DELETE FROM {t} WHERE file_id = ?", [file_id])
 
     def add(self, info: TraceFile | None, tables: dict | None, err: str | None) -> None:
-        self.parts.append((info, None, err))  # not the rows: a part's tables go once inserted
-        if info is None or any(e for _, _, e in self.parts):
+        self.parts.append((info, err))
+        if info is None or any(e for _, e in self.parts):
             return  # the file fails: nothing more is inserted
         if self.base is None:
             if not self.split:
@@ -432,7 +432,7 @@ class _FileLoad:
         if self.split:
             self.con.execute("BEGIN TRANSACTION")
         try:
-            _insert_rows(self.con, self.file_id, self.base, info.parquet, tables)
+            _insert_part(self.con, self.file_id, self.base, info.parquet, tables)
             if self.split:
                 self.con.execute("COMMIT")
         except BaseException:
@@ -463,7 +463,9 @@ class _FileLoad:
             else:
                 base = int(info.base_time_ns)
                 if self.base is not None and base != self.base:
-                    for t in ("kernels", "cpu_ops", "comm_events"):
+                    from traceanalyze.ingest import TABLES
+
+                    for t in (t for t, schema in TABLES.items() if "ts_ns" in schema.names):
                         con.execute(f"UPDATE {t} SET ts_ns = ts_ns + ? WHERE file_id = ?",
                                     [base - self.base, self.file_id])
                 con.execute("DELETE FROM files WHERE file_id = ?", [self.file_id])  # the 'loading' row, if any
@@ -487,7 +489,7 @@ class _FileLoad:
             pass  # no transaction open
 
 
-def _insert_rows(con: duckdb.DuckDBPyConnection, file_id: int, base: int, parquet: dict,
+def _insert_part(con: duckdb.DuckDBPyConnection, file_id: int, base: int, parquet: dict,
                  tables: dict | None) -> None:
     """Insert one parsed part: its in-memory tables, or the Arrow IPC / Parquet files a worker wrote."""
     from traceanalyze.ingest import TABLES  # not at module level: a cached report never parses
@@ -496,18 +498,34 @@ def _insert_rows(con: duckdb.DuckDBPyConnection, file_id: int, base: int, parque
         cols = TABLES[t].names
         sel = ", ".join(f"ts_ns + {base} AS ts_ns" if c == "ts_ns" else f'"{c}"' for c in cols)
         names = ", ".join(f'"{c}"' for c in cols)
-        if tables is not None:
-            tbl = tables[t]
-            if isinstance(tbl, str):  # an Arrow IPC stream from a worker: DuckDB reads it a chunk at a time
-                import pyarrow as pa
+        if tables is not None and isinstance(tables[t], str):  # an Arrow IPC stream from a worker
+            import pyarrow as pa
 
-                tbl = pa.ipc.open_stream(pa.OSFile(tbl))
-            con.register("_incoming", tbl)
-            con.execute(f"INSERT INTO {t} (file_id, {names}) SELECT {file_id}, {sel} FROM _incoming")
-            con.unregister("_incoming")
+            with pa.OSFile(tables[t]) as fh:  # DuckDB reads it a chunk at a time
+                _insert_arrow(con, t, file_id, names, sel, pa.ipc.open_stream(fh))
+        elif tables is not None:
+            _insert_arrow(con, t, file_id, names, sel, tables[t])
         else:
             con.execute(f"INSERT INTO {t} (file_id, {names}) SELECT {file_id}, {sel} FROM read_parquet(?)",
                         [parquet[t]])
+
+
+def _insert_arrow(con: duckdb.DuckDBPyConnection, table: str, file_id: int, names: str, sel: str, data) -> None:
+    con.register("_incoming", data)
+    con.execute(f"INSERT INTO {table} (file_id, {names}) SELECT {file_id}, {sel} FROM _incoming")
+    con.unregister("_incoming")
+
+
+def insert_rows(con: duckdb.DuckDBPyConnection, table: str, cols: list[str] | None, rows: list[list]) -> None:
+    """Insert ``rows`` (values in ``cols`` order; all of the table's columns, in order, when ``cols`` is None)
+    into ``table`` with one statement, one list per column.
+
+    ``executemany`` runs the statement once per row, which costs far more than the rows themselves.
+    """
+    if rows:
+        values = ", ".join(f"unnest(${i + 1})" for i in range(len(rows[0])))
+        target = f"{table} ({', '.join(cols)})" if cols is not None else table
+        con.execute(f"INSERT INTO {target} SELECT {values}", [list(col) for col in zip(*rows, strict=True)])
 
 
 def file_header(con: duckdb.DuckDBPyConnection, file_id: int) -> dict:

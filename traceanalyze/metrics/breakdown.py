@@ -404,17 +404,7 @@ def top_kernels(con: duckdb.DuckDBPyConnection, run_id: int, limit: int = 15) ->
 def save(con: duckdb.DuckDBPyConnection, ranks: list[RankMetrics], steps: list[StepMetrics]) -> None:
     """Write the metric rows into ``rank_metrics`` / ``step_metrics`` (tables are replaced per report)."""
     cols = [f for f in RankMetrics.__dataclass_fields__ if f != "files"]
-    insert_rows(con, "rank_metrics", cols, [[getattr(r, c) for c in cols] for r in ranks])
+    store.insert_rows(con, "rank_metrics", cols, [[getattr(r, c) for c in cols] for r in ranks])
     cols = list(StepMetrics.__dataclass_fields__)
-    insert_rows(con, "step_metrics", cols, [[getattr(s, c) for c in cols] for s in steps])
+    store.insert_rows(con, "step_metrics", cols, [[getattr(s, c) for c in cols] for s in steps])
 
-
-def insert_rows(con: duckdb.DuckDBPyConnection, table: str, cols: list[str], rows: list[list]) -> None:
-    """Insert ``rows`` (values in ``cols`` order) into ``table`` with one statement, one list per column.
-
-    ``executemany`` runs the statement once per row, which costs far more than the rows themselves.
-    """
-    if rows:
-        values = ", ".join(f"unnest(${i + 1})" for i in range(len(cols)))
-        con.execute(f"INSERT INTO {table} ({', '.join(cols)}) SELECT {values}",
-                    [list(col) for col in zip(*rows, strict=True)])

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass
 
 import duckdb
 
-from traceanalyze.metrics.breakdown import insert_rows
+from traceanalyze.store import insert_rows
 
 CONSECUTIVE_KERNEL_DELAY_US = 30.0  # HTA default: a gap below this is "kernel wait"
 
