@@ -626,6 +626,9 @@ def tail_base_time_ns(path: str | Path, header: dict) -> int:
 
     Lets the parts of a split file be shifted to the trace's clock before the last part is parsed; the parse
     of the last part remains the reference (see :class:`traceanalyze.store._FileLoad`).
+
+    Raises:
+        OSError: the file cannot be read.
     """
     with open(path, "rb") as fh:
         fh.seek(0, 2)

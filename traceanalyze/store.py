@@ -521,6 +521,9 @@ def insert_rows(con: duckdb.DuckDBPyConnection, table: str, cols: list[str] | No
     into ``table`` with one statement, one list per column.
 
     ``executemany`` runs the statement once per row, which costs far more than the rows themselves.
+
+    Raises:
+        duckdb.Error: a value does not fit its column (the whole insert is refused).
     """
     if rows:
         values = ", ".join(f"unnest(${i + 1})" for i in range(len(rows[0])))
