@@ -127,6 +127,34 @@ def test_gzip_bomb_is_bounded(tmp_path):
         parse_trace(p, max_decompressed=8 << 20)
 
 
+def test_gzip_is_inflated_one_block_at_a_time(tmp_path):
+    import tracemalloc
+
+    # ~40 MiB of JSON in ~1.5 MiB of gzip: one compressed read inflates to far more than a block
+    events = [_kernel(i) for i in range(160_000)]
+    p = tmp_path / "dense.json.gz"
+    p.write_bytes(gzip.compress(json.dumps(_trace(events)).encode(), compresslevel=9))
+    blocks, state = ingest._open_blocks(p, 1 << 40)
+    tracemalloc.start()
+    sizes = [len(b) for b in blocks]
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert sum(sizes) > 30 << 20 and max(sizes) <= ingest.BLOCK_BYTES and not state["error"]
+    assert peak < 8 << 20  # a compressed read and a few blocks; holding a read's whole output was ~27 MiB here
+
+
+def test_corrupt_gzip_keeps_the_events_before_the_damage(tmp_path):
+    events = [_kernel(i) for i in range(40_000)]
+    raw = bytearray(gzip.compress(json.dumps(_trace(events)).encode()))
+    at = len(raw) * 3 // 4
+    raw[at:at + 64] = b"\xff" * 64
+    p = tmp_path / "damaged.json.gz"
+    p.write_bytes(bytes(raw))
+    info, t = parse_trace(p)
+    assert info.partial and any("corrupt gzip data" in w for w in info.warnings)
+    assert 20_000 < t["kernels"].num_rows < 40_000  # read up to the damage, within the same compressed read too
+
+
 def test_real_old_and_new_schema_counts():
     info, t = parse_trace(real("kineto/tb_plugin_test") / "gpu_metrics_input.json")
     cats = t["kernels"].column("cat").to_pylist()

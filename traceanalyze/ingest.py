@@ -230,15 +230,16 @@ def _open_blocks(path: Path, max_bytes: int, byte_range: tuple[int, int] | None 
                         if not d.eof:
                             state["truncated"] = True
                         break
-                    try:
-                        out = d.decompress(raw, BLOCK_BYTES)
-                        chunks = [out]
-                        while d.unconsumed_tail:
-                            chunks.append(d.decompress(d.unconsumed_tail, BLOCK_BYTES))
-                    except _inflate.error as exc:
-                        state["error"] = f"corrupt gzip data ({_inflate_detail(exc)})"
-                        break
-                    for out in chunks:
+                    # one block out at a time: 1 MiB of gzip is ~16 MiB of trace JSON, and holding all of it
+                    # before the first yield was half of a parse's memory
+                    tail = raw
+                    while tail:
+                        try:
+                            out = d.decompress(tail, BLOCK_BYTES)
+                        except _inflate.error as exc:
+                            state["error"] = f"corrupt gzip data ({_inflate_detail(exc)})"
+                            return
+                        tail = d.unconsumed_tail
                         total += len(out)
                         if total > max_bytes:
                             state["over_bound"] = True
