@@ -12,6 +12,7 @@ leaves every finished file usable.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.abc
 import json
 import os
@@ -301,6 +302,7 @@ def load_traces(con: duckdb.DuckDBPyConnection, paths: Iterable[Path], *, jobs: 
         con.execute(f"SET memory_limit = '{INGEST_MEMORY_LIMIT}'")
         # the parse workers use every core meanwhile: a second DuckDB thread only adds hand-off cost (-25 % CPU)
         con.execute("SET threads = 1")
+        restore = contextlib.ExitStack()
         try:
             n_cpu = max(1, jobs or os.cpu_count() or 1)
             work = []
@@ -318,6 +320,12 @@ def load_traces(con: duckdb.DuckDBPyConnection, paths: Iterable[Path], *, jobs: 
             n_jobs = max(1, min(n_cpu, len(work)))
             keys = {str(p): (p, k) for p, k in todo}
             if n_jobs == 1:
+                import pyarrow as pa
+
+                # parsing here: the system allocator, as in the workers (see _worker_init), -20 MB; put back after
+                arrow_pool = pa.default_memory_pool()
+                pa.set_memory_pool(pa.system_memory_pool())
+                restore.callback(pa.set_memory_pool, arrow_pool)
                 results: Iterable = map(_parse_one, work)
                 pool = None
             else:
@@ -344,6 +352,7 @@ def load_traces(con: duckdb.DuckDBPyConnection, paths: Iterable[Path], *, jobs: 
                 if pool is not None:
                     pool.shutdown(cancel_futures=True)
         finally:
+            restore.close()
             con.execute("RESET memory_limit")
             con.execute("RESET threads")
             shutil.rmtree(tmp, ignore_errors=True)
