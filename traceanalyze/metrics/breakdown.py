@@ -189,19 +189,25 @@ def kernel_classes(con: duckdb.DuckDBPyConnection, run_id: int) -> dict[str, str
         WHERE f.run_id = ? AND k.cat = 'kernel' AND k.name IS NOT NULL GROUP BY k.name""", [run_id]).fetchall())
 
 
+_CLASSES = ("compute", "communication", "memory")
+
+
 def _intervals(con, sql: str, params: list) -> dict[tuple[int, int], dict[str, tuple[np.ndarray, np.ndarray]]]:
     """Fetch (rank, window, klass, ts_ns, end_ns) rows and split them by (rank, window) and class.
 
     Returns (rank, window) -> {"all" | "compute" | "communication" | "memory": (starts, ends)}, int64 ns arrays
     in row order, keys sorted.
     """
-    res = con.execute(sql, params).fetchnumpy()
+    # the class as a small code: a column of Python strings costs ~10 MB and slow comparisons on 150k kernels
+    codes = " ".join(f"WHEN '{c}' THEN {i}" for i, c in enumerate(_CLASSES, start=1))
+    res = con.execute(f"SELECT rank, \"window\", CASE klass {codes} ELSE 0 END::TINYINT AS klass, ts_ns, end_ns "
+                      f"FROM ({sql})", params).fetchnumpy()
     out: dict[tuple[int, int], dict[str, tuple[np.ndarray, np.ndarray]]] = {}
     if not len(res["rank"]):
         return out
     rank = np.asarray(res["rank"], dtype=np.int64)
     win = np.asarray(res["window"], dtype=np.int64)
-    klass = np.asarray(res["klass"], dtype=object)
+    klass = np.asarray(res["klass"], dtype=np.int8)
     ts = np.asarray(res["ts_ns"], dtype=np.int64)
     end = np.asarray(res["end_ns"], dtype=np.int64)
     keys = rank * 1_000_003 + win
@@ -210,8 +216,8 @@ def _intervals(con, sql: str, params: list) -> dict[tuple[int, int], dict[str, t
     for idx in np.split(order, np.flatnonzero(np.diff(keys[order])) + 1):
         d = {"all": (ts[idx], end[idx])}
         k = klass[idx]
-        for cls in ("compute", "communication", "memory"):
-            m = idx[k == cls]
+        for code, cls in enumerate(_CLASSES, start=1):
+            m = idx[k == code]
             d[cls] = (ts[m], end[m])
         out[(int(rank[idx[0]]), int(win[idx[0]]))] = d
     return out
