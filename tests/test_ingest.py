@@ -299,3 +299,23 @@ def _third_part_fails(args):  # module level: the parse pool pickles it by name
     if args[2].endswith("p2"):
         return args[0], None, None, "an event larger than 64 MiB; the file is corrupt"
     return _REAL_PARSE_ONE(args)
+
+
+def test_load_uses_the_system_allocator_and_puts_the_default_back(tmp_path, monkeypatch):
+    import pyarrow as pa
+
+    from traceanalyze.pipeline import analyze
+
+    seen = []
+    real_insert = store._insert_part
+
+    def insert(con, file_id, base, tables):
+        seen.append((pa.default_memory_pool().backend_name, sorted(tables)))
+        return real_insert(con, file_id, base, tables)
+
+    monkeypatch.setattr(store, "_insert_part", insert)
+    before = pa.default_memory_pool().backend_name
+    a = analyze(_write(tmp_path, _trace([_kernel(i) for i in range(50)] + [_op(i) for i in range(50)])), jobs=1)
+    assert seen == [("system", ["comm_events", "cpu_ops", "kernels", "threads"])]  # IPC streams, even in-process
+    assert pa.default_memory_pool().backend_name == before
+    assert a.con.execute("SELECT count(*) FROM kernels").fetchone()[0] == 50

@@ -12,7 +12,6 @@ leaves every finished file usable.
 
 from __future__ import annotations
 
-import contextlib
 import importlib.abc
 import json
 import os
@@ -294,6 +293,8 @@ def load_traces(con: duckdb.DuckDBPyConnection, paths: Iterable[Path], *, jobs: 
         else:
             todo.append((p, key))
     if todo:
+        import pyarrow as pa
+
         from traceanalyze.ingest import split_points
 
         tmp = tempfile.mkdtemp(prefix="traceanalyze-")
@@ -302,7 +303,10 @@ def load_traces(con: duckdb.DuckDBPyConnection, paths: Iterable[Path], *, jobs: 
         con.execute(f"SET memory_limit = '{INGEST_MEMORY_LIMIT}'")
         # the parse workers use every core meanwhile: a second DuckDB thread only adds hand-off cost (-25 % CPU)
         con.execute("SET threads = 1")
-        restore = contextlib.ExitStack()
+        # the system allocator for Arrow while loading, as in the workers (see _worker_init): the IPC chunks read
+        # here and a parse in this process (one file, -j 1) leave less behind (-15 to -20 MB); put back after
+        arrow_pool = pa.default_memory_pool()
+        pa.set_memory_pool(pa.system_memory_pool())
         try:
             n_cpu = max(1, jobs or os.cpu_count() or 1)
             work = []
@@ -319,13 +323,6 @@ def load_traces(con: duckdb.DuckDBPyConnection, paths: Iterable[Path], *, jobs: 
                     work.append((str(p), tmp, f"f{i}p{j}", max_decompressed, None if len(points) == 1 else (a, b)))
             n_jobs = max(1, min(n_cpu, len(work)))
             keys = {str(p): (p, k) for p, k in todo}
-            import pyarrow as pa
-
-            # the system allocator for Arrow while loading, as in the workers (see _worker_init): the IPC chunks
-            # read here and a parse in this process (one file, -j 1) leave less behind (-15 to -20 MB); put back after
-            arrow_pool = pa.default_memory_pool()
-            pa.set_memory_pool(pa.system_memory_pool())
-            restore.callback(pa.set_memory_pool, arrow_pool)
             if n_jobs == 1:
                 results: Iterable = map(_parse_one, work)
                 pool = None
@@ -353,7 +350,7 @@ def load_traces(con: duckdb.DuckDBPyConnection, paths: Iterable[Path], *, jobs: 
                 if pool is not None:
                     pool.shutdown(cancel_futures=True)
         finally:
-            restore.close()
+            pa.set_memory_pool(arrow_pool)
             con.execute("RESET memory_limit")
             con.execute("RESET threads")
             shutil.rmtree(tmp, ignore_errors=True)
