@@ -232,12 +232,14 @@ def _comparison_pair(runs_model: list[dict], evidence) -> tuple[int, int] | None
 
 def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: float | None = None,
                peak_tflops: float | None = None) -> tuple[dict, list[dict], diagnose.RunEvidence]:
+    import numpy as np
+
     from traceanalyze import diagnose, metrics
     from traceanalyze.metrics import idle
     from traceanalyze.metrics.collectives import CollectiveSummary, analyze_collectives
     from traceanalyze.metrics.host import compile_stats, launch_stats, loader_stats
     from traceanalyze.metrics.precision import analyze_precision
-    from traceanalyze.render import _median, ranges
+    from traceanalyze.render import ranges
 
     warnings: list[dict] = []
     good = []
@@ -326,7 +328,7 @@ def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: floa
     ranks_model = [_rank_model(r) for r in rank_rows]
     steps_model = [asdict(s) for s in step_rows]
     step_times = [r.step_time_us for r in rank_rows if r.step_time_us is not None]
-    step_time = _median(step_times) if step_times else None
+    step_time = float(np.median(step_times)) if step_times else None
     world = facts["world_size"]
     if not good:  # log-only: what the logs say, else NCCL's communicator size, else the ranks that logged
         ws_fact = side["facts"].get("world_size")
