@@ -166,15 +166,18 @@ def test_real_old_and_new_schema_counts():
     assert info.header["distributedInfo"]["rank"] == 1
 
 
-def test_parquet_output_is_chunked(tmp_path):
-    path = _write(tmp_path, _trace([_kernel(i) for i in range(3000)]))
-    out = tmp_path / "pq"
-    out.mkdir()
-    info, tables = parse_trace(path, out, key="x", chunk_rows=500)
-    import pyarrow.parquet as pq
-
-    f = pq.ParquetFile(info.parquet["kernels"])
-    assert tables is None and f.metadata.num_rows == 3000 and f.metadata.num_row_groups >= 2
+def _plain_copy(tmp_path, monkeypatch, n_parts: int | None = None):
+    """(gzip source, plain copy, its bytes) of a real trace, with files from 1 MiB up split into byte ranges, in
+    ``n_parts`` of them when given."""
+    src = real("hta/nccl_parser_config") / "nccl_data.json.gz"
+    plain = tmp_path / "split" / "nccl_data.json"
+    plain.parent.mkdir()
+    data = gzip.decompress(src.read_bytes())
+    plain.write_bytes(data)
+    monkeypatch.setattr(ingest, "SPLIT_MIN_BYTES", 1 << 20)
+    if n_parts:
+        monkeypatch.setattr(store, "PART_BYTES", -(-len(data) // n_parts))
+    return src, plain, data
 
 
 @pytest.mark.parametrize("case", ["3 ranges, 3 jobs", "7 ranges, 2 jobs", "4 ranges, 1 job", "tail base misread"])
@@ -183,14 +186,9 @@ def test_large_plain_file_split_in_byte_ranges_gives_the_same_rows(tmp_path, mon
     from traceanalyze import store
     from traceanalyze.pipeline import analyze
 
-    src = real("hta/nccl_parser_config") / "nccl_data.json.gz"
-    plain = tmp_path / "split" / "nccl_data.json"
-    plain.parent.mkdir()
-    plain.write_bytes(gzip.decompress(src.read_bytes()))
-    monkeypatch.setattr(ing, "SPLIT_MIN_BYTES", 1 << 20)
+    src, plain, data = _plain_copy(tmp_path, monkeypatch)
     points = ing.split_points(plain, 3)
     assert len(points) == 3 and points[0] == 0
-    data = plain.read_bytes()
     assert all(data[p:p + 1] == b"{" for p in points[1:])  # each part starts at an event
     jobs = 3
     if case == "7 ranges, 2 jobs":  # parts loaded one by one while later ones are parsed
@@ -224,7 +222,7 @@ def test_ipc_output_streams_the_same_rows_in_chunks(tmp_path):
 
     src = real("hta/nccl_parser_config") / "nccl_data.json.gz"
     info_mem, mem = parse_trace(src)
-    info, files = parse_trace(src, tmp_path, key="k", chunk_rows=1000, ipc=True)
+    info, files = parse_trace(src, tmp_path, key="k", chunk_rows=1000)
     assert set(files) == set(mem) and info.counts == {n: t.num_rows for n, t in mem.items()}
     for name, f in files.items():
         batches = list(pa.ipc.open_stream(pa.OSFile(f)))
@@ -234,17 +232,10 @@ def test_ipc_output_streams_the_same_rows_in_chunks(tmp_path):
 
 
 def test_interrupted_split_file_is_marked_loading_and_loaded_whole_next_time(tmp_path, monkeypatch):
-    from traceanalyze import ingest as ing
     from traceanalyze import store
     from traceanalyze.pipeline import analyze
 
-    src = real("hta/nccl_parser_config") / "nccl_data.json.gz"
-    plain = tmp_path / "split" / "nccl_data.json"
-    plain.parent.mkdir()
-    data = gzip.decompress(src.read_bytes())
-    plain.write_bytes(data)
-    monkeypatch.setattr(ing, "SPLIT_MIN_BYTES", 1 << 20)
-    monkeypatch.setattr(store, "PART_BYTES", -(-len(data) // 5))
+    src, plain, _ = _plain_copy(tmp_path, monkeypatch, n_parts=5)
     real_insert, calls = store._insert_part, []
 
     def third_raises(*args, **kw):
@@ -272,17 +263,10 @@ def test_interrupted_split_file_is_marked_loading_and_loaded_whole_next_time(tmp
 
 
 def test_split_file_with_a_failed_part_is_one_error_and_leaves_no_rows(tmp_path, monkeypatch):
-    from traceanalyze import ingest as ing
     from traceanalyze import store
     from traceanalyze.pipeline import analyze
 
-    src = real("hta/nccl_parser_config") / "nccl_data.json.gz"
-    plain = tmp_path / "split" / "nccl_data.json"
-    plain.parent.mkdir()
-    data = gzip.decompress(src.read_bytes())
-    plain.write_bytes(data)
-    monkeypatch.setattr(ing, "SPLIT_MIN_BYTES", 1 << 20)
-    monkeypatch.setattr(store, "PART_BYTES", -(-len(data) // 4))
+    src, plain, _ = _plain_copy(tmp_path, monkeypatch, n_parts=4)
     monkeypatch.setattr(store, "_parse_one", _third_part_fails)
     a = analyze(plain.parent, db=tmp_path / "e.duckdb", jobs=2)
     assert a.con.execute("SELECT status, message FROM files").fetchall() == [

@@ -6,7 +6,7 @@ scanner (NumPy, over blocks of decompressed bytes) finds where each top-level ev
 complete events is decoded by ``msgspec`` into typed structs that keep only the fields the analyses need.
 A file cut off mid-write (a killed job) yields every complete event before the cut and is marked partial.
 
-:func:`parse_trace` is a pure function from one file to Arrow tables (in memory, or as Arrow IPC or Parquet files)
+:func:`parse_trace` is a pure function from one file to Arrow tables (in memory, or as Arrow IPC stream files)
 plus a :class:`TraceFile` summary, so ranks can be parsed in parallel processes (or on any engine) and loaded into
 DuckDB by :mod:`traceanalyze.store`.
 
@@ -85,8 +85,9 @@ class _Args(msgspec.Struct, gc=False):
     name: Any = None  # metadata events: thread / process names
 
 
-class _Event(msgspec.Struct, gc=False):
-    ph: Any = None
+class _Fields(msgspec.Struct, gc=False):
+    """The event fields the analyses read (besides ``ph``)."""
+
     cat: Any = None
     name: Any = None
     pid: Any = None
@@ -96,18 +97,16 @@ class _Event(msgspec.Struct, gc=False):
     args: _Args | None = None
 
 
-class _Tagged(msgspec.Struct, gc=False, tag_field="ph"):
+class _Event(_Fields, gc=False):
+    """One event of any phase, for the lenient one-by-one decoder."""
+
+    ph: Any = None
+
+
+class _Tagged(_Fields, gc=False, tag_field="ph"):
     """Events decoded by their phase: complete (X) and metadata (M) events keep their fields; every other
     phase (flows, instants, counters: about 40 % of a trace's events) becomes an empty object, so msgspec
     parses it without building anything the analyses never read."""
-
-    cat: Any = None
-    name: Any = None
-    pid: Any = None
-    tid: Any = None
-    ts: Any = None
-    dur: Any = None
-    args: _Args | None = None
 
 
 class _XEvent(_Tagged, tag="X"):
@@ -177,7 +176,6 @@ class TraceFile:
     partial: bool = False
     skipped_events: int = 0
     warnings: list[str] = field(default_factory=list)
-    parquet: dict[str, str] = field(default_factory=dict)
     base_time_ns: int = 0
 
 
@@ -549,7 +547,7 @@ _COMM_ARGS = ("collective", "in_nelems", "out_nelems", "in_size", "out_size", "g
 _NO_ARGS = _Args()
 
 
-def _raw_column(raws: tuple) -> pa.Array:
+def _raw_column(raws: list) -> pa.Array:
     """Raw JSON values (``msgspec.Raw`` or None) as a string column; invalid UTF-8 is replaced."""
     arr = pa.array([None if r is None else memoryview(r) for r in raws], pa.binary())
     try:
@@ -571,29 +569,25 @@ def _header_base_ns(header: dict) -> int:
 
 def parse_trace(path: str | Path, out_dir: str | Path | None = None, *, key: str = "t",
                 max_decompressed: int = DEFAULT_MAX_DECOMPRESSED, chunk_rows: int = 500_000,
-                byte_range: tuple[int, int] | None = None,
-                ipc: bool = False) -> tuple[TraceFile, dict[str, pa.Table] | dict[str, str] | None]:
+                byte_range: tuple[int, int] | None = None) -> tuple[TraceFile, dict[str, pa.Table] | dict[str, str]]:
     """Parse one Kineto trace file (``.json`` or ``.json.gz``) in one streaming pass.
 
     Args:
         path: the trace file.
-        out_dir: when given and the file holds more than ``chunk_rows`` rows, rows are written to
-            ``out_dir/{key}.{table}.parquet`` chunk by chunk (memory bounded by ``chunk_rows``) and the second
-            return value is None. Smaller files, or any file when ``out_dir`` is None, come back in memory.
-        key: file-name prefix for the Parquet files.
+        out_dir: when given, every ``chunk_rows`` rows are written to Arrow IPC streams
+            ``out_dir/{key}.{table}.arrow`` (memory bounded by a chunk, whatever the file's size; cheap to write and
+            to read a chunk at a time). When None, the tables come back in memory.
+        key: file-name prefix for the IPC streams.
         max_decompressed: bound in bytes on the decompressed size (guards against gzip bombs).
-        chunk_rows: rows buffered before a Parquet row group is written.
+        chunk_rows: rows held before they are written out (or, in memory, concatenated).
         byte_range: ``(start, end)`` to parse one part of a large plain-JSON file (see :func:`split_points`): a
             part that starts after 0 begins at an event's ``{`` and has no header; one that ends before the end
             of the file stops before an event's ``{``, which is not a truncation.
-        ipc: with ``out_dir``, write every ``chunk_rows`` rows to Arrow IPC streams ``out_dir/{key}.{table}.arrow``
-            instead (cheap to write and to read a chunk at a time), whatever the file's size; the second return
-            value then maps each table name to its file. Used by the parse worker processes.
 
     Returns:
-        ``(TraceFile, tables)``: the summary and, unless the rows went to Parquet, ``{"kernels", "cpu_ops",
-        "comm_events", "threads"}`` as Arrow tables with the schemas in ``TABLES`` (``ts_ns``/``dur_ns`` in ns),
-        or as IPC file paths with ``ipc``.
+        ``(TraceFile, tables)``: the summary and ``{"kernels", "cpu_ops", "comm_events", "threads"}``, as Arrow
+        tables with the schemas in ``TABLES`` (``ts_ns``/``dur_ns`` in ns), or with ``out_dir`` as the paths of
+        their IPC stream files.
 
     Raises:
         InputError: the file cannot be read, is not JSON, is not a trace (no ``traceEvents``), or holds no
@@ -607,7 +601,7 @@ def parse_trace(path: str | Path, out_dir: str | Path | None = None, *, key: str
         part = (byte_range[0] > 0, byte_range[1] < path.stat().st_size)
     try:
         blocks, state = _open_blocks(path, max_decompressed, byte_range)
-        result = _parse_blocks(path, blocks, state, info, out_dir, key, chunk_rows, part, ipc and out_dir is not None)
+        result = _parse_blocks(path, blocks, state, info, out_dir, key, chunk_rows, part)
     except OSError as exc:
         raise InputError(path, f"cannot read ({exc.strerror or exc})") from None
     return info, result
@@ -753,15 +747,15 @@ class _EventStream:
             self._scan(self.rest, path)
 
 
-def _parse_blocks(path, blocks, state, info: TraceFile, out_dir, key, chunk_rows, part=None, ipc=False):
+def _parse_blocks(path, blocks, state, info: TraceFile, out_dir, key, chunk_rows, part=None):
     sc = _Scanner()
     buf = b""  # the header, until the events array opens
     header_bytes = b""
     cols = _Columns()
-    writers: dict = {}  # table name -> Arrow IPC stream writer (ipc) or pyarrow.parquet.ParquetWriter
+    writers: dict[str, pa.ipc.RecordBatchStreamWriter] = {}  # table name -> IPC stream in out_dir
     tables_mem: dict[str, list[pa.Table]] = {n: [] for n in TABLES}
     ipc_files: dict[str, str] = {}
-    ipc_rows: dict[str, int] = {}
+    counts: dict[str, int] = dict.fromkeys(TABLES, 0)
     n_events = 0
     stream: _EventStream | None = None
 
@@ -769,27 +763,16 @@ def _parse_blocks(path, blocks, state, info: TraceFile, out_dir, key, chunk_rows
         if not final and len(cols) < chunk_rows:
             return
         for name, tbl in cols.tables().items():
-            if ipc:
-                w = writers.get(name)
-                if w is None:
-                    f = str(Path(out_dir) / f"{key}.{name}.arrow")
-                    w = writers[name] = pa.ipc.new_stream(f, TABLES[name])
-                    ipc_files[name] = f
-                w.write_table(tbl)
-                ipc_rows[name] = ipc_rows.get(name, 0) + tbl.num_rows
-                continue
-            # small files stay in memory even with out_dir; Parquet only once a file outgrows one chunk
-            if out_dir is None or (final and not writers):
+            counts[name] += tbl.num_rows
+            if out_dir is None:
                 tables_mem[name].append(tbl)
-            else:
-                w = writers.get(name)
-                if w is None:
-                    import pyarrow.parquet as pq  # only for files over one chunk; it imports pandas when present
-
-                    p = Path(out_dir) / f"{key}.{name}.parquet"
-                    w = writers[name] = pq.ParquetWriter(p, tbl.schema, compression="lz4")  # temp: speed, not size
-                    info.parquet[name] = str(p)
-                w.write_table(tbl)
+                continue
+            w = writers.get(name)
+            if w is None:
+                f = str(Path(out_dir) / f"{key}.{name}.arrow")
+                w = writers[name] = pa.ipc.new_stream(f, TABLES[name])
+                ipc_files[name] = f
+            w.write_table(tbl)
 
     def decode(parts: list, strict: bool) -> bool:
         nonlocal n_events
@@ -902,23 +885,10 @@ def _parse_blocks(path, blocks, state, info: TraceFile, out_dir, key, chunk_rows
     flush(final=True)
     for w in writers.values():
         w.close()
-    info.counts = {}
-    if ipc:
-        info.counts = ipc_rows
+    info.counts = counts
+    if out_dir is not None:
         return ipc_files
-    if out_dir is None or not writers:
-        out = {n: pa.concat_tables(ts) if ts else TABLES[n].empty_table() for n, ts in tables_mem.items()}
-        info.counts = {n: t.num_rows for n, t in out.items()}
-        return out
-    import pyarrow.parquet as pq
-
-    for name in TABLES:
-        if name not in info.parquet:
-            p = Path(out_dir) / f"{key}.{name}.parquet"
-            pq.write_table(TABLES[name].empty_table(), p)
-            info.parquet[name] = str(p)
-        info.counts[name] = pq.ParquetFile(info.parquet[name]).metadata.num_rows
-    return None
+    return {n: pa.concat_tables(ts) if ts else TABLES[n].empty_table() for n, ts in tables_mem.items()}
 
 
 def _find_events_array(buf: bytes, pos, chars, depth) -> tuple[int, int] | None:

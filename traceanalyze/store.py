@@ -250,7 +250,7 @@ def _parse_one(args: tuple) -> tuple[str, TraceFile | None, dict | None, str | N
     gc.disable()  # millions of short-lived objects; collection passes only cost time here
     try:
         info, tables = parse_trace(path, out_dir, key=key, max_decompressed=max_decompressed, byte_range=byte_range,
-                                   ipc=True, chunk_rows=WORKER_CHUNK_ROWS)
+                                   chunk_rows=WORKER_CHUNK_ROWS)
         return path, info, tables, None
     except InputError as exc:
         return path, None, None, exc.problem
@@ -267,13 +267,13 @@ def load_traces(con: duckdb.DuckDBPyConnection, paths: Iterable[Path], *, jobs: 
                 max_decompressed: int = 64 << 30) -> list[LoadedFile]:
     """Parse the trace files not already in the store (cache key: resolved path, size, mtime) and load them.
 
-    Files are parsed in ``jobs`` processes (default: the CPU count, at most the number of files), which write
-    Arrow IPC streams; this process loads each file in its own transaction as soon as it is parsed, while the
-    others are still being parsed. A plain-JSON file over :data:`ingest.SPLIT_MIN_BYTES` is parsed in byte ranges
-    of about :data:`PART_BYTES`, committed one by one (see :class:`_FileLoad`). While loading, DuckDB runs one
-    thread with a buffer pool of :data:`INGEST_MEMORY_LIMIT`. ``progress`` is called with each file's size in
-    bytes as it finishes. Returns one :class:`LoadedFile` per path, in input order; a file that failed has
-    ``error`` set and no rows.
+    Files are parsed into Arrow IPC streams, in ``jobs`` processes (default: the CPU count, at most the number of
+    files; in this process when that is one). This process loads each file in its own transaction as soon as it
+    is parsed, while the others are still being parsed. A plain-JSON file over :data:`ingest.SPLIT_MIN_BYTES` is
+    parsed in byte ranges of about :data:`PART_BYTES`, committed one by one (see :class:`_FileLoad`). While
+    loading, DuckDB runs one thread with a buffer pool of :data:`INGEST_MEMORY_LIMIT`. ``progress`` is called with
+    each file's size in bytes as it finishes. Returns one :class:`LoadedFile` per path, in input order; a file that
+    failed has ``error`` set and no rows.
     """
     paths = list(paths)
     out: dict[Path, LoadedFile] = {}
