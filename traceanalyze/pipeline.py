@@ -150,13 +150,11 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
     subjects = {r["name"] for r in runs_model if r["role"] == "subject"}
     ranked = diagnose.rank_findings([f for f in all_findings if f.run in subjects])
     baseline_findings = diagnose.rank_findings([f for f in all_findings if f.run not in subjects])
-    for f in ranked + baseline_findings:
-        rid = next(r["run_id"] for r in runs_model if r["name"] == f.run)
-        con.execute("INSERT INTO findings VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    [rid, f.cause, f.kind, f.severity, f.impact_pct, json.dumps(f.ranks), f.title,
-                     json.dumps(f.evidence), f.recommendation])
-    for w in warnings:
-        con.execute("INSERT INTO warnings VALUES (NULL, ?, ?)", [w["file"], w["message"]])
+    run_ids = {r["name"]: r["run_id"] for r in reversed(runs_model)}  # the first run of a name, as before
+    store.insert_rows(con, "findings", None, [
+        [run_ids[f.run], f.cause, f.kind, f.severity, f.impact_pct, json.dumps(f.ranks), f.title,
+         json.dumps(f.evidence), f.recommendation] for f in ranked + baseline_findings])
+    store.insert_rows(con, "warnings", ["file", "message"], [[w["file"], w["message"]] for w in warnings])
 
     model = {
         "tool": {"name": "traceanalyze", "version": __version__},
