@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from traceanalyze import pipeline
 from traceanalyze.errors import TraceanalyzeError
+from traceanalyze.safety import atomic_write_text
 
 if TYPE_CHECKING:
     import duckdb
@@ -71,23 +72,27 @@ def analyze(inputs: str | Path | list[str | Path], *, baseline: str | Path | lis
 def load(db: str | Path) -> Report:
     """Reopen a report database written by ``traceanalyze report`` (``--db``) or ``analyze(..., db=...)``.
 
-    The database is opened read-only; the report model is the one stored with the last report.
+    The database may come from anyone, so it is opened as untrusted (:func:`traceanalyze.safety.open_untrusted`):
+    read-only, without file-system access (a view over ``read_text('/etc/passwd')`` fails), without extension
+    autoload/autoinstall, its configuration locked. The report model is the one stored with the last report.
 
     Raises:
         TraceanalyzeError: the file does not exist, is not a traceanalyze database, is in use by a running
-            report, or holds no stored report.
+            report, holds no stored report, or tries to read files outside itself.
     """
     import duckdb
+
+    from traceanalyze.safety import open_untrusted, untrusted_error
 
     p = Path(db)
     if not p.is_file():
         raise TraceanalyzeError(f"{p}: no such database file")
-    try:
-        con = duckdb.connect(str(p), read_only=True)
-    except duckdb.Error as exc:
-        raise TraceanalyzeError(f"{p}: cannot open the database ({str(exc).splitlines()[0]})") from None
+    con = open_untrusted(p)
     try:
         row = con.execute("SELECT model FROM report_cache LIMIT 1").fetchone()
+    except duckdb.PermissionException as exc:
+        con.close()
+        raise untrusted_error(p, exc) from None
     except duckdb.Error:
         row = None
     if not row:
@@ -246,7 +251,7 @@ class Report:
         """
         text = pipeline.to_json(self.model)
         if path is not None:
-            Path(path).write_text(text, encoding="utf-8")
+            atomic_write_text(path, text)
         return text
 
     def to_markdown(self, path: str | Path | None = None) -> str:
@@ -258,7 +263,7 @@ class Report:
 
         text = render.markdown(self.model)
         if path is not None:
-            Path(path).write_text(text, encoding="utf-8")
+            atomic_write_text(path, text)
         return text
 
     def to_html(self, path: str | Path, *, export: str | Path | None = None,
@@ -278,11 +283,10 @@ class Report:
         from traceanalyze.export import DEFAULT_MAX_EVENTS, export_beside
 
         out = Path(path)
-        out.parent.mkdir(parents=True, exist_ok=True)
         if export is not None:
             link, _ = export_beside(self.con, out, export, max_events=max_events or DEFAULT_MAX_EVENTS)
             self.model["export_path"] = link
-        out.write_text(render.html(self.model), encoding="utf-8")
+        atomic_write_text(out, render.html(self.model))
         return out
 
     def export(self, path: str | Path, *, run: str | int | None = None,

@@ -72,6 +72,7 @@ import duckdb
 
 from traceanalyze import __version__
 from traceanalyze.errors import TraceanalyzeError
+from traceanalyze.safety import atomic_write_text, check_outputs
 
 CATALOG_VERSION = "1"
 REGRESSION_THRESHOLD = 1.2  # step time above this × the group's median of earlier runs is a regression
@@ -228,9 +229,9 @@ def analyze_run(task: dict) -> dict:
     try:
         model = a.model
         run = next((r for r in model["runs"] if r.get("role") == "subject"), model["runs"][0])
-        (out / "report.json").write_text(pipeline.to_json(model), encoding="utf-8")
+        atomic_write_text(out / "report.json", pipeline.to_json(model))
         row["report_json"] = f"{rel}/report.json"
-        (out / "report.html").write_text(render.html(model), encoding="utf-8")
+        atomic_write_text(out / "report.html", render.html(model))
         row["report_html"], row["report_db"] = f"{rel}/report.html", f"{rel}/report.duckdb"
         rid = run["run_id"]
         first_ns, json_bytes = a.con.execute(
@@ -311,8 +312,8 @@ def explain_regression(task: dict) -> dict:
         return res
     try:
         model = a.model
-        (out / "regression.json").write_text(pipeline.to_json(model), encoding="utf-8")
-        (out / "regression.html").write_text(render.html(model), encoding="utf-8")
+        atomic_write_text(out / "regression.json", pipeline.to_json(model))
+        atomic_write_text(out / "regression.html", render.html(model))
         res["regression_report"] = f"runs/{task['slug']}/regression.html"
         comp = model.get("comparison") or {}
         res["regression_delta_us"] = comp.get("delta_us")
@@ -515,7 +516,13 @@ def _slug(run_id: str) -> str:
 
 
 def open_catalog(path: str | Path, read_only: bool = False) -> duckdb.DuckDBPyConnection:
-    """Open (create) the catalog database. Raises :class:`TraceanalyzeError` when it is in use or unusable."""
+    """Open (create) the catalog database. Raises :class:`TraceanalyzeError` when it is in use or unusable, and
+    :class:`~traceanalyze.errors.UsageError` (file untouched) for a file that is not a traceanalyze batch catalog
+    (:func:`traceanalyze.safety.check_own_db`); an unmarked catalog of an earlier traceanalyze gets the marker."""
+    from traceanalyze.safety import check_own_db
+
+    if not read_only:
+        check_own_db(path, "catalog")
     try:
         con = duckdb.connect(str(path), read_only=read_only)
     except duckdb.Error as exc:
@@ -534,6 +541,9 @@ def open_catalog(path: str | Path, read_only: bool = False) -> duckdb.DuckDBPyCo
             for t in ("meta", "runs", "findings", "rank_metrics", "batches"):
                 con.execute(f"DROP TABLE IF EXISTS {t}")
         con.execute(CATALOG_DDL)
+        from traceanalyze.safety import write_marker
+
+        write_marker(con, int(CATALOG_VERSION), "catalog")
     return con
 
 
@@ -574,9 +584,16 @@ def run_batch(archive: str | Path, outdir: str | Path, *, jobs: int | None = Non
     specs = find_runs(archive)
     if not specs:
         raise TraceanalyzeError(f"{archive}: no run found (no Kineto trace or training log in any folder)")
+    # outputs: never an input of any run (README, Safety), checked before anything is written
+    check_outputs([("catalog", outdir / "catalog.duckdb"), ("index", outdir / "index.html")],
+                  [f for s in specs for f in s["files"]])
+    if outdir.resolve() == archive.resolve():
+        from traceanalyze.errors import UsageError
+
+        raise UsageError(f"-o {outdir}: is the archive itself; write the batch output to another folder")
     outdir.mkdir(parents=True, exist_ok=True)
-    (outdir / "runs").mkdir(exist_ok=True)
     con = open_catalog(outdir / "catalog.duckdb")
+    (outdir / "runs").mkdir(exist_ok=True)
     try:
         return _run(con, archive, outdir, specs, options, jobs, executor, scheduler, threshold, force, on_run,
                     dask_processes, t0, started)
@@ -659,8 +676,7 @@ def _run(con, archive, outdir, specs, options, jobs, executor_name, scheduler, t
     res.errors = [r["run_id"] for r in rows if r["status"] == "error"]
     res.regressions = [r["run_id"] for r in rows if r["regression"]]
     res.seconds = time.perf_counter() - t0
-    res.index.write_text(index_html(rows, archive=str(archive.resolve()), stats=res, threshold=threshold),
-                         encoding="utf-8")
+    atomic_write_text(res.index, index_html(rows, archive=str(archive.resolve()), stats=res, threshold=threshold))
     res.seconds = time.perf_counter() - t0
     con.execute("INSERT INTO batches VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [started, round(res.seconds, 3), str(archive.resolve()), executor_name, jobs, len(rows),

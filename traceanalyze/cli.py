@@ -1,26 +1,50 @@
 """Command line: ``traceanalyze report``, ``traceanalyze sql``, ``traceanalyze batch``. A thin layer over
 :mod:`traceanalyze.pipeline` (and :mod:`traceanalyze.batch`).
 
-Every error a user can cause (missing folder, unreadable trace, locked database) is printed as one line
-and exits with status 1; a Python traceback appears only with ``--debug``.
+Every error a user can cause (missing folder, unreadable trace, locked database) is printed as one line and
+exits with the status of the README's table (:mod:`traceanalyze.errors`: 1 input, 2 usage, 3 a refused write, 4
+out of memory, 5 a bug); a Python traceback appears only with ``--debug``. Everything printed goes through
+:func:`traceanalyze.safety.terminal` (control characters and bidi overrides shown as ``?``).
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import re
 import sys
+import unicodedata
 from pathlib import Path
 
 import click
 
 from traceanalyze import __version__
-from traceanalyze.errors import TraceanalyzeError
+from traceanalyze.errors import (
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_MEMORY,
+    EXIT_WRITE,
+    EnvironmentFailure,
+    TraceanalyzeError,
+)
+from traceanalyze.safety import atomic_write_text, terminal
 
 
 def _slug(paths: tuple[str, ...]) -> str:
+    """The default report name's part from the first input: its folder name (a file's stem).
+
+    A name of plain lowercase ASCII (``[a-z0-9_.-]``) is kept as it is. Any other name keeps its letters and digits
+    (Unicode too, NFC), other characters become ``_``, and it gets ``-`` plus 8 hex digits of the SHA-256 of the
+    resolved path: ``run``, ``RUN``, ``rün``, ``run `` and ``run\u200b`` give distinct names, also on
+    case-insensitive or normalising file systems.
+    """
     p = Path(paths[0]).resolve()
     name = p.name if p.is_dir() else p.stem.split(".")[0]
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name) or "report"
+    if re.fullmatch(r"[a-z0-9_][a-z0-9_.-]*", name) and len(name) <= 80:
+        return name
+    clean = "".join(c if c.isalnum() or c in "_.-" else "_" for c in unicodedata.normalize("NFC", name))
+    clean = clean.lstrip(".-")[:80] or "report"
+    return f"{clean}-{hashlib.sha256(str(p).encode('utf-8', 'surrogateescape')).hexdigest()[:8]}"
 
 
 class _Progress:
@@ -46,8 +70,17 @@ class _Progress:
 
 
 def _line(msg: str) -> str:
-    """One terminal line: newlines and control characters (from file or kernel names) shown as ``?``."""
-    return re.sub(r"[\x00-\x1f\x7f-\x9f]", "?", msg)
+    """One terminal line: newlines, control characters and bidi controls (from file or kernel names) as ``?``."""
+    return terminal(msg)
+
+
+def _say(msg: str) -> None:
+    click.echo(terminal(msg), err=True)
+
+
+def _stage(ctx: click.Context, what: str) -> None:
+    """Record what the command is doing, for the message of an environment failure (full disk, no memory)."""
+    ctx.obj["stage"] = what
 
 
 class _Size(click.ParamType):
@@ -112,48 +145,58 @@ def report(ctx: click.Context, paths: tuple[str, ...], output: str | None, json_
     from traceanalyze.pipeline import analyze, to_json
 
     def run() -> None:
+        _stage(ctx, "checking the output paths")
         slug = _slug(paths)
         out = Path(output) if output else None
         if out is None and fmt == "html":
             out = Path(f"traceanalyze-{slug}.html")
         db_path = Path(db) if db else (out.with_suffix(".duckdb") if out is not None
                                        else Path(f"traceanalyze-{slug}.duckdb"))
-        db_path.parent.mkdir(parents=True, exist_ok=True)
+        outputs: list[tuple[str, Path | None]] = [("-o", out), ("--json", Path(json_path) if json_path else None),
+                                                  ("--md", Path(md_path) if md_path else None), ("--db", db_path)]
+        if export_path and fmt == "html" and out is not None:
+            from traceanalyze.export import export_target
+
+            outputs.append(("--export", export_target(out, export_path)))
         prog = _Progress(enabled=not quiet and sys.stderr.isatty())
+        _stage(ctx, "reading and analyzing the traces")
         try:
             a = analyze(list(paths), db=db_path, baseline=list(baseline) or None, jobs=jobs,
                         progress=prog.step, on_total=prog.total, link_bw_gbps=link_bw, peak_tflops=peak_tflops,
-                        max_decompressed=max_decompressed)
+                        max_decompressed=max_decompressed, outputs=outputs)
         finally:
             prog.close()
         model = a.model
         if fmt == "json":
+            _stage(ctx, f"writing the JSON report {out or '(stdout)'}")
             text = to_json(model)
             _write_or_print(out, text)
         elif fmt == "md":
+            _stage(ctx, f"writing the Markdown report {out or '(stdout)'}")
             _write_or_print(out, render.markdown(model))
         else:
             assert out is not None
-            out.parent.mkdir(parents=True, exist_ok=True)
             if export_path:
                 from traceanalyze.export import export_beside
 
+                _stage(ctx, f"writing the merged trace {export_path}")
                 model["export_path"], _ = export_beside(a.con, out, export_path)
-            out.write_text(render.html(model), encoding="utf-8")
+            _stage(ctx, f"writing the HTML report {out}")
+            atomic_write_text(out, render.html(model))
         if json_path:
-            Path(json_path).write_text(to_json(model), encoding="utf-8")
+            _stage(ctx, f"writing the JSON report {json_path}")
+            atomic_write_text(json_path, to_json(model))
         if md_path:
-            Path(md_path).write_text(render.markdown(model), encoding="utf-8")
+            _stage(ctx, f"writing the Markdown report {md_path}")
+            atomic_write_text(md_path, render.markdown(model))
         a.con.close()
         for w in model["warnings"]:  # errors even with --quiet; partial files and warnings without it
             if w.get("level") == "error" or (not quiet and w.get("level") in ("partial", "warning")):
-                click.echo(_line(f"traceanalyze: {w['file']}: {w['message']}" if w["file"]
-                                 else f"traceanalyze: {w['message']}"), err=True)
+                _say(f"traceanalyze: {w['file']}: {w['message']}" if w["file"] else f"traceanalyze: {w['message']}")
         if not quiet:
             n_ranks = sum(len(r["ranks"]) for r in model["runs"])
             if out is not None and fmt == "html" or (out is not None and fmt != "html"):
-                click.echo(f"wrote {out} ({len(model['runs'])} run(s), {n_ranks} rank(s)); database {db_path}",
-                           err=True)
+                _say(f"wrote {out} ({len(model['runs'])} run(s), {n_ranks} rank(s)); database {db_path}")
         if not any(r["ranks"] or r["log_steps"] or r["log_facts"] for r in model["runs"]):
             raise TraceanalyzeError("nothing could be analyzed: every trace file was unreadable (see above)")
 
@@ -186,33 +229,38 @@ def export(ctx: click.Context, paths: tuple[str, ...], output: str, db: str | No
     def run() -> None:
         from traceanalyze.export import export_trace
 
+        _stage(ctx, "checking the output paths")
         if len(paths) == 1 and paths[0].endswith(".duckdb") and Path(paths[0]).is_file():
             from traceanalyze.api import load
+            from traceanalyze.safety import check_outputs
 
+            check_outputs([("-o", output)], [paths[0]])
+            _stage(ctx, f"reading the report database {paths[0]}")
             rep = load(paths[0])
             con = rep.con
         else:
             from traceanalyze.pipeline import analyze
 
-            con = analyze(list(paths), db=db, jobs=jobs).con
+            _stage(ctx, "reading and analyzing the traces")
+            con = analyze(list(paths), db=db, jobs=jobs, outputs=[("-o", output)]).con
         try:
+            _stage(ctx, f"writing the merged trace {output}")
             res = export_trace(con, output, run=run_name, max_events=max_events)
         finally:
             con.close()
         if not quiet:
             note = f"; left out {sum(res.dropped.values())} events over --max-events" if res.dropped else ""
-            click.echo(f"wrote {res.path} (run {res.run}, ranks {', '.join(map(str, res.ranks))}, "
-                       f"{res.n_events} events{note})", err=True)
+            _say(f"wrote {res.path} (run {res.run}, ranks {', '.join(map(str, res.ranks))}, "
+                 f"{res.n_events} events{note})")
 
     _guard(ctx, run)
 
 
 def _write_or_print(out: Path | None, text: str) -> None:
     if out is None:
-        click.echo(text)
+        click.echo(text)  # JSON escapes control characters; Markdown values went through safety.md_text
     else:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text, encoding="utf-8")
+        atomic_write_text(out, text)
 
 
 @cli.command()
@@ -229,26 +277,37 @@ def sql(ctx: click.Context, db: str, query: str, as_csv: bool) -> None:
     """
     import duckdb
 
-    def run() -> None:
-        try:
-            con = duckdb.connect(db, read_only=True)
-        except duckdb.Error as exc:
-            raise TraceanalyzeError(f"{db}: cannot open ({str(exc).splitlines()[0]})") from None
-        try:
-            rel = con.sql(query)
-        except duckdb.Error as exc:
-            raise TraceanalyzeError(f"query failed: {str(exc).splitlines()[0]}") from None
-        if rel is None:
-            return
-        if as_csv:
-            import csv
+    from traceanalyze.safety import open_untrusted, terminal_block, untrusted_error
 
-            w = csv.writer(sys.stdout)
-            w.writerow(rel.columns)
-            w.writerows(rel.fetchall())
-        else:
-            rel.show(max_width=10_000, max_rows=10_000)
-        con.close()
+    def run() -> None:
+        # the database may come from anyone: read-only, no file access, no extensions (README, Safety)
+        con = open_untrusted(db)
+        try:
+            try:
+                rel = con.sql(query)
+                if rel is None:
+                    return
+                if as_csv:
+                    import csv
+                    import io
+
+                    buf = io.StringIO()
+                    w = csv.writer(buf)
+                    w.writerow(rel.columns)
+                    w.writerows(rel.fetchall())
+                    click.echo(terminal_block(buf.getvalue()), nl=False)
+                else:
+                    import contextlib
+                    import io
+
+                    buf = io.StringIO()
+                    with contextlib.redirect_stdout(buf):
+                        rel.show(max_width=10_000, max_rows=10_000)
+                    click.echo(terminal_block(buf.getvalue()), nl=False)
+            except duckdb.Error as exc:
+                raise untrusted_error(db, exc) from None
+        finally:
+            con.close()
 
     _guard(ctx, run)
 
@@ -286,6 +345,7 @@ def batch(ctx: click.Context, archive: str, outdir: str, jobs: int | None, execu
     from traceanalyze.batch import run_batch
 
     def run() -> None:
+        _stage(ctx, "analyzing the runs")
         bar = None
         if not quiet and sys.stderr.isatty():
             from tqdm import tqdm
@@ -301,38 +361,78 @@ def batch(ctx: click.Context, archive: str, outdir: str, jobs: int | None, execu
         if not quiet:
             for r in res.runs:
                 if r["status"] == "error" and r["run_id"] in res.analyzed:
-                    click.echo(f"traceanalyze: {r['run_id']}: {r['error']}", err=True)
+                    _say(f"traceanalyze: {r['run_id']}: {r['error']}")
             rate = (f" in {res.seconds:.1f} s ({res.runs_per_s:.2f} runs/s, {res.mb_per_s:.1f} MB/s of traces)"
                     if res.analyzed else f" in {res.seconds:.1f} s")
-            click.echo(f"{len(res.runs)} run(s): {len(res.analyzed)} analyzed, {len(res.unchanged)} unchanged, "
-                       f"{len(res.removed)} removed, {len(res.errors)} error(s), {len(res.regressions)} "
-                       f"regression(s){rate}; index {res.index}, catalog {res.catalog}", err=True)
+            _say(f"{len(res.runs)} run(s): {len(res.analyzed)} analyzed, {len(res.unchanged)} unchanged, "
+                 f"{len(res.removed)} removed, {len(res.errors)} error(s), {len(res.regressions)} "
+                 f"regression(s){rate}; index {res.index}, catalog {res.catalog}")
         if res.runs and all(r["status"] == "error" for r in res.runs):
             raise TraceanalyzeError("nothing could be analyzed: every run failed (see index.html)")
 
     _guard(ctx, run)
 
 
+_ADVICE = {
+    errno.ENOSPC: "the disk is full; free space, or write the outputs (-o, --db) to another disk",
+    errno.EDQUOT: "the disk quota is exhausted; free space, or write the outputs (-o, --db) to another disk",
+    errno.EACCES: "permission denied; write the outputs (-o, --db) to a folder you can write to",
+    errno.EPERM: "permission denied; write the outputs (-o, --db) to a folder you can write to",
+    errno.EROFS: "the file system is read-only; write the outputs (-o, --db) to a folder you can write to",
+}
+_MEMORY_ADVICE = ("try fewer parse processes (-j 1), a lower --max-decompressed, or a machine with more memory; "
+                  "files loaded so far stay in the database")
+
+
+def _environment(exc: BaseException, stage: str) -> tuple[str, int] | None:
+    """(message, exit status) for a failure of the machine rather than of the input, else None."""
+    import duckdb
+
+    if isinstance(exc, (MemoryError, duckdb.OutOfMemoryException)):
+        return f"out of memory while {stage}; {_MEMORY_ADVICE}", EXIT_MEMORY
+    if isinstance(exc, OSError) and exc.errno in _ADVICE:
+        where = f" ({exc.filename})" if exc.filename else ""
+        return f"cannot go on while {stage}{where}: {_ADVICE[exc.errno]}", EXIT_WRITE
+    if isinstance(exc, duckdb.Error):
+        low = str(exc).lower()
+        for needle, code in (("no space left", errno.ENOSPC), ("read-only file system", errno.EROFS),
+                             ("permission denied", errno.EACCES)):
+            if needle in low:
+                return f"cannot go on while {stage}: {_ADVICE[code]}", EXIT_WRITE
+        if "out of memory" in low or "could not allocate" in low:
+            return f"out of memory while {stage}; {_MEMORY_ADVICE}", EXIT_MEMORY
+    return None
+
+
 def _guard(ctx: click.Context, fn) -> None:
-    """Run ``fn``; project errors and I/O errors become one line on stderr and exit status 1."""
+    """Run ``fn``; errors become one line on stderr and the exit status of :mod:`traceanalyze.errors`."""
     if ctx.obj.get("debug"):
         fn()
         return
     try:
         fn()
+    except EnvironmentFailure as exc:
+        stage = f" (while {exc.stage})" if exc.stage else ""
+        _say(f"traceanalyze: {exc}{stage}")
+        sys.exit(exc.exit_code)
     except TraceanalyzeError as exc:
-        click.echo(_line(f"traceanalyze: {exc}"), err=True)
-        sys.exit(1)
+        _say(f"traceanalyze: {exc}")
+        sys.exit(exc.exit_code)
     except KeyboardInterrupt:
-        click.echo("traceanalyze: interrupted; files loaded so far stay in the database", err=True)
-        sys.exit(130)
-    except OSError as exc:
-        click.echo(f"traceanalyze: {exc.filename or ''}: {exc.strerror or exc}", err=True)
-        sys.exit(1)
-    except Exception as exc:  # a bug: still one line, and how to see more
-        click.echo(f"traceanalyze: internal error ({type(exc).__name__}: {exc}); rerun with --debug for the "
-                   "traceback and report it", err=True)
-        sys.exit(2)
+        _say("traceanalyze: interrupted; files loaded so far stay in the database")
+        sys.exit(EXIT_INTERRUPTED)
+    except Exception as exc:  # MemoryError and OSError included: _environment sorts them out
+        env = _environment(exc, ctx.obj.get("stage") or "running")
+        if env is not None:
+            _say(f"traceanalyze: {env[0]}")
+            sys.exit(env[1])
+        if isinstance(exc, OSError):
+            _say(f"traceanalyze: {exc.filename or ''}: {exc.strerror or exc}")
+            sys.exit(1)
+        # a bug: still one line, and how to see more
+        _say(f"traceanalyze: internal error ({type(exc).__name__}: {exc}); rerun with --debug for the traceback "
+             "and report it")
+        sys.exit(EXIT_INTERNAL)
 
 
 def main() -> None:

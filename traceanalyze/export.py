@@ -38,6 +38,7 @@ import numpy as np
 
 from traceanalyze import __version__
 from traceanalyze.errors import TraceanalyzeError
+from traceanalyze.safety import atomic_path
 
 DEFAULT_MAX_EVENTS = 2_000_000
 GPU_TID_BASE = 1_000_000_000
@@ -296,12 +297,12 @@ def export_trace(con: duckdb.DuckDBPyConnection, out_path: str | Path, *, run: s
             FROM ops WHERE prev_end IS NULL OR ts_ns >= prev_end""",
     }
     out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
     opener = gzip.open if out_path.name.endswith(".gz") else open
     n_written = 0
     thread_names = _thread_names(con, run_id)
     seen_threads: set[tuple[int, int]] = set()
-    with opener(out_path, "wt", encoding="utf-8") as fh:
+    # written beside the target and renamed into place: an error or a full disk never leaves half a trace
+    with atomic_path(out_path) as tmp_path, opener(tmp_path, "wt", encoding="utf-8") as fh:
         # the first key marks the file as ours, so discovery skips it if it is written beside the traces
         fh.write('{"traceanalyze_export": ' + json.dumps(__version__) + ', "displayTimeUnit": "ms", "traceEvents": [\n')
         first = True
@@ -367,6 +368,12 @@ def _thread_names(con, run_id: int) -> dict[tuple[int, int], str]:
     return {(int(r), int(t)): str(label).strip() for r, t, label in rows}
 
 
+def export_target(report_path: str | Path, export_path: str | Path) -> Path:
+    """Where :func:`export_beside` writes: ``export_path``, relative to the report's folder unless absolute."""
+    target = Path(export_path)
+    return target if target.is_absolute() else Path(report_path).resolve().parent / target
+
+
 def export_beside(con: duckdb.DuckDBPyConnection, report_path: str | Path, export_path: str | Path, *,
                   run: str | int | None = None, max_events: int = DEFAULT_MAX_EVENTS) -> tuple[str, ExportResult]:
     """Write the merged trace for a report and return the link the report shows, with the result.
@@ -376,9 +383,7 @@ def export_beside(con: duckdb.DuckDBPyConnection, report_path: str | Path, expor
     when the file lies below it, else the absolute path. Raises as :func:`export_trace`.
     """
     report_dir = Path(report_path).resolve().parent
-    target = Path(export_path)
-    if not target.is_absolute():
-        target = report_dir / target
+    target = export_target(report_path, export_path)
     res = export_trace(con, target, run=run, max_events=max_events)
     try:
         link = target.resolve().relative_to(report_dir).as_posix()

@@ -51,7 +51,8 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
             baseline: list[str | Path] | str | Path | None = None, jobs: int | None = None,
             progress: Callable[[int], None] | None = None, on_total: Callable[[int], None] | None = None,
             link_bw_gbps: float | None = None, peak_tflops: float | None = None,
-            max_decompressed: int | None = None) -> Analysis:
+            max_decompressed: int | None = None,
+            outputs: list[tuple[str, str | Path | None]] | None = None) -> Analysis:
     """Analyze every run found under ``inputs`` (and ``baseline``, when given) end to end.
 
     Args:
@@ -66,12 +67,17 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
         peak_tflops: dense peak TFLOPS of the GPU for MFU; overrides the datasheet table.
         max_decompressed: bound in bytes on what one trace may inflate to (gzip bombs); default
             :data:`traceanalyze.ingest.DEFAULT_MAX_DECOMPRESSED`. A file over it is an error row, the rest go on.
+        outputs: (option name, path) of the files the caller will write; checked with ``db`` against every
+            input file once they are discovered, before anything is written
+            (:func:`traceanalyze.safety.check_outputs`).
 
     Returns:
         :class:`Analysis`.
 
     Raises:
         TraceanalyzeError: no trace file at all, the database is locked or unusable, or an input is missing.
+        UsageError: an output (or ``db``) is an input, two outputs share a path, or ``db`` is a file that is not
+            a traceanalyze report database (left untouched).
     """
     subject_in = [inputs] if isinstance(inputs, (str, Path)) else list(inputs)
     base_in = [] if baseline is None else ([baseline] if isinstance(baseline, (str, Path)) else list(baseline))
@@ -93,6 +99,7 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
         raise TraceanalyzeError(f"{where}: no Kineto trace or training log found (looked for *.json and *.json.gz "
                                 "with a traceEvents array, and for logs, NCCL output, topology and configs)")
 
+    _check_outputs(disc, subject_in + base_in, db, outputs)
     con = store.connect(db)
     all_paths = [p for r in disc.runs for p in r.traces]
     cache_key = _cache_key(disc, roles, link_bw_gbps, peak_tflops, max_decompressed)
@@ -170,6 +177,26 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
     errors = [w["message"] if w["file"] is None else f"{w['file']}: {w['message']}" for w in warnings
               if w.get("level") == "error"]
     return Analysis(con=con, model=model, db_path=str(db) if db else None, discovery=disc, errors=errors)
+
+
+def _check_outputs(disc: Discovery, given: list, db, outputs) -> None:
+    """Guarantee 2 (README, Safety): no output is an input file, no two outputs share a path; then the database's
+    folder is created."""
+    from traceanalyze.safety import check_outputs
+
+    outs = [(n, p) for n, p in (outputs or []) if p is not None]
+    if db is not None and str(db) != ":memory:" and not any(n == "--db" for n, _ in outs):
+        outs.append(("--db", db))
+    if not outs:
+        return
+    inputs: list = [Path(p) for p in given if Path(p).is_file()]
+    for r in disc.runs:
+        inputs += r.traces
+        inputs += [s.path for s in r.sidecars]
+    inputs += [Path(f) for f, _ in disc.skipped]
+    check_outputs(outs, inputs)
+    if db is not None and str(db) != ":memory:":
+        Path(db).parent.mkdir(parents=True, exist_ok=True)
 
 
 def _cache_key(disc: Discovery, roles: dict, link_bw: float | None, peak: float | None,

@@ -849,9 +849,11 @@ _CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 
 
 def _md(x: Any) -> str:
-    """Model text for Markdown: one line, no raw HTML, no table breaks, no control characters."""
-    s = _CONTROL.sub("\ufffd", text(x).replace("\r", " ").replace("\n", " "))
-    return s.replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|")
+    """Model text for Markdown: one line, inert for CommonMark and GitHub/GitLab (no link, image, raw HTML, table
+    break, emphasis, mention; control and bidi characters as U+FFFD): :func:`traceanalyze.safety.md_text`."""
+    from traceanalyze.safety import md_text
+
+    return md_text(text(x))
 
 
 MD_MAX_RANKS = 16

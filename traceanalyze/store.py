@@ -167,7 +167,16 @@ def connect(db_path: str | Path | None) -> duckdb.DuckDBPyConnection:
 
     ``db_path`` None gives an in-memory database. Raises :class:`TraceanalyzeError` when another process
     holds the file (two concurrent reports on one database) or the file is not a DuckDB database.
+
+    Only a database traceanalyze created is opened for writing (:func:`traceanalyze.safety.check_own_db`): an
+    existing file without the marker table of a report database, or a batch catalog, raises
+    :class:`~traceanalyze.errors.UsageError` and is left byte-identical. An unmarked database of an earlier
+    traceanalyze (its tables and ``meta.schema_version``) is migrated: it gets the marker, and its tables are
+    rebuilt when the schema version differs.
     """
+    from traceanalyze.safety import check_own_db, write_marker
+
+    check_own_db(db_path, "report")
     try:
         con = duckdb.connect(str(db_path) if db_path else ":memory:")
     except duckdb.IOException as exc:
@@ -176,13 +185,30 @@ def connect(db_path: str | Path | None) -> duckdb.DuckDBPyConnection:
             raise TraceanalyzeError(
                 f"{db_path}: the database is in use by another traceanalyze run; wait for it to finish "
                 "or pass a different --db") from None
+        _raise_environment(db_path, msg)
         raise TraceanalyzeError(f"{db_path}: cannot open the database ({msg.splitlines()[0]})") from None
     except duckdb.Error as exc:
         raise TraceanalyzeError(f"{db_path}: not a usable DuckDB database ({str(exc).splitlines()[0]})") from None
     _drop_if_old(con)
     con.execute(DDL)
     con.execute(MACROS)
+    write_marker(con, SCHEMA_VERSION, "report")
     return con
+
+
+def _raise_environment(path, msg: str) -> None:
+    """DuckDB's messages for a refused write (disk full, permission, read-only) as an EnvironmentFailure."""
+    import errno
+
+    from traceanalyze.errors import EnvironmentFailure
+
+    low = msg.lower()
+    for needle, code, why in (("no space left", errno.ENOSPC, "the disk is full"),
+                              ("read-only file system", errno.EROFS, "the folder is on a read-only file system"),
+                              ("permission denied", errno.EACCES, "permission denied")):
+        if needle in low:
+            raise EnvironmentFailure(f"{path}: cannot write the database: {why}; free space or pass --db in a "
+                                     "folder you can write to", stage="opening the database", code=code) from None
 
 
 def _drop_if_old(con: duckdb.DuckDBPyConnection) -> None:
