@@ -586,7 +586,7 @@ def run_batch(archive: str | Path, outdir: str | Path, *, jobs: int | None = Non
         raise TraceanalyzeError(f"{archive}: no run found (no Kineto trace or training log in any folder)")
     # outputs: never an input of any run (README, Safety), checked before anything is written
     check_outputs([("catalog", outdir / "catalog.duckdb"), ("index", outdir / "index.html")],
-                  [f for s in specs for f in s["files"]])
+                  [f for s in specs for f in s["files"]], [archive])
     if outdir.resolve() == archive.resolve():
         from traceanalyze.errors import UsageError
 

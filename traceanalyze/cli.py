@@ -141,8 +141,7 @@ def report(ctx: click.Context, paths: tuple[str, ...], output: str | None, json_
         traceanalyze report ./8gpu --baseline ./1gpu
         traceanalyze report ./traces --export merged.json.gz
     """
-    from traceanalyze import render
-    from traceanalyze.pipeline import analyze, to_json
+    from traceanalyze.pipeline import analyze
 
     def run() -> None:
         _stage(ctx, "checking the output paths")
@@ -166,30 +165,11 @@ def report(ctx: click.Context, paths: tuple[str, ...], output: str | None, json_
                         max_decompressed=max_decompressed, outputs=outputs)
         finally:
             prog.close()
+        try:
+            _write_report(ctx, a, out, fmt, json_path, md_path, export_path)
+        finally:
+            a.con.close()  # also after a failed write: the database stays whole and reusable
         model = a.model
-        if fmt == "json":
-            _stage(ctx, f"writing the JSON report {out or '(stdout)'}")
-            text = to_json(model)
-            _write_or_print(out, text)
-        elif fmt == "md":
-            _stage(ctx, f"writing the Markdown report {out or '(stdout)'}")
-            _write_or_print(out, render.markdown(model))
-        else:
-            assert out is not None
-            if export_path:
-                from traceanalyze.export import export_beside
-
-                _stage(ctx, f"writing the merged trace {export_path}")
-                model["export_path"], _ = export_beside(a.con, out, export_path)
-            _stage(ctx, f"writing the HTML report {out}")
-            atomic_write_text(out, render.html(model))
-        if json_path:
-            _stage(ctx, f"writing the JSON report {json_path}")
-            atomic_write_text(json_path, to_json(model))
-        if md_path:
-            _stage(ctx, f"writing the Markdown report {md_path}")
-            atomic_write_text(md_path, render.markdown(model))
-        a.con.close()
         for w in model["warnings"]:  # errors even with --quiet; partial files and warnings without it
             if w.get("level") == "error" or (not quiet and w.get("level") in ("partial", "warning")):
                 _say(f"traceanalyze: {w['file']}: {w['message']}" if w["file"] else f"traceanalyze: {w['message']}")
@@ -201,6 +181,37 @@ def report(ctx: click.Context, paths: tuple[str, ...], output: str | None, json_
             raise TraceanalyzeError("nothing could be analyzed: every trace file was unreadable (see above)")
 
     _guard(ctx, run)
+
+
+def _write_report(ctx: click.Context, a, out: Path | None, fmt: str, json_path: str | None, md_path: str | None,
+                  export_path: str | None) -> None:
+    """Write the outputs of ``report``, each to a temporary file renamed into place, recording the stage."""
+    from traceanalyze import render
+    from traceanalyze.pipeline import to_json
+
+    model = a.model
+    if fmt == "json":
+        _stage(ctx, f"writing the JSON report {out or '(stdout)'}")
+        text = to_json(model)
+        _write_or_print(out, text)
+    elif fmt == "md":
+        _stage(ctx, f"writing the Markdown report {out or '(stdout)'}")
+        _write_or_print(out, render.markdown(model))
+    else:
+        assert out is not None
+        if export_path:
+            from traceanalyze.export import export_beside
+
+            _stage(ctx, f"writing the merged trace {export_path}")
+            model["export_path"], _ = export_beside(a.con, out, export_path)
+        _stage(ctx, f"writing the HTML report {out}")
+        atomic_write_text(out, render.html(model))
+    if json_path:
+        _stage(ctx, f"writing the JSON report {json_path}")
+        atomic_write_text(json_path, to_json(model))
+    if md_path:
+        _stage(ctx, f"writing the Markdown report {md_path}")
+        atomic_write_text(md_path, render.markdown(model))
 
 
 @cli.command()

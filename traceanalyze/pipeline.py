@@ -194,7 +194,7 @@ def _check_outputs(disc: Discovery, given: list, db, outputs) -> None:
         inputs += r.traces
         inputs += [s.path for s in r.sidecars]
     inputs += [Path(f) for f, _ in disc.skipped]
-    check_outputs(outs, inputs)
+    check_outputs(outs, inputs, [p for p in given if Path(p).is_dir()])
     if db is not None and str(db) != ":memory:":
         Path(db).parent.mkdir(parents=True, exist_ok=True)
 

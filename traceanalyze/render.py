@@ -853,7 +853,7 @@ def _md(x: Any) -> str:
     break, emphasis, mention; control and bidi characters as U+FFFD): :func:`traceanalyze.safety.md_text`."""
     from traceanalyze.safety import md_text
 
-    return md_text(text(x))
+    return md_text(text(x)) or "—"  # a blank value would leave an empty line item (a setext underline)
 
 
 MD_MAX_RANKS = 16

@@ -68,12 +68,14 @@ _MD_ENTITY = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
 def md_text(x: object) -> str:
     """Input-derived text for Markdown: one line, inert (no link, image, raw HTML, emphasis, mention or emoji).
 
-    Newlines become spaces, control and bidi characters U+FFFD, and markup characters are backslash-escaped
-    (:data:`_MD_SPECIAL`). The rendered text reads as the original.
+    Newlines become spaces, control and bidi characters U+FFFD, blanks at either end go, and markup characters
+    are backslash-escaped (:data:`_MD_SPECIAL`). The rendered text reads as the original.
     """
-    s = _MD_CONTROL.sub("\ufffd", str(x).replace("\r", " ").replace("\n", " "))
+    # stripped: leading blanks would let a list marker or a setext underline ("-", "=") start a block
+    s = _MD_CONTROL.sub("\ufffd", str(x).replace("\r", " ").replace("\n", " ")).strip()
     s = re.sub("[&<>]", lambda m: _MD_ENTITY[m.group(0)], s)
-    return _MD_SPECIAL.sub(r"\\\1", s)
+    s = _MD_SPECIAL.sub(r"\\\1", s)
+    return re.sub(r"^(\d{1,9})([.)])", r"\1\\\2", s)  # "1." or "1)" would start an ordered list
 
 
 # ---- databases ----------------------------------------------------------------------------------------------------
@@ -214,16 +216,42 @@ def _key(p: Path) -> str:
     return os.path.normcase(os.path.realpath(p))  # realpath does not raise on a symlink loop
 
 
-def check_outputs(outputs: Iterable[tuple[str, str | Path]], inputs: Iterable[str | Path]) -> None:
+def is_own_output(path: str | Path) -> bool:
+    """Whether an existing file is one traceanalyze wrote: an HTML report or batch index (its generator meta), a
+    JSON report (``"tool": {"name": "traceanalyze"``), a Markdown summary (``## traceanalyze:``), a merged trace
+    (``{"traceanalyze_export"``, gzip or not), or a DuckDB database with the marker (or an earlier one's tables)."""
+    import gzip
+
+    p = Path(path)
+    try:
+        with open(p, "rb") as fh:
+            head = fh.read(4096)
+        if head[:2] == b"\x1f\x8b":
+            with gzip.open(p, "rb") as fh:
+                head = fh.read(4096)
+        if len(head) >= 12 and head[8:12] == _DUCKDB_MAGIC:
+            return db_marker(p) is not None
+    except (OSError, EOFError, TraceanalyzeError):
+        return False
+    return (b'<meta name="generator" content="traceanalyze' in head or head.startswith(b"## traceanalyze:")
+            or head.startswith(b'{"traceanalyze_export"')
+            or (head.startswith(b"{") and b'"tool": {' in head[:64] and b'"name": "traceanalyze"' in head[:100]))
+
+
+def check_outputs(outputs: Iterable[tuple[str, str | Path]], inputs: Iterable[str | Path],
+                  input_dirs: Iterable[str | Path] = ()) -> None:
     """Refuse, before any work, outputs that are inputs or that share a path, and outputs in unwritable folders.
 
     Args:
         outputs: (option name, path) of every file the command will write (``-o``, ``--json``, ``--db``, ...).
         inputs: every file the command reads (traces, logs, sidecars, files looked at and skipped).
+        input_dirs: the folders given as inputs: an existing file inside one of them is an input unless
+            traceanalyze wrote it (:func:`is_own_output`), whether the analysis reads it or not.
 
     Raises:
         UsageError: an output is an input (same resolved path, or the same file through a hard link:
-            ``os.path.samefile``), or two outputs share a path.
+            ``os.path.samefile``; or an existing file inside an input folder that traceanalyze did not write),
+            or two outputs share a path.
         EnvironmentFailure: an output's folder exists and cannot be written (read-only or no permission).
     """
     outs = [(name, Path(p)) for name, p in outputs if p is not None]
@@ -235,10 +263,16 @@ def check_outputs(outputs: Iterable[tuple[str, str | Path]], inputs: Iterable[st
             in_keys[_key(p)] = p
             st = p.stat()
             in_inodes[(st.st_dev, st.st_ino)] = p
+    dirs = [os.path.realpath(d) for d in input_dirs]
     seen: dict[str, tuple[str, Path]] = {}
     for name, p in outs:
         k = _key(p)
         hit = in_keys.get(k)
+        real = os.path.realpath(p)
+        if hit is None and os.path.lexists(p) and not is_own_output(p):
+            hit = next((Path(d) for d in dirs if os.path.commonpath([d, real]) == d), None)
+            if hit is None:
+                hit = _hard_link_in(p, dirs)
         if hit is None:
             with contextlib.suppress(OSError):
                 st = p.stat()
@@ -262,6 +296,26 @@ def check_outputs(outputs: Iterable[tuple[str, str | Path]], inputs: Iterable[st
             raise EnvironmentFailure(
                 f"cannot write {name} {p}: the folder {folder} is read-only or not yours; choose a folder you "
                 "can write to", stage="checking the output paths", code=errno.EACCES)
+
+
+def _hard_link_in(p: Path, dirs: list[str]) -> Path | None:
+    """A file under ``dirs`` that is the same file as ``p`` through a hard link (only looked for when ``p`` has
+    more than one link)."""
+    try:
+        st = p.stat()
+    except OSError:
+        return None
+    if st.st_nlink < 2:
+        return None
+    for d in dirs:
+        for root, _, names in os.walk(d):
+            for n in names:
+                f = os.path.join(root, n)
+                with contextlib.suppress(OSError):
+                    s = os.lstat(f)
+                    if (s.st_dev, s.st_ino) == (st.st_dev, st.st_ino):
+                        return Path(f)
+    return None
 
 
 # ---- atomic writes --------------------------------------------------------------------------------------------------
