@@ -507,3 +507,22 @@ def test_default_report_files_do_not_overwrite_each_other(tmp_path, monkeypatch)
         assert invoke("report", str(two_ranks(tmp_path / "in" / str(i), name)), "-q")[0] == 0
     reports = sorted(p.name for p in tmp_path.glob("traceanalyze-*.html"))
     assert len(reports) == 3 and "traceanalyze-run.html" in reports
+
+
+def test_api_outputs_are_checked_against_the_report_inputs(tmp_path):
+    from traceanalyze.api import analyze
+
+    d = two_ranks(tmp_path)
+    (d / "train.log").write_text("step 1 loss 2.0\n")
+    before = {p.name: sha(p) for p in d.iterdir()}
+    with analyze(d, db=tmp_path / "r.duckdb", jobs=1) as rep:
+        for write in (rep.to_json, rep.to_markdown, rep.to_html, rep.export):
+            with pytest.raises(UsageError, match="is an input"):
+                write(d / "rank0.json")
+        with pytest.raises(UsageError, match="is an input"):
+            rep.to_html(tmp_path / "r.duckdb")
+        assert rep.to_html(tmp_path / "r.html") == tmp_path / "r.html"
+    assert {p.name: sha(p) for p in d.iterdir()} == before
+    with pytest.raises(UsageError, match="is an input"):
+        analyze(d, db=d / "rank1.json", jobs=1)
+    assert {p.name: sha(p) for p in d.iterdir()} == before

@@ -244,25 +244,36 @@ class Report:
         return _pd().DataFrame(rows, columns=cols)
 
     # ---- outputs --------------------------------------------------------------------------------------------
+    def _check_output(self, name: str, path: str | Path) -> None:
+        """Refuse an output that is one of the report's inputs (traces, sidecars) or its database (README, Safety:
+        outputs never equal inputs). Raises UsageError."""
+        from traceanalyze.safety import check_outputs
+
+        inputs = [e["path"] for r in self.model.get("runs") or [] for key in ("files", "sidecars")
+                  for e in r.get(key) or [] if isinstance(e, dict) and e.get("path")]
+        check_outputs([(name, path)], inputs + ([self.db_path] if self.db_path else []))
+
     def to_json(self, path: str | Path | None = None) -> str:
         """The report model as JSON text (NaN becomes null); also written to ``path`` when given.
 
-        Raises: OSError when ``path`` cannot be written.
+        Raises: OSError when ``path`` cannot be written; UsageError when it is an input of the report.
         """
         text = pipeline.to_json(self.model)
         if path is not None:
+            self._check_output("path", path)
             atomic_write_text(path, text)
         return text
 
     def to_markdown(self, path: str | Path | None = None) -> str:
         """The Markdown summary for a ticket (what ``report --format md`` prints); also written to ``path``.
 
-        Raises: OSError when ``path`` cannot be written.
+        Raises: OSError when ``path`` cannot be written; UsageError when it is an input of the report.
         """
         from traceanalyze import render
 
         text = render.markdown(self.model)
         if path is not None:
+            self._check_output("path", path)
             atomic_write_text(path, text)
         return text
 
@@ -283,7 +294,11 @@ class Report:
         from traceanalyze.export import DEFAULT_MAX_EVENTS, export_beside
 
         out = Path(path)
+        self._check_output("path", out)
         if export is not None:
+            from traceanalyze.export import export_target
+
+            self._check_output("export", export_target(out, export))
             link, _ = export_beside(self.con, out, export, max_events=max_events or DEFAULT_MAX_EVENTS)
             self.model["export_path"] = link
         atomic_write_text(out, render.html(self.model))
@@ -306,6 +321,7 @@ class Report:
         """
         from traceanalyze.export import DEFAULT_MAX_EVENTS, export_trace
 
+        self._check_output("path", path)
         return export_trace(self.con, path, run=run, max_events=max_events or DEFAULT_MAX_EVENTS)
 
     # ---- display --------------------------------------------------------------------------------------------
