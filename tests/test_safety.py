@@ -207,6 +207,8 @@ def test_export_and_batch_outputs_are_checked_too(tmp_path):
     assert code == 2 and "is an input" in err and sha(db) == before
     code, _, err = invoke("batch", str(tmp_path), "-o", str(tmp_path))
     assert code == 2 and "is the archive itself" in err and not (tmp_path / "catalog.duckdb").exists()
+    code, _, err = invoke("batch", str(d), "-o", str(tmp_path))  # removed runs' folders are deleted: not there
+    assert code == 2 and "holds the archive" in err and not (tmp_path / "catalog.duckdb").exists()
 
 
 def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch):

@@ -72,7 +72,7 @@ import duckdb
 
 from traceanalyze import __version__
 from traceanalyze.errors import TraceanalyzeError
-from traceanalyze.safety import atomic_write_text, check_outputs
+from traceanalyze.safety import atomic_path, atomic_write_text, check_outputs
 
 CATALOG_VERSION = "1"
 REGRESSION_THRESHOLD = 1.2  # step time above this × the group's median of earlier runs is a regression
@@ -304,7 +304,8 @@ def explain_regression(task: dict) -> dict:
     try:
         out.mkdir(parents=True, exist_ok=True)
         if not db.exists() and (out / "report.duckdb").exists():
-            shutil.copyfile(out / "report.duckdb", db)  # the run's traces are parsed already: a warm cache
+            with atomic_path(db) as tmp:  # the run's traces are parsed already: a warm cache, never half a copy
+                shutil.copyfile(out / "report.duckdb", tmp)
         a = pipeline.analyze(task["files"], baseline=task["ref_files"], db=db, jobs=1,
                              link_bw_gbps=task.get("link_bw_gbps"), peak_tflops=task.get("peak_tflops"))
     except Exception as exc:
@@ -591,6 +592,11 @@ def run_batch(archive: str | Path, outdir: str | Path, *, jobs: int | None = Non
         from traceanalyze.errors import UsageError
 
         raise UsageError(f"-o {outdir}: is the archive itself; write the batch output to another folder")
+    if archive.resolve().is_relative_to(outdir.resolve()):
+        from traceanalyze.errors import UsageError
+
+        # runs that leave the archive have their output folders removed: never where the archive lies
+        raise UsageError(f"-o {outdir}: holds the archive {archive}; write the batch output to another folder")
     outdir.mkdir(parents=True, exist_ok=True)
     con = open_catalog(outdir / "catalog.duckdb")
     (outdir / "runs").mkdir(exist_ok=True)
