@@ -411,6 +411,14 @@ def test_sql_output_holds_no_control_or_bidi_character(tmp_path):
         assert code == 0 and "a" in out and not any(c in out for c in "\x1b\u202e\u2066")
 
 
+def test_click_usage_errors_quote_paths_without_control_or_bidi_characters(tmp_path):
+    bad = tmp_path / "no\u202edb\x1b[2J.duckdb"
+    code, out, err = invoke("sql", str(bad), "SELECT 1")
+    assert code == 2 and "does not exist" in err and not any(c in out + err for c in "\x1b\u202e")
+    code, out, _ = invoke("--help")
+    assert code == 0 and "Usage:" in out
+
+
 # ---- 13. environment failures --------------------------------------------------------------------------------------
 
 def test_out_of_memory_names_the_stage_and_what_to_try(tmp_path, monkeypatch):

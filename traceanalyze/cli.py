@@ -27,7 +27,7 @@ from traceanalyze.errors import (
     EnvironmentFailure,
     TraceanalyzeError,
 )
-from traceanalyze.safety import atomic_write_text, terminal
+from traceanalyze.safety import atomic_write_text, terminal, terminal_block
 
 
 def _slug(paths: tuple[str, ...]) -> str:
@@ -69,11 +69,6 @@ class _Progress:
             self.bar.close()
 
 
-def _line(msg: str) -> str:
-    """One terminal line: newlines, control characters and bidi controls (from file or kernel names) as ``?``."""
-    return terminal(msg)
-
-
 def _say(msg: str) -> None:
     click.echo(terminal(msg), err=True)
 
@@ -97,7 +92,29 @@ class _Size(click.ParamType):
         return int(float(m.group(1)) * 1024 ** " KMGT".index(m.group(2).upper() or " "))
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _SafeGroup(click.Group):
+    """click's group, but click's own error messages (which quote the paths given) go through
+    :func:`terminal_block` too: a bad path with an ANSI escape or a bidi override prints as ``?``."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, False, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, False, **extra)
+        except click.ClickException as exc:
+            import io
+
+            buf = io.StringIO()
+            exc.show(file=buf)
+            click.echo(terminal_block(buf.getvalue()), err=True, nl=False)
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            click.echo("Aborted!", err=True)
+            sys.exit(1)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+@click.group(cls=_SafeGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="traceanalyze")
 @click.option("--debug", is_flag=True, help="Show Python tracebacks instead of one-line errors.")
 @click.pass_context
@@ -288,7 +305,7 @@ def sql(ctx: click.Context, db: str, query: str, as_csv: bool) -> None:
     """
     import duckdb
 
-    from traceanalyze.safety import open_untrusted, terminal_block, untrusted_error
+    from traceanalyze.safety import open_untrusted, untrusted_error
 
     def run() -> None:
         # the database may come from anyone: read-only, no file access, no extensions (README, Safety)
