@@ -536,3 +536,14 @@ def test_api_outputs_are_checked_against_the_report_inputs(tmp_path):
     with pytest.raises(UsageError, match="is an input"):
         analyze(d, db=d / "rank1.json", jobs=1)
     assert {p.name: sha(p) for p in d.iterdir()} == before
+
+
+def test_batch_run_folders_are_distinct_for_look_alike_run_names(tmp_path):
+    archive = tmp_path / "archive"
+    names = ["run", "RUN", "r\u00fcn", "r n", "run\u200b"]
+    for name in names:
+        two_ranks(archive / name, "job")  # run ids "run/job", "RUN/job", ...
+    res = batch.run_batch(archive, tmp_path / "out", jobs=1)
+    slugs = [r["slug"] for r in res.runs]
+    assert len(res.runs) == len(names) and len({s.casefold() for s in slugs}) == len(names), slugs
+    assert all(r["status"] == "ok" for r in res.runs)

@@ -621,7 +621,8 @@ def _run(con, archive, outdir, specs, options, jobs, executor_name, scheduler, t
             if target is not None and target.is_dir() and target.resolve().parent == (outdir / "runs").resolve():
                 shutil.rmtree(target, ignore_errors=True)
             res.removed.append(run_id)
-    taken = {v[1] for k, v in known.items() if k in current and v[1]}
+    # compared case-folded: runs/RUN and runs/run are one folder on a case-insensitive file system
+    taken = {v[1].casefold() for k, v in known.items() if k in current and v[1]}
     tasks = []
     for s in specs:
         fp = _fingerprint(s, options)
@@ -631,10 +632,10 @@ def _run(con, archive, outdir, specs, options, jobs, executor_name, scheduler, t
             s["slug"] = old[1]
         else:
             slug = _slug(s["run_id"])
-            if slug in taken:
+            if slug.casefold() in taken:
                 slug = f"{slug}-{hashlib.sha1(s['run_id'].encode()).hexdigest()[:8]}"
             s["slug"] = slug
-            taken.add(slug)
+            taken.add(slug.casefold())
         fresh = (old is not None and old[0] == fp and not force
                  and (old[2] is None or (outdir / old[2]).exists()))
         if fresh:
