@@ -547,3 +547,17 @@ def test_batch_run_folders_are_distinct_for_look_alike_run_names(tmp_path):
     slugs = [r["slug"] for r in res.runs]
     assert len(res.runs) == len(names) and len({s.casefold() for s in slugs}) == len(names), slugs
     assert all(r["status"] == "ok" for r in res.runs)
+
+
+def test_own_outputs_inside_the_input_folder_are_replaced_on_a_rerun(tmp_path):
+    d = two_ranks(tmp_path)
+    args = ["report", str(d), "-j", "1", "-o", str(d / "r.html"), "--json", str(d / "r.json"), "--md",
+            str(d / "r.md"), "--export", "m.json.gz"]
+    assert invoke(*args)[0] == 0
+    first = {p.name for p in d.iterdir()}
+    assert first == {"rank0.json", "rank1.json", "r.html", "r.json", "r.md", "r.duckdb", "m.json.gz"}
+    assert all(safety.is_own_output(d / n) for n in first - {"rank0.json", "rank1.json"})
+    assert not safety.is_own_output(d / "rank0.json")
+    code, _, err = invoke(*args)
+    assert code == 0, err
+    assert {p.name for p in d.iterdir()} == first
