@@ -325,8 +325,11 @@ def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: floa
     link = _expected_link(facts, side, link_bw_gbps)
     ranks_model = [_rank_model(r) for r in rank_rows]
     steps_model = [asdict(s) for s in step_rows]
-    step_times = [r.step_time_us for r in rank_rows if r.step_time_us is not None]
-    step_time = float(np.median(step_times)) if step_times else None
+    # the run's step time: median over the counted steps of the longest rank's duration (metrics.steps)
+    longest: dict[int, float] = {}
+    for st in step_rows:
+        longest[st.step] = max(longest.get(st.step, 0.0), st.step_time_us)
+    step_time = float(np.median(list(longest.values()))) if longest else None
     world = facts["world_size"]
     if not good:  # log-only: what the logs say, else NCCL's communicator size, else the ranks that logged
         ws_fact = side["facts"].get("world_size")
