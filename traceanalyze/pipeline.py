@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import duckdb
 
 from traceanalyze import __version__, store
-from traceanalyze.discover import Discovery, Run, assign_ranks, discover
+from traceanalyze.discover import Discovery, Run, assign_ranks, discover, window_grouping
 from traceanalyze.errors import TraceanalyzeError
 
 if TYPE_CHECKING:
@@ -273,9 +273,12 @@ def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: floa
             con.execute("UPDATE files SET run_id = ?, rank = ?, \"window\" = ? WHERE file_id = ?",
                         [run_id, r, w, lf.file_id])
         if len(lfs) > 1:
+            why = window_grouping([lf.path for lf in lfs], headers)
             warnings.append({"file": None, "level": "info",
-                             "message": f"rank {r} has {len(lfs)} trace files; read as {len(lfs)} profiling "
-                                        "windows of that rank"})
+                             "message": f"rank {r}: {len(lfs)} trace files read as {len(lfs)} successive profiling "
+                                        f"windows of that rank ({why}); in time order: "
+                                        f"{', '.join(lf.path.name for lf in lfs)}. Each window is analysed; the "
+                                        "step statistics combine the steps of all windows"})
 
     facts = _run_facts(headers.values(), by_rank)
     if facts["world_size"] and by_rank:
