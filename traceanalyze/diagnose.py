@@ -15,6 +15,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import asdict, dataclass, field
 
+from traceanalyze import hardware
+from traceanalyze.hardware import GpuInfo
 from traceanalyze.metrics.collectives import CollectiveAnalysis
 from traceanalyze.metrics.host import CompileStats, LaunchStats, LoaderStats
 from traceanalyze.metrics.precision import PrecisionMix
@@ -68,6 +70,7 @@ class RunEvidence:
     topology: object | None = None  # logs.Topology
     link: dict = field(default_factory=dict)  # {"expected_gbps", "source"}
     idle: list[dict] = field(default_factory=list)  # GPU idle breakdown per rank and stream (metrics.idle)
+    gpu: GpuInfo = field(default_factory=GpuInfo)  # name and compute capability (traceanalyze.hardware)
 
     def fact(self, key: str):
         """The first stated value of a fact (its ``num`` when numeric, else its text), or None."""
@@ -209,8 +212,8 @@ def _interconnect_recommendation(ev: RunEvidence, topo_pairs) -> str:
                 "reduce what is sent (bf16 gradients via a DDP comm hook, fewer/larger buckets), and accumulate "
                 "gradients locally with no_sync() so fewer all-reduces run")
     return ("check the link between GPUs (nvidia-smi topo -m, NCCL_DEBUG=INFO for the transport), overlap "
-            "communication with compute (DDP bucket_cap_mb, FSDP prefetch), and reduce its volume (bf16 gradient "
-            "compression hook, gradient accumulation with no_sync())")
+            "communication with compute (DDP bucket_cap_mb, FSDP prefetch), and reduce its volume (gradient "
+            f"compression: DDP {hardware.grad_compression_hook(ev.gpu)}, gradient accumulation with no_sync())")
 
 
 def rule_straggler(ev: RunEvidence) -> list[Finding]:
@@ -309,7 +312,7 @@ def rule_precision(ev: RunEvidence) -> list[Finding]:
         k = GPU_FP32_SPEEDUP_DEFAULT
         from traceanalyze.metrics.precision import peak_tflops
 
-        hi, lo = peak_tflops(ev.gpu_model, "bf16"), peak_tflops(ev.gpu_model, "fp32")
+        hi, lo = peak_tflops(ev.gpu_model, hardware.half_dtype(ev.gpu)), peak_tflops(ev.gpu_model, "fp32")
         if hi and lo:
             k = min(max(hi / lo / 2, 2.0), 8.0)  # half the peak ratio: memory-bound parts gain less
     else:
@@ -320,7 +323,7 @@ def rule_precision(ev: RunEvidence) -> list[Finding]:
                 f"fp32{' on CUDA cores (no tensor cores)' if ev.mode == 'gpu' else ''}; "
                 f"matrix math is {100 * gemm_per_rank / busy:.0f}% of compute" if busy else
                 f"{p.fp32_share_pct:.0f}% of matrix-math time runs in fp32"]
-    evidence.append("dtype mix: " + ", ".join(f"{m['dtype']} {m['pct']:.0f}%" for m in p.mix[:4])
+    evidence.append("dtype mix: " + ", ".join(f"{m.get('label') or m['dtype']} {m['pct']:.0f}%" for m in p.mix[:4])
                     + f" (from {p.source})")
     if p.mfu_pct is not None:
         evidence.append(f"achieved {p.achieved_tflops:.1f} TFLOPS = {p.mfu_pct:.1f}% of {p.peak_tflops:g} TFLOPS "
@@ -332,12 +335,16 @@ def rule_precision(ev: RunEvidence) -> list[Finding]:
     precision_stated = ev.fact("precision")
     if precision_stated:
         evidence.append(f"config/log states precision {precision_stated}")
+    rec = ("enable bf16 autocast (torch.autocast('cuda', dtype=torch.bfloat16)) or bf16: true / "
+           "--bf16 in the trainer config, and torch.backends.cuda.matmul.allow_tf32 = True "
+           "(torch.set_float32_matmul_precision('high')) for what stays fp32")
+    if ev.mode == "gpu":  # only what this GPU supports (traceanalyze.hardware)
+        evidence.append(f"GPU: {ev.gpu.label}" + (f" (from {ev.gpu.source})" if ev.gpu.capability else
+                                                   ": compute capability unknown"))
+        rec = hardware.precision_advice(ev.gpu)
     return [Finding("precision", "fp32_matmul", severity(impact), impact, [r["rank"] for r in ev.ranks],
                     f"Matrix math runs in fp32: {p.fp32_share_pct:.0f}% of GEMM time",
-                    evidence,
-                    "enable bf16 autocast (torch.autocast('cuda', dtype=torch.bfloat16)) or bf16: true / "
-                    "--bf16 in the trainer config, and torch.backends.cuda.matmul.allow_tf32 = True "
-                    "(torch.set_float32_matmul_precision('high')) for what stays fp32")]
+                    evidence, rec)]
 
 
 def rule_compile(ev: RunEvidence) -> list[Finding]:
@@ -598,6 +605,16 @@ def compare(subject: RunEvidence, baseline: RunEvidence, subject_findings: list[
     return comp, extra
 
 
+def _same_precision_advice(subject: RunEvidence, prec_b: str) -> str:
+    """Advice for a run in fp32 whose baseline uses ``prec_b``: what the subject's GPU supports
+    (:func:`traceanalyze.hardware.precision_advice`; both options when the GPU is unknown)."""
+    if subject.mode == "cpu":
+        return ("set the same precision as the baseline: bf16: true / --bf16 (or torch.autocast with "
+                "dtype=torch.bfloat16); the single-device default is often fp32")
+    return (f"set the same precision as the baseline ({prec_b}; the single-device default is often fp32): "
+            + hardware.precision_advice(subject.gpu))
+
+
 def _compare_throughput(subject: RunEvidence, baseline: RunEvidence, have: list[Finding]) -> list[Finding]:
     """Findings from logs alone when two runs differ: poor scaling to more ranks, fp32 against bf16."""
     out: list[Finding] = []
@@ -612,8 +629,7 @@ def _compare_throughput(subject: RunEvidence, baseline: RunEvidence, have: list[
             ev_lines.append(f"per-rank speed {ts[0]:,.1f} vs {tb[0]:,.1f} {ts[1]}: {1 / rel:.1f}× slower")
         out.append(Finding("precision", "autocast_missing", severity(impact), impact, [],
                            f"{subject.name} runs in fp32 while {baseline.name} uses {prec_b}", ev_lines,
-                           "set the same precision as the baseline: bf16: true / --bf16 (or torch.autocast with "
-                           "dtype=torch.bfloat16); the single-device default is often fp32", run=subject.name))
+                           _same_precision_advice(subject, prec_b), run=subject.name))
     if ns > nb and rel is not None and rel < 0.5 and not any(f.cause == "interconnect" for f in have):
         eff = rel
         impact = round(100 * (1 - eff), 1)

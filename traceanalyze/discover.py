@@ -58,6 +58,7 @@ class Discovery:
     runs: list[Run]
     skipped: list[tuple[str, str]]
     unreadable: list[str] = field(default_factory=list)
+    ignored: list[tuple[str, str]] = field(default_factory=list)  # (path, why) of files not ours, not warned about
 
 
 def _head(path: Path) -> bytes:
@@ -160,10 +161,13 @@ def discover(inputs: list[str | Path]) -> Discovery:
 
     traces: dict[Path, list[Path]] = {}
     sidecars: list[Sidecar] = []
+    ignored: list[tuple[str, str]] = []
     for f in files:
         if f.suffix.lower() in (".duckdb", ".html", ".md", ".wal", ".parquet", ".png", ".svg"):
+            ignored.append((str(f), "a report, database or image (an output, not an input)"))
             continue  # our own outputs
         if f.name == "scenario.json":
+            ignored.append((str(f), "a sample scenario description"))
             continue
         try:
             kind, note = classify(f)
@@ -177,6 +181,8 @@ def discover(inputs: list[str | Path]) -> Discovery:
             sidecars.append(Sidecar(f, kind))
         elif note:
             skipped.append((str(f), note))
+        else:
+            ignored.append((str(f), "not a Kineto trace, training log, NCCL output, topology or config"))
 
     runs = []
     for folder in sorted(traces):
@@ -204,7 +210,7 @@ def discover(inputs: list[str | Path]) -> Discovery:
             r.sidecars.append(sc)
     runs.sort(key=lambda r: str(r.path))
     _name_runs(runs)
-    return Discovery(runs=runs, skipped=skipped, unreadable=unreadable)
+    return Discovery(runs=runs, skipped=skipped, unreadable=unreadable, ignored=ignored)
 
 
 def name_is_trace_like(path: Path) -> bool:

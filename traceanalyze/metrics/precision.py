@@ -64,6 +64,24 @@ def kernel_dtype(name: str) -> tuple[str | None, bool | None]:
     return None, None
 
 
+_DTYPE_NAMES = {"tf32": "TF32", "fp8": "FP8", "unknown": "dtype unknown"}
+
+
+def mix_label(dtype: str, tensor_core: bool | None, mode: str = "gpu") -> str:
+    """Readable name of one dtype-mix row, unique per (dtype, tensor cores): ``bf16 on tensor cores``, ``fp32 on
+    CUDA cores``, ``fp32, tensor cores unknown (TF32 when allowed)``; on CPU just the dtype."""
+    name = _DTYPE_NAMES.get(dtype, dtype)
+    if mode != "gpu" or dtype == "unknown":
+        return name
+    if tensor_core is True:
+        return f"{name} on tensor cores"
+    if tensor_core is False:
+        return f"{name} on CUDA cores"
+    if dtype == "fp32":
+        return "fp32, tensor cores unknown (TF32 when allowed)"
+    return f"{name}, tensor cores unknown"
+
+
 def peak_tflops(gpu_model: str | None, dtype: str) -> float | None:
     """Dense peak TFLOPS of ``gpu_model`` for ``dtype`` from :data:`PEAK_TFLOPS`; None when unknown."""
     if not gpu_model:
@@ -120,7 +138,7 @@ class PrecisionMix:
 
     mode: str
     gemm_time_us: float = 0.0
-    mix: list[dict] = field(default_factory=list)  # {dtype, tensor_core, time_us, pct}
+    mix: list[dict] = field(default_factory=list)  # {dtype, tensor_core, label, time_us, pct}
     fp32_share_pct: float = 0.0  # fp32 math on CUDA cores (or plain fp32 on CPU)
     tensor_core_share_pct: float | None = None
     achieved_tflops: float | None = None
@@ -193,8 +211,9 @@ def analyze_precision(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, gp
     res.gemm_time_us = total / 1e3
     if total <= 0:
         return res
-    for (dt, tc), t in sorted(acc.items(), key=lambda kv: -kv[1]):
-        res.mix.append({"dtype": dt, "tensor_core": tc, "time_us": round(t / 1e3, 3), "pct": round(100 * t / total, 2)})
+    for (dt, tc), t in sorted(acc.items(), key=lambda kv: -kv[1]):  # one row per (dtype, tensor cores)
+        res.mix.append({"dtype": dt, "tensor_core": tc, "label": mix_label(dt, tc, mode),
+                        "time_us": round(t / 1e3, 3), "pct": round(100 * t / total, 2)})
     res.main_dtype = res.mix[0]["dtype"]
     res.fp32_share_pct = round(100 * sum(t for (dt, tc), t in acc.items() if dt == "fp32" and not tc) / total, 2)
     if mode == "gpu":
