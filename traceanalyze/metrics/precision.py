@@ -9,6 +9,9 @@ Names that do not tell (``nvjet_*``, Triton, cuBLAS generic) fall back to the la
 CPU mode: the training thread's leaf matrix ops (``aten::mm``, ``addmm``, ``bmm``, ``baddbmm``,
 ``_scaled_dot_product_*attention*``, ``*_convolution``) by their first ``Input type``; there are no tensor cores.
 
+Both modes count the work of the counted profiler steps only (:mod:`.steps`: GPU kernels launched before a
+window's last, partial step; CPU ops inside counted steps), as the breakdown does, so shares compare.
+
 Achieved TFLOPS: 2·M·N·K per ``aten::mm``/``addmm``/``bmm`` from ``Input Dims``, over the time of the kernels
 it launched (GPU) or of the op (CPU); MFU = achieved / the GPU's dense peak for that dtype (NVIDIA datasheets;
 torchtitan ``get_peak_flops``), or ``--peak-tflops``.
@@ -23,6 +26,7 @@ from dataclasses import dataclass, field
 import duckdb
 
 from traceanalyze.metrics.breakdown import kernel_classes
+from traceanalyze.metrics.steps import counted_kernels_sql, counted_op_sql
 
 # (regex searched in the kernel name, dtype, tensor core). First match wins; order matters.
 KERNEL_DTYPE_RULES: list[tuple[str, str, bool | None]] = [
@@ -160,11 +164,11 @@ def analyze_precision(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, gp
         # matrix-math kernels, picked by name first so only their rows are joined to the launching ops
         gemm = [name for name, klass in kernel_classes(con, run_id).items()
                 if klass == "compute" and GEMM_KERNEL.search(name) and not ELEMENTWISE_EXCLUDE.search(name)]
-        rows = con.execute("""
+        rows = con.execute(f"""
             SELECT k.name, sum(k.dur_ns), any_value(o.input_types), any_value(o.name)
-            FROM kernels k JOIN files f USING (file_id)
+            FROM ({counted_kernels_sql("$1")}) k
             LEFT JOIN cpu_ops o ON o.file_id = k.file_id AND o.external_id = k.external_id AND o.cat = 'cpu_op'
-            WHERE f.run_id = ? AND k.cat = 'kernel' AND k.name IN (SELECT unnest(?))
+            WHERE k.cat = 'kernel' AND k.name IN (SELECT unnest($2))
             GROUP BY k.name""", [run_id, gemm]).fetchall()
         from_name = from_op = 0.0
         for name, dur, types, _op in rows:
@@ -179,24 +183,20 @@ def analyze_precision(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, gp
                 from_name += dur
             acc[(dt, tc)] = acc.get((dt, tc), 0.0) + dur
         res.source = "kernel names" + (", launching op Input type" if from_op else "")
-        fr = con.execute("""
+        fr = con.execute(f"""
             SELECT o.name, o.input_dims, o.input_types, sum(k.dur_ns)
             FROM cpu_ops o JOIN files f USING (file_id)
-            JOIN kernels k ON k.file_id = o.file_id AND k.external_id = o.external_id
-            WHERE f.run_id = ? AND o.cat = 'cpu_op' AND o.name IN ('aten::mm', 'aten::addmm', 'aten::bmm',
+            JOIN ({counted_kernels_sql("$1")}) k ON k.file_id = o.file_id AND k.external_id = o.external_id
+            WHERE f.run_id = $1 AND o.cat = 'cpu_op' AND o.name IN ('aten::mm', 'aten::addmm', 'aten::bmm',
                   'aten::baddbmm') GROUP BY o.file_id, o.external_id, o.name, o.input_dims, o.input_types""",
                          [run_id]).fetchall()
     else:
         rows = con.execute(f"""
-            WITH main AS (
-                SELECT c.file_id, c.pid, c.tid FROM cpu_ops c JOIN files f USING (file_id)
-                WHERE f.run_id = ? AND profiler_step(c.cat, c.name) IS NOT NULL GROUP BY ALL)
             SELECT c.name, c.input_types, c.input_dims, c.dur_ns
             FROM cpu_ops c JOIN files f USING (file_id)
-            WHERE f.run_id = ? AND c.cat = 'cpu_op'
+            WHERE f.run_id = $1 AND c.cat = 'cpu_op'
               AND (c.name IN {CPU_GEMM_OPS!r} OR (c.name LIKE 'aten::_scaled_dot_product%attention%'))
-              AND (NOT EXISTS (SELECT 1 FROM main) OR (c.file_id, c.pid, c.tid) IN (SELECT (file_id, pid, tid)
-                   FROM main))""", [run_id, run_id]).fetchall()
+              AND {counted_op_sql("c", "$1")}""", [run_id]).fetchall()
         for _name, types, _dims, dur in rows:
             dt = _op_dtype(types) or "unknown"
             acc[(dt, False)] = acc.get((dt, False), 0.0) + dur

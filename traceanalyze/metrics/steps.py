@@ -45,6 +45,26 @@ def step_cutoff_sql(run_param: str = "$1") -> str:
     return f"SELECT file_id, start_ns AS cutoff_ns FROM profiler_steps({run_param}) WHERE window_edge"
 
 
+def counted_kernels_sql(run_param: str = "$1") -> str:
+    """SQL of the run's ``kernels`` rows (all columns) that the breakdowns count: every kernel of a window without
+    a cutoff, else those launched before it (:func:`step_cutoff_sql`). ``run_param`` as there."""
+    cut = step_cutoff_sql(run_param)
+    return f"""SELECT k.* FROM kernels k JOIN files f ON f.file_id = k.file_id AND f.run_id = {run_param}
+    LEFT JOIN ({cut}) c ON c.file_id = k.file_id
+    LEFT JOIN (SELECT DISTINCT r.file_id, r.correlation FROM cpu_ops r JOIN ({cut}) c2 USING (file_id)
+               WHERE r.correlation IS NOT NULL AND r.cat IN ('cuda_runtime', 'cuda_driver')
+                 AND r.ts_ns < c2.cutoff_ns) l ON l.file_id = k.file_id AND l.correlation = k.correlation
+    WHERE c.file_id IS NULL OR l.file_id IS NOT NULL"""
+
+
+def counted_op_sql(alias: str = "c", run_param: str = "$1") -> str:
+    """SQL condition on a ``cpu_ops`` row ``alias``: it starts inside a counted step of its file and thread, or
+    the run has no profiler step at all (then every op counts)."""
+    return (f"(NOT EXISTS (SELECT 1 FROM profiler_steps({run_param})) OR EXISTS (SELECT 1 FROM "
+            f"profiler_steps({run_param}) s WHERE s.counted AND s.file_id = {alias}.file_id AND s.pid = {alias}.pid "
+            f"AND s.tid = {alias}.tid AND {alias}.ts_ns >= s.start_ns AND {alias}.ts_ns < s.end_ns))")
+
+
 @dataclass
 class ProfilerStep:
     """One counted step of one rank and window: times in ns on the rank's clock, ``duration_us`` in µs."""
@@ -94,4 +114,5 @@ def rank_step_time_us(steps: list[ProfilerStep], rank: int) -> float | None:
     return float(statistics.median(d)) if d else None
 
 
-__all__ = ["STEP_MACROS", "ProfilerStep", "rank_step_time_us", "run_step_time_us", "step_cutoff_sql", "step_set"]
+__all__ = ["STEP_MACROS", "ProfilerStep", "counted_kernels_sql", "counted_op_sql", "rank_step_time_us",
+           "run_step_time_us", "step_cutoff_sql", "step_set"]
