@@ -90,10 +90,11 @@ def _ms(us: float | None) -> str:
 
 
 def _per_step(ev: RunEvidence, r: dict, key: str) -> float | None:
-    """A rank's µs of ``key`` per profiler step (mean over steps), else over its whole window."""
+    """A rank's µs of ``key`` per counted profiler step (median over its steps, as its step time), else over its
+    whole window."""
     rs = [s for s in ev.steps if s["rank"] == r["rank"]]
     if rs and key in rs[0]:
-        return statistics.mean(s[key] for s in rs)
+        return statistics.median(s[key] for s in rs)
     return r.get(key)
 
 
@@ -255,7 +256,7 @@ def rule_straggler(ev: RunEvidence) -> list[Finding]:
                 f"{_ms(statistics.median(comp.values()))}"]
     if waits:
         others = [w for r, w in waits.items() if r != slow]
-        evidence.append(f"the other ranks wait {_ms(statistics.mean(others))} per step in collectives; "
+        evidence.append(f"the other ranks wait a mean of {_ms(statistics.mean(others))} per step in collectives; "
                         f"rank {slow} waits {_ms(waits.get(slow, 0.0))}")
         last = ev.coll.last_arrivals.get(slow, 0)
         evidence.append(f"rank {slow} arrives last at {last} of {ev.coll.n_matched_calls} matched collectives")
@@ -532,8 +533,9 @@ def _ranks_of(ev: RunEvidence) -> int:
 def compare(subject: RunEvidence, baseline: RunEvidence, subject_findings: list[Finding]) -> tuple[dict, list[Finding]]:
     """Explain subject − baseline step time as a sum of parts and flag config differences.
 
-    Parts per profiler step (medians over ranks): compute, exposed communication, idle, other (the rest of the
-    step), each subject − baseline in µs; they add up to the step-time delta. Each part names the finding of
+    Parts per counted profiler step (median over ranks of each rank's median over its steps): compute, exposed
+    communication, idle, and other (the rest of the run's step time, :mod:`traceanalyze.metrics.steps`), each
+    subject − baseline in µs; they add up to the step-time delta. Each part names the finding of
     the subject that explains it. Returns ``(comparison dict, extra findings)``.
     """
     def parts(ev: RunEvidence) -> dict[str, float]:
@@ -542,8 +544,8 @@ def compare(subject: RunEvidence, baseline: RunEvidence, subject_findings: list[
         ranks = sorted({s["rank"] for s in ev.steps})
 
         def med(key: str) -> float:
-            return statistics.median(statistics.mean(s[key] for s in ev.steps if s["rank"] == r) for r in ranks)
-        d = {"step": med("step_time_us"), "compute": med("compute_us"),
+            return statistics.median(statistics.median(s[key] for s in ev.steps if s["rank"] == r) for r in ranks)
+        d = {"step": ev.step_time_us or med("step_time_us"), "compute": med("compute_us"),
              "exposed communication": med("exposed_comm_us"), "idle": med("idle_us")}
         d["other"] = d["step"] - d["compute"] - d["exposed communication"] - d["idle"]
         return d
