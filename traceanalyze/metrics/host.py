@@ -133,8 +133,9 @@ def launch_stats(con: duckdb.DuckDBPyConnection, run_id: int) -> LaunchStats:
     res.median_kernel_us = float(row[1])
     # per step: the kernels launched, and the launch calls made, inside the counted steps (.steps)
     n_steps, n_kernels, launch = con.execute("""
-        WITH st AS (SELECT file_id, start_ns AS s, end_ns AS e FROM profiler_steps($1) WHERE counted),
-        rt AS (SELECT c.file_id, c.correlation, c.dur_ns, c.name FROM cpu_ops c JOIN files f USING (file_id)
+        WITH st AS MATERIALIZED (SELECT file_id, start_ns AS s, end_ns AS e FROM profiler_steps($1) WHERE counted),
+        rt AS MATERIALIZED (
+               SELECT c.file_id, c.correlation, c.dur_ns, c.name FROM cpu_ops c JOIN files f USING (file_id)
                JOIN st ON st.file_id = c.file_id AND c.ts_ns >= st.s AND c.ts_ns < st.e
                WHERE f.run_id = $1 AND c.cat IN ('cuda_runtime', 'cuda_driver'))
         SELECT (SELECT count(*) FROM st),

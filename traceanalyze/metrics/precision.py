@@ -166,9 +166,8 @@ def analyze_precision(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, gp
                 if klass == "compute" and GEMM_KERNEL.search(name) and not ELEMENTWISE_EXCLUDE.search(name)]
         rows = con.execute(f"""
             SELECT k.name, sum(k.dur_ns), any_value(o.input_types), any_value(o.name)
-            FROM ({counted_kernels_sql("$1")}) k
+            FROM ({counted_kernels_sql("$1", "k.cat = 'kernel' AND k.name IN (SELECT unnest($2))")}) k
             LEFT JOIN cpu_ops o ON o.file_id = k.file_id AND o.external_id = k.external_id AND o.cat = 'cpu_op'
-            WHERE k.cat = 'kernel' AND k.name IN (SELECT unnest($2))
             GROUP BY k.name""", [run_id, gemm]).fetchall()
         from_name = from_op = 0.0
         for name, dur, types, _op in rows:
@@ -186,7 +185,8 @@ def analyze_precision(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, gp
         fr = con.execute(f"""
             SELECT o.name, o.input_dims, o.input_types, sum(k.dur_ns)
             FROM cpu_ops o JOIN files f USING (file_id)
-            JOIN ({counted_kernels_sql("$1")}) k ON k.file_id = o.file_id AND k.external_id = o.external_id
+            JOIN ({counted_kernels_sql("$1", "k.external_id IS NOT NULL AND k.cat <> 'gpu_user_annotation'")}) k
+              ON k.file_id = o.file_id AND k.external_id = o.external_id
             WHERE f.run_id = $1 AND o.cat = 'cpu_op' AND o.name IN ('aten::mm', 'aten::addmm', 'aten::bmm',
                   'aten::baddbmm') GROUP BY o.file_id, o.external_id, o.name, o.input_dims, o.input_types""",
                          [run_id]).fetchall()

@@ -45,15 +45,19 @@ def step_cutoff_sql(run_param: str = "$1") -> str:
     return f"SELECT file_id, start_ns AS cutoff_ns FROM profiler_steps({run_param}) WHERE window_edge"
 
 
-def counted_kernels_sql(run_param: str = "$1") -> str:
+def counted_kernels_sql(run_param: str = "$1", kernel_where: str = "TRUE") -> str:
     """SQL of the run's ``kernels`` rows (all columns) that the breakdowns count: every kernel of a window without
-    a cutoff, else those launched before it (:func:`step_cutoff_sql`). ``run_param`` as there."""
-    cut = step_cutoff_sql(run_param)
-    return f"""SELECT k.* FROM kernels k JOIN files f ON f.file_id = k.file_id AND f.run_id = {run_param}
-    LEFT JOIN ({cut}) c ON c.file_id = k.file_id
-    LEFT JOIN (SELECT DISTINCT r.file_id, r.correlation FROM cpu_ops r JOIN ({cut}) c2 USING (file_id)
-               WHERE r.correlation IS NOT NULL AND r.cat IN ('cuda_runtime', 'cuda_driver')
-                 AND r.ts_ns < c2.cutoff_ns) l ON l.file_id = k.file_id AND l.correlation = k.correlation
+    a cutoff, else those launched before it (:func:`step_cutoff_sql`). ``run_param`` as there; ``kernel_where``
+    (a condition on ``k``) narrows the kernels before their launches are looked up, which is much cheaper than
+    filtering the result."""
+    return f"""WITH cut AS ({step_cutoff_sql(run_param)}),
+    kk AS (SELECT k.* FROM kernels k JOIN files f ON f.file_id = k.file_id AND f.run_id = {run_param}
+           WHERE {kernel_where}),
+    launched AS (SELECT DISTINCT r.file_id, r.correlation FROM cpu_ops r JOIN cut c USING (file_id)
+                 WHERE r.correlation IN (SELECT correlation FROM kk) AND r.cat IN ('cuda_runtime', 'cuda_driver')
+                   AND r.ts_ns < c.cutoff_ns)
+    SELECT kk.* FROM kk LEFT JOIN cut c ON c.file_id = kk.file_id
+    LEFT JOIN launched l ON l.file_id = kk.file_id AND l.correlation = kk.correlation
     WHERE c.file_id IS NULL OR l.file_id IS NOT NULL"""
 
 
