@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-# ../shared beside the checkout; TRACEANALYZE_SHARED points elsewhere (a git worktree one folder deeper)
-SHARED = Path(os.environ.get("TRACEANALYZE_SHARED") or ROOT.parent / "shared")
+SHARED = ROOT.parent / "shared"
 REAL = SHARED / "traces" / "real"
 SAMPLES = ROOT / "sample_traces"
 

@@ -13,6 +13,7 @@ from tests.synth import cpu_job, kernel, write_trace, x
 from traceanalyze.errors import TraceanalyzeError
 from traceanalyze.metrics.steps import run_step_time_us, step_set
 from traceanalyze.pipeline import analyze
+from traceanalyze.render import html as render_html
 
 DATALOADER_RANK0 = SAMPLES / "dataloader_bound" / "rank0.1795307966715981597.pt.trace.json.gz"
 
@@ -125,10 +126,11 @@ def test_windows_grouped_by_header_rank(tmp_path):
     # windows differ: each is reported; the step statistics combine steps 1, 2, 7, 8
     assert [(w["steps"], w["step_time_us"]) for w in r["windows"]] == [("1–2", 10_000.0), ("7–8", 20_000.0)]
     assert (r["n_steps"], r["step_time_us"], run["step_time_us"]) == (4, 15_000.0, 15_000.0)
-    html = a.model  # the HTML shows the per-window table
-    from traceanalyze.render import html as render_html
-
-    page = render_html(html)
+    diff = {"file": None, "level": "info", "run": "job",
+            "message": "rank 0: its profiling windows differ (median step time 20.00 ms in b.json vs 10.00 ms in "
+                       "a.json); see the profiling-windows table, the other figures combine them"}
+    assert diff in a.model["warnings"]
+    page = render_html(a.model)  # the HTML shows the per-window table
     assert "Profiling windows" in page and "7–8" in page
 
 

@@ -327,6 +327,7 @@ def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: floa
         bg.shutdown(wait=False)
     rank_rows, step_rows = metrics.compute_run_metrics(con, run_id)
     metrics.save(con, rank_rows, step_rows)
+    warnings.extend(_window_differences(rank_rows))
     side = _read_sidecars(con, run_id, run, warnings)
     if not good:
         mode = "logs"
@@ -401,6 +402,36 @@ def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: floa
     for w in warnings:
         w.setdefault("run", run.name)
     return model, warnings, ev
+
+
+WINDOW_STEP_DIFF = 0.10  # windows of one rank whose median step times differ by more than this are named
+WINDOW_IDLE_DIFF_POINTS = 10.0  # ... or whose idle % differ by more than this many points
+
+
+def _window_differences(rank_rows) -> list[dict]:
+    """An info row per rank whose profiling windows differ: median step time apart by more than
+    :data:`WINDOW_STEP_DIFF`, or idle % by more than :data:`WINDOW_IDLE_DIFF_POINTS`; each names the files."""
+    out = []
+    for r in rank_rows:
+        wins = r.windows
+        if len(wins) < 2:
+            continue
+        diffs = []
+        timed = [w for w in wins if w.get("step_time_us")]
+        if len(timed) > 1:
+            lo, hi = min(timed, key=lambda w: w["step_time_us"]), max(timed, key=lambda w: w["step_time_us"])
+            if hi["step_time_us"] > (1 + WINDOW_STEP_DIFF) * lo["step_time_us"]:
+                diffs.append(f"median step time {hi['step_time_us'] / 1e3:.2f} ms in {Path(hi['file']).name} vs "
+                             f"{lo['step_time_us'] / 1e3:.2f} ms in {Path(lo['file']).name}")
+        lo, hi = min(wins, key=lambda w: w["idle_pct"]), max(wins, key=lambda w: w["idle_pct"])
+        if hi["idle_pct"] - lo["idle_pct"] > WINDOW_IDLE_DIFF_POINTS:
+            diffs.append(f"idle {hi['idle_pct']:.1f}% in {Path(hi['file']).name} vs {lo['idle_pct']:.1f}% in "
+                         f"{Path(lo['file']).name}")
+        if diffs:
+            out.append({"file": None, "level": "info",
+                        "message": f"rank {r.rank}: its profiling windows differ ({'; '.join(diffs)}); see the "
+                                   "profiling-windows table, the other figures combine them"})
+    return out
 
 
 def _deferred(pool: ThreadPoolExecutor | None, fn: Callable, *args) -> Callable[[], Any]:
