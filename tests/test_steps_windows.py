@@ -142,7 +142,7 @@ def test_tb_plugin_old_schema_trace_shows_its_step():
     assert run["step_time_us"] == 13410.0 and run["ranks"][0]["n_steps"] == 1
     # enumerate(DataLoader)#...__next__ (725 µs) inside that step
     assert run["dataloader"] == {"loader_us": {0: 725.0}, "share_pct": {0: 5.41}}
-    assert (run["gpu_capability"], run["gpu_source"]) == ("sm70", "trace deviceProperties")
+    assert (run["gpu_capability"], run["gpu_source"]) == ("sm70", "trace computeProperties")
 
 
 def test_nothing_to_analyse_names_each_file_and_why(tmp_path):

@@ -78,8 +78,9 @@ def _int(v) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 100 else None
 
 
-def from_properties(props) -> GpuInfo | None:
-    """The first device of a trace header's ``deviceProperties``/``computeProperties`` list, or None."""
+def from_properties(props, key: str = "deviceProperties") -> GpuInfo | None:
+    """The first device of a trace header's ``deviceProperties`` (``computeProperties`` in the 2021 schema: pass
+    its ``key``) list, or None."""
     if not isinstance(props, list):
         return None
     for p in props:
@@ -90,7 +91,7 @@ def from_properties(props) -> GpuInfo | None:
         minor = _int(p.get("computeMinor", p.get("minor")))
         cc = (major, minor) if major is not None and minor is not None else capability_of(name)
         if name or cc:
-            return GpuInfo(name[:100] if name else None, cc, "trace deviceProperties")
+            return GpuInfo(name[:100] if name else None, cc, f"trace {key}")
     return None
 
 

@@ -628,7 +628,8 @@ def _run_facts(headers, by_rank) -> dict:
                 facts["gpu_model"] = str(names[0])
                 facts["gpu_count"] = len(names)
         if facts["_gpu"] is None:
-            facts["_gpu"] = hardware.from_properties(props)
+            facts["_gpu"] = hardware.from_properties(
+                props, "deviceProperties" if h.get("deviceProperties") else "computeProperties")
         crv = h.get("cuda_runtime_version")
         if crv and not facts["cuda_runtime_version"]:
             facts["cuda_runtime_version"] = str(crv)
