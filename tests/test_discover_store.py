@@ -12,7 +12,7 @@ from tests.conftest import real
 from traceanalyze.discover import assign_ranks, discover, rank_from_name
 from traceanalyze.errors import TraceanalyzeError
 from traceanalyze.pipeline import analyze
-from traceanalyze.store import connect
+from traceanalyze.store import SCHEMA_VERSION, connect
 
 
 def _tiny_trace(path, rank=None, world=None, t0=0.0):
@@ -122,7 +122,7 @@ def test_database_of_an_older_schema_is_rebuilt(tmp_path):
     con.close()
     a = analyze(tmp_path, db=db, jobs=1)
     assert not a.model["runs"][0]["files"][0]["cached"]  # parsed again into the new tables
-    assert a.con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("2",)
+    assert a.con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == (str(SCHEMA_VERSION),)
     assert "collective" not in [r[0] for r in a.con.execute("DESCRIBE kernels").fetchall()]
     assert a.con.execute("SELECT count(*) FROM kernels").fetchone() == (1204,)
     a.con.close()

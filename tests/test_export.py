@@ -56,7 +56,8 @@ def test_one_process_per_rank_aligned_and_annotated(skewed, tmp_path):
     assert min(e["ts"] for e in doc["traceEvents"] if e["ph"] == "X") == 0.0
     marks = [e for e in doc["traceEvents"] if e.get("cat") == "traceanalyze"]
     strag = [e for e in marks if e["name"].startswith("straggler")]
-    assert "straggler" in titles and len(strag) == 3 and all(e["pid"] == 1 for e in strag)
+    # one mark per counted profiler step: the third, last step of the window is partial and left out
+    assert "straggler" in titles and len(strag) == 2 and all(e["pid"] == 1 for e in strag)
     assert all(e["args"]["finding"] == titles["straggler"] for e in strag)
     assert strag[0]["args"]["compute_ms"] == 7.0
     exposed = [e for e in marks if e["name"] == "exposed communication"]
@@ -72,7 +73,7 @@ def test_max_events_keeps_findings_and_reports_what_was_dropped(skewed, tmp_path
     doc = _load(tmp_path / "small.json")
     xs = [e for e in doc["traceEvents"] if e["ph"] == "X"]
     assert len(xs) == res.n_events == 10
-    assert res.kept["findings"] == 9 and sum(res.dropped.values()) > 0
+    assert res.kept["findings"] == 8 and sum(res.dropped.values()) > 0
     assert doc["otherData"]["dropped"] == res.dropped
 
 

@@ -45,7 +45,7 @@ def _pd():
 
 def analyze(inputs: str | Path | list[str | Path], *, baseline: str | Path | list[str | Path] | None = None,
             db: str | Path | None = None, jobs: int | None = None, link_bw_gbps: float | None = None,
-            peak_tflops: float | None = None) -> Report:
+            peak_tflops: float | None = None, gpu: str | None = None) -> Report:
     """Analyze the traces (and logs) under ``inputs`` and return a :class:`Report`.
 
     Args:
@@ -56,6 +56,8 @@ def analyze(inputs: str | Path | list[str | Path], *, baseline: str | Path | lis
         jobs: parse processes (default: the CPU count).
         link_bw_gbps: expected per-direction link bandwidth between ranks (GB/s), to judge busbw against.
         peak_tflops: dense peak TFLOPS of one GPU for MFU.
+        gpu: the GPU when the traces' ``deviceProperties`` do not say: a name (``"V100"``) or a compute capability
+            (``"sm80"``); precision advice depends on it (:mod:`traceanalyze.hardware`).
 
     Returns:
         :class:`Report` (close it, or use it as a context manager, to release a ``db`` file).
@@ -65,7 +67,7 @@ def analyze(inputs: str | Path | list[str | Path], *, baseline: str | Path | lis
             or unusable. Unreadable trace files do not raise: they are listed in ``Report.warnings``.
     """
     a = pipeline.analyze(inputs, db=db, baseline=baseline, jobs=jobs, link_bw_gbps=link_bw_gbps,
-                         peak_tflops=peak_tflops)
+                         peak_tflops=peak_tflops, gpu=gpu)
     return Report(a.con, a.model, db_path=a.db_path)
 
 

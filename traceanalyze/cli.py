@@ -139,6 +139,8 @@ def cli(ctx: click.Context, debug: bool) -> None:
               help="Expected per-direction link bandwidth between ranks, to judge busbw against.")
 @click.option("--peak-tflops", type=click.FloatRange(min=0, min_open=True), metavar="TFLOPS",
               help="Dense peak of one GPU for the main matmul dtype, for MFU.")
+@click.option("--gpu", metavar="NAME|smXY", help="The GPU, when the trace's deviceProperties do not say: a name "
+              "(V100, A100, H100, ...) or a compute capability (sm70, sm80, 9.0); precision advice depends on it.")
 @click.option("--max-decompressed", type=_Size(), default="64G", show_default=True, metavar="SIZE",
               help="Bound on what one trace may inflate to (a gzip bomb is an error naming the file): 512M, 64G, ...")
 @click.option("--export", "export_path", type=click.Path(dir_okay=False), metavar="FILE.json[.gz]",
@@ -147,7 +149,8 @@ def cli(ctx: click.Context, debug: bool) -> None:
 @click.pass_context
 def report(ctx: click.Context, paths: tuple[str, ...], output: str | None, json_path: str | None,
            md_path: str | None, fmt: str, db: str | None, baseline: tuple[str, ...], jobs: int | None,
-           link_bw: float | None, peak_tflops: float | None, max_decompressed: int, export_path: str | None,
+           link_bw: float | None, peak_tflops: float | None, gpu: str | None, max_decompressed: int,
+           export_path: str | None,
            quiet: bool) -> None:
     """Analyze the traces under PATHS and write one self-contained HTML report.
 
@@ -179,7 +182,7 @@ def report(ctx: click.Context, paths: tuple[str, ...], output: str | None, json_
         try:
             a = analyze(list(paths), db=db_path, baseline=list(baseline) or None, jobs=jobs,
                         progress=prog.step, on_total=prog.total, link_bw_gbps=link_bw, peak_tflops=peak_tflops,
-                        max_decompressed=max_decompressed, outputs=outputs)
+                        max_decompressed=max_decompressed, gpu=gpu, outputs=outputs)
         finally:
             prog.close()
         try:

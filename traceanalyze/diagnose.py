@@ -15,6 +15,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import asdict, dataclass, field
 
+from traceanalyze import hardware
+from traceanalyze.hardware import GpuInfo
 from traceanalyze.metrics.collectives import CollectiveAnalysis
 from traceanalyze.metrics.host import CompileStats, LaunchStats, LoaderStats
 from traceanalyze.metrics.precision import PrecisionMix
@@ -68,6 +70,7 @@ class RunEvidence:
     topology: object | None = None  # logs.Topology
     link: dict = field(default_factory=dict)  # {"expected_gbps", "source"}
     idle: list[dict] = field(default_factory=list)  # GPU idle breakdown per rank and stream (metrics.idle)
+    gpu: GpuInfo = field(default_factory=GpuInfo)  # name and compute capability (traceanalyze.hardware)
 
     def fact(self, key: str):
         """The first stated value of a fact (its ``num`` when numeric, else its text), or None."""
@@ -87,10 +90,11 @@ def _ms(us: float | None) -> str:
 
 
 def _per_step(ev: RunEvidence, r: dict, key: str) -> float | None:
-    """A rank's µs of ``key`` per profiler step (mean over steps), else over its whole window."""
+    """A rank's µs of ``key`` per counted profiler step (median over its steps, as its step time), else over its
+    whole window."""
     rs = [s for s in ev.steps if s["rank"] == r["rank"]]
     if rs and key in rs[0]:
-        return statistics.mean(s[key] for s in rs)
+        return statistics.median(s[key] for s in rs)
     return r.get(key)
 
 
@@ -209,8 +213,8 @@ def _interconnect_recommendation(ev: RunEvidence, topo_pairs) -> str:
                 "reduce what is sent (bf16 gradients via a DDP comm hook, fewer/larger buckets), and accumulate "
                 "gradients locally with no_sync() so fewer all-reduces run")
     return ("check the link between GPUs (nvidia-smi topo -m, NCCL_DEBUG=INFO for the transport), overlap "
-            "communication with compute (DDP bucket_cap_mb, FSDP prefetch), and reduce its volume (bf16 gradient "
-            "compression hook, gradient accumulation with no_sync())")
+            "communication with compute (DDP bucket_cap_mb, FSDP prefetch), and reduce its volume (gradient "
+            f"compression: DDP {hardware.grad_compression_hook(ev.gpu)}, gradient accumulation with no_sync())")
 
 
 def rule_straggler(ev: RunEvidence) -> list[Finding]:
@@ -252,7 +256,7 @@ def rule_straggler(ev: RunEvidence) -> list[Finding]:
                 f"{_ms(statistics.median(comp.values()))}"]
     if waits:
         others = [w for r, w in waits.items() if r != slow]
-        evidence.append(f"the other ranks wait {_ms(statistics.mean(others))} per step in collectives; "
+        evidence.append(f"the other ranks wait a mean of {_ms(statistics.mean(others))} per step in collectives; "
                         f"rank {slow} waits {_ms(waits.get(slow, 0.0))}")
         last = ev.coll.last_arrivals.get(slow, 0)
         evidence.append(f"rank {slow} arrives last at {last} of {ev.coll.n_matched_calls} matched collectives")
@@ -309,7 +313,7 @@ def rule_precision(ev: RunEvidence) -> list[Finding]:
         k = GPU_FP32_SPEEDUP_DEFAULT
         from traceanalyze.metrics.precision import peak_tflops
 
-        hi, lo = peak_tflops(ev.gpu_model, "bf16"), peak_tflops(ev.gpu_model, "fp32")
+        hi, lo = peak_tflops(ev.gpu_model, hardware.half_dtype(ev.gpu)), peak_tflops(ev.gpu_model, "fp32")
         if hi and lo:
             k = min(max(hi / lo / 2, 2.0), 8.0)  # half the peak ratio: memory-bound parts gain less
     else:
@@ -320,7 +324,7 @@ def rule_precision(ev: RunEvidence) -> list[Finding]:
                 f"fp32{' on CUDA cores (no tensor cores)' if ev.mode == 'gpu' else ''}; "
                 f"matrix math is {100 * gemm_per_rank / busy:.0f}% of compute" if busy else
                 f"{p.fp32_share_pct:.0f}% of matrix-math time runs in fp32"]
-    evidence.append("dtype mix: " + ", ".join(f"{m['dtype']} {m['pct']:.0f}%" for m in p.mix[:4])
+    evidence.append("dtype mix: " + ", ".join(f"{m.get('label') or m['dtype']} {m['pct']:.0f}%" for m in p.mix[:4])
                     + f" (from {p.source})")
     if p.mfu_pct is not None:
         evidence.append(f"achieved {p.achieved_tflops:.1f} TFLOPS = {p.mfu_pct:.1f}% of {p.peak_tflops:g} TFLOPS "
@@ -332,12 +336,16 @@ def rule_precision(ev: RunEvidence) -> list[Finding]:
     precision_stated = ev.fact("precision")
     if precision_stated:
         evidence.append(f"config/log states precision {precision_stated}")
+    rec = ("enable bf16 autocast (torch.autocast('cuda', dtype=torch.bfloat16)) or bf16: true / "
+           "--bf16 in the trainer config, and torch.backends.cuda.matmul.allow_tf32 = True "
+           "(torch.set_float32_matmul_precision('high')) for what stays fp32")
+    if ev.mode == "gpu":  # only what this GPU supports (traceanalyze.hardware)
+        evidence.append(f"GPU: {ev.gpu.label}" + (f" (from {ev.gpu.source})" if ev.gpu.capability else
+                                                   ": compute capability unknown"))
+        rec = hardware.precision_advice(ev.gpu)
     return [Finding("precision", "fp32_matmul", severity(impact), impact, [r["rank"] for r in ev.ranks],
                     f"Matrix math runs in fp32: {p.fp32_share_pct:.0f}% of GEMM time",
-                    evidence,
-                    "enable bf16 autocast (torch.autocast('cuda', dtype=torch.bfloat16)) or bf16: true / "
-                    "--bf16 in the trainer config, and torch.backends.cuda.matmul.allow_tf32 = True "
-                    "(torch.set_float32_matmul_precision('high')) for what stays fp32")]
+                    evidence, rec)]
 
 
 def rule_compile(ev: RunEvidence) -> list[Finding]:
@@ -525,8 +533,9 @@ def _ranks_of(ev: RunEvidence) -> int:
 def compare(subject: RunEvidence, baseline: RunEvidence, subject_findings: list[Finding]) -> tuple[dict, list[Finding]]:
     """Explain subject − baseline step time as a sum of parts and flag config differences.
 
-    Parts per profiler step (medians over ranks): compute, exposed communication, idle, other (the rest of the
-    step), each subject − baseline in µs; they add up to the step-time delta. Each part names the finding of
+    Parts per counted profiler step (median over ranks of each rank's median over its steps): compute, exposed
+    communication, idle, and other (the rest of the run's step time, :mod:`traceanalyze.metrics.steps`), each
+    subject − baseline in µs; they add up to the step-time delta. Each part names the finding of
     the subject that explains it. Returns ``(comparison dict, extra findings)``.
     """
     def parts(ev: RunEvidence) -> dict[str, float]:
@@ -535,8 +544,8 @@ def compare(subject: RunEvidence, baseline: RunEvidence, subject_findings: list[
         ranks = sorted({s["rank"] for s in ev.steps})
 
         def med(key: str) -> float:
-            return statistics.median(statistics.mean(s[key] for s in ev.steps if s["rank"] == r) for r in ranks)
-        d = {"step": med("step_time_us"), "compute": med("compute_us"),
+            return statistics.median(statistics.median(s[key] for s in ev.steps if s["rank"] == r) for r in ranks)
+        d = {"step": ev.step_time_us or med("step_time_us"), "compute": med("compute_us"),
              "exposed communication": med("exposed_comm_us"), "idle": med("idle_us")}
         d["other"] = d["step"] - d["compute"] - d["exposed communication"] - d["idle"]
         return d
@@ -598,6 +607,16 @@ def compare(subject: RunEvidence, baseline: RunEvidence, subject_findings: list[
     return comp, extra
 
 
+def _same_precision_advice(subject: RunEvidence, prec_b: str) -> str:
+    """Advice for a run in fp32 whose baseline uses ``prec_b``: what the subject's GPU supports
+    (:func:`traceanalyze.hardware.precision_advice`; both options when the GPU is unknown)."""
+    if subject.mode == "cpu":
+        return ("set the same precision as the baseline: bf16: true / --bf16 (or torch.autocast with "
+                "dtype=torch.bfloat16); the single-device default is often fp32")
+    return (f"set the same precision as the baseline ({prec_b}; the single-device default is often fp32): "
+            + hardware.precision_advice(subject.gpu))
+
+
 def _compare_throughput(subject: RunEvidence, baseline: RunEvidence, have: list[Finding]) -> list[Finding]:
     """Findings from logs alone when two runs differ: poor scaling to more ranks, fp32 against bf16."""
     out: list[Finding] = []
@@ -612,8 +631,7 @@ def _compare_throughput(subject: RunEvidence, baseline: RunEvidence, have: list[
             ev_lines.append(f"per-rank speed {ts[0]:,.1f} vs {tb[0]:,.1f} {ts[1]}: {1 / rel:.1f}× slower")
         out.append(Finding("precision", "autocast_missing", severity(impact), impact, [],
                            f"{subject.name} runs in fp32 while {baseline.name} uses {prec_b}", ev_lines,
-                           "set the same precision as the baseline: bf16: true / --bf16 (or torch.autocast with "
-                           "dtype=torch.bfloat16); the single-device default is often fp32", run=subject.name))
+                           _same_precision_advice(subject, prec_b), run=subject.name))
     if ns > nb and rel is not None and rel < 0.5 and not any(f.cause == "interconnect" for f in have):
         eff = rel
         impact = round(100 * (1 - eff), 1)

@@ -5,8 +5,10 @@ grouped by the folder they sit in. Logs, NCCL debug output, ``nvidia-smi topo -m
 belong to the run in the same folder, or, when they sit above the trace folders, to every run below them.
 
 Rank, in order: ``distributedInfo.rank`` in the trace header; a name such as ``rank3``, ``rank-3``,
-``rank_3``, ``[rank3]``; rank 0 for a single unranked file. Two files claiming one rank are two profiling
-windows of that rank (kineto writes one file per active window) and are both kept.
+``rank_3``, ``[rank3]``; else the worker name of ``tensorboard_trace_handler`` files
+(``<worker>.<timestamp>.pt.trace.json[.gz]``): the files of one worker are one rank; a single worker is rank 0.
+Several files of one rank are successive profiling windows of that rank (kineto writes one file per active
+window) and are all kept.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ class Discovery:
     runs: list[Run]
     skipped: list[tuple[str, str]]
     unreadable: list[str] = field(default_factory=list)
+    ignored: list[tuple[str, str]] = field(default_factory=list)  # (path, why) of files not ours, not warned about
 
 
 def _head(path: Path) -> bytes:
@@ -158,10 +161,13 @@ def discover(inputs: list[str | Path]) -> Discovery:
 
     traces: dict[Path, list[Path]] = {}
     sidecars: list[Sidecar] = []
+    ignored: list[tuple[str, str]] = []
     for f in files:
         if f.suffix.lower() in (".duckdb", ".html", ".md", ".wal", ".parquet", ".png", ".svg"):
+            ignored.append((str(f), "a report, database or image (an output, not an input)"))
             continue  # our own outputs
         if f.name == "scenario.json":
+            ignored.append((str(f), "a sample scenario description"))
             continue
         try:
             kind, note = classify(f)
@@ -175,6 +181,8 @@ def discover(inputs: list[str | Path]) -> Discovery:
             sidecars.append(Sidecar(f, kind))
         elif note:
             skipped.append((str(f), note))
+        else:
+            ignored.append((str(f), "not a Kineto trace, training log, NCCL output, topology or config"))
 
     runs = []
     for folder in sorted(traces):
@@ -202,7 +210,7 @@ def discover(inputs: list[str | Path]) -> Discovery:
             r.sidecars.append(sc)
     runs.sort(key=lambda r: str(r.path))
     _name_runs(runs)
-    return Discovery(runs=runs, skipped=skipped, unreadable=unreadable)
+    return Discovery(runs=runs, skipped=skipped, unreadable=unreadable, ignored=ignored)
 
 
 def name_is_trace_like(path: Path) -> bool:
@@ -273,29 +281,64 @@ def rank_from_header(header: dict) -> int | None:
     return None
 
 
-def assign_ranks(paths: list[Path], headers: dict[Path, dict]) -> tuple[dict[Path, int], list[str]]:
-    """Rank of each trace file of one run: header first, then the file name, then 0 for a single file.
+# tensorboard_trace_handler names each profiling window's file <worker>.<time in ms (or ns)>.pt.trace.json[.gz]
+_WINDOW_NAME = re.compile(r"^(?P<worker>.+?)\.(?P<ts>\d{10,})\.pt\.trace\.json(?:\.gz)?$", re.IGNORECASE)
 
-    Returns ``(rank_by_path, warnings)``. Files whose rank cannot be found get the lowest free rank and a
-    warning that names them.
+
+def worker_name(path: Path | str) -> str:
+    """The worker part of a ``tensorboard_trace_handler`` file name: ``worker0.1621401187223.pt.trace.json.gz`` →
+    ``worker0``. Files of one worker that differ only in the timestamp are successive profiling windows of one
+    rank. A name without a timestamp is returned whole."""
+    name = Path(path).name
+    m = _WINDOW_NAME.match(name)
+    return m.group("worker") if m else name
+
+
+def assign_ranks(paths: list[Path], headers: dict[Path, dict]) -> tuple[dict[Path, int], list[str]]:
+    """Rank of each trace file of one run: ``distributedInfo.rank`` first, then the file name (``rank3``), then
+    the worker name of ``tensorboard_trace_handler`` files (:func:`worker_name`): files of one worker are
+    profiling windows of one rank; a single worker is rank 0.
+
+    Returns ``(rank_by_path, warnings)``. Workers whose rank cannot be found get the lowest free rank and a
+    warning that names their files.
     """
     ranks: dict[Path, int] = {}
     warnings: list[str] = []
-    unknown = []
+    unknown: dict[str, list[Path]] = {}
     for p in paths:
         r = rank_from_header(headers.get(p, {}))
         if r is None:
             r = rank_from_name(p)
         if r is None:
-            unknown.append(p)
+            unknown.setdefault(worker_name(p), []).append(p)
         else:
             ranks[p] = r
     if unknown:
-        if len(paths) == 1:
-            ranks[unknown[0]] = 0
+        if len(unknown) == 1 and not ranks:
+            for p in next(iter(unknown.values())):
+                ranks[p] = 0
         else:
             free = (r for r in range(10**6) if r not in ranks.values())
-            for p in unknown:
-                ranks[p] = next(free)
-                warnings.append(f"{p}: no rank in distributedInfo or the file name; assumed rank {ranks[p]}")
+            for worker in sorted(unknown):
+                r = next(free)
+                for p in unknown[worker]:
+                    ranks[p] = r
+                    warnings.append(f"{p}: no rank in distributedInfo or the file name; assumed rank {r}"
+                                    + (f" (worker {worker})" if len(unknown[worker]) > 1 else ""))
     return ranks, warnings
+
+
+def window_grouping(paths: list[Path], headers: dict[Path, dict]) -> str:
+    """Why the files ``paths`` (two or more) were read as profiling windows of one rank, in words: the same
+    ``distributedInfo.rank``, the same rank in the file names, or the same worker name differing only in the
+    timestamp."""
+    hr = {rank_from_header(headers.get(p, {})) for p in paths}
+    if len(hr) == 1 and None not in hr:
+        return f"the same distributedInfo.rank {hr.pop()} in their headers"
+    nr = {rank_from_name(p) for p in paths}
+    if len(nr) == 1 and None not in nr:
+        return f"the same rank {nr.pop()} in their file names"
+    workers = {worker_name(p) for p in paths}
+    if len(workers) == 1:
+        return f"the same worker name {workers.pop()!r}, differing only in the timestamp"
+    return "one rank by header or file name"

@@ -42,7 +42,8 @@ DEFAULT_MAX_DECOMPRESSED = 64 << 30  # bound on what one file may inflate to (gz
 MAX_DUR_US = 86_400e6  # an event longer than 1 day is a CUPTI timestamp fault (durations of years), not an event
 MAX_TS_US = 4e15  # |ts| beyond year ~2096 in epoch µs is garbage (and would overflow int64 ns)
 
-# Kineto category -> the table it goes to. Old (2021) traces use capitalised names.
+# Kineto category -> the table it goes to. Old (2021, PyTorch 1.8/1.9) traces use capitalised names: Kernel,
+# Memcpy, Memset, Runtime, Operator (ProfilerStep#N is an Operator / cpu_op there) and DataLoader.
 GPU_CATS = {
     "kernel": "kernel", "Kernel": "kernel",
     "gpu_memcpy": "gpu_memcpy", "Memcpy": "gpu_memcpy",
@@ -51,6 +52,7 @@ GPU_CATS = {
 }
 CPU_CATS = {
     "cpu_op": "cpu_op", "Operator": "cpu_op",
+    "DataLoader": "cpu_op",  # 2021 schema: enumerate(DataLoader)#...__next__ had a category of its own
     "user_annotation": "user_annotation",
     "cuda_runtime": "cuda_runtime", "Runtime": "cuda_runtime",
     "cuda_driver": "cuda_driver",

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import duckdb
 
-from traceanalyze import __version__, store
-from traceanalyze.discover import Discovery, Run, assign_ranks, discover
+from traceanalyze import __version__, hardware, store
+from traceanalyze.discover import Discovery, Run, assign_ranks, discover, window_grouping
 from traceanalyze.errors import TraceanalyzeError
 
 if TYPE_CHECKING:
@@ -51,7 +51,7 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
             baseline: list[str | Path] | str | Path | None = None, jobs: int | None = None,
             progress: Callable[[int], None] | None = None, on_total: Callable[[int], None] | None = None,
             link_bw_gbps: float | None = None, peak_tflops: float | None = None,
-            max_decompressed: int | None = None,
+            max_decompressed: int | None = None, gpu: str | None = None,
             outputs: list[tuple[str, str | Path | None]] | None = None) -> Analysis:
     """Analyze every run found under ``inputs`` (and ``baseline``, when given) end to end.
 
@@ -67,6 +67,8 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
         peak_tflops: dense peak TFLOPS of the GPU for MFU; overrides the datasheet table.
         max_decompressed: bound in bytes on what one trace may inflate to (gzip bombs); default
             :data:`traceanalyze.ingest.DEFAULT_MAX_DECOMPRESSED`. A file over it is an error row, the rest go on.
+        gpu: the GPU when a trace's ``deviceProperties`` do not say (``--gpu``): a name or a compute capability
+            (:func:`traceanalyze.hardware.parse_gpu_option`); GPU-dependent advice reads it.
         outputs: (option name, path) of the files the caller will write; checked with ``db`` against every
             input file once they are discovered, before anything is written
             (:func:`traceanalyze.safety.check_outputs`).
@@ -92,17 +94,22 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
                          unreadable=disc.unreadable + bdisc.unreadable)
     if not disc.runs:
         where = ", ".join(str(p) for p in subject_in)
-        bad = [f"{f}: {m.removesuffix('; skipped')}" for f, m in disc.skipped if f in set(disc.unreadable)]
-        if bad:  # say which files were there but could not be read
-            more = f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""
-            raise TraceanalyzeError(f"{where}: no readable trace or log; {'; '.join(bad[:3])}{more}")
+        unreadable = set(disc.unreadable)
+        # every file that was there, with why it was skipped: unreadable ones first
+        listed = [f"{f}: {m.removesuffix('; skipped')}" for f, m in disc.skipped if f in unreadable] + [
+            f"{f}: {m.removesuffix('; skipped')}" for f, m in [*disc.skipped, *disc.ignored] if f not in unreadable]
+        more = f" (and {len(listed) - 5} more)" if len(listed) > 5 else ""
+        files = "; ".join(listed[:5]) + more
+        if unreadable:  # say which files were there but could not be read
+            raise TraceanalyzeError(f"{where}: no readable trace or log; {files}")
         raise TraceanalyzeError(f"{where}: no Kineto trace or training log found (looked for *.json and *.json.gz "
-                                "with a traceEvents array, and for logs, NCCL output, topology and configs)")
+                                "with a traceEvents array, and for logs, NCCL output, topology and configs)"
+                                + (f"; skipped {files}" if listed else "; the input holds no files"))
 
     _check_outputs(disc, subject_in + base_in, db, outputs)
     con = store.connect(db)
     all_paths = [p for r in disc.runs for p in r.traces]
-    cache_key = _cache_key(disc, roles, link_bw_gbps, peak_tflops, max_decompressed)
+    cache_key = _cache_key(disc, roles, link_bw_gbps, peak_tflops, max_decompressed, gpu)
     cached = _cached_model(con, cache_key)
     if cached is not None:  # same inputs, same options, same tool: the stored report is still the answer
         cached["generated_at"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
@@ -134,7 +141,8 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
     evidence: list[diagnose.RunEvidence] = []
     all_findings: list[diagnose.Finding] = []
     for run_id, run in enumerate(disc.runs, start=1):
-        run_model, run_warnings, ev = _build_run(con, run_id, run, roles[id(run)], loaded, link_bw_gbps, peak_tflops)
+        run_model, run_warnings, ev = _build_run(con, run_id, run, roles[id(run)], loaded, link_bw_gbps, peak_tflops,
+                                                 gpu)
         warnings.extend(run_warnings)
         findings = diagnose.diagnose(ev)
         run_model["findings"] = diagnose.to_dicts(findings)
@@ -200,11 +208,11 @@ def _check_outputs(disc: Discovery, given: list, db, outputs) -> None:
 
 
 def _cache_key(disc: Discovery, roles: dict, link_bw: float | None, peak: float | None,
-               max_decompressed: int | None = None) -> str:
+               max_decompressed: int | None = None, gpu: str | None = None) -> str:
     """Hash of everything a report depends on: tool version, options, and each input file's path, size, mtime."""
     import hashlib
 
-    h = hashlib.sha256(f"{__version__}|{link_bw}|{peak}|{max_decompressed}".encode())
+    h = hashlib.sha256(f"{__version__}|{link_bw}|{peak}|{max_decompressed}|{gpu}".encode())
     for r in disc.runs:
         h.update(f"|run {r.path} {roles.get(id(r))}".encode())
         for p in [*r.traces, *(s.path for s in r.sidecars)]:
@@ -256,7 +264,8 @@ def _comparison_pair(runs_model: list[dict], evidence) -> tuple[int, int] | None
 
 
 def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: float | None = None,
-               peak_tflops: float | None = None) -> tuple[dict, list[dict], diagnose.RunEvidence]:
+               peak_tflops: float | None = None, gpu_option: str | None = None
+               ) -> tuple[dict, list[dict], diagnose.RunEvidence]:
     import numpy as np
 
     from traceanalyze import diagnose, metrics
@@ -294,17 +303,32 @@ def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: floa
     multi = [lf.file_id for lfs in by_rank.values() if len(lfs) > 1 for lf in lfs]
     starts = dict(con.execute("SELECT file_id, min(ts_ns) FROM cpu_ops WHERE file_id IN (SELECT unnest(?)) "
                               "GROUP BY file_id", [multi]).fetchall()) if multi else {}
-    for r, lfs in by_rank.items():
+    grouping: list[str] = []  # how files became ranks and windows, for the data-quality section
+    for r, lfs in sorted(by_rank.items()):
         lfs.sort(key=lambda lf: (starts.get(lf.file_id) or 0, str(lf.path)))
         for w, lf in enumerate(lfs):
             con.execute("UPDATE files SET run_id = ?, rank = ?, \"window\" = ? WHERE file_id = ?",
                         [run_id, r, w, lf.file_id])
         if len(lfs) > 1:
+            why = window_grouping([lf.path for lf in lfs], headers)
             warnings.append({"file": None, "level": "info",
-                             "message": f"rank {r} has {len(lfs)} trace files; read as {len(lfs)} profiling "
-                                        "windows of that rank"})
+                             "message": f"rank {r}: {len(lfs)} trace files read as {len(lfs)} successive profiling "
+                                        f"windows of that rank ({why}); in time order: "
+                                        f"{', '.join(lf.path.name for lf in lfs)}. Each window is analysed; the "
+                                        "step statistics combine the steps of all windows"})
+            grouping.append(f"rank {r}: {len(lfs)} profiling windows ({why})")
+    if by_rank:
+        n_files = sum(len(lfs) for lfs in by_rank.values())
+        grouping.insert(0, f"{n_files} trace file{'s' if n_files != 1 else ''} read as {len(by_rank)} "
+                           f"rank{'s' if len(by_rank) != 1 else ''}")
 
     facts = _run_facts(headers.values(), by_rank)
+    gpu = hardware.resolve(facts.pop("_gpu"), gpu_option)
+    facts["gpu_capability"] = gpu.sm
+    facts["gpu_source"] = gpu.source if (gpu.name or gpu.capability) else None
+    if gpu_option and gpu.source != "--gpu" and good:
+        warnings.append({"file": None, "level": "info",
+                         "message": f"--gpu {gpu_option} ignored: the trace's deviceProperties say {gpu.label}"})
     if facts["world_size"] and by_rank:
         missing = sorted(set(range(facts["world_size"])) - set(by_rank))
         if missing:
@@ -330,6 +354,7 @@ def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: floa
         bg.shutdown(wait=False)
     rank_rows, step_rows = metrics.compute_run_metrics(con, run_id)
     metrics.save(con, rank_rows, step_rows)
+    warnings.extend(_window_differences(rank_rows))
     side = _read_sidecars(con, run_id, run, warnings)
     if not good:
         mode = "logs"
@@ -352,8 +377,11 @@ def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: floa
     link = _expected_link(facts, side, link_bw_gbps)
     ranks_model = [_rank_model(r) for r in rank_rows]
     steps_model = [asdict(s) for s in step_rows]
-    step_times = [r.step_time_us for r in rank_rows if r.step_time_us is not None]
-    step_time = float(np.median(step_times)) if step_times else None
+    # the run's step time: median over the counted steps of the longest rank's duration (metrics.steps)
+    longest: dict[int, float] = {}
+    for st in step_rows:
+        longest[st.step] = max(longest.get(st.step, 0.0), st.step_time_us)
+    step_time = float(np.median(list(longest.values()))) if longest else None
     world = facts["world_size"]
     if not good:  # log-only: what the logs say, else NCCL's communicator size, else the ranks that logged
         ws_fact = side["facts"].get("world_size")
@@ -368,7 +396,7 @@ def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: floa
         name=run.name, mode=mode, world_size=world, gpu_model=facts["gpu_model"], ranks=ranks_model,
         steps=steps_model, step_time_us=step_time, coll=coll, prec=prec, compile=comp, loader=loader,
         launch=launch, facts=side["facts"], log_steps=side["log_steps"], nccl=side["nccl"],
-        topology=side["topology"], link=link, idle=[r.model() for r in idle_rows])
+        topology=side["topology"], link=link, idle=[r.model() for r in idle_rows], gpu=gpu)
     model = {
         "run_id": run_id,
         "name": run.name,
@@ -378,6 +406,7 @@ def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: floa
         **facts,
         "world_size": world,
         "ranks_found": sorted(by_rank),
+        "file_grouping": "; ".join(grouping) if len(grouping) > 1 else None,
         "files": [{"path": str(lf.path), "rank": ranks[lf.path], "cached": lf.cached} for lf in good],
         "sidecars": [{"path": str(s.path), "kind": s.kind} for s in run.sidecars],
         "ranks": ranks_model,
@@ -400,6 +429,36 @@ def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: floa
     for w in warnings:
         w.setdefault("run", run.name)
     return model, warnings, ev
+
+
+WINDOW_STEP_DIFF = 0.10  # windows of one rank whose median step times differ by more than this are named
+WINDOW_IDLE_DIFF_POINTS = 10.0  # ... or whose idle % differ by more than this many points
+
+
+def _window_differences(rank_rows) -> list[dict]:
+    """An info row per rank whose profiling windows differ: median step time apart by more than
+    :data:`WINDOW_STEP_DIFF`, or idle % by more than :data:`WINDOW_IDLE_DIFF_POINTS`; each names the files."""
+    out = []
+    for r in rank_rows:
+        wins = r.windows
+        if len(wins) < 2:
+            continue
+        diffs = []
+        timed = [w for w in wins if w.get("step_time_us")]
+        if len(timed) > 1:
+            lo, hi = min(timed, key=lambda w: w["step_time_us"]), max(timed, key=lambda w: w["step_time_us"])
+            if hi["step_time_us"] > (1 + WINDOW_STEP_DIFF) * lo["step_time_us"]:
+                diffs.append(f"median step time {hi['step_time_us'] / 1e3:.2f} ms in {Path(hi['file']).name} vs "
+                             f"{lo['step_time_us'] / 1e3:.2f} ms in {Path(lo['file']).name}")
+        lo, hi = min(wins, key=lambda w: w["idle_pct"]), max(wins, key=lambda w: w["idle_pct"])
+        if hi["idle_pct"] - lo["idle_pct"] > WINDOW_IDLE_DIFF_POINTS:
+            diffs.append(f"idle {hi['idle_pct']:.1f}% in {Path(hi['file']).name} vs {lo['idle_pct']:.1f}% in "
+                         f"{Path(lo['file']).name}")
+        if diffs:
+            out.append({"file": None, "level": "info",
+                        "message": f"rank {r.rank}: its profiling windows differ ({'; '.join(diffs)}); see the "
+                                   "profiling-windows table, the other figures combine them"})
+    return out
 
 
 def _deferred(pool: ThreadPoolExecutor | None, fn: Callable, *args) -> Callable[[], Any]:
@@ -577,7 +636,7 @@ def _check_files(con, run: Run, by_rank: dict[int, list], headers: dict, warning
 def _run_facts(headers, by_rank) -> dict:
     """World size, backend, GPU model and versions from the trace headers (first one that says)."""
     facts = {"world_size": None, "backend": None, "gpu_model": None, "gpu_count": None,
-             "nccl_version": None, "cuda_runtime_version": None, "pg_config": None}
+             "nccl_version": None, "cuda_runtime_version": None, "pg_config": None, "_gpu": None}
     for h in headers:
         di = h.get("distributedInfo") if isinstance(h.get("distributedInfo"), dict) else {}
         ws = di.get("world_size")
@@ -595,6 +654,9 @@ def _run_facts(headers, by_rank) -> dict:
             if names:
                 facts["gpu_model"] = str(names[0])
                 facts["gpu_count"] = len(names)
+        if facts["_gpu"] is None:
+            facts["_gpu"] = hardware.from_properties(
+                props, "deviceProperties" if h.get("deviceProperties") else "computeProperties")
         crv = h.get("cuda_runtime_version")
         if crv and not facts["cuda_runtime_version"]:
             facts["cuda_runtime_version"] = str(crv)

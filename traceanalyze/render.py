@@ -90,7 +90,9 @@ DEFINITIONS = [
                             "the communication is hidden."),
     ("Exposed communication", "Communication time not hidden under compute. This is what communication costs "
                               "in step time."),
-    ("Step time", "Median duration of the ProfilerStep#N annotations of the rank."),
+    ("Step time", "A rank's: the median duration of its counted ProfilerStep#N ranges (the last, partial step of "
+                  "each profiling window and steps missing on some rank are left out). The run's: the median over "
+                  "those steps of the slowest rank's duration."),
     ("Impact %", "Estimated share of step time that fixing a finding would win back; findings are ranked by it."),
 ]
 
@@ -697,6 +699,9 @@ def _run_view(run: dict, findings: list[dict], idx: int = 1) -> dict:
         "many_lines": len(rank_ids) > MAX_LINE_RANKS,
         "kernels": kernels, "kernels_title": "Top ops (CPU)" if mode == "cpu" else "Top GPU kernels",
         "dtype_mix": [d for d in _list(run.get("dtype_mix")) if isinstance(d, dict)],
+        "windows": [dict(w, rank=r.get("rank")) for r in ranks for w in _list(r.get("windows")) if isinstance(w, dict)]
+        if any(len(_list(r.get("windows"))) > 1 for r in ranks) else [],
+        "file_grouping": run.get("file_grouping"),
         "collectives": [c for c in _list(run.get("collectives")) if isinstance(c, dict)],
         "idle_breakdown": [d for d in _list(run.get("idle_breakdown")) if isinstance(d, dict)],
         "precision_rows": _fact_rows(_dict(run.get("precision"))),
@@ -930,7 +935,7 @@ def _view_md(model: dict) -> list[str]:
         if not rv_ranks:
             out += ["No rank could be read.", ""]
             continue
-        out += ["| rank | idle % | compute % | non-compute % | overlap % | exposed comm ms | step ms |",
+        out += ["| rank | idle % | compute % | non-compute % | overlap % | exposed comm ms | median step ms |",
                 "|--:|--:|--:|--:|--:|--:|--:|"]
         for r in rv_ranks[:MD_MAX_RANKS]:
             out.append(f"| {_md(r.get('rank'))} | {fmt_pct(r.get('idle_pct'))} | {fmt_pct(r.get('compute_pct'))} | "
@@ -943,6 +948,9 @@ def _view_md(model: dict) -> list[str]:
     warnings = _warnings(model)
     n_files = sum(len(_list(r.get("files"))) for r in runs)
     out.append("### Data quality")
+    for run in runs:
+        if run.get("file_grouping"):
+            out.append(f"{_md(run.get('name')) + ': ' if len(runs) > 1 else ''}{_md(run.get('file_grouping'))}.")
     if not any(w["level"] in ("error", "partial") for w in warnings):
         out.append(f"All {n_files} trace file{'s' if n_files != 1 else ''} read completely.")
     for w in warnings[:MD_MAX_WARNINGS]:

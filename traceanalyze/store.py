@@ -31,7 +31,7 @@ from traceanalyze.errors import InputError, TraceanalyzeError
 if TYPE_CHECKING:
     from traceanalyze.ingest import TraceFile
 
-SCHEMA_VERSION = 2  # a database written with another version is rebuilt: it is a cache of the traces
+SCHEMA_VERSION = 3  # a database written with another version is rebuilt: it is a cache of the traces
 
 DDL = f"""
 CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR);
@@ -137,10 +137,33 @@ CREATE OR REPLACE MACRO cpu_op_class(cat, name) AS CASE
     WHEN name LIKE 'c10d::%' OR name LIKE 'gloo:%' OR name LIKE 'nccl:%' THEN 'communication'
     WHEN cat = 'cpu_op' AND name LIKE 'aten::%' THEN 'compute'
     ELSE 'other' END;
-CREATE OR REPLACE MACRO profiler_step(cat, name) AS
-    CASE WHEN cat = 'user_annotation' AND name LIKE 'ProfilerStep#%'
-         THEN TRY_CAST(regexp_extract(name, '#(\d+)', 1) AS INTEGER) END;
 """
+
+# The profiler-step filter: one definition of a step for every metric (documented in traceanalyze.metrics.steps)
+STEP_MACROS = r"""
+CREATE OR REPLACE MACRO profiler_step(cat, name) AS
+    CASE WHEN cat IN ('user_annotation', 'cpu_op') AND name LIKE 'ProfilerStep#%'
+         THEN TRY_CAST(regexp_extract(name, '#(\d+)', 1) AS INTEGER) END;
+CREATE OR REPLACE MACRO is_dataloader_op(name) AS
+    name LIKE 'enumerate(DataLoader)#%' OR name LIKE 'enumerate(DataPipe)#%';
+CREATE OR REPLACE MACRO profiler_steps(rid) AS TABLE
+WITH s AS (
+    SELECT c.file_id, f.rank, f."window", profiler_step(c.cat, c.name) AS step,
+           min(c.ts_ns) AS start_ns, max(c.ts_ns + c.dur_ns) AS end_ns,
+           arg_min(c.pid, c.ts_ns) AS pid, arg_min(c.tid, c.ts_ns) AS tid
+    FROM cpu_ops c JOIN files f USING (file_id)
+    WHERE f.run_id = rid AND f.rank IS NOT NULL AND profiler_step(c.cat, c.name) IS NOT NULL
+    GROUP BY c.file_id, f.rank, f."window", profiler_step(c.cat, c.name)),
+w AS (SELECT file_id, count(*) AS n, max(start_ns) AS last_start FROM s GROUP BY file_id),
+e AS (SELECT s.*, (w.n >= 2 AND s.start_ns = w.last_start) AS window_edge FROM s JOIN w USING (file_id)),
+ok AS (SELECT step FROM e WHERE NOT window_edge GROUP BY step
+       HAVING count(DISTINCT rank) = (SELECT count(DISTINCT rank) FROM e))
+SELECT e.file_id, e.rank, e."window", e.step, e.start_ns, e.end_ns, e.pid, e.tid, e.window_edge,
+       (NOT e.window_edge AND e.step IN (SELECT step FROM ok)) AS counted
+FROM e;
+"""
+
+MACROS += STEP_MACROS
 
 WORKER_CHUNK_ROWS = 1 << 13  # rows a parse worker holds before writing them out
 PART_BYTES = 128 << 20  # a plain-JSON file over SPLIT_MIN_BYTES is parsed in byte ranges of about this size

@@ -6,10 +6,11 @@ GPU mode (the run has kernels). A kernel's class comes from its name and categor
 ``ncclDevKernel_*``), *memory* for ``gpu_memcpy``/``gpu_memset`` (names ``Memcpy*``/``Memset*``), else
 *compute*. ``gpu_user_annotation`` rows are not kernels and are left out.
 
-Profiler-step filter (HTA ``Trace.load_traces`` default): when the run holds two or more distinct
-``ProfilerStep#N``, the last step of each file is left out of the breakdown: only kernels whose launch
-(``cuda_runtime``/``cuda_driver`` row with the same ``correlation``) starts before the last step's start
-count. The last step often includes the profiler's own teardown. Per rank and profiling window:
+Profiler-step filter: :mod:`.steps`, the one definition of a step used by every metric. The breakdown counts
+the kernels launched (``cuda_runtime``/``cuda_driver`` row with the same ``correlation``) before the start of
+the last step of their window, when the window holds two or more steps (as HTA ``Trace.load_traces`` does by
+default): that step is partial and holds the profiler's own teardown. ``kernel_*_us`` and ``n_kernels`` count
+the same kernels. Per rank and profiling window:
 
 - trace window = last kernel end − first kernel start (µs);
 - busy = length of the union of all kernel intervals; idle = window − busy;
@@ -20,10 +21,12 @@ count. The last step often includes the profiler's own teardown. Per rank and pr
 
 CPU mode (gloo or CPU-only traces, no kernels): the *training thread* is the thread that holds the
 ``ProfilerStep#N`` annotations (else the one with the most ``aten::`` time). Its ``aten::*`` ops are compute;
-``c10d::*`` ops and ``gloo:*`` ranges on any thread are communication. The window is the span of the profiler
-steps (else of all ops). The same formulas then apply to these intervals.
+``c10d::*`` ops and ``gloo:*`` ranges on any thread are communication. The window is the span of the counted
+profiler steps (:mod:`.steps`: the partial last step of a window is left out, as in GPU mode; else of all ops).
+The same formulas then apply to these intervals.
 
-Several windows of one rank (two files) are computed separately and their times summed.
+Several windows of one rank (two files) are computed separately and their times summed; each window's own
+figures are kept in ``RankMetrics.windows``. Step times are medians over the counted steps of all windows.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import duckdb
 import numpy as np
 
 from traceanalyze import store
+from traceanalyze.metrics.steps import step_cutoff_sql, step_set
 
 # Stored in the database (see store.MACROS) so users can classify rows the same way in their own queries.
 MACROS = store.MACROS
@@ -130,7 +134,10 @@ def _pct(x: float, total: float) -> float:
 
 @dataclass
 class RankMetrics:
-    """One rank's figures: times in µs, shares in %. ``step_time_us`` is the mean ProfilerStep duration."""
+    """One rank's figures: times in µs, shares in %. ``step_time_us`` is the median duration of the rank's counted
+    profiler steps (:mod:`.steps`), all windows together. ``windows`` holds one dict per profiling window
+    (``window, file, n_steps, steps`` (first–last counted step), ``step_time_us`` (median), ``window_us,
+    idle_pct, compute_pct, non_compute_pct, exposed_comm_us``)."""
 
     run_id: int
     rank: int
@@ -154,6 +161,7 @@ class RankMetrics:
     n_steps: int
     step_time_us: float | None
     files: list[str] = field(default_factory=list)
+    windows: list[dict] = field(default_factory=list)
 
 
 @dataclass
@@ -223,34 +231,26 @@ def _intervals(con, sql: str, params: list) -> dict[tuple[int, int], dict[str, t
     return out
 
 
-# Kernels counted by the breakdown, with HTA's profiler-step filter (see the module docstring).
-_GPU_INTERVALS_SQL = """
+# Kernels counted by the breakdown, with the profiler-step filter (see the module docstring and .steps).
+_GPU_INTERVALS_SQL = f"""
 WITH f AS (SELECT file_id, rank, "window" FROM files WHERE run_id = $1),
-steps AS (  -- ProfilerStep#N ranges, read once for the two CTEs below
-    SELECT c.file_id, c.name, c.ts_ns FROM cpu_ops c JOIN f USING (file_id)
-    WHERE profiler_step(c.cat, c.name) IS NOT NULL),
-last_step AS (SELECT file_id, max(ts_ns) AS last_start FROM steps GROUP BY ALL),
-filtering AS (SELECT count(DISTINCT name) >= 2 AS on_ FROM steps),
+cutoff AS ({step_cutoff_sql("$1")}),
 launched AS (
-    SELECT DISTINCT c.file_id, c.correlation FROM cpu_ops c JOIN f USING (file_id) JOIN last_step l USING (file_id)
-    WHERE c.correlation IS NOT NULL AND c.cat IN ('cuda_runtime', 'cuda_driver') AND c.ts_ns < l.last_start)
+    SELECT DISTINCT c.file_id, c.correlation FROM cpu_ops c JOIN cutoff l USING (file_id)
+    WHERE c.correlation IS NOT NULL AND c.cat IN ('cuda_runtime', 'cuda_driver') AND c.ts_ns < l.cutoff_ns)
 SELECT f.rank, f."window", kernel_class(k.cat, k.name) AS klass, k.ts_ns, k.ts_ns + k.dur_ns AS end_ns
 FROM kernels k JOIN f USING (file_id)
+LEFT JOIN cutoff c ON c.file_id = k.file_id
 LEFT JOIN launched l ON l.file_id = k.file_id AND l.correlation = k.correlation
-WHERE k.cat <> 'gpu_user_annotation' AND (NOT (SELECT on_ FROM filtering) OR l.file_id IS NOT NULL)
+WHERE k.cat <> 'gpu_user_annotation' AND (c.file_id IS NULL OR l.file_id IS NOT NULL)
 """
 
 
 def _steps(con, run_id: int) -> dict[int, list[tuple[int, int, int, int]]]:
-    """rank -> [(step, window, start_ns, end_ns)] from ProfilerStep#N annotations (main-thread ranges)."""
-    rows = con.execute("""
-        SELECT f.rank, f."window", profiler_step(c.cat, c.name) AS step, min(c.ts_ns), max(c.ts_ns + c.dur_ns)
-        FROM cpu_ops c JOIN files f USING (file_id)
-        WHERE f.run_id = ? AND profiler_step(c.cat, c.name) IS NOT NULL
-        GROUP BY ALL ORDER BY 1, 4""", [run_id]).fetchall()
+    """rank -> [(step, window, start_ns, end_ns)] of the counted profiler steps (:func:`.steps.step_set`)."""
     out: dict[int, list[tuple[int, int, int, int]]] = {}
-    for r, w, step, s, e in rows:
-        out.setdefault(r, []).append((step, w, s, e))
+    for s in step_set(con, run_id):
+        out.setdefault(s.rank, []).append((s.step, s.window, s.start_ns, s.end_ns))
     return out
 
 
@@ -289,7 +289,6 @@ def compute_run_metrics(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[li
             WHERE f.run_id = ? AND cpu_op_class(c.cat, c.name) <> 'other'""", [run_id])
         iv = _restrict_cpu_compute(con, run_id, iv, threads)
     steps = _steps(con, run_id)
-    sums = _kernel_sums(con, run_id) if mode == "gpu" else {}
 
     by_rank: dict[int, list[str]] = {}
     windows: dict[int, set[int]] = {}
@@ -298,33 +297,49 @@ def compute_run_metrics(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[li
         windows.setdefault(r, set()).add(w)
     rank_rows: list[RankMetrics] = []
     step_rows: list[StepMetrics] = []
+    paths = {(r, w): path for r, w, path in files}
     for r in sorted(by_rank):
         total = Breakdown()
+        ks: dict[str, float] = {"n": 0}
+        win_rows: list[dict] = []
         for w in sorted(windows[r]):
             d = iv.get((r, w))
             if not d:
                 continue
+            if mode == "gpu":  # summed (not merged) kernel time per class, of the kernels the breakdown counts
+                ks["n"] += int(d["all"][0].size)
+                for cls in _CLASSES:
+                    ks[cls] = ks.get(cls, 0.0) + float((d[cls][1] - d[cls][0]).sum()) / 1e3
             comm_iv = d["communication"]
             compute_iv = d["compute"]
             if mode == "gpu":
                 win = (int(d["all"][0].min()), int(d["all"][1].max()))
                 all_iv = d["all"]
             else:
-                st = [s for s in steps.get(r, []) if s[1] == w]
+                st = [s for s in steps.get(r, []) if s[1] == w]  # counted steps: no partial edge step
                 if st:
                     win = (min(s[2] for s in st), max(s[3] for s in st))
                 else:
                     win = (int(d["all"][0].min()), int(d["all"][1].max()))
                 all_iv = (np.concatenate((compute_iv[0], comm_iv[0])), np.concatenate((compute_iv[1], comm_iv[1])))
-            total.add(breakdown(win, all_iv, compute_iv, comm_iv))
+            wb = breakdown(win, all_iv, compute_iv, comm_iv)
+            total.add(wb)
+            wsteps = []
             for step, sw, s, e in steps.get(r, []):
                 if sw != w:
                     continue
                 b = breakdown((s, e), all_iv, compute_iv, comm_iv)
-                step_rows.append(StepMetrics(run_id, r, step, s, (e - s) / 1e3, b.compute_us, b.comm_us,
-                                             b.exposed_comm_us, b.idle_us))
+                wsteps.append(StepMetrics(run_id, r, step, s, (e - s) / 1e3, b.compute_us, b.comm_us,
+                                          b.exposed_comm_us, b.idle_us))
+            step_rows.extend(wsteps)
+            win_rows.append({
+                "window": w, "file": paths.get((r, w)), "n_steps": len(wsteps),
+                "steps": f"{wsteps[0].step}–{wsteps[-1].step}" if wsteps else None,
+                "step_time_us": float(np.median([s.step_time_us for s in wsteps])) if wsteps else None,
+                "window_us": wb.window_us, "idle_pct": _pct(wb.idle_us, wb.window_us),
+                "compute_pct": _pct(wb.compute_us, wb.window_us),
+                "non_compute_pct": _pct(wb.non_compute_us, wb.window_us), "exposed_comm_us": wb.exposed_comm_us})
         rsteps = [s for s in step_rows if s.rank == r]
-        ks = sums.get(r, {})
         rank_rows.append(RankMetrics(
             run_id=run_id, rank=r, mode=mode, n_files=len(by_rank[r]),
             window_us=total.window_us, busy_us=total.busy_us, idle_us=total.idle_us,
@@ -336,8 +351,8 @@ def compute_run_metrics(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[li
             kernel_compute_us=ks.get("compute", 0.0), kernel_comm_us=ks.get("communication", 0.0),
             kernel_memory_us=ks.get("memory", 0.0), n_kernels=int(ks.get("n", 0)),
             n_steps=len(rsteps),
-            step_time_us=float(np.mean([s.step_time_us for s in rsteps])) if rsteps else None,
-            files=by_rank[r]))
+            step_time_us=float(np.median([s.step_time_us for s in rsteps])) if rsteps else None,
+            files=by_rank[r], windows=win_rows))
     return rank_rows, step_rows
 
 
@@ -362,23 +377,6 @@ def _restrict_cpu_compute(con, run_id, iv, threads):
         d = dict(d)
         d["compute"] = (ts[sel], end[sel])
         out[key] = d
-    return out
-
-
-def _kernel_sums(con, run_id: int) -> dict[int, dict[str, float]]:
-    """rank -> summed kernel time per class (µs, not merged) and kernel count."""
-    # sum per (rank, cat, name) first, so the kernel_class macro runs once per distinct kernel, not per row
-    rows = con.execute("""
-        SELECT rank, kernel_class(cat, name), sum(dur_ns) / 1e3, sum(n) FROM (
-            SELECT f.rank, k.cat, k.name, sum(k.dur_ns) AS dur_ns, count(*) AS n
-            FROM kernels k JOIN files f USING (file_id)
-            WHERE f.run_id = ? AND k.cat <> 'gpu_user_annotation' GROUP BY ALL)
-        GROUP BY ALL""", [run_id]).fetchall()
-    out: dict[int, dict[str, float]] = {}
-    for r, cls, us, n in rows:
-        d = out.setdefault(r, {"n": 0})
-        d[cls] = float(us)
-        d["n"] += n
     return out
 
 
@@ -409,7 +407,7 @@ def top_kernels(con: duckdb.DuckDBPyConnection, run_id: int, limit: int = 15) ->
 
 def save(con: duckdb.DuckDBPyConnection, ranks: list[RankMetrics], steps: list[StepMetrics]) -> None:
     """Write the metric rows into ``rank_metrics`` / ``step_metrics`` (tables are replaced per report)."""
-    cols = [f for f in RankMetrics.__dataclass_fields__ if f != "files"]
+    cols = [f for f in RankMetrics.__dataclass_fields__ if f not in ("files", "windows")]
     store.insert_rows(con, "rank_metrics", cols, [[getattr(r, c) for c in cols] for r in ranks])
     cols = list(StepMetrics.__dataclass_fields__)
     store.insert_rows(con, "step_metrics", cols, [[getattr(s, c) for c in cols] for s in steps])

@@ -4,10 +4,11 @@
   ``backend_compile``, ``inductor_compile``, ``* (dynamo_timed)``, ... ``shared/FORMATS.md`` §6) in µs; compiled
   frames and recompiles from ``Torch-Compiled Region: F/R`` and ``compile_id=F/R`` (R > 0 is a recompile);
   first profiler step vs the median of the later ones.
-- **data loader**: time in ``enumerate(DataLoader)#...__next__`` on the training thread, per step (µs, % of
-  the step): with ``num_workers=0`` the loader runs inline and the step waits for it.
-- **launch-bound** (GPU): kernel count and median kernel duration per step against GPU idle %: many tiny kernels
-  with an idle GPU mean the host cannot launch fast enough.
+- **data loader**: time in ``enumerate(DataLoader)#...__next__`` (or ``enumerate(DataPipe)#...``) on the training
+  thread, within the counted profiler steps (µs, % of the step): with ``num_workers=0`` the loader runs inline and
+  the step waits for it.
+- **launch-bound** (GPU): kernels launched per counted step and the median kernel duration against GPU idle %:
+  many tiny kernels with an idle GPU mean the host cannot launch fast enough.
 """
 
 from __future__ import annotations
@@ -101,20 +102,23 @@ def compile_stats(con: duckdb.DuckDBPyConnection, run_id: int) -> CompileStats:
 
 
 def loader_stats(con: duckdb.DuckDBPyConnection, run_id: int) -> LoaderStats:
-    """Data-loader time inside profiler steps on the training thread, per rank."""
+    """Data-loader time inside the counted profiler steps (:mod:`.steps`) on the training thread, per rank: the
+    ``enumerate(DataLoader)#...`` / ``enumerate(DataPipe)#...`` ops (category ``DataLoader`` in the 2021 schema,
+    ``cpu_op`` since), over the summed duration of those steps."""
     res = LoaderStats()
     rows = con.execute("""
-        WITH st AS (SELECT c.file_id, c.pid, c.tid, c.ts_ns AS s, c.ts_ns + c.dur_ns AS e FROM cpu_ops c
-                    JOIN files f USING (file_id) WHERE f.run_id = ? AND profiler_step(c.cat, c.name) IS NOT NULL)
+        WITH st AS (SELECT file_id, tid, start_ns AS s, end_ns AS e FROM profiler_steps(?) WHERE counted)
         SELECT f.rank, sum(c.dur_ns) / 1e3, (SELECT sum(e - s) FROM st WHERE st.file_id = c.file_id) / 1e3
         FROM cpu_ops c JOIN files f USING (file_id)
         JOIN st ON st.file_id = c.file_id AND st.tid = c.tid AND c.ts_ns >= st.s AND c.ts_ns < st.e
-        WHERE f.run_id = ? AND c.name LIKE 'enumerate(DataLoader)#%'
+        WHERE f.run_id = ? AND is_dataloader_op(c.name)
         GROUP BY f.rank, c.file_id""", [run_id, run_id]).fetchall()
-    for r, us, step_us in rows:
+    step_us: dict[int, float] = {}
+    for r, us, file_step_us in rows:  # one row per window: a rank's windows add up
         res.loader_us[r] = res.loader_us.get(r, 0.0) + float(us)
-        if step_us:
-            res.share_pct[r] = round(100.0 * res.loader_us[r] / float(step_us), 2)
+        step_us[r] = step_us.get(r, 0.0) + float(file_step_us or 0.0)
+        if step_us[r]:
+            res.share_pct[r] = round(100.0 * res.loader_us[r] / step_us[r], 2)
     return res
 
 
@@ -124,16 +128,22 @@ def launch_stats(con: duckdb.DuckDBPyConnection, run_id: int) -> LaunchStats:
     row = con.execute("""
         SELECT count(*), median(k.dur_ns) / 1e3 FROM kernels k JOIN files f USING (file_id)
         WHERE f.run_id = ? AND k.cat = 'kernel'""", [run_id]).fetchone()
-    n_steps = con.execute("SELECT count(*) FROM step_metrics WHERE run_id = ?", [run_id]).fetchone()[0]
     if not row or not row[0]:
         return res
     res.median_kernel_us = float(row[1])
+    # per step: the kernels launched, and the launch calls made, inside the counted steps (.steps)
+    n_steps, n_kernels, launch = con.execute("""
+        WITH st AS MATERIALIZED (SELECT file_id, start_ns AS s, end_ns AS e FROM profiler_steps($1) WHERE counted),
+        rt AS MATERIALIZED (
+               SELECT c.file_id, c.correlation, c.dur_ns, c.name FROM cpu_ops c JOIN files f USING (file_id)
+               JOIN st ON st.file_id = c.file_id AND c.ts_ns >= st.s AND c.ts_ns < st.e
+               WHERE f.run_id = $1 AND c.cat IN ('cuda_runtime', 'cuda_driver'))
+        SELECT (SELECT count(*) FROM st),
+               (SELECT count(*) FROM kernels k JOIN rt ON rt.file_id = k.file_id AND rt.correlation = k.correlation
+                WHERE k.cat = 'kernel'),
+               (SELECT sum(dur_ns) / 1e3 FROM rt WHERE name LIKE '%LaunchKernel%' OR name = 'cuLaunchKernel')""",
+                                          [run_id]).fetchone()
     if n_steps:
-        n_ranks = con.execute("SELECT count(DISTINCT rank) FROM step_metrics WHERE run_id = ?", [run_id]).fetchone()[0]
-        res.kernels_per_step = row[0] / n_steps * 1.0 if n_ranks else None
-        launch = con.execute("""
-            SELECT sum(c.dur_ns) / 1e3 FROM cpu_ops c JOIN files f USING (file_id)
-            WHERE f.run_id = ? AND c.cat IN ('cuda_runtime', 'cuda_driver')
-              AND (c.name LIKE '%LaunchKernel%' OR c.name = 'cuLaunchKernel')""", [run_id]).fetchone()[0]
+        res.kernels_per_step = n_kernels / n_steps
         res.launch_us_per_step = float(launch) / n_steps if launch else None
     return res

@@ -4,9 +4,9 @@ Holistic Trace Analysis 0.5.0 ``BreakdownAnalysis.get_idle_time_breakdown`` (``d
 computed in SQL on the store, per rank, profiling window and stream:
 
 - events: ``kernel``, ``gpu_memcpy`` and ``gpu_memset`` rows with a stream (``gpu_user_annotation`` is not
-  GPU work), after HTA's profiler-step filter (when the run holds two or more distinct ``ProfilerStep#N``,
+  GPU work), after the profiler-step filter of :mod:`.steps` (in a window with two or more ``ProfilerStep#N``,
   only kernels whose launch, the ``cuda_runtime``/``cuda_driver`` row with the same ``correlation``, starts
-  before the file's last ``ProfilerStep`` start are counted; the same filter as :mod:`.breakdown`);
+  before the window's last step are counted, as HTA does; the same filter as :mod:`.breakdown`);
 - per stream, events sorted by start; ``prev_end`` = end of the *previous event in that order* (not the
   running maximum); ``gap = start - prev_end`` (may be negative when events overlap on a stream);
 - **host wait**: the launching runtime call started after ``prev_end``: the GPU had finished and waited for
@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass
 
 import duckdb
 
+from traceanalyze.metrics.steps import step_cutoff_sql
 from traceanalyze.store import insert_rows
 
 CONSECUTIVE_KERNEL_DELAY_US = 30.0  # HTA default: a gap below this is "kernel wait"
@@ -49,13 +50,9 @@ CREATE OR REPLACE TABLE idle_breakdown (  -- GPU idle time per rank and stream (
 );
 """
 
-_SQL = """
+_SQL = f"""
 WITH f AS (SELECT file_id, rank FROM files WHERE run_id = $run_id AND status <> 'error'),
-steps AS (  -- ProfilerStep#N ranges, read once for the two CTEs below
-    SELECT c.file_id, c.name, c.ts_ns FROM cpu_ops c JOIN f USING (file_id)
-    WHERE profiler_step(c.cat, c.name) IS NOT NULL),
-step_names AS (SELECT count(DISTINCT name) >= 2 AS on_ FROM steps),
-last_step AS (SELECT file_id, max(ts_ns) AS last_start FROM steps GROUP BY ALL),
+cutoff AS ({step_cutoff_sql("$run_id")}),
 launch AS (
     SELECT c.file_id, c.correlation, min(c.ts_ns) AS launch_ns FROM cpu_ops c JOIN f USING (file_id)
     WHERE c.correlation IS NOT NULL AND c.correlation >= 0 AND c.cat IN ('cuda_runtime', 'cuda_driver')
@@ -65,9 +62,9 @@ ev AS (
            lag(k.ts_ns + k.dur_ns) OVER w AS prev_end
     FROM kernels k JOIN f USING (file_id)
     LEFT JOIN launch l ON l.file_id = k.file_id AND l.correlation = k.correlation
-    LEFT JOIN last_step s ON s.file_id = k.file_id
+    LEFT JOIN cutoff s ON s.file_id = k.file_id
     WHERE k.cat IN ('kernel', 'gpu_memcpy', 'gpu_memset') AND k.stream IS NOT NULL AND k.stream <> -1
-      AND (NOT (SELECT on_ FROM step_names) OR (l.launch_ns IS NOT NULL AND l.launch_ns < s.last_start))
+      AND (s.file_id IS NULL OR (l.launch_ns IS NOT NULL AND l.launch_ns < s.cutoff_ns))
     WINDOW w AS (PARTITION BY k.file_id, k.stream ORDER BY k.ts_ns, k.dur_ns)),
 cls AS (
     SELECT rank, stream, ts_ns - prev_end AS gap,

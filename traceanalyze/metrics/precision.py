@@ -9,6 +9,9 @@ Names that do not tell (``nvjet_*``, Triton, cuBLAS generic) fall back to the la
 CPU mode: the training thread's leaf matrix ops (``aten::mm``, ``addmm``, ``bmm``, ``baddbmm``,
 ``_scaled_dot_product_*attention*``, ``*_convolution``) by their first ``Input type``; there are no tensor cores.
 
+Both modes count the work of the counted profiler steps only (:mod:`.steps`: GPU kernels launched before a
+window's last, partial step; CPU ops inside counted steps), as the breakdown does, so shares compare.
+
 Achieved TFLOPS: 2·M·N·K per ``aten::mm``/``addmm``/``bmm`` from ``Input Dims``, over the time of the kernels
 it launched (GPU) or of the op (CPU); MFU = achieved / the GPU's dense peak for that dtype (NVIDIA datasheets;
 torchtitan ``get_peak_flops``), or ``--peak-tflops``.
@@ -23,6 +26,7 @@ from dataclasses import dataclass, field
 import duckdb
 
 from traceanalyze.metrics.breakdown import kernel_classes
+from traceanalyze.metrics.steps import counted_kernels_sql, counted_op_sql
 
 # (regex searched in the kernel name, dtype, tensor core). First match wins; order matters.
 KERNEL_DTYPE_RULES: list[tuple[str, str, bool | None]] = [
@@ -62,6 +66,24 @@ def kernel_dtype(name: str) -> tuple[str | None, bool | None]:
         if re.search(pat, name, re.IGNORECASE):
             return dt, tc
     return None, None
+
+
+_DTYPE_NAMES = {"tf32": "TF32", "fp8": "FP8", "unknown": "dtype unknown"}
+
+
+def mix_label(dtype: str, tensor_core: bool | None, mode: str = "gpu") -> str:
+    """Readable name of one dtype-mix row, unique per (dtype, tensor cores): ``bf16 on tensor cores``, ``fp32 on
+    CUDA cores``, ``fp32, tensor cores unknown (TF32 when allowed)``; on CPU just the dtype."""
+    name = _DTYPE_NAMES.get(dtype, dtype)
+    if mode != "gpu" or dtype == "unknown":
+        return name
+    if tensor_core is True:
+        return f"{name} on tensor cores"
+    if tensor_core is False:
+        return f"{name} on CUDA cores"
+    if dtype == "fp32":
+        return "fp32, tensor cores unknown (TF32 when allowed)"
+    return f"{name}, tensor cores unknown"
 
 
 def peak_tflops(gpu_model: str | None, dtype: str) -> float | None:
@@ -120,7 +142,7 @@ class PrecisionMix:
 
     mode: str
     gemm_time_us: float = 0.0
-    mix: list[dict] = field(default_factory=list)  # {dtype, tensor_core, time_us, pct}
+    mix: list[dict] = field(default_factory=list)  # {dtype, tensor_core, label, time_us, pct}
     fp32_share_pct: float = 0.0  # fp32 math on CUDA cores (or plain fp32 on CPU)
     tensor_core_share_pct: float | None = None
     achieved_tflops: float | None = None
@@ -142,11 +164,10 @@ def analyze_precision(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, gp
         # matrix-math kernels, picked by name first so only their rows are joined to the launching ops
         gemm = [name for name, klass in kernel_classes(con, run_id).items()
                 if klass == "compute" and GEMM_KERNEL.search(name) and not ELEMENTWISE_EXCLUDE.search(name)]
-        rows = con.execute("""
+        rows = con.execute(f"""
             SELECT k.name, sum(k.dur_ns), any_value(o.input_types), any_value(o.name)
-            FROM kernels k JOIN files f USING (file_id)
+            FROM ({counted_kernels_sql("$1", "k.cat = 'kernel' AND k.name IN (SELECT unnest($2))")}) k
             LEFT JOIN cpu_ops o ON o.file_id = k.file_id AND o.external_id = k.external_id AND o.cat = 'cpu_op'
-            WHERE f.run_id = ? AND k.cat = 'kernel' AND k.name IN (SELECT unnest(?))
             GROUP BY k.name""", [run_id, gemm]).fetchall()
         from_name = from_op = 0.0
         for name, dur, types, _op in rows:
@@ -161,24 +182,21 @@ def analyze_precision(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, gp
                 from_name += dur
             acc[(dt, tc)] = acc.get((dt, tc), 0.0) + dur
         res.source = "kernel names" + (", launching op Input type" if from_op else "")
-        fr = con.execute("""
+        fr = con.execute(f"""
             SELECT o.name, o.input_dims, o.input_types, sum(k.dur_ns)
             FROM cpu_ops o JOIN files f USING (file_id)
-            JOIN kernels k ON k.file_id = o.file_id AND k.external_id = o.external_id
-            WHERE f.run_id = ? AND o.cat = 'cpu_op' AND o.name IN ('aten::mm', 'aten::addmm', 'aten::bmm',
+            JOIN ({counted_kernels_sql("$1", "k.external_id IS NOT NULL AND k.cat <> 'gpu_user_annotation'")}) k
+              ON k.file_id = o.file_id AND k.external_id = o.external_id
+            WHERE f.run_id = $1 AND o.cat = 'cpu_op' AND o.name IN ('aten::mm', 'aten::addmm', 'aten::bmm',
                   'aten::baddbmm') GROUP BY o.file_id, o.external_id, o.name, o.input_dims, o.input_types""",
                          [run_id]).fetchall()
     else:
         rows = con.execute(f"""
-            WITH main AS (
-                SELECT c.file_id, c.pid, c.tid FROM cpu_ops c JOIN files f USING (file_id)
-                WHERE f.run_id = ? AND profiler_step(c.cat, c.name) IS NOT NULL GROUP BY ALL)
             SELECT c.name, c.input_types, c.input_dims, c.dur_ns
             FROM cpu_ops c JOIN files f USING (file_id)
-            WHERE f.run_id = ? AND c.cat = 'cpu_op'
+            WHERE f.run_id = $1 AND c.cat = 'cpu_op'
               AND (c.name IN {CPU_GEMM_OPS!r} OR (c.name LIKE 'aten::_scaled_dot_product%attention%'))
-              AND (NOT EXISTS (SELECT 1 FROM main) OR (c.file_id, c.pid, c.tid) IN (SELECT (file_id, pid, tid)
-                   FROM main))""", [run_id, run_id]).fetchall()
+              AND {counted_op_sql("c", "$1")}""", [run_id]).fetchall()
         for _name, types, _dims, dur in rows:
             dt = _op_dtype(types) or "unknown"
             acc[(dt, False)] = acc.get((dt, False), 0.0) + dur
@@ -193,8 +211,9 @@ def analyze_precision(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, gp
     res.gemm_time_us = total / 1e3
     if total <= 0:
         return res
-    for (dt, tc), t in sorted(acc.items(), key=lambda kv: -kv[1]):
-        res.mix.append({"dtype": dt, "tensor_core": tc, "time_us": round(t / 1e3, 3), "pct": round(100 * t / total, 2)})
+    for (dt, tc), t in sorted(acc.items(), key=lambda kv: -kv[1]):  # one row per (dtype, tensor cores)
+        res.mix.append({"dtype": dt, "tensor_core": tc, "label": mix_label(dt, tc, mode),
+                        "time_us": round(t / 1e3, 3), "pct": round(100 * t / total, 2)})
     res.main_dtype = res.mix[0]["dtype"]
     res.fp32_share_pct = round(100 * sum(t for (dt, tc), t in acc.items() if dt == "fp32" and not tc) / total, 2)
     if mode == "gpu":
