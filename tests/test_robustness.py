@@ -284,9 +284,9 @@ def test_events_with_missing_or_wrong_fields_and_years_long_durations(tmp_path):
     bad.write_text(text)
     a = analyze(d, jobs=1)
     msgs = [(w["level"], w["message"]) for w in file_warnings(a.model, bad)]
-    assert msgs == [("warning", "1 malformed events skipped; 5 events skipped: missing, non-numeric, negative, NaN "
-                                "or out-of-range ts/dur; 2 events longer than 1 day dropped (a known CUPTI "
-                                "timestamp fault: an end time never recorded)")]
+    assert msgs == [("warning", "1 malformed events skipped; 4 events skipped: missing, non-numeric, NaN or "
+                                "out-of-range ts/dur; 1 event with a negative duration dropped; 2 events longer "
+                                "than 1 day dropped (a known CUPTI timestamp fault: an end time never recorded)")]
     r0, r1 = a.model["runs"][0]["ranks"]
     assert r1["n_kernels"] == 40 + 3
     assert r1["window_us"] == r0["window_us"]  # the years-long kernels did not stretch the window

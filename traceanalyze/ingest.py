@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from traceanalyze.errors import InputError
+from traceanalyze.safety import redact as _redact
 
 try:  # ISA-L inflates gzip 2.4x faster than zlib (0.018 s against 0.044 s for a 47 MB trace)
     from isal import isal_zlib as _inflate
@@ -179,6 +180,8 @@ class TraceFile:
     skipped_events: int = 0
     warnings: list[str] = field(default_factory=list)
     base_time_ns: int = 0
+    dropped: dict[str, int] = field(default_factory=dict)  # events the lenient decoder dropped, by reason
+    scanned_bytes: int = 0  # bytes the structural scanner went through (linear in bytes_read)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -385,8 +388,13 @@ def _us_to_ns(us: pa.Array) -> pa.Array:
     return pc.add(pc.multiply(pc.cast(whole, pa.int64()), 1000), frac_ns)
 
 
-def _arr(values: list, typ: pa.DataType) -> pa.Array:
-    """Build an Arrow array; when a trace carries a wrong type somewhere, coerce item by item (None if hopeless)."""
+def _arr(values: list, typ: pa.DataType, oob: set[int] | None = None) -> pa.Array:
+    """Build an Arrow array; when a trace carries a wrong type somewhere, coerce item by item (None if hopeless).
+
+    ``oob`` collects the positions of numbers out of range (an integer beyond int64, a float that is not finite,
+    such as a 400-digit integer in a float column): their events are dropped by the caller. Only the slow path
+    (a value Arrow refused) looks, so the usual batch pays nothing for it.
+    """
     try:
         return pa.array(values, type=typ)
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError):
@@ -396,12 +404,24 @@ def _arr(values: list, typ: pa.DataType) -> pa.Array:
             conv = _float_or_none
         else:
             conv = _str_or_none
+        if oob is not None and not pa.types.is_string(typ):
+            oob.update(i for i, v in enumerate(values) if _out_of_range(v))
         return pa.array([conv(v) for v in values], type=typ)
+
+
+def _out_of_range(v: Any) -> bool:
+    """A JSON number no column can hold: an integer beyond int64 or a float beyond float64 (``1e400``)."""
+    if type(v) is int:
+        return not -(1 << 63) <= v < 1 << 63
+    return type(v) is float and math.isinf(v)
 
 
 def _float_or_none(v: Any) -> float | None:
     if type(v) in (int, float):
-        return float(v)
+        try:
+            return float(v)
+        except OverflowError:  # a 400-digit integer
+            return None
     return None
 
 
@@ -422,6 +442,9 @@ class _Columns:
         self.rows = 0
         self.bad_time = 0
         self.too_long = 0
+        self.negative_dur = 0  # counted apart from bad_time: README, Safety (impossible durations)
+        self.negative_ts = 0
+        self.out_of_range = 0  # events dropped for a number no column can hold (README, Safety)
         self.pending: list = []  # X events of a kept category, not yet converted
 
     def __len__(self) -> int:
@@ -459,13 +482,24 @@ class _Columns:
         n = len(ev)
         kind = pc.take(_KIND_VALUES, pc.index_in(pa.array([e.cat for e in ev], pa.string()), _KIND_KEYS))
         gpu = pc.is_in(kind, _GPU_KINDS)
-        ts = _arr([e.ts for e in ev], pa.float64())
-        dur = _arr([e.dur for e in ev], pa.float64())
-        ok = pc.fill_null(pc.and_(pc.and_(pc.is_finite(ts), pc.is_finite(dur)),
-                                  pc.and_(pc.greater_equal(dur, 0.0), pc.less_equal(pc.abs(ts), MAX_TS_US))), False)
+        oob: set[int] = set()  # events holding a number out of range: dropped, counted apart
+        ts = _arr([e.ts for e in ev], pa.float64(), oob)
+        dur = _arr([e.dur for e in ev], pa.float64(), oob)
+        finite = pc.fill_null(pc.and_(pc.is_finite(ts), pc.is_finite(dur)), False)
+        neg_dur = pc.fill_null(pc.and_(finite, pc.less(dur, 0.0)), False)
+        neg_ts = pc.fill_null(pc.and_(pc.and_(finite, pc.invert(neg_dur)), pc.less(ts, 0.0)), False)
+        ok = pc.fill_null(pc.and_(pc.and_(finite, pc.invert(pc.or_(neg_dur, neg_ts))),
+                                  pc.less_equal(ts, MAX_TS_US)), False)
         n_ok = pc.sum(ok).as_py() or 0
-        if n_ok < n:
-            self.bad_time += n - n_ok
+        n_neg_dur = pc.sum(neg_dur).as_py() or 0
+        n_neg_ts = pc.sum(neg_ts).as_py() or 0
+        self.negative_dur += n_neg_dur
+        self.negative_ts += n_neg_ts
+        if oob:  # counted once, as out of range, not also as bad ts/dur
+            time_oob = sum(1 for i in oob if _out_of_range(ev[i].ts) or _out_of_range(ev[i].dur))
+        else:
+            time_oob = 0
+        self.bad_time += n - n_ok - n_neg_dur - n_neg_ts - time_oob
         too_long = pc.and_(ok, pc.greater(dur, MAX_DUR_US))
         n_long = pc.sum(too_long).as_py() or 0
         if n_long:  # a CUPTI fault: an end time never written gives durations of years
@@ -477,25 +511,37 @@ class _Columns:
             "name": _arr([e.name for e in ev], pa.string()),
             "ts_ns": _us_to_ns(pc.if_else(ok, ts, 0.0)),
             "dur_ns": pc.cast(pc.round(pc.multiply(pc.if_else(ok, dur, 0.0), 1000.0)), pa.int64()),
-            "external_id": pc.coalesce(_arr([a.external_id for a in args], pa.int64()),
-                                       _arr([a.external_id_old for a in args], pa.int64())),
-            "correlation": _arr([a.correlation for a in args], pa.int64()),
-            "pid": _arr([e.pid for e in ev], pa.int64()),
-            "tid": _arr([e.tid for e in ev], pa.int64()),
+            "external_id": pc.coalesce(_arr([a.external_id for a in args], pa.int64(), oob),
+                                       _arr([a.external_id_old for a in args], pa.int64(), oob)),
+            "correlation": _arr([a.correlation for a in args], pa.int64(), oob),
+            "pid": _arr([e.pid for e in ev], pa.int64(), oob),
+            "tid": _arr([e.tid for e in ev], pa.int64(), oob),
         }
-        gpu_ok = pc.and_(gpu, ok)
-        if pc.any(gpu_ok).as_py():
-            base["device"] = pc.coalesce(_arr([a.device for a in args], pa.int64()), base["pid"])
-            base["stream"] = pc.coalesce(_arr([a.stream for a in args], pa.int64()), base["tid"])
-            base["bytes"] = _arr([a.nbytes for a in args], pa.int64())
-            self._append("kernels", base, gpu_ok)
-        cpu_ok = pc.and_(pc.invert(gpu), ok)
-        if pc.any(cpu_ok).as_py():
+        gpu_any = pc.any(pc.and_(gpu, ok)).as_py()
+        if gpu_any:
+            base["device"] = pc.coalesce(_arr([a.device for a in args], pa.int64(), oob), base["pid"])
+            base["stream"] = pc.coalesce(_arr([a.stream for a in args], pa.int64(), oob), base["tid"])
+            base["bytes"] = _arr([a.nbytes for a in args], pa.int64(), oob)
+        cpu_any = pc.any(pc.and_(pc.invert(gpu), ok)).as_py()
+        if cpu_any:
             base["input_types"] = _raw_column([a.input_type for a in args])
             base["input_dims"] = _raw_column([a.input_dims for a in args])
             base["kernel_backend"] = _arr([a.kernel_backend for a in args], pa.string())
-            self._append("cpu_ops", base, cpu_ok)
-        self._add_comm(args, base, gpu, ok)
+        comm = self._comm_table(args, base, gpu, oob)
+        if oob:
+            keep = np.ones(n, dtype=bool)
+            keep[list(oob)] = False
+            self.out_of_range += int(pc.sum(pc.and_(ok, pa.array(~keep))).as_py() or 0) + time_oob
+            ok = pc.and_(ok, pa.array(keep))
+        if gpu_any:
+            self._append("kernels", base, pc.and_(gpu, ok))
+        if cpu_any:
+            self._append("cpu_ops", base, pc.and_(pc.invert(gpu), ok))
+        if comm is not None:
+            t, has = comm
+            t = t.filter(pc.fill_null(pc.and_(ok, has), False))
+            if t.num_rows:
+                self.parts["comm_events"].append(t)
 
     def _append(self, table: str, cols: dict, mask: pa.Array) -> None:
         schema = TABLES[table]
@@ -503,32 +549,31 @@ class _Columns:
         self.parts[table].append(t)
         self.rows += t.num_rows
 
-    def _add_comm(self, args: list, base: dict, gpu: pa.Array, ok: pa.Array) -> None:
+    def _comm_table(self, args: list, base: dict, gpu: pa.Array, oob: set[int]) -> tuple[pa.Table, pa.Array] | None:
+        """The collective metadata of a batch, unfiltered, and which rows carry any; None when none does."""
         n = len(args)
         # these four tell whether any event carries collective metadata: most batches hold none
         raw = {"collective": [a.collective for a in args], "pg_name": [a.pg_name for a in args],
                "in_nelems": [a.in_nelems for a in args], "in_size": [a.in_size for a in args]}
         if all(v.count(None) == n for v in raw.values()):
-            return
+            return None
         raw.update({f: [getattr(a, f) for a in args] for f in _COMM_ARGS if f not in raw})
         comm = {
             "collective": _arr(raw["collective"], pa.string()),
-            "in_nelems": pc.coalesce(_arr(raw["in_nelems"], pa.int64()), _arr(raw["in_size"], pa.int64())),
-            "out_nelems": pc.coalesce(_arr(raw["out_nelems"], pa.int64()), _arr(raw["out_size"], pa.int64())),
-            "group_size": _arr(raw["group_size"], pa.int64()),
+            "in_nelems": pc.coalesce(_arr(raw["in_nelems"], pa.int64(), oob), _arr(raw["in_size"], pa.int64(), oob)),
+            "out_nelems": pc.coalesce(_arr(raw["out_nelems"], pa.int64(), oob),
+                                      _arr(raw["out_size"], pa.int64(), oob)),
+            "group_size": _arr(raw["group_size"], pa.int64(), oob),
             "comm_dtype": _arr(raw["comm_dtype"], pa.string()),
             "pg_name": _arr(raw["pg_name"], pa.string()),
             "pg_desc": _arr(raw["pg_desc"], pa.string()),
             "pg_ranks": pa.array([_raw_text(x) for x in raw["pg_ranks"]], pa.string()),
-            "seq": _arr(raw["seq"], pa.int64()),
+            "seq": _arr(raw["seq"], pa.int64(), oob),
             "source": pc.if_else(gpu, "kernels", "cpu_ops"),
         }
         has = pc.or_(pc.or_(pc.is_valid(comm["collective"]), pc.is_valid(comm["pg_name"])),
                      pc.is_valid(comm["in_nelems"]))
-        t = pa.table([comm.get(f, base.get(f)) for f in COMM_SCHEMA.names], schema=COMM_SCHEMA)
-        t = t.filter(pc.fill_null(pc.and_(ok, has), False))
-        if t.num_rows:
-            self.parts["comm_events"].append(t)
+        return pa.table([comm.get(f, base.get(f)) for f in COMM_SCHEMA.names], schema=COMM_SCHEMA), has
 
     def tables(self) -> dict[str, pa.Table]:
         self.convert()
@@ -690,6 +735,10 @@ class _EventStream:
     the run before it is decoded at once. A cut that falls inside a string or a nested object cannot decode
     (the run would hold an open string or bracket), so a successful decode proves the cut; a failed one falls
     back to the structural scanner for that block. The scanner also finds the array's closing ``]``.
+
+    An event longer than a block (a 60 MB string) is held as a list of blocks while a scanner carries its
+    string/nesting state from block to block, so each byte is scanned once until the event ends: the work stays
+    linear in the bytes (README, Safety), where joining and rescanning the held bytes per block was quadratic.
     """
 
     def __init__(self, events_depth: int, decode) -> None:
@@ -700,10 +749,28 @@ class _EventStream:
         self.rest = b""  # bytes held back: they start at an event's '{' (or whitespace before it)
         self.closed = False
         self.tail = b""
+        self.long: list[bytes] = []  # the blocks of an event longer than a block, while it lasts
+        self.long_sc: _Scanner | None = None  # the scanner's state at the end of self.long
+        self.long_bytes = 0
+        self.scanned = 0  # bytes given to the structural scanner (the linear-work test reads it)
 
     def feed(self, blk: bytes, path) -> None:
         if self.closed:
             self.tail += blk
+            return
+        if self.long_sc is not None:  # inside an event longer than a block: scan only the new bytes
+            self.scanned += len(blk)
+            _, chars, depth = self.long_sc.scan(blk, 0)
+            ends = ((chars == 125) & (depth == self.ed)).any() or (depth == self.ed - 1).any()
+            self.long.append(blk)
+            self.long_bytes += len(blk)
+            if not ends:
+                if self.long_bytes > MAX_EVENT_BYTES:
+                    raise InputError(path, f"an event larger than {MAX_EVENT_BYTES >> 20} MiB; the file is corrupt")
+                return
+            data = b"".join(self.long)  # the event ended: one scan of the whole, as for any block
+            self.long, self.long_sc, self.long_bytes = [], None, 0
+            self._scan(data, path)
             return
         if len(blk) > _TAIL_WINDOW:  # usual case: look for the cut in the new block, copy it only once
             last = None
@@ -724,6 +791,7 @@ class _EventStream:
     def _scan(self, data: bytes, path) -> None:
         sc = _Scanner()
         sc.depth = self.ed  # data starts between two events: inside the array, outside any string
+        self.scanned += len(data)
         pos, chars, depth = sc.scan(data, 0)
         close = np.flatnonzero(depth == self.ed - 1)
         limit = int(close[0]) if close.size else len(pos)
@@ -739,12 +807,20 @@ class _EventStream:
             self.decode([data[:cut]], False)
             self.rest = data[cut:].lstrip(b", \t\r\n")
         else:
-            self.rest = data
             if len(data) > MAX_EVENT_BYTES:
                 raise InputError(path, f"an event larger than {MAX_EVENT_BYTES >> 20} MiB; the file is corrupt")
+            # no event ends here: hold the bytes and go on scanning from this state, block by block
+            self.rest = b""
+            self.long, self.long_sc, self.long_bytes = [data], sc, len(data)
 
     def finish(self, path) -> None:
         """At end of input: decode what is complete in the remainder (a cut-off file ends mid-array)."""
+        if self.long:
+            data = b"".join(self.long)  # a file cut off inside a long event: nothing more is complete
+            self.long, self.long_sc, self.long_bytes = [], None, 0
+            if not self.closed and data.strip():
+                self.rest = data
+                return
         if not self.closed and self.rest.strip():
             self._scan(self.rest, path)
 
@@ -787,8 +863,8 @@ def _parse_blocks(path, blocks, state, info: TraceFile, out_dir, key, chunk_rows
         body = memoryview(doc)[1:-1]
         try:
             events = _EVENTS.decode(doc)
-        except msgspec.ValidationError:
-            events = _decode_one_by_one(bytes(body), info)  # valid JSON, odd types: keep what can be kept
+        except (msgspec.ValidationError, RecursionError):  # odd types, a number out of range, deep nesting
+            events = _decode_one_by_one(bytes(body), info)  # keep what can be kept, event by event
         except _BAD_JSON:
             if strict:
                 return False
@@ -875,14 +951,23 @@ def _parse_blocks(path, blocks, state, info: TraceFile, out_dir, key, chunk_rows
     if n_events == 0 and not info.partial and part is None:
         info.warnings.append("the trace holds no events")
     cols.convert()  # the last batch, so that its dropped events are counted below
+    for why, n in info.dropped.items():  # one line per reason and file, not per chunk
+        info.warnings.append(_DROPPED[why].format(n=n, s="s" if n != 1 else ""))
     if cols.bad_time:
         info.skipped_events += cols.bad_time
-        info.warnings.append(f"{cols.bad_time} events skipped: missing, non-numeric, negative, NaN or out-of-range "
-                             "ts/dur")
+        info.warnings.append(f"{cols.bad_time} events skipped: missing, non-numeric, NaN or out-of-range ts/dur")
+    for n, what in ((cols.negative_dur, "a negative duration"), (cols.negative_ts, "a negative timestamp"),
+                    (cols.out_of_range, "a number out of range (an integer beyond 64 bits or a float beyond "
+                                        "float64)")):
+        if n:
+            info.skipped_events += n
+            info.warnings.append(f"{n} event{'s' if n != 1 else ''} with {what} dropped")
     if cols.too_long:
         info.skipped_events += cols.too_long
         info.warnings.append(f"{cols.too_long} events longer than 1 day dropped (a known CUPTI timestamp fault: "
                              "an end time never recorded)")
+    info.scanned_bytes = stream.scanned
+    info.header = _redact(info.header)  # before anything is stored (README, Safety: no secrets in reports)
     info.base_time_ns = _header_base_ns(info.header)
     flush(final=True)
     for w in writers.values():
@@ -912,7 +997,7 @@ def _decode_header(path: Path, header_bytes: bytes) -> dict:
     try:
         h = _ANY.decode(text + b"}")
         return h if isinstance(h, dict) else {}
-    except _BAD_JSON:
+    except (*_BAD_JSON, RecursionError):  # a header nested beyond the decoder's bound is no header
         return {}
 
 
@@ -923,7 +1008,7 @@ def _merge_tail(path: Path, tail: bytes, info: TraceFile) -> None:
         text = text[1:]
     try:
         extra = _ANY.decode(b"{" + text)
-    except _BAD_JSON:
+    except (*_BAD_JSON, RecursionError):
         info.warnings.append("the header fields after traceEvents are damaged; ignored")
         return
     if isinstance(extra, dict):
@@ -947,23 +1032,36 @@ def _decode_one_by_one(body: bytes, info: TraceFile) -> list[_Event]:
     """Slow path for a chunk with a malformed event: decode each event alone and skip the bad ones.
 
     An event with a wrong-typed ``args`` keeps its other fields; one that is not valid JSON (``NaN``, a cut
-    string) or not an object is dropped and counted.
+    string) or not an object is dropped and counted, and so, each with its own count, is one that holds a number
+    out of range (``1e400``) or nests deeper than the decoder's bound (Python's recursion limit, about 1,000
+    levels): one such event costs itself, never the file (README, Safety).
     """
     out: list[_Event] = []
-    bad = 0
+    bad = deep = oob = 0
     for raw in _split_events(body):
         try:
             out.append(_EVENT.decode(raw))
             continue
-        except msgspec.ValidationError:
-            pass
+        except RecursionError:
+            deep += 1
+            continue
+        except msgspec.ValidationError as exc:
+            if "out of range" in str(exc):
+                oob += 1
+                continue
         except _BAD_JSON:
             bad += 1
             continue
         try:
             ev = _ANY.decode(raw)
-        except _BAD_JSON:
-            bad += 1
+        except RecursionError:
+            deep += 1
+            continue
+        except _BAD_JSON as exc:
+            if "out of range" in str(exc):
+                oob += 1
+            else:
+                bad += 1
             continue
         if not isinstance(ev, dict):
             bad += 1
@@ -975,10 +1073,16 @@ def _decode_one_by_one(body: bytes, info: TraceFile) -> list[_Event]:
             out.append(_EVENT.decode(msgspec.json.encode(ev)))
         except (*_BAD_JSON, msgspec.ValidationError):
             bad += 1
-    if bad:
-        info.skipped_events += bad
-        info.warnings.append(f"{bad} malformed events skipped")
+    for why, n in (("malformed", bad), ("deep", deep), ("out_of_range", oob)):
+        if n:
+            info.skipped_events += n
+            info.dropped[why] = info.dropped.get(why, 0) + n
     return out
+
+
+_DROPPED = {"malformed": "{n} malformed events skipped",
+            "deep": "{n} event{s} nested deeper than the JSON decoder's bound (about 1,000 levels) dropped",
+            "out_of_range": "{n} event{s} holding a number out of range (beyond float64, such as 1e400) dropped"}
 
 
 __all__ = ["TraceFile", "parse_trace", "split_points", "TABLES"]

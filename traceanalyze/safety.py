@@ -9,6 +9,8 @@
 - :func:`open_untrusted`: a database a user hands in is opened read-only, without file-system access and without
   extension autoload/autoinstall, its configuration locked.
 - :func:`terminal` and :func:`md_text`: input-derived text made inert for a terminal and for CommonMark/GFM.
+- :func:`redact`: credential-like keys (and ``NAME=value`` in strings) removed from what a trace header or an
+  environment file holds, before anything is stored.
 """
 
 from __future__ import annotations
@@ -76,6 +78,62 @@ def md_text(x: object) -> str:
     s = re.sub("[&<>]", lambda m: _MD_ENTITY[m.group(0)], s)
     s = _MD_SPECIAL.sub(r"\\\1", s)
     return re.sub(r"^(\d{1,9})([.)])", r"\1\\\2", s)  # "1." or "1)" would start an ordered list
+
+
+# ---- secrets ------------------------------------------------------------------------------------------------------
+
+# A name that looks like a credential (README, Safety: no secrets in reports): HF_TOKEN, AWS_SECRET_ACCESS_KEY,
+# WANDB_API_KEY, DB_PASSWORD, GOOGLE_APPLICATION_CREDENTIALS, ... Case-insensitive, anywhere in the name.
+_CREDENTIAL = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
+# NAME=value inside a string (a command line or an env dump copied into a header), NAME credential-like
+_CREDENTIAL_ASSIGN = re.compile(r"\b([A-Za-z0-9_.-]*(?:KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL)[A-Za-z0-9_.-]*)"
+                                r"(\s*[=:]\s*)(\"[^\"]*\"|'[^']*'|\S+)", re.IGNORECASE)
+REDACTED = "[redacted]"
+
+
+def is_credential_name(name: object) -> bool:
+    """Whether a variable or key name looks like a credential (``*KEY*``, ``*TOKEN*``, ``*SECRET*``,
+    ``*PASSWORD*``/``*PASSWD*``, ``*CREDENTIAL*``, any case)."""
+    return isinstance(name, str) and _CREDENTIAL.search(name) is not None
+
+
+def redact_text(text: str) -> str:
+    """``text`` with the value of every credential-like ``NAME=value`` (or ``NAME: value``) replaced by
+    :data:`REDACTED`."""
+    return _CREDENTIAL_ASSIGN.sub(lambda m: f"{m.group(1)}{m.group(2)}{REDACTED}", text) if _CREDENTIAL.search(
+        text) else text
+
+
+def redact(obj: object) -> object:
+    """A copy of a decoded JSON value with secrets removed, at any depth: the value of every credential-like key
+    (:func:`is_credential_name`) becomes :data:`REDACTED`, and credential-like ``NAME=value`` inside strings too.
+
+    Iterative (an explicit stack), so a deeply nested header cannot exhaust Python's recursion limit.
+    """
+    def fix(v: object) -> object:
+        if isinstance(v, dict):
+            return {}
+        if isinstance(v, list):
+            return []
+        return redact_text(v) if isinstance(v, str) else v
+
+    root = fix(obj)
+    stack = [(obj, root)] if isinstance(obj, (dict, list)) else []
+    while stack:
+        src, dst = stack.pop()
+        items = src.items() if isinstance(src, dict) else enumerate(src)
+        for k, v in items:
+            if isinstance(src, dict) and is_credential_name(k):
+                dst[k] = REDACTED
+                continue
+            new = fix(v)
+            if isinstance(dst, dict):
+                dst[k] = new
+            else:
+                dst.append(new)
+            if isinstance(v, (dict, list)):
+                stack.append((v, new))
+    return root
 
 
 # ---- databases ----------------------------------------------------------------------------------------------------
