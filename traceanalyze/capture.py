@@ -51,6 +51,16 @@ ENV_NAMES = ("CUDA_VISIBLE_DEVICES", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE",
 ENV_MARKER = "traceanalyze_capture"  # top-level key that tells discovery this JSON is an env file
 
 
+def env_allowed(name: str) -> bool:
+    """Whether an environment variable is one :func:`environment` records (:data:`ENV_PREFIXES`,
+    :data:`ENV_NAMES`) and not named like a credential (``*KEY*``, ``*TOKEN*``, ``*SECRET*``, ``*PASSWORD*``,
+    ``*CREDENTIAL*``): the allow-list the analyzer also applies to ``env_rank{r}.json`` (README, Safety)."""
+    from traceanalyze.safety import is_credential_name
+
+    return isinstance(name, str) and (name.startswith(ENV_PREFIXES) or name in ENV_NAMES) and not \
+        is_credential_name(name)
+
+
 def prepare_env(out_dir: str | os.PathLike, rank: int | None = None) -> dict[str, str]:
     """Route NCCL's debug output into ``out_dir``: call it before ``torch.distributed.init_process_group``.
 
@@ -101,7 +111,8 @@ def environment(rank: int | None = None, world_size: int | None = None) -> dict[
     Keys: ``traceanalyze_capture`` (format version, 1), ``rank``, ``world_size``, ``backend``, ``hostname``,
     ``pid``, ``time`` (UTC, ISO 8601), ``versions`` (``python``, ``torch``, ``cuda``, ``nccl``, ``cudnn``;
     None where absent), ``gpus`` (device names), ``env`` (the variables named in :data:`ENV_PREFIXES` /
-    :data:`ENV_NAMES` that are set). Never raises for a missing GPU or NCCL.
+    :data:`ENV_NAMES` that are set, never one named like a credential: :func:`env_allowed`). Never raises for a
+    missing GPU or NCCL.
     """
     import torch
 
@@ -117,7 +128,7 @@ def environment(rank: int | None = None, world_size: int | None = None) -> dict[
             versions["cudnn"] = torch.backends.cudnn.version()
     except Exception:  # CPU builds, broken drivers: versions stay None
         pass
-    env = {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES) or k in ENV_NAMES}
+    env = {k: v for k, v in sorted(os.environ.items()) if env_allowed(k)}
     return {ENV_MARKER: 1, "rank": rank, "world_size": world_size, "backend": backend,
             "hostname": socket.gethostname(), "pid": os.getpid(),
             "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

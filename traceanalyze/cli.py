@@ -145,12 +145,15 @@ def cli(ctx: click.Context, debug: bool) -> None:
               help="Bound on what one trace may inflate to (a gzip bomb is an error naming the file): 512M, 64G, ...")
 @click.option("--export", "export_path", type=click.Path(dir_okay=False), metavar="FILE.json[.gz]",
               help="Also write a merged, clock-aligned trace of every rank (Perfetto) beside the HTML and link it.")
+@click.option("--follow-external-symlinks", is_flag=True,
+              help="Read files and folders that symlinks in the input folders point to outside them (skipped with "
+                   "a warning by default).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar, no summary.")
 @click.pass_context
 def report(ctx: click.Context, paths: tuple[str, ...], output: str | None, json_path: str | None,
            md_path: str | None, fmt: str, db: str | None, baseline: tuple[str, ...], jobs: int | None,
            link_bw: float | None, peak_tflops: float | None, gpu: str | None, max_decompressed: int,
-           export_path: str | None,
+           export_path: str | None, follow_external_symlinks: bool,
            quiet: bool) -> None:
     """Analyze the traces under PATHS and write one self-contained HTML report.
 
@@ -182,7 +185,8 @@ def report(ctx: click.Context, paths: tuple[str, ...], output: str | None, json_
         try:
             a = analyze(list(paths), db=db_path, baseline=list(baseline) or None, jobs=jobs,
                         progress=prog.step, on_total=prog.total, link_bw_gbps=link_bw, peak_tflops=peak_tflops,
-                        max_decompressed=max_decompressed, gpu=gpu, outputs=outputs)
+                        max_decompressed=max_decompressed, gpu=gpu, outputs=outputs,
+                        follow_external_symlinks=follow_external_symlinks)
         finally:
             prog.close()
         try:

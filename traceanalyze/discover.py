@@ -25,7 +25,11 @@ from traceanalyze.errors import InputError
 TRACE_SUFFIXES = (".json", ".json.gz")
 CHAKRA_MARKERS = (".et.json", "_et.json", ".et.", "execution_trace")
 SNIFF_BYTES = 64 << 10
-_RANK_NAME = re.compile(r"(?:^|[^a-z])rank[-_:\s\[]*(\d+)", re.IGNORECASE)
+_RANK_NAME = re.compile(r"(?:^|[^a-z])rank[-_:\s\[]*(\d+)(?P<after>[-_./]\d{1,2}[-_./]\d{1,2})?", re.IGNORECASE)
+# Sane bounds on what a header or a file name says (README, Safety: one implausible header field costs one warning):
+# rank < world size <= 2^20 (no job has a million ranks; larger values are corrupt or hostile, and a loop or a
+# set over them would exhaust memory).
+MAX_WORLD_SIZE = 1 << 20
 
 
 @dataclass
@@ -59,6 +63,7 @@ class Discovery:
     skipped: list[tuple[str, str]]
     unreadable: list[str] = field(default_factory=list)
     ignored: list[tuple[str, str]] = field(default_factory=list)  # (path, why) of files not ours, not warned about
+    warned: list[str] = field(default_factory=list)  # skipped paths that are warnings (symlinks leading outside)
 
 
 def _head(path: Path) -> bytes:
@@ -123,17 +128,23 @@ def classify(path: Path) -> tuple[str | None, str]:
     return None, ""
 
 
-def discover(inputs: list[str | Path]) -> Discovery:
+def discover(inputs: list[str | Path], *, follow_external_symlinks: bool = False) -> Discovery:
     """Find every trace and sidecar under ``inputs`` (folders are walked recursively, symlinked folders are
     not followed, so a symlink loop cannot hang the walk) and group them into runs. Files that cannot be read
     (broken symlinks, symlink loops, FIFOs, no permission) are skipped with a note and listed in ``unreadable``;
     FIFOs are never opened.
+
+    A symlink inside an input folder whose target lies outside that folder (a file or a folder) is not followed:
+    it is skipped with a note listed in ``warned`` (README, Safety: a folder copied from elsewhere must not read
+    ``~/.ssh`` or ``/etc``). With ``follow_external_symlinks`` such files are read and such folders walked, each
+    folder once. An input named directly is always read.
 
     Raises :class:`InputError` when an input path does not exist.
     """
     files: list[Path] = []
     skipped: list[tuple[str, str]] = []
     unreadable: list[str] = []
+    warned: list[str] = []
     for inp in inputs:
         p = Path(inp)
         if not p.exists() and not p.is_symlink():
@@ -146,18 +157,42 @@ def discover(inputs: list[str | Path]) -> Discovery:
             else:
                 files.append(p)
             continue
-        for root, dirs, names in os.walk(p, followlinks=False):
-            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-            for n in sorted(names):
-                if n.startswith("."):
-                    continue
-                f = Path(root) / n
-                problem = _not_readable(f)
-                if problem:
-                    skipped.append((str(f), f"{problem}; skipped"))
-                    unreadable.append(str(f))
-                    continue
-                files.append(f)
+        top_real = os.path.realpath(p)
+        visited = {top_real}
+        tops = [p]
+        while tops:
+            for root, dirs, names in os.walk(tops.pop(), followlinks=False):
+                keep = []
+                for d in sorted(x for x in dirs if not x.startswith(".")):
+                    full = Path(root) / d
+                    if not full.is_symlink():
+                        keep.append(d)
+                        continue
+                    real = os.path.realpath(full)
+                    if _inside(real, top_real) or not os.path.isdir(real):
+                        continue  # a link within the folder (walked anyway), or a broken one: not followed
+                    if not follow_external_symlinks:
+                        skipped.append((str(full), _EXTERNAL.format(what="folder", target=real)))
+                        warned.append(str(full))
+                    elif real not in visited:  # followed on request, each folder once (no loop)
+                        visited.add(real)
+                        tops.append(full)
+                dirs[:] = keep
+                for n in sorted(names):
+                    if n.startswith("."):
+                        continue
+                    f = Path(root) / n
+                    problem = _not_readable(f)
+                    if problem:
+                        skipped.append((str(f), f"{problem}; skipped"))
+                        unreadable.append(str(f))
+                        continue
+                    if not follow_external_symlinks and f.is_symlink() and not _inside(os.path.realpath(f),
+                                                                                          top_real):
+                        skipped.append((str(f), _EXTERNAL.format(what="file", target=os.path.realpath(f))))
+                        warned.append(str(f))
+                        continue
+                    files.append(f)
 
     traces: dict[Path, list[Path]] = {}
     sidecars: list[Sidecar] = []
@@ -210,7 +245,16 @@ def discover(inputs: list[str | Path]) -> Discovery:
             r.sidecars.append(sc)
     runs.sort(key=lambda r: str(r.path))
     _name_runs(runs)
-    return Discovery(runs=runs, skipped=skipped, unreadable=unreadable, ignored=ignored)
+    return Discovery(runs=runs, skipped=skipped, unreadable=unreadable, ignored=ignored, warned=warned)
+
+
+_EXTERNAL = ("a symlink to a {what} outside the input folder ({target}); not followed: pass "
+             "--follow-external-symlinks to read it")
+
+
+def _inside(real: str, top_real: str) -> bool:
+    """Whether the resolved path ``real`` is ``top_real`` or below it."""
+    return real == top_real or real.startswith(top_real.rstrip(os.sep) + os.sep)
 
 
 def name_is_trace_like(path: Path) -> bool:
@@ -264,21 +308,78 @@ def _name_runs(runs: list[Run]) -> None:
 
 
 def rank_from_name(path: Path | str) -> int | None:
-    """Rank from a file name such as ``rank3.json``, ``trace_rank-3``, ``[rank3]``; None when absent."""
+    """Rank from a file name such as ``rank3.json``, ``trace_rank-3``, ``[rank3]``; None when absent or not
+    plausible: a date or timestamp (``rank_20240501``, ``rank_2024-05-01``, ``rank1700000000``), that is a number
+    of 8 digits or more, at least :data:`MAX_WORLD_SIZE`, or followed by ``-MM-DD``."""
     m = _RANK_NAME.search(Path(path).name)
-    return int(m.group(1)) if m else None
+    if not m or m.group("after") or len(m.group(1)) > 7:
+        return None
+    r = int(m.group(1))
+    return r if r < MAX_WORLD_SIZE else None
+
+
+def _plain_int(v: object) -> int | None:
+    """An integer field as JSON gives it (a digit string too), else None; never builds a huge int from text."""
+    if isinstance(v, int) and not isinstance(v, bool):
+        return v
+    if isinstance(v, str) and v.isdigit() and len(v) <= 10:
+        return int(v)
+    return None
 
 
 def rank_from_header(header: dict) -> int | None:
-    """``distributedInfo.rank`` when it is a non-negative integer, else None."""
+    """``distributedInfo.rank`` when it is an integer with 0 <= rank < world size <= 2^20 (the world size when the
+    header gives a plausible one), else None (:func:`check_headers` says why)."""
     di = header.get("distributedInfo")
     if isinstance(di, dict):
-        r = di.get("rank")
-        if isinstance(r, int) and not isinstance(r, bool) and r >= 0:
+        r = _plain_int(di.get("rank"))
+        ws = world_size_from_header(header)
+        if r is not None and 0 <= r < (ws or MAX_WORLD_SIZE):
             return r
-        if isinstance(r, str) and r.isdigit():
-            return int(r)
     return None
+
+
+def world_size_from_header(header: dict) -> int | None:
+    """``distributedInfo.world_size`` when it is an integer from 1 to :data:`MAX_WORLD_SIZE`, else None."""
+    di = header.get("distributedInfo")
+    ws = _plain_int(di.get("world_size")) if isinstance(di, dict) else None
+    return ws if ws is not None and 1 <= ws <= MAX_WORLD_SIZE else None
+
+
+def _shown(v: object) -> str:
+    t = repr(v)
+    return t if len(t) <= 40 else f"{t[:20]}...({len(t)} characters)"
+
+
+def check_headers(headers: dict[Path, dict]) -> tuple[dict[Path, dict], list[tuple[str, str]]]:
+    """Keep the rank and world size of each trace header only when they are plausible: an integer world size from
+    1 to 2^20, an integer rank with 0 <= rank < world size (README, Safety).
+
+    Returns ``(headers, warnings)``: the headers with an implausible ``distributedInfo.rank`` or ``world_size``
+    removed (the rank is then worked out from the file name or the worker, like a file without one), and one
+    ``(file, message)`` per file that had any.
+    """
+    out: dict[Path, dict] = {}
+    warnings: list[tuple[str, str]] = []
+    for p, h in headers.items():
+        di = h.get("distributedInfo") if isinstance(h, dict) else None
+        if not isinstance(di, dict):
+            out[p] = h
+            continue
+        bad: list[str] = []
+        di = dict(di)
+        if "world_size" in di and di["world_size"] is not None and world_size_from_header(h) is None:
+            bad.append(f"distributedInfo.world_size {_shown(di.pop('world_size'))} (must be an integer from 1 to "
+                       f"{MAX_WORLD_SIZE:,})")
+        if "rank" in di and di["rank"] is not None and rank_from_header({**h, "distributedInfo": di}) is None:
+            ws = world_size_from_header({"distributedInfo": di})
+            bad.append(f"distributedInfo.rank {_shown(di.pop('rank'))} (must be an integer from 0 to "
+                       f"{(ws or MAX_WORLD_SIZE) - 1:,}{', below the world size' if ws else ''})")
+        out[p] = {**h, "distributedInfo": di} if bad else h
+        if bad:
+            warnings.append((str(p), f"implausible {' and '.join(bad)}: ignored; the rank is taken from the file "
+                                     "name or the worker instead"))
+    return out, warnings
 
 
 # tensorboard_trace_handler names each profiling window's file <worker>.<time in ms (or ns)>.pt.trace.json[.gz]
@@ -300,15 +401,20 @@ def assign_ranks(paths: list[Path], headers: dict[Path, dict]) -> tuple[dict[Pat
     profiling windows of one rank; a single worker is rank 0.
 
     Returns ``(rank_by_path, warnings)``. Workers whose rank cannot be found get the lowest free rank and a
-    warning that names their files.
+    warning that names their files. A rank in a file name is used only when it is plausible
+    (:func:`rank_from_name`) and below the world size that a header gives.
     """
     ranks: dict[Path, int] = {}
     warnings: list[str] = []
     unknown: dict[str, list[Path]] = {}
+    world = max((w for w in (world_size_from_header(headers.get(p, {})) for p in paths) if w), default=None)
     for p in paths:
         r = rank_from_header(headers.get(p, {}))
         if r is None:
             r = rank_from_name(p)
+            if r is not None and world is not None and r >= world:
+                warnings.append(f"{p}: rank {r} in the file name is not below the world size {world}; not used")
+                r = None
         if r is None:
             unknown.setdefault(worker_name(p), []).append(p)
         else:

@@ -44,6 +44,13 @@ import yaml
 from traceanalyze.discover import rank_from_name  # one rule for trace and log file names
 from traceanalyze.errors import InputError
 
+# Every file is size-bounded (README, Safety): what a log, config, env, NCCL or topology file (or its .gz) may
+# inflate to is bounded like a trace (--max-decompressed); a file read whole (config, env, trainer_state.json) at
+# most MAX_WHOLE_FILE_BYTES, and a line at most MAX_LINE_BYTES (the rest of a longer line is skipped, counted).
+DEFAULT_MAX_BYTES = 64 << 30  # as ingest.DEFAULT_MAX_DECOMPRESSED (not imported: ingest pulls in NumPy and Arrow)
+MAX_WHOLE_FILE_BYTES = 64 << 20
+MAX_LINE_BYTES = 1 << 20
+
 try:  # Python 3.11+
     import tomllib
 except ModuleNotFoundError:  # pragma: no cover - exercised on 3.10 only
@@ -393,24 +400,75 @@ def _open_binary(path: Path):
         raise InputError(path, f"cannot read ({exc.strerror or exc})") from None
 
 
-def _read_text(path: Path) -> str:
-    """Whole file as text (configs and other small files); raise InputError when unreadable."""
+def _over_bound(path: Path, bound: int, gz: bool) -> InputError:
+    what = (f"decompresses to more than {_size_text(bound)} (a gzip bomb?)" if gz
+            else f"larger than {_size_text(bound)}")
+    return InputError(path, f"{what}; not read: raise --max-decompressed if this is a real file")
+
+
+def _size_text(n: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.3g} {unit}"
+    return f"{n} bytes"
+
+
+def _is_gzip(fh) -> bool:
+    return isinstance(fh, gzip.GzipFile)
+
+
+def _read_text(path: Path, max_bytes: int | None = None) -> str:
+    """Whole file as text (configs and other small files), at most ``min(max_bytes, MAX_WHOLE_FILE_BYTES)``
+    decompressed bytes; raise InputError when unreadable or larger (a gzip bomb is never inflated in full)."""
+    bound = min(max_bytes or DEFAULT_MAX_BYTES, MAX_WHOLE_FILE_BYTES)
     fh = _open_binary(path)
     try:
         with fh:
-            return fh.read().decode("utf-8", errors="replace")
+            data = fh.read(bound + 1)
+            if len(data) > bound:
+                raise _over_bound(path, bound, _is_gzip(fh))
+            return data.decode("utf-8", errors="replace")
     except (OSError, EOFError, zlib.error) as exc:
         raise InputError(path, f"cannot read ({exc})") from None
 
 
-def _iter_lines(path: Path, warnings: list[str]) -> Iterator[tuple[int, str]]:
+def _lines(fh, path: Path, bound: int, long_lines: list[int]) -> Iterator[bytes]:
+    """The file's lines, each at most :data:`MAX_LINE_BYTES` (the rest of a longer one is skipped and its number
+    appended to ``long_lines``); raise InputError past ``bound`` decompressed bytes."""
+    total = 0
+    n = 0
+    while True:
+        raw = fh.readline(MAX_LINE_BYTES + 1)
+        if not raw:
+            return
+        n += 1
+        total += len(raw)
+        if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+            long_lines.append(n)
+            while True:  # skip to the end of the line, a bounded block at a time
+                rest = fh.readline(MAX_LINE_BYTES)
+                total += len(rest)
+                if total > bound:
+                    raise _over_bound(path, bound, _is_gzip(fh))
+                if not rest or rest.endswith(b"\n"):
+                    break
+            raw = raw[:MAX_LINE_BYTES]
+        if total > bound:
+            raise _over_bound(path, bound, _is_gzip(fh))
+        yield raw
+
+
+def _iter_lines(path: Path, warnings: list[str], max_bytes: int | None = None) -> Iterator[tuple[int, str]]:
     """Yield ``(line number, cleaned text)`` per physical line, split further at ``\\r`` (tqdm redraws);
-    ANSI codes and tqdm bars removed. A truncated gzip ends the stream with a warning."""
+    ANSI codes and tqdm bars removed. A truncated gzip ends the stream with a warning. A line longer than
+    :data:`MAX_LINE_BYTES` is cut there (one warning counts them); past ``max_bytes`` decompressed bytes (default
+    :data:`DEFAULT_MAX_BYTES`) the file raises InputError."""
     fh = _open_binary(path)
+    long_lines: list[int] = []
     with fh:
         lineno = 0
         try:
-            for raw in fh:
+            for raw in _lines(fh, path, max_bytes or DEFAULT_MAX_BYTES, long_lines):
                 lineno += 1
                 text = raw.decode("utf-8", errors="replace").rstrip("\n")
                 if "\x1b" in text:
@@ -422,6 +480,9 @@ def _iter_lines(path: Path, warnings: list[str]) -> Iterator[tuple[int, str]]:
                         yield lineno, seg
         except (OSError, EOFError, zlib.error) as exc:
             warnings.append(f"{path.name}: stopped reading at line {lineno}: {exc}")
+    if long_lines:
+        warnings.append(f"{path.name}: {len(long_lines):,} line{'s' if len(long_lines) != 1 else ''} longer than "
+                        f"{_size_text(MAX_LINE_BYTES)} cut there (first: line {long_lines[0]:,})")
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -1082,7 +1143,7 @@ class _TextLogParser:
             self.fact("compile_time_s", round(compile_s, 3), line1)
 
 
-def parse_text_log(path: Path) -> LogResult:
+def parse_text_log(path: Path, max_bytes: int | None = None) -> LogResult:
     """Parse a training log (and any NCCL_DEBUG=INFO lines in it) in one streamed pass; this is also the
     parser for files :func:`sniff` calls ``"nccl_debug"`` (``framework`` None, ``nccl`` set).
 
@@ -1098,7 +1159,9 @@ def parse_text_log(path: Path) -> LogResult:
     rank); without those, for torchtitan logs with compile on, first-step time (from "Training starts at
     step" to the first step line) minus one steady-state step (from the last two step lines' timestamps).
 
-    Raises :class:`InputError` when the file cannot be read; odd content never raises.
+    ``max_bytes`` bounds what the file may inflate to (default :data:`DEFAULT_MAX_BYTES`; README, Safety).
+
+    Raises :class:`InputError` when the file cannot be read or is over the bound; odd content never raises.
     """
     path = Path(path)
     fh = _open_binary(path)
@@ -1113,11 +1176,11 @@ def parse_text_log(path: Path) -> LogResult:
     name = path.name.lower().removesuffix(".gz")
     if lead[:1] == b"{":
         if name.endswith(".jsonl") or b'"current_steps"' in start.split(b"\n", 1)[0]:
-            return parse_llamafactory_jsonl(path)
+            return parse_llamafactory_jsonl(path, max_bytes)
         if name.endswith(".json"):
-            return _parse_trainer_state(path)
+            return _parse_trainer_state(path, max_bytes)
     p = _TextLogParser(path)
-    for lineno, line in _iter_lines(path, p.result.warnings):
+    for lineno, line in _iter_lines(path, p.result.warnings, max_bytes):
         p.feed(lineno, line)
     return p.finish()
 
@@ -1135,7 +1198,7 @@ def _hms_seconds(text: Any) -> float | None:
     return days * 86400 + int(m.group(2)) * 3600 + int(m.group(3)) * 60 + float(m.group(4))
 
 
-def parse_llamafactory_jsonl(path: Path) -> LogResult:
+def parse_llamafactory_jsonl(path: Path, max_bytes: int | None = None) -> LogResult:
     """Parse LLaMA-Factory's ``trainer_log.jsonl`` (one JSON object per logging step).
 
     Keys used: ``current_steps`` -> step, ``total_steps`` -> fact ``total_optimization_steps``, ``loss``,
@@ -1150,7 +1213,7 @@ def parse_llamafactory_jsonl(path: Path) -> LogResult:
     prev: tuple[int, float] | None = None
     bad = 0
     total_seen = False
-    for lineno, line in _iter_lines(path, res.warnings):
+    for lineno, line in _iter_lines(path, res.warnings, max_bytes):
         try:
             d = json.loads(line)
         except ValueError:
@@ -1187,13 +1250,13 @@ def parse_llamafactory_jsonl(path: Path) -> LogResult:
     return res
 
 
-def _parse_trainer_state(path: Path) -> LogResult:
+def _parse_trainer_state(path: Path, max_bytes: int | None = None) -> LogResult:
     """HF ``trainer_state.json``: ``log_history`` entries with ``loss`` become steps (``step`` as logged);
     ``train_batch_size`` -> per_device_batch, ``max_steps`` -> total_optimization_steps."""
     res = LogResult(path=str(path), framework="hf_trainer", rank=rank_from_name(path))
     try:
-        data = json.loads(_read_text(path))
-    except ValueError as exc:
+        data = json.loads(_read_text(path, max_bytes))
+    except (ValueError, RecursionError) as exc:
         res.warnings.append(f"{path.name}: not JSON ({exc})")
         res.framework = None
         return res
@@ -1234,7 +1297,7 @@ _HEADER_TOKEN = re.compile(r"CPU Affinity|NUMA Affinity|GPU NUMA ID|\S+")
 _NIC_LEGEND = re.compile(r"^\s*(NIC\d+):\s*(\S+)\s*$")
 
 
-def parse_topology(path: Path) -> Topology:
+def parse_topology(path: Path, max_bytes: int | None = None) -> Topology:
     """Parse ``nvidia-smi topo -m`` output (tab- or space-separated).
 
     The header row gives the column order (``GPU0``.., ``NIC0``/``mlx5_0``.., then ``CPU Affinity``,
@@ -1249,7 +1312,7 @@ def parse_topology(path: Path) -> Topology:
     columns: list[str] = []
     trailing: list[str] = []
     cells: dict[tuple[str, str], str] = {}
-    for _, line in _iter_lines(path, topo.warnings):
+    for _, line in _iter_lines(path, topo.warnings, max_bytes):
         tokens = line.split()
         if not tokens:
             continue
@@ -1473,7 +1536,7 @@ def _config_facts(data: dict[str, Any], lines: list[str], name: str, line_offset
     return facts
 
 
-def parse_config(path: Path) -> list[Fact]:
+def parse_config(path: Path, max_bytes: int | None = None) -> list[Fact]:
     """Facts from a training config file, by suffix: ``.yaml``/``.yml`` (torchtune recipe, LLaMA-Factory,
     litgpt ``hyperparameters.yaml``), ``.toml`` (torchtitan job config), ``.json`` (HF ``TrainingArguments``).
 
@@ -1496,7 +1559,7 @@ def parse_config(path: Path) -> list[Fact]:
     installed.
     """
     path = Path(path)
-    text = _read_text(path)
+    text = _read_text(path, max_bytes)  # bounded: README, Safety
     suffix = Path(path.name.lower().removesuffix(".gz")).suffix
     data: Any
     try:
@@ -1515,16 +1578,21 @@ def parse_config(path: Path) -> list[Fact]:
     return _config_facts(data, text.splitlines(), path.name)
 
 
-def parse_env(path: Path) -> list[Fact]:
+def parse_env(path: Path, max_bytes: int | None = None) -> list[Fact]:
     """Facts from an ``env_rank{r}.json`` written by :mod:`traceanalyze.capture` (``capture.environment``).
 
     Keys: ``world_size``, ``nccl_version`` (standard keys); ``torch_version``, ``cuda_version``,
     ``python_version``, ``hostname``, ``backend``, ``gpu`` and ``env`` (one fact per communication variable,
-    ``NAME=value``, e.g. ``NCCL_P2P_DISABLE=1``). Content that does not parse gives ``[]``. Raises
+    ``NAME=value``, e.g. ``NCCL_P2P_DISABLE=1``). Only the variables ``capture`` records are kept
+    (:func:`traceanalyze.capture.env_allowed`): anything else in the file, and any name that looks like a
+    credential, is never stored or printed. Content that does not parse gives ``[]``. Raises
     :class:`InputError` when the file cannot be read.
     """
+    from traceanalyze.capture import env_allowed
+    from traceanalyze.safety import redact_text
+
     path = Path(path)
-    text = _read_text(path)
+    text = _read_text(path, max_bytes)
     try:
         data = json.loads(text)
     except (ValueError, RecursionError):
@@ -1549,7 +1617,7 @@ def parse_env(path: Path) -> list[Fact]:
     for g in data.get("gpus") or []:
         add("gpu", g)
     env = data.get("env") if isinstance(data.get("env"), dict) else {}
-    for k, v in sorted(env.items()):
+    for k, v in sorted((k, v) for k, v in env.items() if env_allowed(k)):
         if k not in ("RANK", "LOCAL_RANK", "GROUP_RANK", "MASTER_PORT"):  # per-process noise
-            add("env", f"{k}={v}")
+            add("env", redact_text(f"{k}={v}"))
     return out

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import duckdb
 
 from traceanalyze import __version__, hardware, store
-from traceanalyze.discover import Discovery, Run, assign_ranks, discover, window_grouping
+from traceanalyze.discover import Discovery, Run, assign_ranks, check_headers, discover, window_grouping
 from traceanalyze.errors import TraceanalyzeError
 
 if TYPE_CHECKING:
@@ -52,7 +52,8 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
             progress: Callable[[int], None] | None = None, on_total: Callable[[int], None] | None = None,
             link_bw_gbps: float | None = None, peak_tflops: float | None = None,
             max_decompressed: int | None = None, gpu: str | None = None,
-            outputs: list[tuple[str, str | Path | None]] | None = None) -> Analysis:
+            outputs: list[tuple[str, str | Path | None]] | None = None,
+            follow_external_symlinks: bool = False) -> Analysis:
     """Analyze every run found under ``inputs`` (and ``baseline``, when given) end to end.
 
     Args:
@@ -72,6 +73,8 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
         outputs: (option name, path) of the files the caller will write; checked with ``db`` against every
             input file once they are discovered, before anything is written
             (:func:`traceanalyze.safety.check_outputs`).
+        follow_external_symlinks: read files and walk folders that symlinks inside an input folder point to
+            outside it; without it they are skipped with a warning (:func:`traceanalyze.discover.discover`).
 
     Returns:
         :class:`Analysis`.
@@ -83,15 +86,15 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
     """
     subject_in = [inputs] if isinstance(inputs, (str, Path)) else list(inputs)
     base_in = [] if baseline is None else ([baseline] if isinstance(baseline, (str, Path)) else list(baseline))
-    disc = discover(subject_in)
+    disc = discover(subject_in, follow_external_symlinks=follow_external_symlinks)
     roles = {id(r): "subject" for r in disc.runs}
     if base_in:
-        bdisc = discover(base_in)
+        bdisc = discover(base_in, follow_external_symlinks=follow_external_symlinks)
         for r in bdisc.runs:
             roles[id(r)] = "baseline"
             r.name = f"{r.name} (baseline)" if any(r.name == s.name for s in disc.runs) else r.name
         disc = Discovery(runs=disc.runs + bdisc.runs, skipped=disc.skipped + bdisc.skipped,
-                         unreadable=disc.unreadable + bdisc.unreadable)
+                         unreadable=disc.unreadable + bdisc.unreadable, warned=disc.warned + bdisc.warned)
     if not disc.runs:
         where = ", ".join(str(p) for p in subject_in)
         unreadable = set(disc.unreadable)
@@ -109,7 +112,7 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
     _check_outputs(disc, subject_in + base_in, db, outputs)
     con = store.connect(db)
     all_paths = [p for r in disc.runs for p in r.traces]
-    cache_key = _cache_key(disc, roles, link_bw_gbps, peak_tflops, max_decompressed, gpu)
+    cache_key = _cache_key(disc, roles, link_bw_gbps, peak_tflops, max_decompressed, gpu, follow_external_symlinks)
     cached = _cached_model(con, cache_key)
     if cached is not None:  # same inputs, same options, same tool: the stored report is still the answer
         cached["generated_at"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
@@ -134,15 +137,16 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
     from traceanalyze.metrics.idle import IDLE_TABLE
 
     con.execute(IDLE_TABLE)
-    unreadable = set(disc.unreadable)
-    warnings: list[dict] = [{"file": f, "message": m, "level": "error" if f in unreadable else "info"}
+    unreadable, warned = set(disc.unreadable), set(disc.warned)
+    warnings: list[dict] = [{"file": f, "message": m,
+                             "level": "error" if f in unreadable else "warning" if f in warned else "info"}
                             for f, m in disc.skipped]
     runs_model = []
     evidence: list[diagnose.RunEvidence] = []
     all_findings: list[diagnose.Finding] = []
     for run_id, run in enumerate(disc.runs, start=1):
         run_model, run_warnings, ev = _build_run(con, run_id, run, roles[id(run)], loaded, link_bw_gbps, peak_tflops,
-                                                 gpu)
+                                                 gpu, max_decompressed)
         warnings.extend(run_warnings)
         findings = diagnose.diagnose(ev)
         run_model["findings"] = diagnose.to_dicts(findings)
@@ -208,11 +212,11 @@ def _check_outputs(disc: Discovery, given: list, db, outputs) -> None:
 
 
 def _cache_key(disc: Discovery, roles: dict, link_bw: float | None, peak: float | None,
-               max_decompressed: int | None = None, gpu: str | None = None) -> str:
+               max_decompressed: int | None = None, gpu: str | None = None, follow: bool = False) -> str:
     """Hash of everything a report depends on: tool version, options, and each input file's path, size, mtime."""
     import hashlib
 
-    h = hashlib.sha256(f"{__version__}|{link_bw}|{peak}|{max_decompressed}|{gpu}".encode())
+    h = hashlib.sha256(f"{__version__}|{link_bw}|{peak}|{max_decompressed}|{gpu}|{follow}".encode())
     for r in disc.runs:
         h.update(f"|run {r.path} {roles.get(id(r))}".encode())
         for p in [*r.traces, *(s.path for s in r.sidecars)]:
@@ -264,7 +268,7 @@ def _comparison_pair(runs_model: list[dict], evidence) -> tuple[int, int] | None
 
 
 def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: float | None = None,
-               peak_tflops: float | None = None, gpu_option: str | None = None
+               peak_tflops: float | None = None, gpu_option: str | None = None, max_decompressed: int | None = None
                ) -> tuple[dict, list[dict], diagnose.RunEvidence]:
     import numpy as np
 
@@ -292,6 +296,8 @@ def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: floa
                              "level": "partial" if status == "partial" else "warning"})
         good.append(lf)
     headers = {lf.path: store.file_header(con, lf.file_id) for lf in good}
+    headers, header_warnings = check_headers(headers)  # an implausible rank or world size: one warning per file
+    warnings.extend({"file": f, "message": m, "level": "warning"} for f, m in header_warnings)
     ranks, rank_warnings = assign_ranks([lf.path for lf in good], headers)
     warnings.extend({"file": None, "message": m, "level": "warning"} for m in rank_warnings)
     by_rank: dict[int, list] = {}
@@ -330,10 +336,10 @@ def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: floa
         warnings.append({"file": None, "level": "info",
                          "message": f"--gpu {gpu_option} ignored: the trace's deviceProperties say {gpu.label}"})
     if facts["world_size"] and by_rank:
-        missing = sorted(set(range(facts["world_size"])) - set(by_rank))
-        if missing:
+        missing = [r for r in range(facts["world_size"]) if r not in by_rank]  # world size <= 2^20
+        if missing:  # a count and ranges, never the ranks one by one
             warnings.append({"file": None, "level": "warning",
-                             "message": f"{len(missing)} of {facts['world_size']} ranks have no trace "
+                             "message": f"{len(missing):,} of {facts['world_size']:,} ranks have no trace "
                                         f"(ranks {ranges(missing)}): copy every rank's trace file into "
                                         f"{run.path} for a complete picture"})
         facts["missing_ranks"] = missing
@@ -355,7 +361,7 @@ def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: floa
     rank_rows, step_rows = metrics.compute_run_metrics(con, run_id)
     metrics.save(con, rank_rows, step_rows)
     warnings.extend(_window_differences(rank_rows))
-    side = _read_sidecars(con, run_id, run, warnings)
+    side = _read_sidecars(con, run_id, run, warnings, max_decompressed)
     if not good:
         mode = "logs"
     steps_by_rank: dict[int, list[tuple[int, int, int]]] = {}
@@ -469,8 +475,11 @@ def _deferred(pool: ThreadPoolExecutor | None, fn: Callable, *args) -> Callable[
     return pool.submit(fn, *args).result
 
 
-def _read_sidecars(con, run_id: int, run: Run, warnings: list[dict]) -> dict:
-    """Parse the run's logs, NCCL output, topology and configs; store them; return what diagnosis reads."""
+def _read_sidecars(con, run_id: int, run: Run, warnings: list[dict], max_bytes: int | None = None) -> dict:
+    """Parse the run's logs, NCCL output, topology and configs; store them; return what diagnosis reads.
+
+    Each file is bounded like a trace (``max_bytes``, ``--max-decompressed``); one that is over it, unreadable or
+    too big for memory is a warning row naming it, and the others are still read."""
     if run.sidecars:  # the log parsers compile ~100 patterns on import: only for runs that have logs
         from traceanalyze import logs
 
@@ -481,7 +490,7 @@ def _read_sidecars(con, run_id: int, run: Run, warnings: list[dict]) -> dict:
     for sc in run.sidecars:
         try:
             if sc.kind in ("training_log", "nccl_debug"):
-                res = logs.parse_text_log(sc.path)
+                res = logs.parse_text_log(sc.path, max_bytes)
                 for f in res.facts:
                     facts.setdefault(f.key, []).append(f)
                 log_steps.extend(res.steps)
@@ -499,17 +508,22 @@ def _read_sidecars(con, run_id: int, run: Run, warnings: list[dict]) -> dict:
                          c.detail] for c in res.nccl.channels])
                 warnings.extend({"file": str(sc.path), "message": m, "level": "info"} for m in res.warnings)
             elif sc.kind == "topology":
-                topology = logs.parse_topology(sc.path)
+                topology = logs.parse_topology(sc.path, max_bytes)
+                warnings.extend({"file": str(sc.path), "message": m, "level": "info"} for m in topology.warnings
+                                if "longer than" in m)
                 store.insert_rows(con, "topology_links", None,
                                   [[run_id, str(sc.path), lk.a, lk.b, lk.link] for lk in topology.links])
             elif sc.kind == "config":
-                for f in logs.parse_config(sc.path):
+                for f in logs.parse_config(sc.path, max_bytes):
                     facts.setdefault(f.key, []).append(f)
             elif sc.kind == "env":  # env_rank{r}.json from traceanalyze.capture
-                for f in logs.parse_env(sc.path):
+                for f in logs.parse_env(sc.path, max_bytes):
                     facts.setdefault(f.key, []).append(f)
         except TraceanalyzeError as exc:
             warnings.append({"file": str(sc.path), "message": str(getattr(exc, "problem", exc)), "level": "warning"})
+        except MemoryError:  # never the report's end for one sidecar
+            warnings.append({"file": str(sc.path), "level": "warning",
+                             "message": "ran out of memory while reading it; skipped (lower --max-decompressed)"})
     store.insert_rows(con, "run_facts", None,
                       [[run_id, key, f.value, f.num, f.source] for key, fs in facts.items() for f in fs])
     return {"facts": facts, "log_steps": log_steps, "nccl": nccl, "topology": topology}
