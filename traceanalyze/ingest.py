@@ -42,6 +42,7 @@ MAX_EVENT_BYTES = 64 << 20  # one event larger than this is a corrupt file, not 
 DEFAULT_MAX_DECOMPRESSED = 64 << 30  # bound on what one file may inflate to (gzip bombs)
 MAX_DUR_US = 86_400e6  # an event longer than 1 day is a CUPTI timestamp fault (durations of years), not an event
 MAX_TS_US = 4e15  # |ts| beyond year ~2096 in epoch µs is garbage (and would overflow int64 ns)
+SPAN_KEY = "traceanalyze_profiler_span_us"  # header key: µs of the trace's "Trace" event (the recording's span)
 
 # Kineto category -> the table it goes to. Old (2021, PyTorch 1.8/1.9) traces use capitalised names: Kernel,
 # Memcpy, Memset, Runtime, Operator (ProfilerStep#N is an Operator / cpu_op there) and DataLoader.
@@ -445,6 +446,7 @@ class _Columns:
         self.negative_dur = 0  # counted apart from bad_time: README, Safety (impossible durations)
         self.negative_ts = 0
         self.out_of_range = 0  # events dropped for a number no column can hold (README, Safety)
+        self.span_us: float | None = None  # the profiler's recording span: its "Trace" event (PyTorch Profiler (0))
         self.pending: list = []  # X events of a kept category, not yet converted
 
     def __len__(self) -> int:
@@ -459,13 +461,18 @@ class _Columns:
         self.pending += x
         if len(self.pending) >= self.BATCH_ROWS:
             self.convert()
-        m = [e for e in events if e.ph == "M"]
+        m = [e for e in events if e.ph == "M" or (e.ph == "X" and e.cat == "Trace")]
         if m:
             self._add_m(m)
 
     def _add_m(self, events: list) -> None:
         t: dict[str, list] = {f: [] for f in THREAD_SCHEMA.names}
         for e in events:
+            if e.ph == "X":  # kineto's span of the whole recording: the bound on any event's duration
+                d = _float_or_none(e.dur)
+                if d is not None and math.isfinite(d) and 0 < d <= MAX_DUR_US:
+                    self.span_us = max(self.span_us or 0.0, d)
+                continue
             if e.name in ("thread_name", "process_name", "process_labels") and e.args is not None:
                 t["pid"].append(_int_or_none(e.pid))
                 t["tid"].append(_int_or_none(e.tid))
@@ -967,6 +974,9 @@ def _parse_blocks(path, blocks, state, info: TraceFile, out_dir, key, chunk_rows
         info.warnings.append(f"{cols.too_long} events longer than 1 day dropped (a known CUPTI timestamp fault: "
                              "an end time never recorded)")
     info.scanned_bytes = stream.scanned
+    info.header.pop(SPAN_KEY, None)  # only ours: a file cannot set it
+    if cols.span_us is not None:  # kept with the header, where the store keeps it: read by sanity.impossible_durations
+        info.header[SPAN_KEY] = cols.span_us
     info.header = _redact(info.header)  # before anything is stored (README, Safety: no secrets in reports)
     info.base_time_ns = _header_base_ns(info.header)
     flush(final=True)

@@ -128,6 +128,12 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
         on_total(sum(_size(p) for p in all_paths))
     bound = {} if max_decompressed is None else {"max_decompressed": max_decompressed}
     loaded = {lf.path: lf for lf in store.load_traces(con, all_paths, jobs=jobs, progress=progress, **bound)}
+    store.forget_files(con, all_paths)  # rows of files that left the folder (README, Safety: never stale)
+    from traceanalyze.sanity import drop_impossible_durations
+
+    for lf in loaded.values():  # once per parse: the count stays in files.message for cached re-runs
+        if not lf.cached and lf.file_id is not None and lf.error is None:
+            drop_impossible_durations(con, lf.file_id, store.file_header(con, lf.file_id))
     from traceanalyze import diagnose, metrics
 
     for t in store.REPORT_TABLES:
@@ -213,7 +219,8 @@ def _check_outputs(disc: Discovery, given: list, db, outputs) -> None:
 
 def _cache_key(disc: Discovery, roles: dict, link_bw: float | None, peak: float | None,
                max_decompressed: int | None = None, gpu: str | None = None, follow: bool = False) -> str:
-    """Hash of everything a report depends on: tool version, options, and each input file's path, size, mtime."""
+    """Hash of everything a report depends on: tool version, options, and each input file's path and
+    :func:`store.fingerprint` (size, mtime, content)."""
     import hashlib
 
     h = hashlib.sha256(f"{__version__}|{link_bw}|{peak}|{max_decompressed}|{gpu}|{follow}".encode())
@@ -221,8 +228,7 @@ def _cache_key(disc: Discovery, roles: dict, link_bw: float | None, peak: float 
         h.update(f"|run {r.path} {roles.get(id(r))}".encode())
         for p in [*r.traces, *(s.path for s in r.sidecars)]:
             try:
-                st = p.stat()
-                h.update(f"|{p.resolve()} {st.st_size} {st.st_mtime_ns}".encode())
+                h.update(f"|{p.resolve()} {store.fingerprint(p)}".encode())  # size, mtime and content
             except OSError:
                 h.update(f"|{p} missing".encode())
     for f, m in disc.skipped:

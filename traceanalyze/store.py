@@ -5,8 +5,9 @@ Event tables carry ``file_id``; ``files`` maps a file to its run, rank and profi
 queries join on it. Times are integer nanoseconds (``ts_ns``, ``dur_ns``); ``ts_ns`` is on the rank's
 own clock (``baseTimeNanoseconds`` applied), not aligned across hosts. See ``docs/schema.md``.
 
-Re-running on unchanged files does not parse them again: a file whose resolved path, size and mtime match
-a row of ``files`` keeps its rows. Each file is loaded in its own transaction, so an interrupted ingest
+Re-running on unchanged files does not parse them again: a file whose resolved path, size, mtime and content
+fingerprint (:func:`fingerprint`) match a row of ``files`` keeps its rows; rows of files no longer among the
+inputs are deleted (:func:`forget_files`). Each file is loaded in its own transaction, so an interrupted ingest
 leaves every finished file usable.
 """
 
@@ -214,6 +215,9 @@ def connect(db_path: str | Path | None) -> duckdb.DuckDBPyConnection:
         raise TraceanalyzeError(f"{db_path}: not a usable DuckDB database ({str(exc).splitlines()[0]})") from None
     _drop_if_old(con)
     con.execute(DDL)
+    # the cache key's content part (README, Safety: the cache is never stale); NULL in a database of an earlier
+    # version, so none of its rows is reused before the file is read again
+    con.execute("ALTER TABLE files ADD COLUMN IF NOT EXISTS fingerprint VARCHAR")
     con.execute(MACROS)
     write_marker(con, SCHEMA_VERSION, "report")
     return con
@@ -250,6 +254,56 @@ def _drop_if_old(con: duckdb.DuckDBPyConnection) -> None:
 def _stat_key(path: Path) -> tuple[str, int, int]:
     st = path.stat()
     return str(path.resolve()), st.st_size, st.st_mtime_ns
+
+
+FINGERPRINT_BLOCK = 64 << 10  # bytes hashed at each end of a file
+FINGERPRINT_WHOLE = 1 << 20  # files up to this size are hashed whole
+
+
+def fingerprint(path: Path) -> str:
+    """A content fingerprint of one file: SHA-256 over its size, mtime (ns) and bytes: the whole file up to
+    :data:`FINGERPRINT_WHOLE`, else its first and last :data:`FINGERPRINT_BLOCK` (64 KiB each). A file rewritten
+    with the same size and mtime restored (``cp -p``, ``touch -r``, a clock step) still differs at either end: a
+    trace's header and its final events and metadata. Raises OSError when the file cannot be read."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        h.update(f"{st.st_size} {st.st_mtime_ns}|".encode())
+        if st.st_size <= FINGERPRINT_WHOLE:
+            h.update(fh.read(FINGERPRINT_WHOLE + 1))
+        else:
+            h.update(fh.read(FINGERPRINT_BLOCK))
+            fh.seek(-FINGERPRINT_BLOCK, os.SEEK_END)
+            h.update(fh.read(FINGERPRINT_BLOCK))
+    return h.hexdigest()
+
+
+def forget_files(con: duckdb.DuckDBPyConnection, keep: Iterable[Path]) -> int:
+    """Delete the ``files`` rows, and their events, of every file that is not in ``keep`` (the trace files of
+    this report): files that left the folder (or another folder's, in a shared ``--db``) are never reused, and
+    their rows no longer travel with the database. Returns the number of files forgotten."""
+    from traceanalyze.ingest import TABLES
+
+    kept = []
+    for p in keep:
+        try:
+            kept.append(str(Path(p).resolve()))
+        except OSError:
+            continue
+    gone = [r[0] for r in con.execute("SELECT file_id FROM files WHERE path NOT IN (SELECT unnest(?::VARCHAR[]))",
+                                      [kept]).fetchall()]
+    if gone:
+        con.execute("BEGIN TRANSACTION")
+        try:
+            for t in (*TABLES, "files"):
+                con.execute(f"DELETE FROM {t} WHERE file_id IN (SELECT unnest(?::INTEGER[]))", [gone])
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+    return len(gone)
 
 
 class _NoPandas(importlib.abc.MetaPathFinder):
@@ -314,7 +368,8 @@ def _parse_one(args: tuple) -> tuple[str, TraceFile | None, dict | None, str | N
 def load_traces(con: duckdb.DuckDBPyConnection, paths: Iterable[Path], *, jobs: int | None = None,
                 progress: Callable[[int], None] | None = None,
                 max_decompressed: int = 64 << 30) -> list[LoadedFile]:
-    """Parse the trace files not already in the store (cache key: resolved path, size, mtime) and load them.
+    """Parse the trace files not already in the store (cache key: resolved path, size, mtime and
+    :func:`fingerprint`) and load them.
 
     Files are parsed into Arrow IPC streams, in ``jobs`` processes (default: the CPU count, at most the number of
     files; in this process when that is one). This process loads each file in its own transaction as soon as it
@@ -327,14 +382,16 @@ def load_traces(con: duckdb.DuckDBPyConnection, paths: Iterable[Path], *, jobs: 
     paths = list(paths)
     out: dict[Path, LoadedFile] = {}
     todo: list[tuple[Path, tuple[str, int, int]]] = []
+    prints: dict[str, str] = {}  # resolved path -> content fingerprint, stored once the file is loaded
     for p in paths:
         try:
             key = _stat_key(p)
+            prints[key[0]] = fingerprint(p)
         except OSError as exc:
             out[p] = LoadedFile(p, None, False, None, f"cannot read ({exc.strerror or exc})")
             continue
         row = con.execute("SELECT file_id, status, message FROM files WHERE path = ? AND size_bytes = ? "
-                          "AND mtime_ns = ?", list(key)).fetchone()
+                          "AND mtime_ns = ? AND fingerprint = ?", [*key, prints[key[0]]]).fetchone()
         if row is not None and row[1] in ("ok", "partial"):
             out[p] = LoadedFile(p, row[0], True, None, None)
             if progress:
@@ -389,6 +446,7 @@ def load_traces(con: duckdb.DuckDBPyConnection, paths: Iterable[Path], *, jobs: 
                     if load.done:
                         out[p] = load.finish()
                         load = None
+                        con.execute("UPDATE files SET fingerprint = ? WHERE path = ?", [prints[key[0]], key[0]])
                         if progress:
                             progress(key[1])
             except BaseException:
