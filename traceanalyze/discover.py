@@ -112,8 +112,9 @@ def classify(path: Path) -> tuple[str | None, str]:
             return "chakra", "Chakra execution trace (top-level nodes/schema); skipped"
         if not stripped:
             return "trace", ""  # empty or unreadable gzip: ingest reports the exact problem
-        if stripped[:1] in (b"{", b"[") and len(head) < SNIFF_BYTES and b'"traceEvents"' not in head:
-            pass  # small JSON that is not a trace: maybe a config
+        if stripped[:1] in (b"{", b"[") and (len(head) < SNIFF_BYTES or b'"traceanalyze_capture"' in head[:4096]) \
+                and b'"traceEvents"' not in head:
+            pass  # small JSON that is not a trace (maybe a config), or capture's env file
         elif stripped[:1] in (b"{", b"["):
             return "trace", ""  # big JSON whose events start later than the sniffed bytes
     from traceanalyze import logs
@@ -322,7 +323,7 @@ def _plain_int(v: object) -> int | None:
     """An integer field as JSON gives it (a digit string too), else None; never builds a huge int from text."""
     if isinstance(v, int) and not isinstance(v, bool):
         return v
-    if isinstance(v, str) and v.isdigit() and len(v) <= 10:
+    if isinstance(v, str) and v.isascii() and v.isdigit() and len(v) <= 10:
         return int(v)
     return None
 

@@ -958,14 +958,15 @@ def _parse_blocks(path, blocks, state, info: TraceFile, out_dir, key, chunk_rows
     if n_events == 0 and not info.partial and part is None:
         info.warnings.append("the trace holds no events")
     cols.convert()  # the last batch, so that its dropped events are counted below
+    if cols.out_of_range:  # one count for the class, whichever decoder met the number
+        info.skipped_events += cols.out_of_range
+        info.dropped["out_of_range"] = info.dropped.get("out_of_range", 0) + cols.out_of_range
     for why, n in info.dropped.items():  # one line per reason and file, not per chunk
         info.warnings.append(_DROPPED[why].format(n=n, s="s" if n != 1 else ""))
     if cols.bad_time:
         info.skipped_events += cols.bad_time
         info.warnings.append(f"{cols.bad_time} events skipped: missing, non-numeric, NaN or out-of-range ts/dur")
-    for n, what in ((cols.negative_dur, "a negative duration"), (cols.negative_ts, "a negative timestamp"),
-                    (cols.out_of_range, "a number out of range (an integer beyond 64 bits or a float beyond "
-                                        "float64)")):
+    for n, what in ((cols.negative_dur, "a negative duration"), (cols.negative_ts, "a negative timestamp")):
         if n:
             info.skipped_events += n
             info.warnings.append(f"{n} event{'s' if n != 1 else ''} with {what} dropped")
@@ -1092,7 +1093,8 @@ def _decode_one_by_one(body: bytes, info: TraceFile) -> list[_Event]:
 
 _DROPPED = {"malformed": "{n} malformed events skipped",
             "deep": "{n} event{s} nested deeper than the JSON decoder's bound (about 1,000 levels) dropped",
-            "out_of_range": "{n} event{s} holding a number out of range (beyond float64, such as 1e400) dropped"}
+            "out_of_range": "{n} event{s} holding a number out of range (an integer beyond 64 bits, a float "
+                            "beyond float64 such as 1e400) dropped"}
 
 
 __all__ = ["TraceFile", "parse_trace", "split_points", "TABLES"]

@@ -400,10 +400,11 @@ def _open_binary(path: Path):
         raise InputError(path, f"cannot read ({exc.strerror or exc})") from None
 
 
-def _over_bound(path: Path, bound: int, gz: bool) -> InputError:
+def _over_bound(path: Path, bound: int, gz: bool, option: bool = True) -> InputError:
     what = (f"decompresses to more than {_size_text(bound)} (a gzip bomb?)" if gz
             else f"larger than {_size_text(bound)}")
-    return InputError(path, f"{what}; not read: raise --max-decompressed if this is a real file")
+    return InputError(path, f"{what}; not read" + ("; raise --max-decompressed if this is a real file" if option else
+                                                   ": too big for a file that is read whole"))
 
 
 def _size_text(n: int) -> str:
@@ -426,7 +427,7 @@ def _read_text(path: Path, max_bytes: int | None = None) -> str:
         with fh:
             data = fh.read(bound + 1)
             if len(data) > bound:
-                raise _over_bound(path, bound, _is_gzip(fh))
+                raise _over_bound(path, bound, _is_gzip(fh), bound < MAX_WHOLE_FILE_BYTES)
             return data.decode("utf-8", errors="replace")
     except (OSError, EOFError, zlib.error) as exc:
         raise InputError(path, f"cannot read ({exc})") from None
