@@ -142,7 +142,8 @@ def cli(ctx: click.Context, debug: bool) -> None:
 @click.option("--gpu", metavar="NAME|smXY", help="The GPU, when the trace's deviceProperties do not say: a name "
               "(V100, A100, H100, ...) or a compute capability (sm70, sm80, 9.0); precision advice depends on it.")
 @click.option("--max-decompressed", type=_Size(), default="64G", show_default=True, metavar="SIZE",
-              help="Bound on what one trace may inflate to (a gzip bomb is an error naming the file): 512M, 64G, ...")
+              help="Bound on what one trace, log or config may inflate to (a gzip bomb is a warning naming the file): "
+                   "512M, 64G, ...")
 @click.option("--export", "export_path", type=click.Path(dir_okay=False), metavar="FILE.json[.gz]",
               help="Also write a merged, clock-aligned trace of every rank (Perfetto) beside the HTML and link it.")
 @click.option("--follow-external-symlinks", is_flag=True,
