@@ -480,3 +480,28 @@ def test_redact_walks_any_depth_without_recursion():
     for _ in range(5001):
         out = out[0] if isinstance(out, list) else out["a"]
     assert out == {"HF_TOKEN": "[redacted]"}
+
+
+_HEADER_VALUE = st.recursive(_FIELD, lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                             st.dictionaries(st.text(max_size=8), inner, max_size=3)),
+                             max_leaves=8)
+
+
+@settings(max_examples=12, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(_FIELD, _FIELD, _HEADER_VALUE, _HEADER_VALUE, _HEADER_VALUE)
+def test_fuzz_header_fields_through_the_report(tmp_path_factory, rank, world, di_extra, props, base):
+    """Whatever a header holds (rank, world size, distributedInfo, deviceProperties, baseTimeNanoseconds), the
+    report is made: the good rank is analysed, every rank is plausible, the model is JSON."""
+    d = tmp_path_factory.mktemp("fuzz") / "run"
+    d.mkdir()
+    write_trace(d / "rank0.json", 0, 2, events(3))
+    di = {"rank": rank, "world_size": world, "extra": di_extra}
+    bad = d / "rank1.json"
+    bad.write_text(json.dumps({"distributedInfo": di, "deviceProperties": props, "baseTimeNanoseconds": base,
+                               "traceEvents": events(3)}, default=str))
+    a = analyze(d, jobs=1)
+    ranks = ranks_of(a.model)
+    assert 0 in ranks and all(0 <= r < discover.MAX_WORLD_SIZE for r in ranks)
+    json.loads(to_json(a.model))
+    a.con.close()
