@@ -45,7 +45,8 @@ def _pd():
 
 def analyze(inputs: str | Path | list[str | Path], *, baseline: str | Path | list[str | Path] | None = None,
             db: str | Path | None = None, jobs: int | None = None, link_bw_gbps: float | None = None,
-            peak_tflops: float | None = None, gpu: str | None = None) -> Report:
+            peak_tflops: float | None = None, gpu: str | None = None,
+            follow_external_symlinks: bool = False) -> Report:
     """Analyze the traces (and logs) under ``inputs`` and return a :class:`Report`.
 
     Args:
@@ -58,6 +59,8 @@ def analyze(inputs: str | Path | list[str | Path], *, baseline: str | Path | lis
         peak_tflops: dense peak TFLOPS of one GPU for MFU.
         gpu: the GPU when the traces' ``deviceProperties`` do not say: a name (``"V100"``) or a compute capability
             (``"sm80"``); precision advice depends on it (:mod:`traceanalyze.hardware`).
+        follow_external_symlinks: read what symlinks inside the input folders point to outside them (skipped with
+            a warning by default; README, Safety).
 
     Returns:
         :class:`Report` (close it, or use it as a context manager, to release a ``db`` file).
@@ -67,7 +70,7 @@ def analyze(inputs: str | Path | list[str | Path], *, baseline: str | Path | lis
             or unusable. Unreadable trace files do not raise: they are listed in ``Report.warnings``.
     """
     a = pipeline.analyze(inputs, db=db, baseline=baseline, jobs=jobs, link_bw_gbps=link_bw_gbps,
-                         peak_tflops=peak_tflops, gpu=gpu)
+                         peak_tflops=peak_tflops, gpu=gpu, follow_external_symlinks=follow_external_symlinks)
     return Report(a.con, a.model, db_path=a.db_path)
 
 
