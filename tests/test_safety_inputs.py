@@ -138,6 +138,32 @@ def test_one_event_with_a_60_mb_string_is_scanned_once(tmp_path):
     assert not info.warnings and not info.partial
 
 
+@pytest.mark.parametrize("seed", [1, 2])
+def test_long_events_with_escapes_and_brackets_across_blocks_parse_exactly(tmp_path, seed):
+    """The scanner state carried from block to block (string, escape, nesting) gives the rows json.loads gives,
+    for a file read whole and for one cut inside the long event (partial: the events before it)."""
+    import random
+
+    rnd = random.Random(seed)
+    pieces = ["\\", '"', "{", "}", "[", "]", "x" * 100, "}, {", '\\"', "\\\\"]
+    long_name = "".join(rnd.choice(pieces) for _ in range(250_000))  # ~2.5 MB: several blocks
+    assert len(long_name.encode()) > 4 * ingest.BLOCK_BYTES
+    evs = [op(i, name=f"op{i}") for i in range(50)]
+    evs.insert(25, op(99, name=long_name))
+    text = json.dumps({"traceEvents": evs})
+    f = tmp_path / "rank0.json"
+    f.write_text(text)
+    info, tables = parse_trace(f)
+    assert tables["cpu_ops"].column("name").to_pylist() == [e["name"] for e in evs]
+    assert info.scanned_bytes <= 2 * info.bytes_read + 4 * ingest.BLOCK_BYTES
+    at = text.index(json.dumps(long_name)[:40])
+    f.write_text(text[: at + len(json.dumps(long_name)) // 2])
+    info, tables = parse_trace(f)
+    assert (tables["cpu_ops"].num_rows, info.partial) == (25, True)
+    assert info.warnings == ["truncated (JSON ends mid-array, as when a job is killed mid-write); read 25 complete "
+                             "events"]
+
+
 def _with_raw(path: Path, evs: list[dict], raws: list[str]) -> Path:
     """A trace whose events are ``evs`` plus the JSON texts ``raws`` (numbers json.dumps cannot write)."""
     body = ", ".join([json.dumps(e) for e in evs] + raws)
