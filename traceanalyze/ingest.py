@@ -976,7 +976,7 @@ def _parse_blocks(path, blocks, state, info: TraceFile, out_dir, key, chunk_rows
                              "an end time never recorded)")
     info.scanned_bytes = stream.scanned
     info.header.pop(SPAN_KEY, None)  # only ours: a file cannot set it
-    if cols.span_us is not None:  # kept with the header, where the store keeps it: read by sanity.impossible_durations
+    if cols.span_us is not None:  # kept with the header (stored as is): sanity.drop_impossible_durations reads it
         info.header[SPAN_KEY] = cols.span_us
     info.header = _redact(info.header)  # before anything is stored (README, Safety: no secrets in reports)
     info.base_time_ns = _header_base_ns(info.header)
