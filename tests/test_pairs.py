@@ -90,6 +90,16 @@ def test_pair_json_is_complete(name):
     assert doc["measured_saving_pct"] == round(100 * (1 - fixed / slow), 1)
     # the kept traces are the repetition with the median saving
     assert doc["kept_repetition"] - 1 == sorted(range(3), key=lambda i: reps[i]["saving_pct"])[1]
+    assert doc["host"]["cpus"] >= 1 and isinstance(doc["host"]["native_bf16"], bool)
+
+
+def test_bf16_is_no_fix_on_a_cpu_without_native_bf16():
+    doc = _pair("precision")
+    if doc["host"]["native_bf16"]:
+        pytest.skip("recorded on a CPU with native bf16 matmuls")
+    # emulated bf16 matmuls (AVX2 only) are many times slower than fp32: the "fix" slows every repetition down
+    assert doc["host"]["torch_cpu_capability"] == "AVX2"
+    assert all(r["fixed_step_time_ms"] > 2 * r["slow_step_time_ms"] for r in doc["repetitions"])
 
 
 @pytest.mark.parametrize("name", sorted(WHATIF))
