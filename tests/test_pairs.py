@@ -3,7 +3,8 @@
 
 Checks that every pair.json is complete and agrees with its two run folders (standard library only), and that
 ``traceanalyze report`` reads each folder: the slow run's step time is the one pair.json gives for the kept
-repetition, its top finding is the scenario's cause, and the fixed twin has no such finding.
+repetition, it finds the cause the slow run was made with (medium or high, on the right ranks), and the fixed twin
+has no such finding and nothing high.
 """
 
 from __future__ import annotations
@@ -166,13 +167,12 @@ def test_report_finds_the_cause_on_the_slow_run_only(name, tmp_path):
         assert run["world_size"] == doc["world_size"]
         # traceanalyze's run step time (the ProfilerStep ranges) is the ranks' own measurement of the same steps
         assert run["step_time_us"] / 1e3 == pytest.approx(kept[f"{role}_step_time_ms"], rel=0.01)
-        exp = _truth(name, role)["expected"]
-        found = [(f["cause"], f["kind"]) for f in m["findings"]]
+        found = {(f["cause"], f["kind"]): f for f in m["findings"]}
         if role == "slow":
-            assert found[0] == (exp["cause"], exp["kind"]), m["findings"]
-            if exp["kind"] == "straggler":
-                assert m["findings"][0]["ranks"] == exp["ranks"]
-            slow_found = found[0]
-        else:
-            assert slow_found not in found, m["findings"]
+            # the cause the slow run was made with is found (its rank among the findings is the replay's job)
+            exp = _truth(name, role)["expected"]
+            cause = found[exp["cause"], exp["kind"]]
+            assert cause["severity"] in ("medium", "high") and cause["ranks"] == exp["ranks"]
+        else:  # the fixed twin: no such finding, and nothing high
+            assert (exp["cause"], exp["kind"]) not in found, m["findings"]
             assert not [f for f in m["findings"] if f["severity"] == "high"], m["findings"]
