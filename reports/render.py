@@ -38,6 +38,8 @@ def report(args: list[str], name: str, db_dir: Path) -> None:
 def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for d in sorted(SAMPLES.iterdir()):
+            # run folders only: sample_traces/pairs/ (slow runs and fixed twins) holds no scenario.json and
+            # gets no example report
             if (d / "scenario.json").exists():
                 report([str(d)], d.name, Path(tmp))
         for name, (subject, baseline) in PAIRS.items():

@@ -4,12 +4,14 @@ Usage, from the repository root, with a Python that has ``torch==2.13.0`` (and `
 ``accelerate`` for ``grad_accum``; see ``sample_traces/README.md``)::
 
     python sample_traces/generate.py [--only NAME ...] [--out sample_traces]
+    python sample_traces/generate.py --pairs [NAME ...] [--out sample_traces]   # record_pairs.py
 
 Each scenario runs 2-4 gloo processes on this machine (one process per rank, ``workload.py`` or
 ``hf_job.py``), and leaves in ``OUT/<scenario>/``: one Kineto trace per rank
 (``rank{r}.<ns>.pt.trace.json.gz``), one log per rank (``rank{r}.log``) and ``scenario.json``, the
 ground truth (what was done, the expected finding, measured step times, config, the exact command).
 The interconnect pair runs each rank in its own network namespace joined by a veth pair (needs root).
+``--pairs`` records the paired samples instead (``OUT/pairs/<pair>/{slow,fixed}``, see ``record_pairs.py``).
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.dont_write_bytecode = True  # no sample_traces/__pycache__ (.gitignore whitelists sample_traces/**)
+# Run as a script this module is __main__; record_pairs.py imports it as `generate` and must get this same
+# module (one scenario registry, one inductor cache), not a second copy.
+sys.modules.setdefault("generate", sys.modules[__name__])
 
 from workload import JobConfig  # noqa: E402  (beside this file, not a package)
 
@@ -432,13 +437,19 @@ def compile_env(cache: Path) -> dict[str, str]:
     return {"TORCHINDUCTOR_CACHE_DIR": str(cache), "TORCHINDUCTOR_COMPILE_THREADS": "1"}
 
 
+def log_json(log: Path, prefix: str) -> dict:
+    """The JSON object of the first ``# <prefix> {...}`` line workload.py printed into ``log`` ({} if none)."""
+    head = f"# {prefix} "
+    for line in log.read_text().splitlines():
+        if line.startswith(head):
+            return json.loads(line.removeprefix(head))
+    return {}
+
+
 def compile_counters(log: Path) -> dict:
     """The ``# compile counters {...}`` line workload.py prints at the end of a compiled run
     (torch._dynamo.utils.counters: FX graph / AOTAutograd cache hits, misses, bypasses)."""
-    for line in log.read_text().splitlines():
-        if line.startswith("# compile counters "):
-            return json.loads(line.removeprefix("# compile counters "))
-    return {}
+    return log_json(log, "compile counters")
 
 
 def compile_run(out_root: Path, name: str, description: str, expected: dict, cache_note: str) -> None:
@@ -580,9 +591,10 @@ def veth_namespaces(qdisc: list[str] | None) -> Iterator[list[str]]:
 
 
 def interconnect(
-    out_root: Path, name: str, qdisc: list[str] | None, description: str, expected: dict
+    out_root: Path, name: str, qdisc: list[str] | None, description: str, expected: dict, **cfg_kw: object
 ) -> None:
-    """Record the 2-rank job with rank r inside namespace ta_r{r}, talking over the veth pair only."""
+    """Record the 2-rank job with rank r inside namespace ta_r{r}, talking over the veth pair only;
+    ``cfg_kw`` overrides the job config (``link_probe_bytes`` adds each rank's ``link_probe`` to the truth)."""
     link = {
         "type": "veth pair between two network namespaces",
         "namespaces": list(NETNS),
@@ -607,9 +619,16 @@ def interconnect(
                 "link": link,
                 "network_setup": setup,
                 "grad_bytes_per_step": 4 * result.n_params,
+                **link_probes(out, result),
             },
-            **INTERCONNECT_KW,
+            **{**INTERCONNECT_KW, **cfg_kw},
         )
+
+
+def link_probes(out: Path, result: JobResult) -> dict:
+    """``{"link_probe": {rank: probe}}`` from the ``# link probe`` lines of the ranks' logs, or {} without."""
+    probes = {r: log_json(out / f"rank{r}.log", "link probe") for r in result.step_times_ms}
+    return {"link_probe": probes} if any(probes.values()) else {}
 
 
 @scenario
@@ -825,7 +844,18 @@ def main(argv: list[str] | None = None) -> int:
         help=f"scenarios to run, from: {', '.join(SCENARIOS)}",
     )
     ap.add_argument("--out", type=Path, default=HERE, help="output root (default: sample_traces/)")
+    ap.add_argument(
+        "--pairs",
+        nargs="*",
+        metavar="NAME",
+        help="record the paired samples (slow run and fixed twin, interleaved, 3 repetitions) into "
+        "OUT/pairs/ instead of the scenarios: all, or the named pairs (see record_pairs.py)",
+    )
     args = ap.parse_args(argv)
+    if args.pairs is not None:
+        import record_pairs  # beside this file; imports this module back
+
+        return record_pairs.main(args.pairs, args.out)
     names = [n for n in SCENARIOS if not args.only or n in args.only]
     status: dict[str, str] = {}
     t_all = time.monotonic()

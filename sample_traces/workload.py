@@ -8,8 +8,10 @@ where N is the same number as the trace's ``ProfilerStep#N``), writes one gzippe
 (``rank{r}.<ns>.pt.trace.json.gz``) into the scenario folder, and its measured step times into
 ``RES/result_rank{r}.json``.
 
-Knobs in :class:`JobConfig` reproduce the slowdowns: extra compute on one rank (straggler), bf16
-autocast vs fp32, ``torch.compile``, an expensive pure-Python per-sample transform (data-loader bound).
+Knobs in :class:`JobConfig` reproduce the slowdowns: extra compute on one rank (straggler), a host sleep on
+one rank (idle straggler), bf16 autocast vs fp32, ``torch.compile``, an expensive pure-Python per-sample
+transform or a slow per-sample read (data-loader bound). ``link_probe_bytes`` times a gloo all-reduce
+before training (the link bandwidth the job sees).
 """
 
 from __future__ import annotations
@@ -57,14 +59,25 @@ class JobConfig:
     # micro-batch) before backward; a forward is about 1/3 of forward+backward, so 3 doubles its compute.
     straggler_rank: int | None = None
     straggler_extra_forwards: int = 0
+    # ms that straggler_rank sleeps (host idle, outside any profiler range) at the start of every step.
+    straggler_sleep_ms: float = 0.0
     # Merge rounds of the pure-Python "tokenizer" run per sample in Dataset.__getitem__ (0 = none).
     tokenizer_rounds: int = 0
     tokenizer_text_chars: int = 256
+    # ms of time.sleep per sample in Dataset.__getitem__: a read from slow storage (I/O wait, CPU idle),
+    # which DataLoader workers can overlap with compute even when every core is busy training.
+    sample_read_ms: float = 0.0
     num_workers: int = 0
     profile_wait: int = 1
     profile_warmup: int = 1
     profile_active: int = 3
     seed: int = 0
+    # Bytes of the fp32 buffer all-reduced (after a warm-up, LINK_PROBE_ROUNDS times, each after a
+    # barrier) before training, to measure the link; 0 = no probe. Printed as a "# link probe" line.
+    link_probe_bytes: int = 0
+
+
+LINK_PROBE_ROUNDS = 5
 
 
 class Block(nn.Module):
@@ -161,6 +174,8 @@ class SyntheticTokens(Dataset):
             alphabet = "abcdefghijklmnopqrstuvwxyz     .,"
             text = "".join(rng.choice(alphabet) for _ in range(cfg.tokenizer_text_chars))
             start = (start + sum(python_tokenize(text, cfg.tokenizer_rounds))) % cfg.vocab
+        if cfg.sample_read_ms:
+            time.sleep(cfg.sample_read_ms / 1000)
         seq = torch.tensor([(start + stride * t) % cfg.vocab for t in range(cfg.seq_len + 1)])
         return seq[:-1], seq[1:]
 
@@ -171,6 +186,30 @@ def extra_forwards(model: nn.Module, x: torch.Tensor, n: int) -> None:
     with torch.no_grad():
         for _ in range(n):
             model(x)
+
+
+def link_probe(n_bytes: int, world: int) -> dict:
+    """Time ``LINK_PROBE_ROUNDS`` gloo all-reduces of an fp32 buffer of ``n_bytes`` (after one warm-up), each
+    started right after a barrier. Returns the median time in ms, the algorithm bandwidth (bytes / time) and
+    the bus bandwidth (algbw x 2(n-1)/n, the nccl-tests definition for all-reduce), both in GB/s (1e9 B/s)."""
+    buf = torch.ones(max(1, n_bytes // 4))
+    dist.all_reduce(buf)
+    times = []
+    for _ in range(LINK_PROBE_ROUNDS):
+        dist.barrier()
+        t0 = time.perf_counter()
+        dist.all_reduce(buf)
+        times.append(time.perf_counter() - t0)
+    t = sorted(times)[len(times) // 2]
+    algbw = buf.numel() * 4 / t / 1e9
+    return {
+        "bytes": buf.numel() * 4,
+        "rounds": LINK_PROBE_ROUNDS,
+        "median_ms": round(t * 1000, 3),
+        "times_ms": [round(x * 1000, 3) for x in times],
+        "algbw_GBps": round(algbw, 4),
+        "busbw_GBps": round(algbw * 2 * (world - 1) / world, 4),
+    }
 
 
 def batches(loader: DataLoader) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -206,6 +245,8 @@ def run(cfg: JobConfig, result_dir: Path) -> None:
     )
     print(f"# config {json.dumps(dataclasses.asdict(cfg), sort_keys=True)}")
     sys.stdout.flush()
+    if cfg.link_probe_bytes:
+        print(f"# link probe {json.dumps(link_probe(cfg.link_probe_bytes, world), sort_keys=True)}", flush=True)
 
     ddp: nn.Module = DDP(model)
     if cfg.compile:
@@ -221,6 +262,7 @@ def run(cfg: JobConfig, result_dir: Path) -> None:
     )
     stream = batches(loader)
     extra = cfg.straggler_extra_forwards if cfg.straggler_rank == rank else 0
+    sleep_s = cfg.straggler_sleep_ms / 1000 if cfg.straggler_rank == rank else 0.0
 
     step_times: list[float] = []
     prof = profile(
@@ -236,6 +278,8 @@ def run(cfg: JobConfig, result_dir: Path) -> None:
     with prof:
         for step in range(cfg.steps):
             t0 = time.perf_counter()
+            if sleep_s:
+                time.sleep(sleep_s)  # host idle, in no profiler range: an unlabelled gap of this rank
             total = 0.0
             for micro in range(cfg.grad_accum):
                 x, y = next(stream)
