@@ -5,7 +5,8 @@ A finding has ``cause`` ∈ {interconnect, precision, imbalance, config}, a fine
 ``ranks``, a one-line ``title``, ``evidence`` (the numbers behind it) and a ``recommendation``. Findings are
 ranked by impact. Severity follows impact: ≥ 25 % high, ≥ 10 % medium, else low; a healthy run gets no
 high-severity finding. Two exceptions say what they are in their evidence: a CPU precision estimate whose gain per
-step is within the run's own step-to-step noise is low (not worth a ticket on this evidence), and a GPU idle above
+step is below :data:`CPU_PRECISION_TICKET_PCT` or within the run's own step-to-step noise is low (not worth a
+ticket on this evidence; a straggler within that noise too), and a GPU idle above
 :data:`IDLE_EXPLAIN_PCT` that no finding explains gets a medium ``unexplained_idle`` finding (never "healthy").
 
 :func:`verdict` turns the ranked findings into the report's first sentence: "Inconclusive: ..." when the traced
@@ -38,6 +39,7 @@ MIN_LOADER_PCT = 10.0
 IDLE_RANK_PCT = 80.0
 GPU_FP32_SPEEDUP_DEFAULT = 4.0  # bf16 tensor cores vs fp32 CUDA cores, conservative (peaks differ 8-16x)
 CPU_BF16_SPEEDUP = 2.0  # bf16 halves bytes moved; CPUs with AMX/AVX512-BF16 gain more
+CPU_PRECISION_TICKET_PCT = 20.0  # CPU bf16 gain (an assumed speedup the trace cannot confirm) worth a ticket
 NOISE_SIGMAS = 2.0  # a CPU precision gain per step must exceed this many standard deviations of the step times
 MIN_UNTRACED_WAIT_PCT = 10.0  # share of the step the traced ranks wait for untraced ones worth an inconclusive verdict
 IDLE_EXPLAIN_PCT = 50.0  # a GPU idle above this is never healthy without a finding that explains it
@@ -485,7 +487,11 @@ def rule_precision(ev: RunEvidence) -> list[Finding]:
         impact = min(impact, HIGH - 0.1)  # the gain on this hardware is an estimate: never more than medium
         noise = _step_noise_us(ev)
         gain = impact / 100 * (ev.step_time_us or 0.0)
-        if noise is not None and gain <= NOISE_SIGMAS * noise:
+        if impact < CPU_PRECISION_TICKET_PCT:
+            sev = "low"  # the speedup is assumed, not known for this CPU: a small estimate is no main cause
+            evidence.append(f"estimated gain {impact:.0f}% of the step is below the {CPU_PRECISION_TICKET_PCT:g}% "
+                            "worth a ticket for an assumed CPU speedup; measure it with one bf16 run")
+        elif noise is not None and gain <= NOISE_SIGMAS * noise:
             sev = "low"  # a gain a re-run could not tell from noise is not worth a ticket
             evidence.append(f"estimated gain {_ms(gain)} per step is within {NOISE_SIGMAS:g} standard deviations of "
                             f"this run's step times (σ {_ms(noise)} over {len(ev.steps)} rank-steps): not worth a "

@@ -438,11 +438,25 @@ def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: floa
         "dataloader": asdict(loader) if loader and loader.loader_us else None,
         "log_facts": {k: [f.value for f in v] for k, v in side["facts"].items()},
         "log_steps": len(side["log_steps"]),
+        "log_step_time_ms": _log_step_time(side["log_steps"]),
     }
     model["effective_batch"] = diagnose.effective_batch_of(ev)
     for w in warnings:
         w.setdefault("run", run.name)
     return model, warnings, ev
+
+
+def _log_step_time(log_steps: list) -> dict | None:
+    """Median step time (ms) the logs state, over their steps after the first (warm-up, compile), with the count
+    and the steps it covers; None when no log states one."""
+    import statistics
+
+    timed = sorted((st.step, st.step_time_ms) for st in log_steps if st.step_time_ms is not None)
+    if not timed:
+        return None
+    steady = [ms for step, ms in timed if step != timed[0][0]] or [ms for _, ms in timed]
+    return {"median_ms": round(statistics.median(steady), 3), "n": len(steady),
+            "steps": f"{timed[0][0]}–{timed[-1][0]}"}
 
 
 def _timeline(con, run_id: int, run_model: dict, ev, findings) -> dict | None:
@@ -530,6 +544,14 @@ def _read_sidecars(con, run_id: int, run: Run, warnings: list[dict]) -> dict:
                         [run_id, str(sc.path), c.host, c.device, c.channel, c.src_rank, c.dst_rank, c.transport,
                          c.detail] for c in res.nccl.channels])
                 warnings.extend({"file": str(sc.path), "message": m, "level": "info"} for m in res.warnings)
+                timed = [st.step_time_ms for st in res.steps if st.step_time_ms is not None]
+                if res.framework in ("console", "step_times") and timed:
+                    import statistics
+
+                    what = "console step lines" if res.framework == "console" else "a step-time JSON"
+                    warnings.append({"file": str(sc.path), "level": "info",
+                                     "message": f"used: {what} with {len(timed)} step time(s), median "
+                                                f"{statistics.median(timed):,.1f} ms (the run's step time from logs)"})
             elif sc.kind == "topology":
                 topology = logs.parse_topology(sc.path)
                 store.insert_rows(con, "topology_links", None,
