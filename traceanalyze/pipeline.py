@@ -469,9 +469,10 @@ def _timeline(con, run_id: int, run_model: dict, ev, findings) -> dict | None:
     st = where.median_step(run_model["steps"])
     marked: dict[int, list[dict]] = {}
     for f in findings:
-        if f.kind == "straggler":
-            for g in ev.host_gaps.get(f.ranks[0], []):
-                if g.step == st:
+        if f.kind == "straggler" and st is not None:
+            gaps, _ = where.host_gaps(con, run_id, f.ranks, top=3, step=st)
+            for g in gaps.get(f.ranks[0], []):
+                if g.dur_us >= 0.01 * (ev.step_time_us or 0.0):  # the gaps one can see at this scale
                     marked.setdefault(g.rank, []).append({"start_us": g.offset_us, "dur_us": g.dur_us,
                                                           "label": "host gap", "cause": f.cause})
     return where.timeline_model(con, run_id, run_model["mode"], run_model["steps"], marked, named)

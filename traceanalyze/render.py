@@ -635,7 +635,17 @@ def _run_view(run: dict, findings: list[dict], idx: int = 1) -> dict:
         facts.append(("NCCL version", text(run.get("nccl_version"))))
     if run.get("cuda_runtime_version") or mode == "gpu":
         facts.append(("CUDA runtime", text(run.get("cuda_runtime_version"))))
-    facts.append(("Median step time", f"{fmt_ms(run.get('step_time_us'))} ms"))
+    stat = str(run.get("step_stat") or "median")
+    facts.append((f"Step time ({stat}{', compile step apart' if run.get('compile_step') else ''})",
+                  f"{fmt_ms(run.get('step_time_us'))} ms"))
+    cstep = _dict(run.get("compile_step"))
+    if cstep:
+        facts.append((f"Compile step (step {text(cstep.get('step'))})", f"{fmt_ms(cstep.get('step_time_us'))} ms, "
+                      "holds torch.compile; left out of the step time"))
+    log_st = _dict(run.get("log_step_time_ms"))
+    if _num(log_st.get("median_ms")) is not None:
+        facts.append(("Step time from logs", f"{fmt_float(log_st.get('median_ms'), 2)} ms (median of "
+                      f"{fmt_int(log_st.get('n'))} logged steps after the first, steps {text(log_st.get('steps'))})"))
     facts.append(("Files read", f"{len(files)} trace file{'s' if len(files) != 1 else ''}"
                   + (f" ({n_cached} from cache)" if n_cached else "")))
     if _num(run.get("effective_batch")) is not None:
@@ -646,13 +656,29 @@ def _run_view(run: dict, findings: list[dict], idx: int = 1) -> dict:
                 else "not known")
         facts.append(("Expected link bandwidth", gbps + (f" ({link['source']})" if link.get("source") else "")))
 
+    # Per-step figures per rank (medians over the steady steps), the outliers first, the straggler's cells marked
+    from traceanalyze import charts
+
+    compile_step = cstep.get("step")
+    all_steps = [s for s in _list(run.get("steps")) if isinstance(s, dict)]
+    steady = [s for s in all_steps if s.get("step") != compile_step] or all_steps
+    per_step = _per_step_medians(steady)
+    stragglers = [r for f in findings if f.get("kind") == "straggler" and f.get("run") in (None, run.get("name"))
+                  for r in _list(f.get("ranks")) if isinstance(r, int)]
+    outl = charts.outliers(ranks, per_step)
+    order = charts.rank_order(rank_ids, stragglers + [r for r in flags if isinstance(r, int)] + outl)
+    head = len(dict.fromkeys(r for r in stragglers + list(flags) + outl if r in rank_ids))
+    n_show = len(rank_ids) if len(rank_ids) <= charts.SHOWN_RANKS + 2 else max(charts.SHOWN_RANKS, min(head, 16))
+    by_rank = {r.get("rank"): r for r in ranks}
+    ordered = [by_rank[r] for r in order if r in by_rank] + [r for r in ranks if not isinstance(r.get("rank"), int)]
+
     # Per-step table: steps × ranks, bounded.
     by_step: dict[Any, dict[Any, Any]] = {}
     for s in _list(run.get("steps")):
         if isinstance(s, dict):
             by_step.setdefault(s.get("step"), {})[s.get("rank")] = s.get("step_time_us")
     step_ids = sorted(by_step, key=lambda x: x if isinstance(x, int) else 1 << 60)
-    step_cols = rank_ids[:MAX_STEP_COLS]
+    step_cols = (order if stragglers else rank_ids)[:MAX_STEP_COLS]
     step_rows = []
     for st in step_ids[:MAX_STEP_ROWS]:
         cells = [by_step[st].get(rk) for rk in step_cols]
@@ -660,7 +686,9 @@ def _run_view(run: dict, findings: list[dict], idx: int = 1) -> dict:
         hi = max(nums) if nums else None
         med = _median(nums) if nums else None
         slow = hi is not None and med is not None and len(nums) > 1 and hi > med * (1 + SLOW_STEP_FRAC)
-        step_rows.append({"step": st, "cells": [(c, slow and _num(c) == hi) for c in cells],
+        marks = ([rk in stragglers for rk in step_cols] if stragglers else  # the straggler finding's rank
+                 [slow and _num(c) == hi for c in cells])
+        step_rows.append({"step": st, "cells": list(zip(cells, marks, strict=True)), "compile": st == compile_step,
                           "max": hi, "median": med, "spread_pct": (100 * (hi - min(nums)) / hi) if hi else None})
     step_note = []
     if len(step_ids) > MAX_STEP_ROWS:
@@ -691,10 +719,17 @@ def _run_view(run: dict, findings: list[dict], idx: int = 1) -> dict:
         "facts": facts, "files": files[:MAX_FILE_ROWS], "files_more": max(0, len(files) - MAX_FILE_ROWS),
         "sidecars": [s for s in _list(run.get("sidecars")) if isinstance(s, dict)],
         "ranks": ranks, "flags": flags, "show_kernel_cols": mode != "cpu",
-        "breakdown_svg": breakdown_chart(ranks, flags, f"ta-breakdown-{idx}"),
-        "bar_note": (f"first {MAX_BAR_RANKS} of {len(ranks)} ranks drawn; the table lists all"
-                     if len(ranks) > MAX_BAR_RANKS else ""),
-        "steps_svg": steps_chart(_list(run.get("steps")), rank_ids, flags, f"ta-steps-{idx}"),
+        "ranks_shown": ordered[:n_show], "ranks_folded": ordered[n_show:], "per_step": per_step,
+        "outliers": outl, "stragglers": stragglers, "idx": idx,
+        "bars": charts.rank_bars(ranks, order, flags),
+        "bar_note": (f"{charts.MAX_BARS} of {len(ranks)} ranks drawn, the marked and outlying ones first; the heatmaps "
+                     "show every rank" if len(ranks) > charts.MAX_BARS else ""),
+        "lines": charts.step_lines(steady, stragglers + [r for r in flags if isinstance(r, int)]),
+        "heat_step": charts.heatmap(all_steps, "step_time_us", "Step time (ms)", compile_step),
+        "heat_comm": charts.heatmap(all_steps, "exposed_comm_us", "Exposed communication per step (ms)", compile_step),
+        "timeline": charts.timeline(_dict(run.get("timeline"))),
+        "idle_shown": _idle_rows(run, order)[0], "idle_folded": _idle_rows(run, order)[1],
+        "compile_step": cstep or None, "step_stat": stat,
         "step_cols": step_cols, "step_rows": step_rows, "step_note": "; ".join(step_note),
         "many_lines": len(rank_ids) > MAX_LINE_RANKS,
         "kernels": kernels, "kernels_title": "Top ops (CPU)" if mode == "cpu" else "Top GPU kernels",
@@ -713,6 +748,47 @@ def _run_view(run: dict, findings: list[dict], idx: int = 1) -> dict:
         "mean_non_compute": _mean(r.get("non_compute_pct") for r in ranks),
         "world_size": world, "n_found": len(found),
     }
+
+
+PER_STEP_KEYS = ("step_time_us", "compute_us", "exposed_comm_us", "idle_us", "comm_us")
+
+
+def _per_step_medians(steps: list[dict]) -> dict[int, dict[str, float]]:
+    """Per rank, the median over its steps of each figure of :data:`PER_STEP_KEYS` (µs), and ``n`` steps."""
+    by: dict[int, list[dict]] = {}
+    for s in steps:
+        if isinstance(s.get("rank"), int):
+            by.setdefault(s["rank"], []).append(s)
+    out: dict[int, dict[str, float]] = {}
+    for r, rows in by.items():
+        d: dict[str, float] = {"n": len(rows)}
+        for k in PER_STEP_KEYS:
+            vals = [v for v in (_num(x.get(k)) for x in rows) if v is not None]
+            if vals:
+                d[k] = _median(vals)
+        out[r] = d
+    return out
+
+
+def _idle_rows(run: dict, order: list[int]) -> tuple[list[dict], list[dict]]:
+    """GPU idle per stream: each rank's busiest stream, the outliers first, shown; the other streams folded."""
+    rows = [d for d in _list(run.get("idle_breakdown")) if isinstance(d, dict)]
+    pos = {r: i for i, r in enumerate(order)}
+    best: dict[Any, dict] = {}
+    for d in rows:
+        cur = best.get(d.get("rank"))
+        if cur is None or (_num(d.get("n_kernels")) or 0) > (_num(cur.get("n_kernels")) or 0):
+            best[d.get("rank")] = d
+    main = sorted(best.values(), key=lambda d: pos.get(d.get("rank"), 1 << 30))
+    if len(main) > charts_shown():
+        return main[:charts_shown()], main[charts_shown():] + [d for d in rows if d not in main]
+    return main, [d for d in rows if not any(d is m for m in main)]
+
+
+def charts_shown() -> int:
+    from traceanalyze.charts import SHOWN_RANKS
+
+    return SHOWN_RANKS
 
 
 def _mean(xs: Iterable[Any]) -> float | None:
@@ -924,7 +1000,10 @@ def _view_md(model: dict) -> list[str]:
                            ("CUDA", "cuda_runtime_version")):
             if run.get(key):
                 facts.append(f"{label} {_md(run.get(key))}")
-        facts.append(f"median step {fmt_ms(run.get('step_time_us'))} ms")
+        facts.append(f"step time {fmt_ms(run.get('step_time_us'))} ms ({_md(run.get('step_stat') or 'median')})")
+        cstep = _dict(run.get("compile_step"))
+        if cstep:
+            facts.append(f"compile step {_md(cstep.get('step'))}: {fmt_ms(cstep.get('step_time_us'))} ms, apart")
         role = " (baseline)" if run.get("role") == "baseline" and "baseline" not in str(run.get("name")) else ""
         out += [f"### Run {_md(run.get('name'))}{role}", ", ".join(facts), ""]
         if run.get("role") == "baseline" and rv_ranks:  # the comparison above covers it; keep the ticket short
@@ -935,14 +1014,21 @@ def _view_md(model: dict) -> list[str]:
         if not rv_ranks:
             out += ["No rank could be read.", ""]
             continue
-        out += ["| rank | idle % | compute % | non-compute % | overlap % | exposed comm ms | median step ms |",
+        csn = _dict(run.get("compile_step")).get("step")
+        steps = [s for s in _list(run.get("steps")) if isinstance(s, dict)]
+        per = _per_step_medians([s for s in steps if s.get("step") != csn] or steps)
+        out += ["| rank | idle % | compute % | non-compute % | overlap % | exposed comm ms/step | step ms |",
                 "|--:|--:|--:|--:|--:|--:|--:|"]
         for r in rv_ranks[:MD_MAX_RANKS]:
+            ps = per.get(r.get("rank")) or {}
             out.append(f"| {_md(r.get('rank'))} | {fmt_pct(r.get('idle_pct'))} | {fmt_pct(r.get('compute_pct'))} | "
                        f"{fmt_pct(r.get('non_compute_pct'))} | {fmt_pct(r.get('comm_comp_overlap_pct'))} | "
-                       f"{fmt_ms(r.get('exposed_comm_us'))} | {fmt_ms(r.get('step_time_us'))} |")
+                       f"{fmt_ms(ps.get('exposed_comm_us', r.get('exposed_comm_us')))} | "
+                       f"{fmt_ms(ps.get('step_time_us', r.get('step_time_us')))} |")
         if len(rv_ranks) > MD_MAX_RANKS:
             out.append(f"| … | {len(rv_ranks) - MD_MAX_RANKS} more ranks in the HTML report | | | | | |")
+        out.append("Idle, compute, non-compute and overlap: % of each rank's trace window; exposed communication and "
+                   "step time: median per counted step.")
         out.append("")
 
     warnings = _warnings(model)

@@ -80,10 +80,13 @@ def op_time_per_step(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, lim
 
 
 def host_gaps(con: duckdb.DuckDBPyConnection, run_id: int, ranks: list[int] | None = None, top: int = 3,
-              min_us: float = 0.0) -> tuple[dict[int, list[HostGap]], dict[int, float]]:
+              min_us: float = 0.0, step: int | None = None) -> tuple[dict[int, list[HostGap]], dict[int, float]]:
     """The ``top`` largest host gaps of each rank's counted steps (module docstring), and each rank's total gap
-    time per counted step (µs). ``ranks`` narrows the ranks looked at; gaps under ``min_us`` are left out."""
+    time per counted step (µs). ``ranks`` narrows the ranks looked at, ``step`` the steps (then the total is that
+    step's); gaps under ``min_us`` are left out."""
     where = "" if ranks is None else f"AND s.rank IN ({', '.join(str(int(r)) for r in ranks) or 'NULL'})"
+    if step is not None:
+        where += f" AND s.step = {int(step)}"
     rows = con.execute(f"""
         WITH s AS (SELECT file_id, rank, step, start_ns, end_ns, pid, tid FROM profiler_steps($1) s
                    WHERE counted {where}),
@@ -105,7 +108,7 @@ def host_gaps(con: duckdb.DuckDBPyConnection, run_id: int, ranks: list[int] | No
         SELECT g.rank, g.step, g.gs, g.ge, g.s0, t.total,
                row_number() OVER (PARTITION BY g.rank ORDER BY g.ge - g.gs DESC, g.gs) AS k
         FROM gaps g JOIN tot t USING (rank) QUALIFY k <= $2 ORDER BY g.rank, k""", [run_id, top]).fetchall()
-    n_steps = _counted_steps(con, run_id)
+    n_steps = _counted_steps(con, run_id) if step is None else {}
     gaps: dict[int, list[HostGap]] = {}
     per_step: dict[int, float] = {}
     for rank, step, gs, ge, s0, total, _k in rows:
