@@ -181,7 +181,8 @@ def rank_order(rank_ids: list[int], first: list[int]) -> list[int]:
 def rank_bars(ranks: list[dict], order: list[int], flags: dict[int, list[str]], width: int = 860) -> dict | None:
     """Stacked bars of compute / non-compute / idle % per rank, at most :data:`MAX_BARS` (``order``'s first)."""
     by = {r.get("rank"): r for r in ranks}
-    shown = [by[r] for r in order if r in by and _num(by[r].get("idle_pct")) is not None][:MAX_BARS]
+    rest = [r for r in ranks if r.get("rank") not in order]  # ranks without an integer id come last
+    shown = [r for r in [by[k] for k in order if k in by] + rest if _num(r.get("idle_pct")) is not None][:MAX_BARS]
     if not shown:
         return None
     label_w, bar_h = 150, 20

@@ -189,6 +189,9 @@ def rule_exposed_communication(ev: RunEvidence) -> list[Finding]:
     if ev.coll and not ev.coll.matched:
         evidence.append("only one rank's trace: waiting for peers cannot be separated from transfer, so this is an "
                         "upper bound")
+    elif ev.world_size and ev.world_size > len(ev.ranks):
+        evidence.append(f"{len(ev.ranks)} of {ev.world_size} ranks traced: waiting for the untraced ranks cannot be "
+                        "separated from transfer, so this is an upper bound")
     expected = ev.link.get("expected_gbps")
     kind = "slow_collectives"
     if ev.coll and ev.coll.busbw_gbps is not None:
@@ -293,7 +296,11 @@ def rule_untraced_ranks(ev: RunEvidence) -> list[Finding]:
     """Imbalance, inconclusive: the traces hold only some of the job's ranks and every traced rank waits in its
     collectives for peers a large share of each step, so the rank that holds the job back is among the missing
     ones. The exposed-communication rule takes that wait out of transfer time, so without this rule the wait
-    would vanish from the report. Impact = the median traced rank's wait per step / its step time."""
+    would vanish from the report. Impact = the median traced rank's wait per step / its step time.
+
+    When the traced ranks arrive together and all wait for a missing rank, their wait looks like transfer (the
+    shortest duration across the traced ranks): then exposed communication of :data:`MIN_EXPOSED_COMM_PCT` % of
+    the step or more is inconclusive too, as waiting for untraced ranks and transfer cannot be told apart."""
     traced = {r["rank"] for r in ev.ranks}
     if ev.mode == "logs" or not ev.world_size or ev.world_size <= len(traced) or len(traced) < 2:
         return []
@@ -304,8 +311,11 @@ def rule_untraced_ranks(ev: RunEvidence) -> list[Finding]:
     if not shares:
         return []
     share = statistics.median(shares.values())
+    exposed = statistics.median(100 * (_per_step(ev, r, "exposed_comm_us") or 0.0) / s
+                                for r in ev.ranks if (s := _step_us(ev, r)) > 0)
     # a traced rank that hardly waits is the straggler among the traced ones: rule_straggler's case, not this one
-    if share < MIN_UNTRACED_WAIT_PCT or min(shares.values()) < MIN_UNTRACED_WAIT_PCT / 2:
+    waits_all = share >= MIN_UNTRACED_WAIT_PCT and min(shares.values()) >= MIN_UNTRACED_WAIT_PCT / 2
+    if not waits_all and (exposed < MIN_EXPOSED_COMM_PCT or share >= MIN_UNTRACED_WAIT_PCT):
         return []
     from traceanalyze.render import ranges
 
@@ -317,10 +327,18 @@ def rule_untraced_ranks(ev: RunEvidence) -> list[Finding]:
                                                          for r in sorted(shares)[:8]),
                 f"every traced rank waits: the rank they wait for is not in these traces; "
                 f"{'GPU' if ev.mode == 'gpu' else 'training thread'} idle {idle:.0f}% (median over traced ranks)"]
-    impact = round(share, 1)
-    return [Finding("imbalance", "untraced_ranks", severity(impact), impact, sorted(traced),
-                    f"Inconclusive: {share:.0f}% of each step waits in collectives for ranks not in these traces",
-                    evidence,
+    if waits_all:
+        impact = round(share, 1)
+        title = f"Inconclusive: {share:.0f}% of each step waits in collectives for ranks not in these traces"
+    else:
+        impact = round(exposed, 1)
+        title = (f"Inconclusive: {exposed:.0f}% of each step is exposed communication with ranks not in these "
+                 "traces, where waiting for them cannot be told from transfer")
+        evidence[2] = (f"the traced ranks arrive together at their collectives (each waits {max(shares.values()):.0f}% "
+                       "of its step at most for another traced rank): a rank they all wait for would look like "
+                       "transfer; exposed communication is "
+                       f"{exposed:.0f}% of the step (median over traced ranks)")
+    return [Finding("imbalance", "untraced_ranks", severity(impact), impact, sorted(traced), title, evidence,
                     "trace every rank of the job (or the ranks that arrive last at the collectives) in one profiling "
                     "window: the slow rank, its cause, and whether the rest is transfer can only be told with "
                     "its trace; until then treat the other findings as partial")]
@@ -907,11 +925,10 @@ def verdict(findings: list[Finding], runs: list[RunEvidence] | None = None) -> s
     inc = next((f for f in top if f.kind == "untraced_ranks"), None)
     if inc is not None:
         ev = next((e for e in runs or [] if e.name == inc.run), None)
-        s = (f"Inconclusive: {inc.impact_pct:.0f}% of each step waits in collectives for ranks not in these traces"
-             f"{f' ({len(ev.ranks)} of {ev.world_size} ranks traced)' if ev and ev.world_size else ''}")
+        s = inc.title + (f" ({len(ev.ranks)} of {ev.world_size} ranks traced)" if ev and ev.world_size else "")
         if ev is not None and ev.mode == "gpu" and ev.ranks:
             s += f"; the GPU is idle {statistics.median(r['idle_pct'] for r in ev.ranks):.0f}%"
-        other = next((f for f in top if f is not inc), None)
+        other = next((f for f in top if f is not inc and f.cause != "interconnect"), None)
         if other is not None:
             s += f". Also: {other.title} (about {other.impact_pct:.0f}% of step time)"
         return s + "."
