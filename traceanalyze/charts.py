@@ -248,3 +248,41 @@ def step_lines(steps: list[dict], flagged: list[int], width: int = 860, height: 
     xticks = [{"x": round(xs[s], 2), "text": str(s)} for i, s in enumerate(ids) if i % every == 0]
     return {"lines": lines, "yticks": yticks, "xticks": xticks, "width": width, "height": height, "left": left,
             "top": top, "plot_w": plot_w, "plot_h": plot_h, "many": len(ranks) > MAX_LINES}
+
+
+def count_bars(rows: list[tuple[str, int, str]], width: int = 640) -> dict | None:
+    """Horizontal bars of counts: ``rows`` of (label, count, colour), in order (the batch index's top causes)."""
+    if not rows:
+        return None
+    label_w, bar_h = 200, 20
+    top = max(c for _, c, _ in rows) or 1
+    scale = (width - label_w - 50) / top
+    out = [{"y": i * (bar_h + 6), "h": bar_h, "label": lab, "w": round(max(1.0, c * scale), 2), "fill": col,
+            "x": label_w, "tx": round(label_w + max(1.0, c * scale) + 6, 2), "n": c,
+            "title": f"{lab}: {c} run{'s' if c != 1 else ''}"} for i, (lab, c, col) in enumerate(rows)]
+    return {"rows": out, "width": width, "height": len(out) * (bar_h + 6), "label_w": label_w}
+
+
+def time_points(points: list[dict], width: int = 860, height: int = 240) -> dict | None:
+    """Step time (ms) of runs over their dates: ``points`` of ``{"date": datetime, "ms", "title", "regression"}``,
+    in date order; x by date (runs of one day side by side), y from 0. None without points."""
+    if not points:
+        return None
+    left, top, plot_w, plot_h = 60, 8, width - 80, height - 50
+    t0 = points[0]["date"].timestamp()
+    span = (points[-1]["date"].timestamp() - t0) or 1.0
+    hi = 1.08 * max(p["ms"] for p in points) or 1.0
+    pts = []
+    for i, p in enumerate(points):
+        xf = (p["date"].timestamp() - t0) / span if len(points) > 1 and span > 1.0 else i / max(1, len(points) - 1)
+        pts.append({"x": round(left + plot_w * xf, 2), "y": round(top + plot_h * (1 - p["ms"] / hi), 2),
+                    "title": p["title"], "regression": bool(p.get("regression"))})
+    days = sorted({p["date"].strftime("%Y-%m-%d") for p in points})
+    every = max(1, -(-len(days) // 8))
+    xticks = []
+    for d in days[::every]:
+        first = next(q for q, p in zip(pts, points, strict=True) if p["date"].strftime("%Y-%m-%d") == d)
+        xticks.append({"x": first["x"], "text": d})
+    yticks = [{"y": round(top + plot_h * (1 - f), 2), "text": f"{hi * f:,.0f}"} for f in (0, 0.5, 1)]
+    return {"points": pts, "line": " ".join(f"{p['x']},{p['y']}" for p in pts), "xticks": xticks, "yticks": yticks,
+            "width": width, "height": height, "left": left, "top": top, "plot_w": plot_w, "plot_h": plot_h}
