@@ -795,7 +795,7 @@ class _TextLogParser:
             ma = _LIGHTNING_AMP.search(s)
             if ma:
                 self.fact("precision", "bf16" if "b" in ma.group(1) else "fp16", lineno)
-        if n_steps == len(self.result.steps) and "tep" in s:
+        if n_steps == len(self.result.steps) and "tep" in s and not s.startswith("#"):  # not a comment
             self._console_step(line, rank)
 
     def _console_step(self, line: str, rank: int | None) -> None:
