@@ -815,6 +815,13 @@ def _view_md(model: dict) -> list[str]:
         csn = _dict(run.get("compile_step")).get("step")
         steps = [s for s in _list(run.get("steps")) if isinstance(s, dict)]
         per = _per_step_medians([s for s in steps if s.get("step") != csn] or steps)
+        from traceanalyze import charts
+
+        named = [r for f in findings if f.get("cause") == "imbalance" and f.get("run") in (None, run.get("name"))
+                 and len(_list(f.get("ranks"))) < len(rv_ranks) for r in _list(f.get("ranks"))]
+        ids = [r.get("rank") for r in rv_ranks if isinstance(r.get("rank"), int)]
+        pos = {r: i for i, r in enumerate(charts.rank_order(ids, named + charts.outliers(rv_ranks, per)))}
+        rv_ranks = sorted(rv_ranks, key=lambda r: pos.get(r.get("rank"), 1 << 30))  # outliers first
         out += ["| rank | idle % | compute % | non-compute % | overlap % | exposed comm ms/step | step ms |",
                 "|--:|--:|--:|--:|--:|--:|--:|"]
         for r in rv_ranks[:MD_MAX_RANKS]:
@@ -825,8 +832,8 @@ def _view_md(model: dict) -> list[str]:
                        f"{fmt_ms(ps.get('step_time_us', r.get('step_time_us')))} |")
         if len(rv_ranks) > MD_MAX_RANKS:
             out.append(f"| … | {len(rv_ranks) - MD_MAX_RANKS} more ranks in the HTML report | | | | | |")
-        out.append("Idle, compute, non-compute and overlap: % of each rank's trace window; exposed communication and "
-                   "step time: median per counted step.")
+        out += ["", "Idle, compute, non-compute and overlap: % of each rank's trace window; exposed communication "
+                "and step time: median per counted step. Ranks a finding names and outliers first."]
         out.append("")
 
     warnings = _warnings(model)
