@@ -300,6 +300,7 @@ def test_step_time_json_and_console_lines_are_read_and_listed_as_used(tmp_path):
     big.write_text(json.dumps([{"step": i, "step_time_ms": 640.0 + i % 3} for i in range(5000)]))
     (tmp_path / "console.log").write_text("starting\n[rank0] step 3 loss 2.31 time 637.9ms\n"
                                           "[rank1] step 3 loss 2.30 time 640.1ms\n[rank0] step 4 loss 2.2 time 0.65s\n")
+    (tmp_path / "notes.txt").write_text("what we tried\n")  # not ours: listed with its folder, at info level
     assert classify(big) == ("training_log", "")
     steps = parse_text_log(tmp_path / "console.log").steps
     assert [(s.rank, s.step, s.step_time_ms) for s in steps] == [(0, 3, 637.9), (1, 3, 640.1), (0, 4, 650.0)]
@@ -310,5 +311,7 @@ def test_step_time_json_and_console_lines_are_read_and_listed_as_used(tmp_path):
     assert used["console.log"] == ("info", "used: console step lines with 3 step time(s), median 640.1 ms (the run's "
                                            "step time from logs)")
     assert not [w for w in m["warnings"] if w["level"] == "error"]
+    assert used["notes.txt"] == ("info", "not a Kineto trace, training log, NCCL output, topology or config; skipped")
+    assert f"<td class=\"mono\" title=\"{tmp_path / 'notes.txt'}\">{tmp_path.name}/notes.txt</td>" in render.html(m)
     assert m["runs"][0]["log_step_time_ms"] == {"median_ms": 641.0, "n": 5002, "steps": "0–4999"}
     assert "Step time from logs" in render.html(m)

@@ -137,6 +137,8 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
     unreadable = set(disc.unreadable)
     warnings: list[dict] = [{"file": f, "message": m, "level": "error" if f in unreadable else "info"}
                             for f, m in disc.skipped]
+    # every file walked and not used is listed too, with its folder (the Data quality table) and why: info only
+    warnings += [{"file": f, "message": f"{m}; skipped", "level": "info"} for f, m in disc.ignored]
     runs_model = []
     evidence: list[diagnose.RunEvidence] = []
     all_findings: list[diagnose.Finding] = []
