@@ -5,6 +5,10 @@
 
 One report per scenario (`reports/<scenario>.html` + `.md`), and the comparisons the stories are about
 (`slow_vs_fast_interconnect`, `fp32_vs_bf16`, `compile_cold_vs_warm`; `grad_accum` pairs its two runs by itself).
+
+Three GPU pages at scale, from NCCL jobs that `tests/synth.py` generates into a temporary folder (nothing large is
+committed): `gpu_2_of_8_ranks` (only 2 of an 8-rank job's traces: an inconclusive verdict), `gpu_8_ranks` and
+`gpu_64_ranks` (rank 5, resp. 37, idles 30 ms on the host each step; the others wait for it in the all_reduce).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # tests.synth, the trace generator
 SAMPLES = ROOT / "sample_traces"
 OUT = ROOT / "reports"
 PAIRS = {
@@ -24,14 +29,29 @@ PAIRS = {
 }
 
 
-def report(args: list[str], name: str, db_dir: Path) -> None:
+GPU_JOBS = {"gpu_2_of_8_ranks": (8, 6, 6, [0, 1]), "gpu_8_ranks": (8, 6, 5, None), "gpu_64_ranks": (64, 8, 37, None)}
+
+
+def gpu_job(name: str, tmp: Path) -> Path:
+    """Write the generated NCCL job ``name`` of :data:`GPU_JOBS` (world, steps, straggler, ranks kept) under ``tmp``."""
+    from tests.synth import write_gpu_job
+
+    world, steps, straggler, keep = GPU_JOBS[name]
+    folder = write_gpu_job(tmp / name, world, steps, straggler=straggler)
+    for r in range(world):
+        if keep is not None and r not in keep:
+            (folder / f"rank{r}.json").unlink()
+    return folder
+
+
+def report(args: list[str], name: str, db_dir: Path, root: Path = ROOT) -> None:
     cmd = [sys.executable, "-m", "traceanalyze.cli", "report", *args, "-o", str(OUT / f"{name}.html"),
            "--md", str(OUT / f"{name}.md"), "--db", str(db_dir / f"{name}.duckdb"), "-q"]
     subprocess.run(cmd, check=True)
     # the reports are committed: keep them free of this machine's absolute paths
     for ext in (".html", ".md"):
         p = OUT / f"{name}{ext}"
-        p.write_text(p.read_text(encoding="utf-8").replace(str(ROOT) + "/", ""), encoding="utf-8")
+        p.write_text(p.read_text(encoding="utf-8").replace(str(root) + "/", ""), encoding="utf-8")
     print(f"wrote reports/{name}.html")
 
 
@@ -45,6 +65,9 @@ def main() -> None:
         for name, (subject, baseline) in PAIRS.items():
             if (SAMPLES / subject).exists() and (SAMPLES / baseline).exists():
                 report([str(SAMPLES / subject), "--baseline", str(SAMPLES / baseline)], name, Path(tmp))
+        for name in GPU_JOBS:
+            folder = gpu_job(name, Path(tmp))
+            report([str(folder)], name, Path(tmp), root=Path(tmp))
 
 
 if __name__ == "__main__":

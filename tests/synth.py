@@ -49,3 +49,50 @@ def cpu_job(rank: int, offset_us: float, steps: int = 3, slow: float = 0.0) -> l
                     **{"Input type": ["float"], "Input Dims": [[4096]]}))
         t += step_len
     return ev
+
+
+def gpu_job(rank: int, world: int, steps: int = 6, *, straggler: int | None = None, gap_us: float = 30_000.0,
+            transfer_us: float = 12_000.0) -> list[dict]:
+    """A GPU (NCCL) rank of a data-parallel job: per profiler step the host launches a forward and a backward
+    kernel (30 and 45 ms on stream 7), then an all_reduce (stream 20) that every rank leaves together after
+    ``transfer_us`` once the last rank arrives. Rank ``straggler`` sits idle on the host for ``gap_us`` (no op,
+    no annotation: like a blocking read) before its forward, so the others wait for it in the all_reduce. Small,
+    fixed per-rank jitter keeps ranks apart. Steps start together on every rank (the step ends at the collective);
+    the last profiler step is a partial one, as the profiler writes it."""
+    ev: list[dict] = [{"ph": "M", "name": "thread_name", "pid": 1, "tid": 1, "args": {"name": "thread 1 (python)"}}]
+    fwd, bwd, launch = 30_000.0, 45_000.0, 200.0
+    corr = rank * 100_000 + 1
+    t = 1_000.0
+    for s in range(steps):
+        jit = [((r * 37 + s * 11) % 7) * 150.0 for r in range(world)]
+        gaps = [gap_us if r == straggler else 0.0 for r in range(world)]
+        ready = [t + 300.0 + gaps[r] + launch + fwd + bwd + jit[r] for r in range(world)]
+        end = max(ready) + transfer_us
+        last = s == steps - 1
+        step_end = end + 500.0 if not last else t + 300.0 + gaps[rank] + launch + 1000.0
+        ev.append(x("user_annotation", f"ProfilerStep#{s}", t, step_end - t))
+        h = t + 300.0 + gaps[rank]
+        for name, dur, kdur in (("aten::linear", launch / 2, fwd), ("aten::mm", launch / 2, bwd)):
+            ev.append(x("cpu_op", name, h, dur, **{"Input type": ["c10::BFloat16", "c10::BFloat16"],
+                                                    "Input Dims": [[4096, 4096], [4096, 4096]]}))
+            start = h + launch + (0.0 if name == "aten::linear" else fwd) + jit[rank]
+            ev += kernel(f"ampere_bf16_s16816gemm_bf16_128x128_{name[6:]}", start, kdur, 7, corr, h + 10)
+            corr += 1
+            h += dur
+        if last:
+            break
+        ar_start = ready[rank]
+        ev.append(x("cpu_op", "c10d::allreduce_", h + 10, 20.0))
+        ev += kernel("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevComm*, unsigned long, ncclWork*)", ar_start,
+                     end - ar_start, 20, corr, h + 15)
+        corr += 1
+        ev.append(x("cuda_runtime", "cudaStreamSynchronize", h + 40, end - h - 40 + 200.0))
+        t = step_end
+    return ev
+
+
+def write_gpu_job(folder: Path, world: int, steps: int = 6, **kw) -> Path:
+    """Write ``world`` ranks of :func:`gpu_job` into ``folder`` (``rank{r}.json``) and return it."""
+    for r in range(world):
+        write_trace(folder / f"rank{r}.json", r, gpu_job(r, world, steps, **kw), world_size=world, backend="nccl")
+    return folder

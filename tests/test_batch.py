@@ -262,3 +262,15 @@ def test_empty_archive_is_an_error(tmp_path):
                                           ("a1b2c3d4e5f6", "a1b2c3d4e5f6")])
 def test_group_name_from_folders(run_id, name):
     assert batch._folder_group_name(run_id) == name
+
+
+def test_fail_on_regression_exit_status(archive, first, tmp_path):
+    out0, _ = first
+    out = tmp_path / "out"
+    shutil.copytree(out0, out)  # every run unchanged: nothing is analyzed again
+    r = CliRunner().invoke(cli, ["batch", str(archive), "-o", str(out), "-q"])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(cli, ["batch", str(archive), "-o", str(out), "--fail-on-regression"])
+    assert r.exit_code == 3, r.output
+    assert f"traceanalyze: 1 regression(s): {SLOW}" in r.output
+    assert (out / "index.html").is_file()

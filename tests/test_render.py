@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from markupsafe import escape
 
-from traceanalyze import render
+from traceanalyze import charts, render
 from traceanalyze.pipeline import analyze
 
 REPO = Path(__file__).resolve().parents[1]
@@ -188,7 +188,7 @@ def test_trace_filter_html_has_hta_figures(trace_filter_model: dict) -> None:
     assert "126 of 128 ranks have no trace" in dq
     assert "All 2 files read completely" in dq
     # stacked bar chart: one bar label per rank, three series
-    svg = re.search(r"<svg.*?</svg>", doc, re.S).group(0)
+    svg = re.search(r'<svg id="ta-breakdown-1".*?</svg>', doc, re.S).group(0)
     assert "rank 0" in svg and "rank 1" in svg
     assert svg.count('class="bar"') == 6
 
@@ -278,7 +278,7 @@ def test_optional_tables_rendered() -> None:
     assert "all_reduce" in run and "100.0 MiB" in run and "9.8" in run and "600.0 GB/s" in run
     assert "Recompiles" in run and "--bf16, --compile" in run
     assert "Compile (ms) 4,500.00" in run  # *_us facts are shown in ms
-    assert "Collective wait (ms)" in run and "Data loader (%)" in run
+    assert "Collective wait (ms)" in run and "Data loader (% of window)" in run
     assert "Main dtype fp32" in run and "Fp32 share (%) 75.0" in run and "Gemm time (ms) 1,200.00" in run
     assert "Mfu" not in run  # unknown facts are left out
     assert "Effective (global) batch 256" in run
@@ -379,7 +379,7 @@ def test_eight_rank_report_is_small_and_bounded() -> None:
 def test_many_ranks_bounded() -> None:
     doc = render.html(synthetic_model(n_ranks=200, n_steps=3))
     run = sections(doc)["run-1"]
-    assert f"first {render.MAX_BAR_RANKS} of 200 ranks drawn" in run
+    assert f"{charts.MAX_BARS} of 200 ranks drawn, the marked and outlying ones first" in run
     assert "max and median cover all ranks" in run
     assert "199" in run  # the table lists every rank
     assert len(render.markdown(synthetic_model(n_ranks=200, n_steps=3)).splitlines()) < 80
@@ -434,7 +434,7 @@ def test_compiled_templates_cached_on_disk(tmp_path: Path, monkeypatch: pytest.M
     assert not folder.exists()  # made on demand
     expected = render.html(model)
     entries = sorted(folder.glob("*.cache"))
-    assert len(entries) == 3  # report.html.j2, the macros it imports and the CSS it includes
+    assert len(entries) == 6  # report.html.j2, the macros and chart partials it imports and the CSS it includes
     assert all(e.stat().st_size > 0 for e in entries) and not list(folder.glob("*.tmp"))
     assert render._env is render._env_made  # what batch.py uses is the same environment
 
@@ -505,7 +505,7 @@ def test_template_cache_others_can_write_is_not_used(tmp_path: Path, monkeypatch
     expected = render.html(model)
     folder = Path(render._template_cache_dir() or "")
     entries = {e: e.read_bytes() for e in folder.glob("*.cache")}
-    assert len(entries) == 3
+    assert len(entries) == 6
     folder.chmod(0o777)  # e.g. XDG_CACHE_HOME=/tmp: another user could plant code there
     try:
         env = _fresh_env(monkeypatch, tmp_path / "xdg")
@@ -520,7 +520,8 @@ def test_template_cache_others_can_write_is_not_used(tmp_path: Path, monkeypatch
         for e in entries:
             e.write_bytes(b"planted")
         assert render.html(model) == expected
-        assert sorted(compiled) == ["macros.html.j2", "report.css", "report.html.j2"]
+        assert sorted(compiled) == ["_charts.html.j2", "_heatmap.html.j2", "_timeline.html.j2", "macros.html.j2",
+                                    "report.css", "report.html.j2"]
         assert all(e.read_bytes() == b"planted" for e in entries)  # nor is anything written there
     finally:
         folder.chmod(0o700)

@@ -774,7 +774,7 @@ def _flag_regressions(con, specs: list[dict], threshold: float, outdir: Path, op
 
 
 # ---------------------------------------------------------------------------------------------------------
-# The index page: templates/batch_index.html.j2 (autoescaped; charts are pygal SVG cleaned by render._svg)
+# The index page: templates/batch_index.html.j2 (autoescaped; charts are inline SVG the template draws)
 
 _ORDERS = (("date", "date"), ("step", "step time"), ("impact", "impact"), ("cause", "top cause"),
            ("group", "group"), ("status", "status"))
@@ -873,50 +873,29 @@ def _group_views(rows: list[dict]) -> list[dict]:
     return out
 
 
-def _cause_chart(dist: list[tuple[str, int, str, str]]):
-    """Horizontal bars: how many runs have each top cause."""
-    import pygal
+def _cause_chart(dist: list[tuple[str, int, str, str]]) -> dict | None:
+    """Horizontal bars: how many runs have each top cause (drawn by the template, charts.count_bars)."""
+    from traceanalyze import charts
 
-    from traceanalyze import render
-
-    rows = dist[::-1]  # pygal draws the first label at the bottom
-    cfg = render._config(("#495057",), width=760, height=60 + 26 * len(rows), show_legend=False,
-                         print_values=True, spacing=8, margin=8, show_y_guides=False, show_x_guides=True,
-                         x_title="runs", truncate_label=40)
-    chart = pygal.HorizontalBar(cfg)
-    chart.x_labels = [d[0] for d in rows]
-    chart.add("runs", [{"value": d[1], "color": d[2]} for d in rows])
-    titles = {(0, i): f"{d[0]}: {d[1]} run{'s' if d[1] != 1 else ''}" for i, d in enumerate(rows)}
-    return render._svg(chart, "ta-causes", "Runs by top cause", titles)
+    return charts.count_bars([(d[0], d[1], d[2]) for d in dist])
 
 
-def _group_chart(g: dict, chart_id: str):
-    """Step time (ms) of a group's runs over their dates; regressions as red dots."""
-    import pygal
+def _group_chart(g: dict, chart_id: str) -> dict | None:
+    """Step time (ms) of a group's runs over their dates; regressions as red dots (charts.time_points)."""
+    from traceanalyze import charts
 
-    from traceanalyze import render
-
-    pts = g["points"]
-    ms = [r["step_time_us"] / 1e3 for r in pts]
-    cfg = render._config(("#1c3d6e", _ERROR_COLOR), width=960, height=280, show_dots=True, dots_size=4,
-                         y_title="step time (ms)", x_label_rotation=20, truncate_legend=30,
-                         x_value_formatter=lambda d: d.strftime("%Y-%m-%d"), range=(0, 1.08 * max(ms)))
-    chart = pygal.DateTimeLine(cfg)
-    days = sorted({r["date"] for r in pts})
-    chart.x_labels = days[:: max(1, -(-len(days) // 12))]  # the runs' own dates, at most 12 labels
-    chart.add("step time", [(r["date"], v) for r, v in zip(pts, ms, strict=True)])
-    reg = [(r["date"], v) for r, v in zip(pts, ms, strict=True) if r.get("regression")]
-    titles = {}
-    for i, (r, v) in enumerate(zip(pts, ms, strict=True)):
-        cause = f"; top cause {r['top_cause']} ({r['top_kind']})" if r.get("top_cause") else ""
-        titles[(0, i)] = f"{r['run_id']}: {v:,.1f} ms{cause}"
-    if reg:
-        chart.add("regression", reg, stroke=False, dots_size=7)
-        k = 0
-        for r, v in zip(pts, ms, strict=True):
-            if r.get("regression"):
-                why = f"; explained by {r['regression_cause']} ({r['regression_kind']})" if r.get(
-                    "regression_cause") else ""
-                titles[(1, k)] = f"{r['run_id']}: {v:,.1f} ms, {r['regression_ratio']:.2f}× the earlier median{why}"
-                k += 1
-    return render._svg(chart, chart_id, f"Step time over time: {g['key']}", titles)
+    pts = []
+    for r in g["points"]:
+        ms = r["step_time_us"] / 1e3
+        title = f"{r['run_id']}: {ms:,.1f} ms" + (f"; top cause {r['top_cause']} ({r['top_kind']})"
+                                                  if r.get("top_cause") else "")
+        if r.get("regression"):
+            why = (f"; explained by {r['regression_cause']} ({r['regression_kind']})" if r.get("regression_cause")
+                   else "")
+            title = f"{r['run_id']}: {ms:,.1f} ms, {r['regression_ratio']:.2f}× the earlier median{why}"
+        pts.append({"date": r["date"], "ms": ms, "title": title, "regression": bool(r.get("regression"))})
+    out = charts.time_points(pts)
+    if out is not None:
+        out["id"] = chart_id
+        out["title"] = f"Step time over time: {g['key']}"
+    return out

@@ -3,7 +3,11 @@
 
 Every error a user can cause (missing folder, unreadable trace, locked database) is printed as one line and
 exits with the status of the README's table (:mod:`traceanalyze.errors`: 1 input, 2 usage, 3 a refused write, 4
-out of memory, 5 a bug); a Python traceback appears only with ``--debug``. Everything printed goes through
+out of memory, 5 a bug); a Python traceback appears only with ``--debug``. ``report --fail-on high|medium`` and
+``batch --fail-on-regression`` exit with 3 (:data:`EXIT_FINDING`) once everything is written, when a finding of
+that severity or a regression exists, for CI. ``report`` prints the verdict and the top findings on stdout, one
+line each (:func:`summary_lines`; ``-q`` silences it, and it is left out when the report itself goes to stdout).
+Everything printed goes through
 :func:`traceanalyze.safety.terminal` (control characters and bidi overrides shown as ``?``).
 """
 
@@ -69,8 +73,41 @@ class _Progress:
             self.bar.close()
 
 
+EXIT_FINDING = 3  # --fail-on / --fail-on-regression: the reports are written and a finding or regression exists
+SUMMARY_FINDINGS = 5
+_SEVERITIES = {"high": 0, "medium": 1, "low": 2}
+
+
 def _say(msg: str) -> None:
     click.echo(terminal(msg), err=True)
+
+
+def summary_lines(model: dict, limit: int = SUMMARY_FINDINGS) -> list[str]:
+    """The verdict and up to ``limit`` findings of high or medium severity, one line each (terminal-safe text is
+    made by the caller): ``verdict: ...`` then ``[high] 53.3% imbalance/straggler: title (ranks 2)``."""
+    out = [f"verdict: {model.get('verdict') or '—'}"]
+    top = [f for f in model.get("findings") or [] if f.get("severity") in ("high", "medium")]
+    for f in top[:limit]:
+        ranks = f.get("ranks") or []
+        where = f" (rank{'s' if len(ranks) > 1 else ''} {_ranges(ranks)})" if 0 < len(ranks) <= 8 else ""
+        out.append(f"[{f.get('severity')}] {float(f.get('impact_pct') or 0):.1f}% {f.get('cause')}/{f.get('kind')}: "
+                   f"{f.get('title')}{where}")
+    if len(top) > limit:
+        out.append(f"... {len(top) - limit} more finding(s) in the report")
+    return out
+
+
+def _ranges(xs: list) -> str:
+    from traceanalyze.render import ranges
+
+    return ranges(xs)
+
+
+def fails_on(model: dict, level: str | None) -> bool:
+    """Whether a subject finding reaches ``level`` (high, or medium and above); False without a level."""
+    if not level:
+        return False
+    return any(_SEVERITIES.get(f.get("severity"), 9) <= _SEVERITIES[level] for f in model.get("findings") or [])
 
 
 def _stage(ctx: click.Context, what: str) -> None:
@@ -149,12 +186,14 @@ def cli(ctx: click.Context, debug: bool) -> None:
 @click.option("--follow-external-symlinks", is_flag=True,
               help="Read files and folders that symlinks in the input folders point to outside them (skipped with "
                    "a warning by default).")
+@click.option("--fail-on", type=click.Choice(["high", "medium"]), help="Exit with status 3 (after writing the "
+              "reports) when a finding of this severity or higher exists: for CI.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar, no summary.")
 @click.pass_context
 def report(ctx: click.Context, paths: tuple[str, ...], output: str | None, json_path: str | None,
            md_path: str | None, fmt: str, db: str | None, baseline: tuple[str, ...], jobs: int | None,
            link_bw: float | None, peak_tflops: float | None, gpu: str | None, max_decompressed: int,
-           export_path: str | None, follow_external_symlinks: bool,
+           export_path: str | None, follow_external_symlinks: bool, fail_on: str | None,
            quiet: bool) -> None:
     """Analyze the traces under PATHS and write one self-contained HTML report.
 
@@ -164,6 +203,7 @@ def report(ctx: click.Context, paths: tuple[str, ...], output: str | None, json_
         traceanalyze report ./traces -o slow.html --json slow.json
         traceanalyze report ./8gpu --baseline ./1gpu
         traceanalyze report ./traces --export merged.json.gz
+        traceanalyze report ./traces --fail-on high     # CI: exit 3 on a high-severity finding
     """
     from traceanalyze.pipeline import analyze
 
@@ -204,8 +244,15 @@ def report(ctx: click.Context, paths: tuple[str, ...], output: str | None, json_
                 _say(f"wrote {out} ({len(model['runs'])} run(s), {n_ranks} rank(s)); database {db_path}")
         if not any(r["ranks"] or r["log_steps"] or r["log_facts"] for r in model["runs"]):
             raise TraceanalyzeError("nothing could be analyzed: every trace file was unreadable (see above)")
+        if not quiet and out is not None:  # the report itself on stdout: no summary mixed into it
+            for line in summary_lines(model):
+                click.echo(terminal(line))
+        if fails_on(model, fail_on):
+            ctx.obj["exit"] = EXIT_FINDING
 
     _guard(ctx, run)
+    if ctx.obj.get("exit"):
+        sys.exit(ctx.obj["exit"])
 
 
 def _write_report(ctx: click.Context, a, out: Path | None, fmt: str, json_path: str | None, md_path: str | None,
@@ -365,10 +412,13 @@ def sql(ctx: click.Context, db: str, query: str, as_csv: bool) -> None:
               help="Expected per-direction link bandwidth between ranks, to judge busbw against.")
 @click.option("--peak-tflops", type=click.FloatRange(min=0, min_open=True), metavar="TFLOPS",
               help="Dense peak of one GPU for the main matmul dtype, for MFU.")
+@click.option("--fail-on-regression", is_flag=True, help="Exit with status 3 (after writing the catalog and the "
+              "index) when a run is flagged as a regression: for CI.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar, no summary.")
 @click.pass_context
 def batch(ctx: click.Context, archive: str, outdir: str, jobs: int | None, executor: str, scheduler: str | None,
-          threshold: float, force: bool, link_bw: float | None, peak_tflops: float | None, quiet: bool) -> None:
+          threshold: float, force: bool, link_bw: float | None, peak_tflops: float | None, fail_on_regression: bool,
+          quiet: bool) -> None:
     """Analyze every run under ARCHIVE; keep a catalog of them and an index page that flags regressions.
 
     Re-running on the same OUTPUT analyzes only new or changed runs; runs gone from ARCHIVE drop out.
@@ -405,8 +455,14 @@ def batch(ctx: click.Context, archive: str, outdir: str, jobs: int | None, execu
                  f"regression(s){rate}; index {res.index}, catalog {res.catalog}")
         if res.runs and all(r["status"] == "error" for r in res.runs):
             raise TraceanalyzeError("nothing could be analyzed: every run failed (see index.html)")
+        if fail_on_regression and res.regressions:
+            if not quiet:
+                _say(f"traceanalyze: {len(res.regressions)} regression(s): {', '.join(res.regressions[:10])}")
+            ctx.obj["exit"] = EXIT_FINDING
 
     _guard(ctx, run)
+    if ctx.obj.get("exit"):
+        sys.exit(ctx.obj["exit"])
 
 
 _ADVICE = {

@@ -4,7 +4,14 @@ A finding has ``cause`` ∈ {interconnect, precision, imbalance, config}, a fine
 (high / medium / low), ``impact_pct`` (the estimated share of step time that fixing it would win back),
 ``ranks``, a one-line ``title``, ``evidence`` (the numbers behind it) and a ``recommendation``. Findings are
 ranked by impact. Severity follows impact: ≥ 25 % high, ≥ 10 % medium, else low; a healthy run gets no
-high-severity finding.
+high-severity finding. Two exceptions say what they are in their evidence: a CPU precision estimate whose gain per
+step is below :data:`CPU_PRECISION_TICKET_PCT` or within the run's own step-to-step noise is low (not worth a
+ticket on this evidence; a straggler within that noise too), and a GPU idle above
+:data:`IDLE_EXPLAIN_PCT` that no finding explains gets a medium ``unexplained_idle`` finding (never "healthy").
+
+:func:`verdict` turns the ranked findings into the report's first sentence: "Inconclusive: ..." when the traced
+ranks wait in collectives for ranks whose traces are missing, "Main cause: ..." for the top finding of high or
+medium severity (with the assumption it rests on, when it has one), else "No significant slowdown found".
 
 Each rule is a plain function ``rule(ev: RunEvidence) -> list[Finding]``; :data:`RULES` lists them. The
 thresholds are module constants so they read as configuration.
@@ -14,6 +21,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import asdict, dataclass, field
+from dataclasses import replace as dataclasses_replace
 
 from traceanalyze import hardware
 from traceanalyze.hardware import GpuInfo
@@ -31,6 +39,19 @@ MIN_LOADER_PCT = 10.0
 IDLE_RANK_PCT = 80.0
 GPU_FP32_SPEEDUP_DEFAULT = 4.0  # bf16 tensor cores vs fp32 CUDA cores, conservative (peaks differ 8-16x)
 CPU_BF16_SPEEDUP = 2.0  # bf16 halves bytes moved; CPUs with AMX/AVX512-BF16 gain more
+CPU_PRECISION_TICKET_PCT = 20.0  # CPU bf16 gain (an assumed speedup the trace cannot confirm) worth a ticket
+NOISE_SIGMAS = 2.0  # a CPU precision gain per step must exceed this many standard deviations of the step times
+MIN_UNTRACED_WAIT_PCT = 10.0  # share of the step the traced ranks wait for untraced ones worth an inconclusive verdict
+IDLE_EXPLAIN_PCT = 50.0  # a GPU idle above this is never healthy without a finding that explains it
+HOST_BOUND_IDLE_PCT = 40.0  # GPU idle from which host wait is looked at
+HOST_BOUND_WAIT_PCT = 50.0  # host wait share of the busiest stream's idle that makes a step host-bound
+TINY_KERNEL_US = 20.0  # median kernel at or below this: the host's launches, not its other work, set the pace
+COMPILE_STEP_RATIO = 3.0  # a first step this many times the steady one, with compile ranges, is the compile step
+IDLE_EXPLAINERS = ("slow_collectives", "topology", "untraced_ranks", "straggler", "idle_rank", "dataloader",
+                   "launch_bound", "host_bound", "compile_overhead")
+CPU_PRECISION_ADVICE = ("on a CPU with AMX or AVX512-BF16 (lscpu | grep -E 'amx|avx512_bf16'), run the step under "
+                        "torch.autocast('cpu', dtype=torch.bfloat16) (bf16: true / --bf16 in a trainer config); "
+                        "without them bf16 matmuls are emulated and can be slower than fp32: keep fp32 there")
 
 
 @dataclass
@@ -46,6 +67,7 @@ class Finding:
     evidence: list[str]
     recommendation: str
     run: str = ""
+    assumption: str = ""  # what the impact rests on that the inputs do not state (shown in the verdict)
 
 
 @dataclass
@@ -71,6 +93,10 @@ class RunEvidence:
     link: dict = field(default_factory=dict)  # {"expected_gbps", "source"}
     idle: list[dict] = field(default_factory=list)  # GPU idle breakdown per rank and stream (metrics.idle)
     gpu: GpuInfo = field(default_factory=GpuInfo)  # name and compute capability (traceanalyze.hardware)
+    rank_ops: dict[int, dict[str, float]] = field(default_factory=dict)  # rank -> op -> µs per step (metrics.where)
+    host_gaps: dict[int, list] = field(default_factory=dict)  # rank -> largest [metrics.where.HostGap]
+    gap_us_per_step: dict[int, float] = field(default_factory=dict)  # rank -> host gap µs per counted step
+    compile_step: int | None = None  # the profiler step that holds torch.compile (left out of step times)
 
     def fact(self, key: str):
         """The first stated value of a fact (its ``num`` when numeric, else its text), or None."""
@@ -89,17 +115,44 @@ def _ms(us: float | None) -> str:
     return "n/a" if us is None else f"{us / 1e3:,.1f} ms"
 
 
+def _rank_steps(ev: RunEvidence, rank: int) -> list[dict]:
+    """The rank's counted steps, the compile step left out when there are others."""
+    rs = [s for s in ev.steps if s["rank"] == rank]
+    steady = [s for s in rs if s["step"] != ev.compile_step]
+    return steady or rs
+
+
 def _per_step(ev: RunEvidence, r: dict, key: str) -> float | None:
-    """A rank's µs of ``key`` per counted profiler step (median over its steps, as its step time), else over its
-    whole window."""
-    rs = [s for s in ev.steps if s["rank"] == r["rank"]]
+    """A rank's µs of ``key`` per counted profiler step (median over its steps, as its step time; the compile step
+    left out), else over its whole window."""
+    rs = _rank_steps(ev, r["rank"])
     if rs and key in rs[0]:
         return statistics.median(s[key] for s in rs)
     return r.get(key)
 
 
 def _step_us(ev: RunEvidence, r: dict) -> float:
+    rs = _rank_steps(ev, r["rank"]) if ev.compile_step is not None else []
+    if rs:
+        return statistics.median(s["step_time_us"] for s in rs)
     return r.get("step_time_us") or r.get("window_us") or 0.0
+
+
+def compile_step_of(steps: list[dict], compile_stats: CompileStats | None) -> int | None:
+    """The profiler step that holds torch.compile: the first counted step number when the trace has compile ranges
+    and that step takes :data:`COMPILE_STEP_RATIO` × the steady step or more, and other steps exist; else None.
+    ``steps`` are step rows (``step``, ``step_time_us``)."""
+    c = compile_stats
+    numbers = sorted({s["step"] for s in steps})
+    if (c is None or not c.compile_us or len(numbers) < 2 or not c.first_step_us or not c.steady_step_us
+            or c.first_step_us < COMPILE_STEP_RATIO * c.steady_step_us):
+        return None
+    return numbers[0]
+
+
+def step_stat(n: int) -> str:
+    """How a step time over ``n`` steps was taken, in words: a median needs three values to differ from a mean."""
+    return f"median of {n} steps" if n >= 3 else "mean of 2 steps" if n == 2 else "1 step" if n == 1 else "no step"
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -136,6 +189,9 @@ def rule_exposed_communication(ev: RunEvidence) -> list[Finding]:
     if ev.coll and not ev.coll.matched:
         evidence.append("only one rank's trace: waiting for peers cannot be separated from transfer, so this is an "
                         "upper bound")
+    elif ev.world_size and ev.world_size > len(ev.ranks):
+        evidence.append(f"{len(ev.ranks)} of {ev.world_size} ranks traced: waiting for the untraced ranks cannot be "
+                        "separated from transfer, so this is an upper bound")
     expected = ev.link.get("expected_gbps")
     kind = "slow_collectives"
     if ev.coll and ev.coll.busbw_gbps is not None:
@@ -217,6 +273,77 @@ def _interconnect_recommendation(ev: RunEvidence, topo_pairs) -> str:
             f"compression: DDP {hardware.grad_compression_hook(ev.gpu)}, gradient accumulation with no_sync())")
 
 
+def _wait_per_step(ev: RunEvidence, window: bool = False) -> dict[int, float]:
+    """Per traced rank, µs per counted step spent in collectives waiting for peers (matched collectives only): the
+    mean over its steady steps of the collectives inside each step, or with ``window`` (or without per-step
+    figures) the whole trace window's wait over its number of counted steps, as the exposed-communication rule
+    counts it (a GPU runs a step's collectives after the host has left it)."""
+    if not (ev.coll and ev.coll.matched):
+        return {}
+    out = {}
+    for r in ev.ranks:
+        n = max(1, r.get("n_steps") or 1)
+        steady = {s["step"] for s in _rank_steps(ev, r["rank"])}
+        per = [w for (rk, st), w in ev.coll.per_step_wait_us.items() if rk == r["rank"] and st in steady]
+        if per and not window:
+            out[r["rank"]] = sum(per) / max(1, len(steady))
+        else:
+            out[r["rank"]] = ev.coll.wait_us.get(r["rank"], 0.0) / n
+    return out
+
+
+def rule_untraced_ranks(ev: RunEvidence) -> list[Finding]:
+    """Imbalance, inconclusive: the traces hold only some of the job's ranks and every traced rank waits in its
+    collectives for peers a large share of each step, so the rank that holds the job back is among the missing
+    ones. The exposed-communication rule takes that wait out of transfer time, so without this rule the wait
+    would vanish from the report. Impact = the median traced rank's wait per step / its step time.
+
+    When the traced ranks arrive together and all wait for a missing rank, their wait looks like transfer (the
+    shortest duration across the traced ranks): then exposed communication of :data:`MIN_EXPOSED_COMM_PCT` % of
+    the step or more is inconclusive too, as waiting for untraced ranks and transfer cannot be told apart."""
+    traced = {r["rank"] for r in ev.ranks}
+    if ev.mode == "logs" or not ev.world_size or ev.world_size <= len(traced) or len(traced) < 2:
+        return []
+    waits = _wait_per_step(ev, window=True)
+    if not waits:
+        return []
+    shares = {r["rank"]: 100 * waits.get(r["rank"], 0.0) / s for r in ev.ranks if (s := _step_us(ev, r)) > 0}
+    if not shares:
+        return []
+    share = statistics.median(shares.values())
+    exposed = statistics.median(100 * (_per_step(ev, r, "exposed_comm_us") or 0.0) / s
+                                for r in ev.ranks if (s := _step_us(ev, r)) > 0)
+    # a traced rank that hardly waits is the straggler among the traced ones: rule_straggler's case, not this one
+    waits_all = share >= MIN_UNTRACED_WAIT_PCT and min(shares.values()) >= MIN_UNTRACED_WAIT_PCT / 2
+    if not waits_all and (exposed < MIN_EXPOSED_COMM_PCT or share >= MIN_UNTRACED_WAIT_PCT):
+        return []
+    from traceanalyze.render import ranges
+
+    idle = statistics.median(r["idle_pct"] for r in ev.ranks)
+    missing = ev.world_size - len(traced)
+    evidence = [f"{len(traced)} of {ev.world_size} ranks traced (ranks {ranges(sorted(traced))}); {missing} "
+                "have no trace here",
+                "collective wait per step: " + ", ".join(f"rank {r} {_ms(waits[r])} ({shares[r]:.0f}% of its step)"
+                                                         for r in sorted(shares)[:8]),
+                f"every traced rank waits: the rank they wait for is not in these traces; "
+                f"{'GPU' if ev.mode == 'gpu' else 'training thread'} idle {idle:.0f}% (median over traced ranks)"]
+    if waits_all:
+        impact = round(share, 1)
+        title = f"Inconclusive: {share:.0f}% of each step waits in collectives for ranks not in these traces"
+    else:
+        impact = round(exposed, 1)
+        title = (f"Inconclusive: {exposed:.0f}% of each step is exposed communication with ranks not in these "
+                 "traces, where waiting for them cannot be told from transfer")
+        evidence[2] = (f"the traced ranks arrive together at their collectives (each waits {max(shares.values()):.0f}% "
+                       "of its step at most for another traced rank): a rank they all wait for would look like "
+                       "transfer; exposed communication is "
+                       f"{exposed:.0f}% of the step (median over traced ranks)")
+    return [Finding("imbalance", "untraced_ranks", severity(impact), impact, sorted(traced), title, evidence,
+                    "trace every rank of the job (or the ranks that arrive last at the collectives) in one profiling "
+                    "window: the slow rank, its cause, and whether the rest is transfer can only be told with "
+                    "its trace; until then treat the other findings as partial")]
+
+
 def rule_straggler(ev: RunEvidence) -> list[Finding]:
     """Imbalance: one rank works longer per step and the others wait for it in the collectives.
 
@@ -230,15 +357,8 @@ def rule_straggler(ev: RunEvidence) -> list[Finding]:
         return []
     step = {r["rank"]: _step_us(ev, r) for r in ev.ranks}
     comp = {r["rank"]: _per_step(ev, r, "compute_us") or 0.0 for r in ev.ranks}
-    waits: dict[int, float] = {}
-    if ev.coll and ev.coll.matched:
-        for r in ev.ranks:
-            n = max(1, r.get("n_steps") or 1)
-            per = [w for (rk, _), w in ev.coll.per_step_wait_us.items() if rk == r["rank"]]
-            waits[r["rank"]] = sum(per) / n if per else ev.coll.wait_us.get(r["rank"], 0.0) / n
-        work = {r: step[r] - waits.get(r, 0.0) for r in step}
-    else:
-        work = comp
+    waits = _wait_per_step(ev)
+    work = {r: step[r] - waits.get(r, 0.0) for r in step} if waits else comp
     med = statistics.median(work.values())
     slow = max(work, key=work.get)
     step_med = statistics.median(step.values())
@@ -251,21 +371,70 @@ def rule_straggler(ev: RunEvidence) -> list[Finding]:
         return []
     if waits and ev.coll.last_arrivals.get(slow, 0) < 0.5 * ev.coll.n_matched_calls:
         return []  # the others are not waiting for this rank: it does not arrive last at most collectives
+    noise = _step_noise_us(ev)
+    sev = severity(impact)
+    if noise is not None and excess <= NOISE_SIGMAS * noise:
+        sev = "low"  # a rank that is slower by less than the run's step-to-step noise is no straggler to chase
+    comp_med = statistics.median(comp.values())
     evidence = [f"rank {slow} works {_ms(work[slow])} per step (outside collective waits) vs a median of "
-                f"{_ms(med)} (+{excess_pct:.0f}%); compute {_ms(comp[slow])} vs median "
-                f"{_ms(statistics.median(comp.values()))}"]
+                f"{_ms(med)} (+{excess_pct:.0f}%); compute {_ms(comp[slow])} vs median {_ms(comp_med)}"]
+    where, host_idle = _straggler_where(ev, slow, excess, comp[slow] - comp_med)
+    evidence += where
     if waits:
         others = [w for r, w in waits.items() if r != slow]
         evidence.append(f"the other ranks wait a mean of {_ms(statistics.mean(others))} per step in collectives; "
                         f"rank {slow} waits {_ms(waits.get(slow, 0.0))}")
         last = ev.coll.last_arrivals.get(slow, 0)
         evidence.append(f"rank {slow} arrives last at {last} of {ev.coll.n_matched_calls} matched collectives")
-    return [Finding("imbalance", "straggler", severity(impact), impact, [slow],
+    if host_idle:
+        rec = (f"rank {slow}'s extra time is idle host time, not work: look at what its host does in the gaps listed "
+               "(the export marks them): data loading on that rank, logging, checkpointing or evaluation on rank "
+               f"{slow} only, a blocking .item()/sync, garbage collection; move that work off the training step or "
+               "give every rank the same")
+    else:
+        rec = (f"rank {slow} does more work: the ops listed take longer there than on the median rank; balance data "
+               "across ranks (equal sequence lengths / bucketing per rank), move rank-specific work such as "
+               "evaluation, logging or checkpointing off the training step, and check that device for throttling")
+    if sev == "low":
+        evidence.append(f"its excess {_ms(excess)} per step is within {NOISE_SIGMAS:g} standard deviations of this "
+                        f"run's step times (σ {_ms(noise)}): may be noise; not worth a ticket on this evidence")
+    return [Finding("imbalance", "straggler", sev, impact, [slow],
                     f"Rank {slow} is a straggler: the other ranks wait {impact:.0f}% of the step for it",
-                    evidence,
-                    f"find the extra work on rank {slow} (its top ops in the trace), balance data across ranks "
-                    "(equal sequence lengths / bucketing per rank), move rank-specific work such as evaluation, "
-                    "logging or checkpointing off the training step, and check that device for throttling")]
+                    evidence, rec)]
+
+
+def _straggler_where(ev: RunEvidence, slow: int, excess_us: float, comp_excess_us: float) -> tuple[list[str], bool]:
+    """Evidence lines on where rank ``slow`` spends its extra time (per-op difference against the median rank, its
+    largest host gaps with their time ranges) and whether that time is idle host time rather than work: its host
+    gaps per step exceed the median rank's by more than its extra compute does."""
+    from traceanalyze.render import short_name
+
+    out: list[str] = []
+    ops = ev.rank_ops
+    if ops.get(slow) and len(ops) >= 2:
+        names = {n for d in ops.values() for n in d}
+        diffs = []
+        for n in names:
+            med = statistics.median(d.get(n, 0.0) for d in ops.values())
+            diffs.append((ops[slow].get(n, 0.0) - med, n, med))
+        diffs.sort(key=lambda t: (-t[0], t[1]))
+        top = [t for t in diffs if t[0] > 0.02 * max(excess_us, 1.0)][:3]
+        if top:
+            out.append("per op against the median rank (per step): " + "; ".join(
+                f"{short_name(n, 60)} {_ms(ops[slow].get(n, 0.0))} vs {_ms(m)} (+{_ms(d)})" for d, n, m in top))
+    host_idle = False
+    gaps = ev.gap_us_per_step
+    if slow in gaps and len(gaps) >= 2:
+        med_gap = statistics.median(gaps.values())
+        gap_excess = gaps[slow] - med_gap
+        host_idle = gap_excess > max(comp_excess_us, 0.0) and gap_excess > 0.25 * excess_us
+        out.append(f"host gaps (no op, annotation or runtime call on the step thread): {_ms(gaps[slow])} per step on "
+                   f"rank {slow} vs a median of {_ms(med_gap)}")
+    if ev.host_gaps.get(slow):
+        out.append(f"largest host gaps on rank {slow}: " + "; ".join(
+            f"step {g.step} +{g.offset_us / 1e3:,.1f}–{(g.offset_us + g.dur_us) / 1e3:,.1f} ms ({_ms(g.dur_us)})"
+            for g in ev.host_gaps[slow][:3]) + " (from the step's start)")
+    return out, host_idle
 
 
 def rule_idle_rank(ev: RunEvidence) -> list[Finding]:
@@ -329,23 +498,40 @@ def rule_precision(ev: RunEvidence) -> list[Finding]:
     if p.mfu_pct is not None:
         evidence.append(f"achieved {p.achieved_tflops:.1f} TFLOPS = {p.mfu_pct:.1f}% of {p.peak_tflops:g} TFLOPS "
                         f"({p.peak_source})")
+    sev = None
     if ev.mode == "cpu":
-        evidence.append(f"CPU trace: the estimate assumes bf16 matmuls run {CPU_BF16_SPEEDUP:g}× faster; on GPUs "
-                        "with bf16 tensor cores the gain is larger")
+        evidence.append(f"CPU trace: the estimate assumes bf16 matmuls run {CPU_BF16_SPEEDUP:g}× faster, which needs "
+                        "AMX or AVX512-BF16; without them bf16 can be slower")
         impact = min(impact, HIGH - 0.1)  # the gain on this hardware is an estimate: never more than medium
+        noise = _step_noise_us(ev)
+        gain = impact / 100 * (ev.step_time_us or 0.0)
+        if impact < CPU_PRECISION_TICKET_PCT:
+            sev = "low"  # the speedup is assumed, not known for this CPU: a small estimate is no main cause
+            evidence.append(f"estimated gain {impact:.0f}% of the step is below the {CPU_PRECISION_TICKET_PCT:g}% "
+                            "worth a ticket for an assumed CPU speedup; measure it with one bf16 run")
+        elif noise is not None and gain <= NOISE_SIGMAS * noise:
+            sev = "low"  # a gain a re-run could not tell from noise is not worth a ticket
+            evidence.append(f"estimated gain {_ms(gain)} per step is within {NOISE_SIGMAS:g} standard deviations of "
+                            f"this run's step times (σ {_ms(noise)} over {len(ev.steps)} rank-steps): not worth a "
+                            "ticket on this evidence; measure it with one bf16 run")
     precision_stated = ev.fact("precision")
     if precision_stated:
         evidence.append(f"config/log states precision {precision_stated}")
-    rec = ("enable bf16 autocast (torch.autocast('cuda', dtype=torch.bfloat16)) or bf16: true / "
-           "--bf16 in the trainer config, and torch.backends.cuda.matmul.allow_tf32 = True "
-           "(torch.set_float32_matmul_precision('high')) for what stays fp32")
+    rec = CPU_PRECISION_ADVICE
     if ev.mode == "gpu":  # only what this GPU supports (traceanalyze.hardware)
         evidence.append(f"GPU: {ev.gpu.label}" + (f" (from {ev.gpu.source})" if ev.gpu.capability else
                                                    ": compute capability unknown"))
         rec = hardware.precision_advice(ev.gpu)
-    return [Finding("precision", "fp32_matmul", severity(impact), impact, [r["rank"] for r in ev.ranks],
+    return [Finding("precision", "fp32_matmul", sev or severity(impact), impact, [r["rank"] for r in ev.ranks],
                     f"Matrix math runs in fp32: {p.fp32_share_pct:.0f}% of GEMM time",
                     evidence, rec)]
+
+
+def _step_noise_us(ev: RunEvidence) -> float | None:
+    """Standard deviation (µs) of the counted steps' durations over ranks and steps (the compile step left out);
+    None with fewer than three."""
+    vals = [s["step_time_us"] for s in ev.steps if s["step"] != ev.compile_step and s.get("step_time_us")]
+    return statistics.stdev(vals) if len(vals) >= 3 else None
 
 
 def rule_compile(ev: RunEvidence) -> list[Finding]:
@@ -371,12 +557,17 @@ def rule_compile(ev: RunEvidence) -> list[Finding]:
                                 f"({c.first_step_us / c.steady_step_us:.0f}×)")
             if log_compile_s:
                 ev_lines.append(f"log: compile took {float(log_compile_s):,.0f} s")
+            assumed = "" if ev.fact("total_optimization_steps") else (
+                f"assuming a {COMPILE_HORIZON_STEPS:,}-step job: no log or config states the number of steps")
+            if assumed:
+                ev_lines.append(assumed)
             out.append(Finding("config", "compile_overhead", severity(impact), impact, sorted(c.compile_us),
                                f"torch.compile takes {_ms(comp)}, {share:.0f}% of a {float(horizon):,.0f}-step job",
                                ev_lines,
                                "keep the inductor cache warm between runs (persistent TORCHINDUCTOR_CACHE_DIR, FX "
                                "graph and AOTAutograd caches, torch.compiler.save_cache_artifacts), compile "
-                               "per block (regional compilation) for large models, and profile after warm-up"))
+                               "per block (regional compilation) for large models, and profile after warm-up",
+                               assumption=assumed))
         if c.recompiles:
             impact = round(min(share, 5.0), 1)
             out.append(Finding("config", "recompiles", "medium" if c.recompiles > 2 else "low", impact,
@@ -421,27 +612,43 @@ def rule_dataloader(ev: RunEvidence) -> list[Finding]:
 
 
 def rule_launch_bound(ev: RunEvidence) -> list[Finding]:
-    """Config: many tiny kernels and an idle GPU: the host cannot launch fast enough."""
+    """Config: the GPU idles waiting for the host. Read from the idle breakdown, not a kernel count: the GPU is idle
+    :data:`HOST_BOUND_IDLE_PCT` % or more and host wait (the next kernel launched only after the previous one
+    ended; HTA idle-time breakdown) is :data:`HOST_BOUND_WAIT_PCT` % or more of the busiest stream's idle time.
+    ``launch_bound`` when kernels are tiny (median ≤ :data:`TINY_KERNEL_US` µs: launches set the pace, CUDA graphs
+    help), else ``host_bound`` (the CPU does other work between launches). Impact: half the idle share."""
     ln = ev.launch
-    if ev.mode != "gpu" or ln is None or ln.median_kernel_us is None or not ev.ranks:
+    if ev.mode != "gpu" or not ev.ranks:
         return []
     idle = statistics.median(r["idle_pct"] for r in ev.ranks)
-    if idle < 40 or ln.median_kernel_us > 20 or (ln.kernels_per_step or 0) < 500:
-        return []
-    evidence = [f"{ln.kernels_per_step:,.0f} kernels per step, median {ln.median_kernel_us:.1f} µs each",
-                f"launch calls take {_ms(ln.launch_us_per_step)} per step on the host"]
     host_wait = _main_stream_host_wait(ev)
-    if host_wait is not None:
-        # the GPU must be waiting for launches (HTA host wait), not for data, peers or its own queue
-        if host_wait < 50:
-            return []
-        evidence.append(f"host wait is {host_wait:.0f}% of the idle time on the busiest stream (the CPU had not "
-                        "launched the next kernel yet; HTA idle-time breakdown)")
+    if idle < HOST_BOUND_IDLE_PCT or host_wait is None or host_wait < HOST_BOUND_WAIT_PCT:
+        return []
+    step = ev.step_time_us or 0.0
+    tiny = ln is not None and ln.median_kernel_us is not None and ln.median_kernel_us <= TINY_KERNEL_US
+    evidence = [f"GPU idle {idle:.0f}% of the trace window (median over ranks); host wait is {host_wait:.0f}% of the "
+                "idle time on the busiest stream (the CPU had not launched the next kernel yet; HTA idle-time "
+                "breakdown)"]
+    if ln is not None and ln.kernels_per_step:
+        dens = f", {ln.kernels_per_step / (step / 1e3):,.1f} per ms of step" if step else ""
+        evidence.append(f"{ln.kernels_per_step:,.0f} kernels per step{dens}, median "
+                        f"{ln.median_kernel_us or 0:.1f} µs each; launch calls take {_ms(ln.launch_us_per_step)} per "
+                        "step on the host")
+    if ev.prec is not None and ev.prec.mfu_pct is not None:
+        evidence.append(f"MFU {ev.prec.mfu_pct:.1f}% ({ev.prec.achieved_tflops:.1f} TFLOPS of {ev.prec.peak_tflops:g})")
     impact = round(idle * 0.5, 1)
-    return [Finding("config", "launch_bound", severity(impact), impact, [r["rank"] for r in ev.ranks],
-                    f"Launch-bound: GPU idle {idle:.0f}% with many tiny kernels", evidence,
-                    "capture the step in CUDA graphs (torch.compile(mode='reduce-overhead')), fuse small ops "
-                    "(torch.compile), or raise the per-GPU batch")]
+    if tiny:
+        return [Finding("config", "launch_bound", severity(impact), impact, [r["rank"] for r in ev.ranks],
+                        f"Launch-bound: GPU idle {idle:.0f}% between tiny kernels, {host_wait:.0f}% of it waiting "
+                        "for the host", evidence,
+                        "capture the step in CUDA graphs (torch.compile(mode='reduce-overhead')), fuse small ops "
+                        "(torch.compile), or raise the per-GPU batch so each kernel does more")]
+    return [Finding("config", "host_bound", severity(impact), impact, [r["rank"] for r in ev.ranks],
+                    f"Host-bound: GPU idle {idle:.0f}%, {host_wait:.0f}% of it waiting for the CPU", evidence,
+                    "profile the CPU side of the step (py-spy, or the trace's CPU ops between the "
+                    "launches): remove host syncs (.item(), .cpu(), print of tensors), move data loading "
+                    "to DataLoader workers with pin_memory, and compile the step (torch.compile) to cut Python "
+                    "overhead")]
 
 
 def _main_stream_host_wait(ev: RunEvidence) -> float | None:
@@ -476,18 +683,42 @@ def rule_effective_batch_single(ev: RunEvidence) -> list[Finding]:
                     "of GPUs to keep its effective batch, or scale the learning rate with the batch")]
 
 
-RULES = [rule_exposed_communication, rule_straggler, rule_idle_rank, rule_precision, rule_compile, rule_dataloader,
-         rule_launch_bound, rule_effective_batch_single]
+RULES = [rule_exposed_communication, rule_untraced_ranks, rule_straggler, rule_idle_rank, rule_precision, rule_compile,
+         rule_dataloader, rule_launch_bound, rule_effective_batch_single]
 
 
 def diagnose(ev: RunEvidence) -> list[Finding]:
-    """Every finding of one run, ranked by impact (then severity)."""
+    """Every finding of one run, ranked by impact (then severity); a GPU idle that no finding explains gets one."""
     out: list[Finding] = []
     for rule in RULES:
         for f in rule(ev):
             f.run = ev.name
             out.append(f)
+    out += [dataclasses_replace(f, run=ev.name) for f in unexplained_idle(ev, out)]
     return rank_findings(out)
+
+
+def unexplained_idle(ev: RunEvidence, found: list[Finding]) -> list[Finding]:
+    """Config, medium: the GPU is idle more than :data:`IDLE_EXPLAIN_PCT` % of the window and no finding of medium
+    or high severity among :data:`IDLE_EXPLAINERS` says why. The report must not call such a run healthy."""
+    if ev.mode != "gpu" or not ev.ranks:
+        return []
+    idle = statistics.median(r["idle_pct"] for r in ev.ranks)
+    if idle <= IDLE_EXPLAIN_PCT or any(f.kind in IDLE_EXPLAINERS and f.severity != "low" for f in found):
+        return []
+    evidence = [f"GPU idle {idle:.0f}% of the trace window (median over {len(ev.ranks)} rank(s))"]
+    hw = _main_stream_host_wait(ev)
+    if hw is not None:
+        evidence.append(f"on the busiest stream, host wait is {hw:.0f}% of the idle time (below the "
+                        f"{HOST_BOUND_WAIT_PCT:g}% that makes a step host-bound): the rest waits on other streams, "
+                        "syncs or copies")
+    if ev.prec is not None and ev.prec.mfu_pct is not None:
+        evidence.append(f"MFU {ev.prec.mfu_pct:.1f}%")
+    return [Finding("config", "unexplained_idle", "medium", round(idle - IDLE_EXPLAIN_PCT, 1),
+                    [r["rank"] for r in ev.ranks],
+                    f"The GPU is idle {idle:.0f}% of the time and no rule explains it", evidence,
+                    "open the trace around the idle gaps (traceanalyze export, Perfetto): look for host syncs, "
+                    "waits on other streams, CPU work between steps, or ranks missing from the traces")]
 
 
 def rank_findings(fs: list[Finding]) -> list[Finding]:
@@ -530,13 +761,15 @@ def _ranks_of(ev: RunEvidence) -> int:
     return int(float(ws))
 
 
-def compare(subject: RunEvidence, baseline: RunEvidence, subject_findings: list[Finding]) -> tuple[dict, list[Finding]]:
+def compare(subject: RunEvidence, baseline: RunEvidence, subject_findings: list[Finding],
+            baseline_findings: list[Finding] | None = None) -> tuple[dict, list[Finding]]:
     """Explain subject − baseline step time as a sum of parts and flag config differences.
 
     Parts per counted profiler step (median over ranks of each rank's median over its steps): compute, exposed
     communication, idle, and other (the rest of the run's step time, :mod:`traceanalyze.metrics.steps`), each
-    subject − baseline in µs; they add up to the step-time delta. Each part names the finding of
-    the subject that explains it. Returns ``(comparison dict, extra findings)``.
+    subject − baseline in µs; they add up to the step-time delta. A part that grew names the subject's finding
+    that explains it, only when that finding can (:func:`explains`): its cause differs between the runs, or its
+    estimated cost grew with the delta. Returns ``(comparison dict, extra findings)``.
     """
     def parts(ev: RunEvidence) -> dict[str, float]:
         if not ev.steps:
@@ -558,9 +791,11 @@ def compare(subject: RunEvidence, baseline: RunEvidence, subject_findings: list[
     rows = []
     for part in ("compute", "exposed communication", "idle", "other"):
         if part in ps and part in pb:
-            f = next((f for f in subject_findings if f.kind in kinds_of[part] and f.severity != "low"), None)
+            d = ps[part] - pb[part]
+            f = next((f for f in subject_findings if f.kind in kinds_of[part] and f.severity != "low"
+                      and explains(f, d, subject, baseline, baseline_findings or [])), None)
             rows.append({"part": part, "subject_us": round(ps[part], 1), "baseline_us": round(pb[part], 1),
-                         "delta_us": round(ps[part] - pb[part], 1), "finding": f.title if f else None})
+                         "delta_us": round(d, 1), "finding": f.title if f else None})
     diffs = []
     for key in ("precision", "gradient_accumulation_steps", "per_device_batch", "global_batch", "world_size",
                 "compile", "learning_rate"):
@@ -607,12 +842,38 @@ def compare(subject: RunEvidence, baseline: RunEvidence, subject_findings: list[
     return comp, extra
 
 
+PRECISION_KINDS = ("fp32_matmul", "no_tensor_cores", "autocast_missing")
+MIN_SHARE_DIFF_POINTS = 10.0  # fp32 share of matrix math that must differ for precision to explain a delta
+
+
+def explains(f: Finding, delta_us: float, subject: RunEvidence, baseline: RunEvidence,
+             baseline_findings: list[Finding]) -> bool:
+    """Whether the subject's finding ``f`` can explain a part of the step that grew by ``delta_us`` (µs).
+
+    Only a slowdown is explained (``delta_us`` > 0). The cause must differ between the runs: the baseline has no
+    finding of that kind (precision: and the fp32 share of matrix math differs by :data:`MIN_SHARE_DIFF_POINTS`
+    points or more), or it scales with the delta: the finding's estimated cost per step (impact % × step time)
+    grew by at least half of ``delta_us`` against the baseline's finding of that kind.
+    """
+    if delta_us <= 0:
+        return False
+    if f.kind in PRECISION_KINDS and subject.prec and baseline.prec and f.kind != "autocast_missing":
+        if abs(subject.prec.fp32_share_pct - baseline.prec.fp32_share_pct) < MIN_SHARE_DIFF_POINTS:
+            return False  # both runs do their matrix math in the same precision: it cannot explain a difference
+    same = [b for b in baseline_findings if b.kind == f.kind]
+    if not same:
+        return True
+    b = max(same, key=lambda x: x.impact_pct)
+    grown = (f.impact_pct * (subject.step_time_us or 0.0) - b.impact_pct * (baseline.step_time_us or 0.0)) / 100
+    return grown >= 0.5 * delta_us
+
+
 def _same_precision_advice(subject: RunEvidence, prec_b: str) -> str:
     """Advice for a run in fp32 whose baseline uses ``prec_b``: what the subject's GPU supports
     (:func:`traceanalyze.hardware.precision_advice`; both options when the GPU is unknown)."""
     if subject.mode == "cpu":
-        return ("set the same precision as the baseline: bf16: true / --bf16 (or torch.autocast with "
-                "dtype=torch.bfloat16); the single-device default is often fp32")
+        return (f"set the same precision as the baseline ({prec_b}; the single-device default is often fp32): "
+                + CPU_PRECISION_ADVICE)
     return (f"set the same precision as the baseline ({prec_b}; the single-device default is often fp32): "
             + hardware.precision_advice(subject.gpu))
 
@@ -655,10 +916,24 @@ def to_dicts(fs: list[Finding]) -> list[dict]:
     return [asdict(f) for f in fs]
 
 
-def verdict(findings: list[Finding]) -> str:
-    """One sentence for the top of the report."""
+def verdict(findings: list[Finding], runs: list[RunEvidence] | None = None) -> str:
+    """One sentence for the top of the report (see the module docstring). ``runs`` (the subject runs' evidence)
+    adds the GPU idle share to an inconclusive verdict."""
     top = [f for f in findings if f.severity in ("high", "medium")]
     if not top:
         return "No significant slowdown found: no finding reaches medium severity."
+    inc = next((f for f in top if f.kind == "untraced_ranks"), None)
+    if inc is not None:
+        ev = next((e for e in runs or [] if e.name == inc.run), None)
+        s = inc.title + (f" ({len(ev.ranks)} of {ev.world_size} ranks traced)" if ev and ev.world_size else "")
+        if ev is not None and ev.mode == "gpu" and ev.ranks:
+            s += f"; the GPU is idle {statistics.median(r['idle_pct'] for r in ev.ranks):.0f}%"
+        other = next((f for f in top if f is not inc and f.cause != "interconnect"), None)
+        if other is not None:
+            s += f". Also: {other.title} (about {other.impact_pct:.0f}% of step time)"
+        return s + "."
     f = top[0]
-    return f"Main cause: {f.cause} ({f.kind.replace('_', ' ')}): {f.title} — about {f.impact_pct:.0f}% of step time."
+    if f.kind == "unexplained_idle":
+        return f"Not healthy: {f.title[0].lower()}{f.title[1:]}; see the GPU idle breakdown and the timeline."
+    s = f"Main cause: {f.cause} ({f.kind.replace('_', ' ')}): {f.title} — about {f.impact_pct:.0f}% of step time"
+    return s + (f" ({f.assumption})." if f.assumption else ".")

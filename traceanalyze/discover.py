@@ -4,6 +4,12 @@ A *run* is the trace files of one job's ranks plus the logs and system files bes
 grouped by the folder they sit in. Logs, NCCL debug output, ``nvidia-smi topo -m`` output and configs
 belong to the run in the same folder, or, when they sit above the trace folders, to every run below them.
 
+A folder named like a profiler output folder (:data:`TRACE_SUBFOLDERS`: ``traces/``, ``profiler/``, ``tb/``,
+``logs/``, ...) is part of the job folder above it: the run is named after the job folder, and when that folder
+was walked too (it holds the logs), the run's path is the job folder, so its logs, configs and the other such
+subfolders' logs belong to the same run (Hugging Face: logs in ``run/``, traces in ``run/traces/``). Two trace
+folders of one job folder stay two runs.
+
 Rank, in order: ``distributedInfo.rank`` in the trace header; a name such as ``rank3``, ``rank-3``,
 ``rank_3``, ``[rank3]``; else the worker name of ``tensorboard_trace_handler`` files
 (``<worker>.<timestamp>.pt.trace.json[.gz]``): the files of one worker are one rank; a single worker is rank 0.
@@ -30,6 +36,9 @@ _RANK_NAME = re.compile(r"(?:^|[^a-z])rank[-_:\s\[]*(\d+)(?P<after>[-_./]\d{1,2}
 # rank < world size <= 2^20 (no job has a million ranks; larger values are corrupt or hostile, and a loop or a
 # set over them would exhaust memory).
 MAX_WORLD_SIZE = 1 << 20
+# Subfolders a job writes its profiler traces or logs into (tensorboard_trace_handler, HF logging_dir, ...)
+TRACE_SUBFOLDERS = frozenset({"traces", "trace", "profiler", "profile", "profiles", "profiling", "tb", "tensorboard",
+                              "logs", "log", "torch_profiler", "pytorch_profiler", "kineto"})
 
 
 @dataclass
@@ -112,6 +121,10 @@ def classify(path: Path) -> tuple[str | None, str]:
             return "chakra", "Chakra execution trace (top-level nodes/schema); skipped"
         if not stripped:
             return "trace", ""  # empty or unreadable gzip: ingest reports the exact problem
+        from traceanalyze import logs
+
+        if logs.is_step_times_json(head):
+            return "training_log", ""  # a user's step-time JSON (an HF callback): read for its step times
         if stripped[:1] in (b"{", b"[") and (len(head) < SNIFF_BYTES or b'"traceanalyze_capture"' in head[:4096]) \
                 and b'"traceEvents"' not in head:
             pass  # small JSON that is not a trace (maybe a config), or capture's env file
@@ -220,10 +233,7 @@ def discover(inputs: list[str | Path], *, follow_external_symlinks: bool = False
         else:
             ignored.append((str(f), "not a Kineto trace, training log, NCCL output, topology or config"))
 
-    runs = []
-    for folder in sorted(traces):
-        name = folder.name or str(folder)
-        runs.append(Run(name=name, path=folder, traces=sorted(traces[folder])))
+    runs = _trace_runs(traces, [Path(i) for i in inputs if Path(i).is_dir()])
     _name_runs(runs)
     # training logs first: a folder of logs without traces becomes a log-only run, and the topology or config
     # files above it then attach to it like to a trace run
@@ -256,6 +266,27 @@ _EXTERNAL = ("a symlink to a {what} outside the input folder ({target}); not fol
 def _inside(real: str, top_real: str) -> bool:
     """Whether the resolved path ``real`` is ``top_real`` or below it."""
     return real == top_real or real.startswith(top_real.rstrip(os.sep) + os.sep)
+
+
+def _trace_runs(traces: dict[Path, list[Path]], roots: list[Path]) -> list[Run]:
+    """One run per trace folder; a :data:`TRACE_SUBFOLDERS` folder is named after its job folder, and becomes that
+    folder when the job folder was walked (it is, or is below, an input folder), holds no traces itself and has
+    no second trace subfolder."""
+    parents: dict[Path, list[Path]] = {}
+    for folder in traces:
+        if folder.name.lower() in TRACE_SUBFOLDERS and folder.parent != folder:
+            parents.setdefault(folder.parent, []).append(folder)
+    runs = []
+    for folder in sorted(traces):
+        name, path = folder.name or str(folder), folder
+        job = folder.parent
+        if folder.name.lower() in TRACE_SUBFOLDERS and job != folder and job.name:
+            name = job.name
+            if (len(parents.get(job, [])) == 1 and job not in traces
+                    and any(_is_within(job, root) for root in roots)):
+                path = job
+        runs.append(Run(name=name, path=path, traces=sorted(traces[folder])))
+    return runs
 
 
 def name_is_trace_like(path: Path) -> bool:

@@ -44,6 +44,7 @@ DEFAULT_MAX_EVENTS = 2_000_000
 GPU_TID_BASE = 1_000_000_000
 FINDINGS_TID = 999_999_999
 FINDINGS_THREAD = "traceanalyze findings"
+STRAGGLER_GAPS = 5  # the straggler's largest host gaps marked
 
 
 @dataclass
@@ -178,20 +179,17 @@ def _finding_events(con, run_id: int, mode: str) -> list[tuple[int, int, int, st
         by_kind.setdefault(kind, (title, rk, cause))
     out: list[tuple[int, int, int, str, dict]] = []
 
-    if "straggler" in by_kind:
+    if "straggler" in by_kind:  # where the straggler loses time: its largest host gaps, not its whole steps
+        from traceanalyze.metrics.where import host_gaps
+
         title, rk, cause = by_kind["straggler"]
-        steps = con.execute("SELECT rank, step, start_ns, step_time_us, compute_us FROM step_metrics "
-                            "WHERE run_id = ? ORDER BY step, rank", [run_id]).fetchall()
-        med: dict[int, float] = {}
-        for st in {s[1] for s in steps}:
-            vals = sorted(s[4] for s in steps if s[1] == st and s[4] is not None)
-            if vals:
-                med[st] = float(np.median(vals))
-        for r, st, start, step_us, comp_us in steps:
-            if r in rk and step_us:
-                out.append((r, int(start), int(start) + int(round(step_us * 1e3)), f"straggler: step {st} compute",
-                            {"finding": title, "cause": cause, "step": st, "compute_ms": round(comp_us / 1e3, 3),
-                             "median_compute_ms": round(med.get(st, 0.0) / 1e3, 3)}))
+        gaps, per_step = host_gaps(con, run_id, rk, top=STRAGGLER_GAPS)
+        for r, gs in gaps.items():
+            for g in gs:
+                out.append((r, g.start_ns, g.end_ns, f"straggler: host gap in step {g.step}",
+                            {"finding": title, "cause": cause, "step": g.step, "gap_ms": round(g.dur_us / 1e3, 3),
+                             "from_step_start_ms": round(g.offset_us / 1e3, 3),
+                             "host_gap_ms_per_step": round(per_step.get(r, 0.0) / 1e3, 3)}))
 
     comm_title = None
     for kind in ("slow_collectives", "topology"):

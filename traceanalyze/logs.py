@@ -23,6 +23,12 @@ Standard :class:`Fact` keys (exact names): ``framework``, ``per_device_batch``,
 ``first_step_s`` (torchtitan: seconds from "Training starts" to the first step line), ``data_parallel_size``
 (torchtitan mesh/config), ``n_gpu`` (HF ``_n_gpu`` / LLaMA-Factory ``n_gpu``: GPUs per *process*, 1 under
 DDP, so not a world size), ``train_runtime_s`` (HF end-of-training summary).
+
+Two plain formats users write themselves are read for their step times (framework ``console`` / ``step_times``):
+console lines such as ``[rank0] step 3 loss 2.31 time 637.9ms`` (``step N``, then ``time``/``step_time``/``dt``/
+``elapsed`` and a value in ms or s; a ``[rankN]`` prefix gives the rank), and a step-time JSON such as an HF
+callback writes: a list of ``{"step": 3, "step_time_ms": 637.9}`` records, or an object holding such a list or a
+list of numbers under a ``step_times_ms`` / ``step_times_s`` / ``step_times`` key (:func:`is_step_times_json`).
 """
 
 from __future__ import annotations
@@ -490,8 +496,17 @@ def _iter_lines(path: Path, warnings: list[str], max_bytes: int | None = None) -
 # sniff
 # --------------------------------------------------------------------------------------------------------
 
+# console step lines: "[rank0] step 3 loss 2.31 time 637.9ms", "step 12 | step_time: 0.64 s", "Step 5: dt=120ms"
+_CONSOLE_STEP = re.compile(
+    r"^\s*(?:\[rank\s*(?P<rank>\d+)\]:?\s*)?(?:.*?[\s|,])?step\s*[:#=]?\s*(?P<step>\d+)\b.*?"
+    r"\b(?:step_time|step time|iter_time|time|dt|elapsed)\s*[:=]?\s*(?P<v>\d+(?:\.\d+)?)\s*(?P<u>ms|s|sec)\b",
+    re.IGNORECASE)
+_STEP_TIMES_KEY = re.compile(r'"(?P<k>step_?times?(?:_ms|_s|_sec)?|iter(?:ation)?_?times?(?:_ms|_s)?|'
+                             r'(?:step_)?duration(?:_ms|_s)?|time_ms|time_s)"\s*:', re.IGNORECASE)
 _TRAINING_MARKERS = re.compile(
-    r"^Step \d+ \| [A-Za-z_]"  # torchtune
+    r"^\s*(?:\[rank\s*\d+\]:?\s*)?(?:.*?[\s|,])?step\s*[:#=]?\s*\d+\b.*?"
+    r"\b(?:step_time|step time|iter_time|time|dt|elapsed)\s*[:=]?\s*\d+(?:\.\d+)?\s*(?:ms|s|sec)\b"  # console
+    r"|^Step \d+ \| [A-Za-z_]"  # torchtune
     r"|\[titan\]|- INFO - step:\s*\d+\s+loss:|Training starts at step"  # torchtitan
     r"|^(?:\[rank: \d+\] )?iter \d+(?: \|)? step \d+:|^Epoch \d+ \| iter \d+ step \d+ \|"  # litgpt
     r"|^iter \d+: loss [\d.]+, time"  # nanoGPT
@@ -568,6 +583,8 @@ def sniff(path: Path, head: bytes) -> str | None:
     if suffix == ".json":
         if '"traceEvents"' in text or ('"nodes"' in text and '"schema"' in text):
             return None
+        if is_step_times_json(head):
+            return "training_log"
         if '"traceanalyze_capture"' in text or re.fullmatch(r"env_rank\d+\.json", name):
             return "env"
         if '"log_history"' in text:
@@ -586,6 +603,69 @@ def sniff(path: Path, head: bytes) -> str | None:
     if _NCCL_MARKER.search(text):
         return "nccl_debug"
     return None
+
+
+def is_step_times_json(head: bytes) -> bool:
+    """Whether the first bytes of a JSON file look like a user's step-time file (module docstring): a step-time key
+    and no ``traceEvents``. Never raises."""
+    text = head[:SNIFF_HEAD].decode("utf-8", errors="replace").lstrip("\ufeff \t\r\n")
+    return (text[:1] in ("{", "[") and '"traceEvents"' not in text and '"log_history"' not in text
+            and _STEP_TIMES_KEY.search(text) is not None)
+
+
+SNIFF_HEAD = 64 << 10
+MAX_STEP_TIMES = 1_000_000  # step records read from one step-time JSON
+
+
+def _unit_ms(key: str) -> float:
+    """Milliseconds per unit of a step-time key: ``_s``/``_sec`` seconds, otherwise (``_ms`` or none) ms."""
+    k = key.lower()
+    return 1000.0 if k.endswith(("_s", "_sec")) or k in ("time_s",) else 1.0
+
+
+def parse_step_times_json(path: Path) -> LogResult:
+    """A user's step-time JSON (module docstring) as :class:`LogStep` rows with ``step_time_ms``; framework
+    ``step_times``. A record needs a number under a step-time key; ``step`` defaults to its position. At most
+    :data:`MAX_STEP_TIMES` records. Raises :class:`InputError` when the file cannot be read."""
+    path = Path(path)
+    res = LogResult(path=str(path), framework="step_times", rank=rank_from_name(path))
+    try:
+        data = json.loads(_read_text(path))
+    except ValueError as exc:
+        res.warnings.append(f"{path.name}: not JSON ({exc})")
+        return res
+    rank = res.rank
+    if isinstance(data, dict):
+        r = _int(data.get("rank"))
+        rank = r if r is not None else rank
+        lists = [(k, v) for k, v in data.items() if isinstance(v, list) and _STEP_TIMES_KEY.fullmatch(f'"{k}":')]
+        recs = next((v for k, v in data.items() if isinstance(v, list) and v and isinstance(v[0], dict)), None)
+        if lists:
+            key, vals = lists[0]
+            first = _int(data.get("first_step")) or 0
+            data = [{"step": first + i, key: v} for i, v in enumerate(vals)]
+        elif recs is not None:
+            data = recs
+    if not isinstance(data, list):
+        res.warnings.append(f"{path.name}: no list of step times")
+        return res
+    for i, e in enumerate(data[:MAX_STEP_TIMES]):
+        if not isinstance(e, dict):
+            continue
+        key = next((k for k in e if _STEP_TIMES_KEY.fullmatch(f'"{k}":') and _num(e[k]) is not None), None)
+        if key is None:
+            continue
+        step = _int(e.get("step", e.get("global_step", e.get("iteration", i))))
+        ms = _num(e[key]) * _unit_ms(key)
+        if step is None or not ms == ms or ms < 0:
+            continue
+        res.steps.append(LogStep(rank=_int(e.get("rank")) if _int(e.get("rank")) is not None else rank, step=step,
+                                 loss=_num(e.get("loss")), step_time_ms=ms))
+    if res.steps:
+        res.facts.append(Fact("framework", "step_times", None, path.name))
+    else:
+        res.warnings.append(f"{path.name}: no step-time records")
+    return res
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -729,6 +809,7 @@ class _TextLogParser:
 
     # -- lines --------------------------------------------------------------------------------------
     def feed(self, lineno: int, line: str) -> None:
+        n_steps = len(self.result.steps)
         m = _PREFIX_RE.match(line)
         rank = self.file_rank
         if m.end():
@@ -776,6 +857,20 @@ class _TextLogParser:
             ma = _LIGHTNING_AMP.search(s)
             if ma:
                 self.fact("precision", "bf16" if "b" in ma.group(1) else "fp16", lineno)
+        if n_steps == len(self.result.steps) and "tep" in s and not s.startswith("#"):  # not a comment
+            self._console_step(line, rank)
+
+    def _console_step(self, line: str, rank: int | None) -> None:
+        """A plain console step line (module docstring), when no framework's format took the line."""
+        m = _CONSOLE_STEP.match(line)
+        if not m:
+            return
+        ms = float(m.group("v")) * (1.0 if m.group("u").lower() == "ms" else 1000.0)
+        r = int(m.group("rank")) if m.group("rank") else rank
+        if r is not None and m.group("rank"):
+            self.prefix_ranks.add(r)
+        self.evidence["console"] += 1
+        self.result.steps.append(LogStep(rank=r, step=int(m.group("step")), step_time_ms=ms))
 
     # torchtune ------------------------------------------------------------------------------------
     def _torchtune_step(self, lineno: int, s: str, rank: int | None) -> None:
@@ -1175,6 +1270,8 @@ def parse_text_log(path: Path, max_bytes: int | None = None) -> LogResult:
         raise InputError(path, f"cannot read ({exc})") from None
     lead = start.lstrip()
     name = path.name.lower().removesuffix(".gz")
+    if lead[:1] in (b"{", b"[") and name.endswith(".json") and is_step_times_json(start):
+        return parse_step_times_json(path)
     if lead[:1] == b"{":
         if name.endswith(".jsonl") or b'"current_steps"' in start.split(b"\n", 1)[0]:
             return parse_llamafactory_jsonl(path, max_bytes)

@@ -147,6 +147,8 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
     warnings: list[dict] = [{"file": f, "message": m,
                              "level": "error" if f in unreadable else "warning" if f in warned else "info"}
                             for f, m in disc.skipped]
+    # every file walked and not used is listed too, with its folder (the Data quality table) and why: info only
+    warnings += [{"file": f, "message": f"{m}; skipped", "level": "info"} for f, m in disc.ignored]
     runs_model = []
     evidence: list[diagnose.RunEvidence] = []
     all_findings: list[diagnose.Finding] = []
@@ -156,6 +158,8 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
         warnings.extend(run_warnings)
         findings = diagnose.diagnose(ev)
         run_model["findings"] = diagnose.to_dicts(findings)
+        if run_model["steps"] and run_model["mode"] in ("gpu", "cpu"):
+            run_model["timeline"] = _timeline(con, run_id, run_model, ev, findings)
         all_findings.extend(findings)
         runs_model.append(run_model)
         evidence.append(ev)
@@ -164,7 +168,8 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
     if pair is not None:
         (si, bi) = pair
         subj_f = [f for f in all_findings if f.run == evidence[si].name]
-        comparison, extra = diagnose.compare(evidence[si], evidence[bi], subj_f)
+        base_f = [f for f in all_findings if f.run == evidence[bi].name]
+        comparison, extra = diagnose.compare(evidence[si], evidence[bi], subj_f, base_f)
         all_findings.extend(extra)
         for i in (si, bi):
             mine = [f for f in all_findings if f.run == evidence[i].name]
@@ -184,7 +189,7 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
     model = {
         "tool": {"name": "traceanalyze", "version": __version__},
         "generated_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "verdict": diagnose.verdict(ranked),
+        "verdict": diagnose.verdict(ranked, [e for e in evidence if e.name in subjects]),
         "runs": runs_model,
         "findings": diagnose.to_dicts(ranked),
         "warnings": warnings,
@@ -390,9 +395,12 @@ def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: floa
     ranks_model = [_rank_model(r) for r in rank_rows]
     steps_model = [asdict(s) for s in step_rows]
     # the run's step time: median over the counted steps of the longest rank's duration (metrics.steps)
+    # ... the compile step (torch.compile in the first step) shown apart: it is no steady step (diagnose)
+    compile_step = diagnose.compile_step_of(steps_model, comp)
     longest: dict[int, float] = {}
     for st in step_rows:
         longest[st.step] = max(longest.get(st.step, 0.0), st.step_time_us)
+    compile_step_us = longest.pop(compile_step, None)
     step_time = float(np.median(list(longest.values()))) if longest else None
     world = facts["world_size"]
     if not good:  # log-only: what the logs say, else NCCL's communicator size, else the ranks that logged
@@ -408,7 +416,12 @@ def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: floa
         name=run.name, mode=mode, world_size=world, gpu_model=facts["gpu_model"], ranks=ranks_model,
         steps=steps_model, step_time_us=step_time, coll=coll, prec=prec, compile=comp, loader=loader,
         launch=launch, facts=side["facts"], log_steps=side["log_steps"], nccl=side["nccl"],
-        topology=side["topology"], link=link, idle=[r.model() for r in idle_rows], gpu=gpu)
+        topology=side["topology"], link=link, idle=[r.model() for r in idle_rows], gpu=gpu, compile_step=compile_step)
+    if good and steps_model:
+        from traceanalyze.metrics import where
+
+        ev.rank_ops = where.op_time_per_step(con, run_id, mode)
+        ev.host_gaps, ev.gap_us_per_step = where.host_gaps(con, run_id)
     model = {
         "run_id": run_id,
         "name": run.name,
@@ -425,6 +438,9 @@ def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: floa
         "steps": steps_model,
         "top_kernels": top,
         "step_time_us": step_time,
+        "step_stat": diagnose.step_stat(len(longest)),
+        "compile_step": ({"step": compile_step, "step_time_us": compile_step_us} if compile_step is not None
+                         else None),
         "link": link,
         "clock_offsets_us": coll.clock_offsets_us if coll else {},
         "collectives": [asdict(c) for c in coll.summaries] if coll else [],
@@ -436,11 +452,44 @@ def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: floa
         "dataloader": asdict(loader) if loader and loader.loader_us else None,
         "log_facts": {k: [f.value for f in v] for k, v in side["facts"].items()},
         "log_steps": len(side["log_steps"]),
+        "log_step_time_ms": _log_step_time(side["log_steps"]),
     }
     model["effective_batch"] = diagnose.effective_batch_of(ev)
     for w in warnings:
         w.setdefault("run", run.name)
     return model, warnings, ev
+
+
+def _log_step_time(log_steps: list) -> dict | None:
+    """Median step time (ms) the logs state, over their steps after the first (warm-up, compile), with the count
+    and the steps it covers; None when no log states one."""
+    import statistics
+
+    timed = sorted((st.step, st.step_time_ms) for st in log_steps if st.step_time_ms is not None)
+    if not timed:
+        return None
+    steady = [ms for step, ms in timed if step != timed[0][0]] or [ms for _, ms in timed]
+    return {"median_ms": round(statistics.median(steady), 3), "n": len(steady),
+            "steps": f"{timed[0][0]}–{timed[-1][0]}"}
+
+
+def _timeline(con, run_id: int, run_model: dict, ev, findings) -> dict | None:
+    """The median step's timeline (:func:`traceanalyze.metrics.where.timeline_model`): the ranks findings name
+    first, the straggler's largest host gaps in that step marked."""
+    from traceanalyze.metrics import where
+
+    named = [r for f in findings if f.severity != "low" and f.cause == "imbalance" and len(f.ranks) < len(ev.ranks)
+             for r in f.ranks]
+    st = where.median_step(run_model["steps"])
+    marked: dict[int, list[dict]] = {}
+    for f in findings:
+        if f.kind == "straggler" and st is not None:
+            gaps, _ = where.host_gaps(con, run_id, f.ranks, top=3, step=st)
+            for g in gaps.get(f.ranks[0], []):
+                if g.dur_us >= 0.01 * (ev.step_time_us or 0.0):  # the gaps one can see at this scale
+                    marked.setdefault(g.rank, []).append({"start_us": g.offset_us, "dur_us": g.dur_us,
+                                                          "label": "host gap", "cause": f.cause})
+    return where.timeline_model(con, run_id, run_model["mode"], run_model["steps"], marked, named)
 
 
 WINDOW_STEP_DIFF = 0.10  # windows of one rank whose median step times differ by more than this are named
@@ -513,6 +562,14 @@ def _read_sidecars(con, run_id: int, run: Run, warnings: list[dict], max_bytes: 
                         [run_id, str(sc.path), c.host, c.device, c.channel, c.src_rank, c.dst_rank, c.transport,
                          c.detail] for c in res.nccl.channels])
                 warnings.extend({"file": str(sc.path), "message": m, "level": "info"} for m in res.warnings)
+                timed = [st.step_time_ms for st in res.steps if st.step_time_ms is not None]
+                if res.framework in ("console", "step_times") and timed:
+                    import statistics
+
+                    what = "console step lines" if res.framework == "console" else "a step-time JSON"
+                    warnings.append({"file": str(sc.path), "level": "info",
+                                     "message": f"used: {what} with {len(timed)} step time(s), median "
+                                                f"{statistics.median(timed):,.1f} ms (the run's step time from logs)"})
             elif sc.kind == "topology":
                 topology = logs.parse_topology(sc.path, max_bytes)
                 warnings.extend({"file": str(sc.path), "message": m, "level": "info"} for m in topology.warnings

@@ -5,23 +5,15 @@ to open: one file, inline CSS, inline SVG charts, **no** ``<script>``, and no UR
 (no external stylesheet, font or image). Every string that comes from a trace (kernel and op names, file paths,
 warning messages, finding text) goes through Jinja2's autoescape; ``|safe`` is never applied to model data.
 
-Charts: pygal, inlined as SVG. pygal cannot be told to leave out its scripts (``Svg.add_scripts`` always writes
-a ``<script>`` holding the chart's config, plus ``http://pygal.org`` comments), so :func:`_svg` takes pygal's
-element tree (``render_tree``) and cleans it: it removes every ``script`` element, comment and ``*href``
-attribute, drops the tooltip overlay (it needs JavaScript), replaces pygal's hidden ``<desc>`` tooltips with a
-native SVG ``<title>`` (hover text that works without script), and gives the chart a stable id. The tree is then
-serialized by :mod:`xml.etree.ElementTree`, which escapes all text and attribute values, so a label such as
-``<script>alert(1)</script>`` ends up as ``&lt;script&gt;...``. Only this generated SVG is marked safe (as
-:class:`markupsafe.Markup`). The result contains no ``http`` other than the SVG namespace URI
-(``http://www.w3.org/2000/svg``); :func:`_svg` checks that and refuses to inline a chart otherwise.
-(The CSS in the chart's ``<style>`` is escaped too, ``>`` as ``&gt;``: inside inline SVG the HTML parser decodes
-entities, so the selectors still work.) Coordinates are rounded to 2 decimals, which cuts the SVG by a third.
-pygal was kept over hand-written SVG because it lays out axes, legends and label overflow for any rank count.
+Charts: the report page draws its charts (rank × step heatmaps, the median step's timeline, the per-rank
+breakdown bars, step-time lines) as inline SVG from its templates, from plain coordinates that
+:mod:`traceanalyze.charts` computes: no chart library, no script, every label autoescaped; the batch index draws
+its two charts the same way. (pygal, used before, needed its scripts, links and tooltips stripped from every chart.)
 
-Bounded output: per-step tables show at most :data:`MAX_STEP_ROWS` steps × :data:`MAX_STEP_COLS` ranks, the step
-chart draws one line per rank up to :data:`MAX_LINE_RANKS` ranks (min / median / max across ranks beyond that)
-with hoverable dots up to :data:`MAX_DOT_STEPS` steps, the breakdown chart draws up to :data:`MAX_BAR_RANKS` bars
-and the file list up to :data:`MAX_FILE_ROWS` files; every cut is stated next to the table or chart. An 8-rank
+Bounded output: per-step tables show at most :data:`MAX_STEP_ROWS` steps × :data:`MAX_STEP_COLS` ranks, per-rank
+tables show the ranks findings name and the outliers first and fold the rest, the charts' bounds are in
+:mod:`traceanalyze.charts` (heatmap cells group ranks beyond 128 rows, 32 timeline lanes, 12 bars, 16 lines), and
+the file list shows up to :data:`MAX_FILE_ROWS` files; every cut is stated next to the table or chart. An 8-rank
 run with 500 profiler steps (and a baseline of the same size) renders to about 240 kB.
 
 The output is deterministic for a given model (stable chart ids), so two reports can be diffed.
@@ -29,7 +21,6 @@ The output is deterministic for a given model (stable chart ids), so two reports
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 import re
@@ -38,19 +29,11 @@ from collections.abc import Iterable
 from pathlib import PurePath
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # imported where used: the Markdown summary and the JSON output need neither pygal nor Jinja2
+if TYPE_CHECKING:  # imported where used: the Markdown summary and the JSON output need no Jinja2
     import jinja2
-    import pygal
-    from markupsafe import Markup
-    from pygal.style import Style
-
-SVG_NS = "http://www.w3.org/2000/svg"
 
 MAX_STEP_ROWS = 40
 MAX_STEP_COLS = 16
-MAX_LINE_RANKS = 16
-MAX_DOT_STEPS = 60
-MAX_BAR_RANKS = 128
 MAX_FILE_ROWS = 256
 NAME_CHARS = 90
 SLOW_STEP_FRAC = 0.05  # a rank's step is marked slow when it is this much above the step's median across ranks
@@ -64,10 +47,6 @@ CAUSE_LABELS = {"interconnect": "Interconnect", "precision": "Precision", "imbal
 SEVERITY_ORDER = {"high": 0, "medium": 1, "low": 2}
 LEVEL_ORDER = {"error": 0, "partial": 1, "warning": 2, "info": 3}
 BREAKDOWN_COLORS = ("#3b6fb6", "#f0a73a", "#ced4da")  # compute, non-compute, idle
-RANK_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-               "#bcbd22", "#17becf", "#393b79", "#ad494a", "#637939", "#7b4173", "#3182bd", "#e6550d")
-FONT = ("system-ui, -apple-system, 'Segoe UI', Roboto, 'Helvetica Neue', Arial, 'Noto Sans', "
-        "'Liberation Sans', sans-serif")
 
 MODE_TEXT = {
     "gpu": "GPU mode: the breakdown comes from the GPU kernels in each trace. Compute is time with a compute "
@@ -176,6 +155,14 @@ def basename(p: Any) -> str:
     return PurePath(s).name or s
 
 
+def where(p: Any) -> str:
+    """A file as ``folder/name`` (its parent folder and name), so a skipped file says where it is."""
+    if not p:
+        return "—"
+    parts = PurePath(str(p)).parts
+    return "/".join(parts[-2:]) if len(parts) >= 2 else str(p)
+
+
 def short_name(name: Any, limit: int = NAME_CHARS) -> str:
     """A kernel/op name shortened for display: C++ template arguments and parameter lists folded to ``…``.
 
@@ -254,8 +241,8 @@ def _median(xs: Iterable[float]) -> float:
 # report fail.
 
 _FILTERS = {"ms": fmt_ms, "signed_ms": fmt_signed_ms, "pct": fmt_pct, "int": fmt_int, "num": fmt_float,
-            "bytes": fmt_bytes, "gbps": fmt_gbps, "text": text, "basename": basename, "short": short_name,
-            "ranges": ranges}
+            "bytes": fmt_bytes, "gbps": fmt_gbps, "text": text, "basename": basename, "where": where,
+            "short": short_name, "ranges": ranges}
 _ENV_OPTIONS = {"trim_blocks": True, "lstrip_blocks": True}  # they change the compiled code: part of the cache key
 _AUTOESCAPE = {"default": True, "default_for_string": True}
 _env_made: jinja2.Environment | None = None
@@ -343,189 +330,6 @@ def __getattr__(name: str) -> Any:
     if name == "_env":
         return _get_env()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Charts: pygal → cleaned, escaped SVG.
-
-_GEOMETRY = {"d", "x", "y", "width", "height", "cx", "cy", "r", "x1", "x2", "y1", "y2", "transform", "points"}
-_ROUND = re.compile(r"(\d\.\d\d)\d+")
-
-
-@functools.cache
-def _etree() -> Any:
-    """:mod:`xml.etree.ElementTree`, with the SVG namespaces registered (``<svg xmlns=...>``, not ``ns0:``)."""
-    import xml.etree.ElementTree as ET
-
-    ET.register_namespace("", SVG_NS)
-    ET.register_namespace("xlink", "http://www.w3.org/1999/xlink")
-    return ET
-
-
-def _style(colors: tuple[str, ...]) -> Style:
-    from pygal.style import Style
-
-    return Style(font_family=FONT, background="#ffffff", plot_background="#ffffff", foreground="#343a40",
-                 foreground_strong="#212529", foreground_subtle="#868e96", colors=colors, opacity=".92",
-                 opacity_hover="1", label_font_size=13, major_label_font_size=13, legend_font_size=13,
-                 value_font_size=11, title_font_size=15, tooltip_font_size=12, transition="none")
-
-
-def _config(colors: tuple[str, ...], **kw: Any) -> pygal.Config:
-    import pygal
-
-    kw.setdefault("show_legend", True)
-    kw.setdefault("legend_at_bottom", False)
-    cfg = pygal.Config(js=[], disable_xml_declaration=True, style=_style(colors), tooltip_border_radius=0,
-                       pretty_print=False, no_data_text="no data", **kw)
-    return cfg
-
-
-def _local(tag: object) -> str:
-    """``{ns}name`` or ``name`` → ``name``; comments and processing instructions (tag is a function) → ``""``."""
-    return tag.rsplit("}", 1)[-1] if isinstance(tag, str) else ""
-
-
-def _svg(chart: pygal.graph.graph.Graph, chart_id: str, label: str,
-         titles: dict[tuple[int, int], str] | None = None, thick: set[int] | None = None) -> Markup:
-    """Render ``chart`` without any script, link or comment. ``label`` names the chart (its ``<title>``, in
-    place of pygal's "Pygal"), ``titles[(serie, index)]`` become hover text on the values and the lines of
-    the series numbered in ``thick`` are drawn heavier.
-
-    Raises:
-        ValueError: the cleaned SVG still names a URL other than a w3.org namespace (a bug; never inlined).
-    """
-    from markupsafe import Markup
-
-    ET = _etree()
-    root = chart.render_tree()
-    old_id = root.get("id") or ""
-    new_id = chart_id  # pygal's is a random uuid; a stable one keeps reports reproducible
-    root.set("id", new_id)
-    for child in root:
-        if _local(child.tag) == "title":
-            child.text = label
-    for parent in list(root.iter()):
-        for child in list(parent):
-            tag = child.tag if isinstance(child.tag, str) else ""
-            local = _local(tag)
-            cls = child.get("class") or ""
-            if (not tag or local == "script" or "tooltip-overlay" in cls.split()
-                    or (local == "desc" and cls != "value")):
-                parent.remove(child)  # comments (tag is a function), scripts, JS-only tooltip parts
-                continue
-            if local == "style" and child.text and old_id:
-                child.text = child.text.replace(old_id, new_id)
-            for attr in list(child.attrib):
-                if "href" in attr:
-                    del child.attrib[attr]
-                elif attr in _GEOMETRY:
-                    child.set(attr, _ROUND.sub(r"\1", child.get(attr)))  # 6 decimals → 2: a third of the size
-    # Native hover text: every value element's <desc class="value"> becomes a <title>. pygal's tags carry no
-    # namespace (``g``, not ``{svg}g``); both spellings are handled.
-    ns = root.tag[: root.tag.index("}") + 1] if root.tag.startswith("{") else ""
-    for serie in [g for g in root.iter() if _local(g.tag) == "g"]:
-        cls = (serie.get("class") or "").split()
-        if "series" not in cls:
-            continue
-        n = next((int(c[6:]) for c in cls if c.startswith("serie-") and c[6:].isdigit()), None)
-        if thick and n in thick:
-            for path in serie.iter():
-                if _local(path.tag) == "path" and "line" in (path.get("class") or "").split():
-                    path.set("style", "stroke-width:4")
-        items = [g for g in serie.iter() if g is not serie and _local(g.tag) == "g"
-                 and any(_local(d.tag) == "desc" for d in g)]
-        for i, item in enumerate(items):
-            for d in [d for d in item if _local(d.tag) == "desc"]:
-                item.remove(d)
-            if titles is not None and n is not None and titles.get((n, i)):
-                t = ET.Element(f"{ns}title")
-                t.text = titles[(n, i)]
-                item.insert(0, t)
-    out = ET.tostring(root, encoding="unicode", short_empty_elements=True)
-    urls = set(re.findall(r"(?:https?|ftp|file)://[^\s\"'<>)]*", out, flags=re.I))
-    if urls - {"http://www.w3.org/2000/svg", "http://www.w3.org/1999/xlink"} or re.search(r"<script", out, re.I):
-        raise ValueError("chart SVG is not self-contained")  # pragma: no cover
-    return Markup(out)  # noqa: S704 — generated and escaped by ElementTree above; holds no model markup
-
-
-def breakdown_chart(ranks: list[dict], flags: dict[int, list[str]], chart_id: str = "ta-breakdown") -> Markup | None:
-    """Stacked horizontal bars: compute / non-compute / idle % per rank, rank 0 at the top."""
-    rows = [r for r in ranks if _num(r.get("idle_pct")) is not None][:MAX_BAR_RANKS]
-    if not rows:
-        return None
-    import pygal
-
-    rows = rows[::-1]  # pygal draws the first label at the bottom
-    labels = []
-    for r in rows:
-        tag = " ◀ " + flags[r.get("rank")][0].split(":")[0] if flags.get(r.get("rank")) else ""
-        labels.append(f"rank {r.get('rank')}{tag}")
-    bar_h = 28 if len(rows) <= 32 else 14
-    height = 60 + bar_h * len(rows)
-    cfg = _config(BREAKDOWN_COLORS, width=960, height=height, range=(0, 100), print_values=bar_h >= 20,
-                  show_legend=False,
-                  spacing=8, margin=8, show_y_guides=False, show_x_guides=True, x_title="% of trace window",
-                  truncate_label=40, print_values_position="center")
-    chart = pygal.HorizontalStackedBar(cfg)
-    chart.x_labels = labels
-    titles: dict[tuple[int, int], str] = {}
-    parts = (("compute", "compute_pct"), ("non-compute", "non_compute_pct"), ("idle", "idle_pct"))
-    for s, (label, key) in enumerate(parts):
-        vals = []
-        for i, r in enumerate(rows):
-            v = _num(r.get(key)) or 0.0
-            small = v < 6 or (bar_h < 20 and v < 10)
-            vals.append({"value": v, "formatter": (lambda _x: "") if small else (lambda x: f"{x:.0f}")})
-            titles[(s, i)] = f"rank {r.get('rank')}: {label} {v:.2f} %"
-        chart.add(label, vals)
-    return _svg(chart, chart_id, "Temporal breakdown per rank (% of trace window)", titles)
-
-
-def steps_chart(steps: list[dict], rank_ids: list[int], flags: dict[int, list[str]],
-                chart_id: str = "ta-steps") -> Markup | None:
-    """Step time (ms) per profiler step: one line per rank, or min/median/max across ranks when there are many."""
-    by_step: dict[int, dict[int, float]] = {}
-    for s in steps:
-        v, st, rk = _num(s.get("step_time_us")), s.get("step"), s.get("rank")
-        if v is None or not isinstance(st, int) or not isinstance(rk, int):
-            continue
-        by_step.setdefault(st, {})[rk] = v / 1e3
-    step_ids = sorted(by_step)
-    if len(step_ids) < 2:
-        return None
-    import pygal
-
-    dots = len(step_ids) <= MAX_DOT_STEPS  # one hoverable dot per rank and step; beyond that the lines alone
-    cfg = _config(RANK_COLORS, width=960, height=300, show_dots=dots, dots_size=3, y_title="step time (ms)",
-                  x_title="profiler step", show_minor_x_labels=len(step_ids) <= 30, x_labels_major_count=15,
-                  truncate_legend=24, legend_at_bottom=False)
-    all_ms = [v for d in by_step.values() for v in d.values()]
-    if all_ms and max(all_ms) > 0:  # from 80 % of the fastest step: a few % of jitter should not fill the chart
-        cfg.range = (0.8 * min(all_ms), 1.05 * max(all_ms))
-    chart = pygal.Line(cfg)
-    chart.x_labels = [str(s) for s in step_ids]
-    titles: dict[tuple[int, int], str] = {}
-    thick: set[int] = set()
-    ranks_present = [r for r in rank_ids if any(r in by_step[s] for s in step_ids)]
-    if len(ranks_present) <= MAX_LINE_RANKS:
-        for n, rk in enumerate(ranks_present):
-            vals = [by_step[s].get(rk) for s in step_ids]
-            if flags.get(rk):
-                thick.add(n)
-            chart.add(f"rank {rk}", vals)
-            k = 0
-            for s, v in zip(step_ids, vals, strict=True):
-                if v is not None:
-                    titles[(n, k)] = f"rank {rk}, step {s}: {v:,.2f} ms"
-                    k += 1
-    else:
-        for n, (label, fn) in enumerate((("max", max), ("median", _median), ("min", min))):
-            vals = [fn(by_step[s].values()) if by_step[s] else None for s in step_ids]
-            chart.add(f"{label} across ranks", vals)
-            for k, (s, v) in enumerate(zip(step_ids, vals, strict=True)):
-                titles[(n, k)] = f"step {s}: {label} {v:,.2f} ms" if v is not None else ""
-    return _svg(chart, chart_id, "Step time per rank and profiler step (ms)", titles, thick)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -635,7 +439,17 @@ def _run_view(run: dict, findings: list[dict], idx: int = 1) -> dict:
         facts.append(("NCCL version", text(run.get("nccl_version"))))
     if run.get("cuda_runtime_version") or mode == "gpu":
         facts.append(("CUDA runtime", text(run.get("cuda_runtime_version"))))
-    facts.append(("Median step time", f"{fmt_ms(run.get('step_time_us'))} ms"))
+    stat = str(run.get("step_stat") or "median")
+    facts.append((f"Step time ({stat}{', compile step apart' if run.get('compile_step') else ''})",
+                  f"{fmt_ms(run.get('step_time_us'))} ms"))
+    cstep = _dict(run.get("compile_step"))
+    if cstep:
+        facts.append((f"Compile step (step {text(cstep.get('step'))})", f"{fmt_ms(cstep.get('step_time_us'))} ms, "
+                      "holds torch.compile; left out of the step time"))
+    log_st = _dict(run.get("log_step_time_ms"))
+    if _num(log_st.get("median_ms")) is not None:
+        facts.append(("Step time from logs", f"{fmt_float(log_st.get('median_ms'), 2)} ms (median of "
+                      f"{fmt_int(log_st.get('n'))} logged steps after the first, steps {text(log_st.get('steps'))})"))
     facts.append(("Files read", f"{len(files)} trace file{'s' if len(files) != 1 else ''}"
                   + (f" ({n_cached} from cache)" if n_cached else "")))
     if _num(run.get("effective_batch")) is not None:
@@ -646,13 +460,29 @@ def _run_view(run: dict, findings: list[dict], idx: int = 1) -> dict:
                 else "not known")
         facts.append(("Expected link bandwidth", gbps + (f" ({link['source']})" if link.get("source") else "")))
 
+    # Per-step figures per rank (medians over the steady steps), the outliers first, the straggler's cells marked
+    from traceanalyze import charts
+
+    compile_step = cstep.get("step")
+    all_steps = [s for s in _list(run.get("steps")) if isinstance(s, dict)]
+    steady = [s for s in all_steps if s.get("step") != compile_step] or all_steps
+    per_step = _per_step_medians(steady)
+    stragglers = [r for f in findings if f.get("kind") == "straggler" and f.get("run") in (None, run.get("name"))
+                  for r in _list(f.get("ranks")) if isinstance(r, int)]
+    outl = charts.outliers(ranks, per_step)
+    order = charts.rank_order(rank_ids, stragglers + [r for r in flags if isinstance(r, int)] + outl)
+    head = len(dict.fromkeys(r for r in stragglers + list(flags) + outl if r in rank_ids))
+    n_show = len(rank_ids) if len(rank_ids) <= charts.SHOWN_RANKS + 2 else max(charts.SHOWN_RANKS, min(head, 16))
+    by_rank = {r.get("rank"): r for r in ranks}
+    ordered = [by_rank[r] for r in order if r in by_rank] + [r for r in ranks if not isinstance(r.get("rank"), int)]
+
     # Per-step table: steps × ranks, bounded.
     by_step: dict[Any, dict[Any, Any]] = {}
     for s in _list(run.get("steps")):
         if isinstance(s, dict):
             by_step.setdefault(s.get("step"), {})[s.get("rank")] = s.get("step_time_us")
     step_ids = sorted(by_step, key=lambda x: x if isinstance(x, int) else 1 << 60)
-    step_cols = rank_ids[:MAX_STEP_COLS]
+    step_cols = (order if stragglers else rank_ids)[:MAX_STEP_COLS]
     step_rows = []
     for st in step_ids[:MAX_STEP_ROWS]:
         cells = [by_step[st].get(rk) for rk in step_cols]
@@ -660,7 +490,9 @@ def _run_view(run: dict, findings: list[dict], idx: int = 1) -> dict:
         hi = max(nums) if nums else None
         med = _median(nums) if nums else None
         slow = hi is not None and med is not None and len(nums) > 1 and hi > med * (1 + SLOW_STEP_FRAC)
-        step_rows.append({"step": st, "cells": [(c, slow and _num(c) == hi) for c in cells],
+        marks = ([rk in stragglers for rk in step_cols] if stragglers else  # the straggler finding's rank
+                 [slow and _num(c) == hi for c in cells])
+        step_rows.append({"step": st, "cells": list(zip(cells, marks, strict=True)), "compile": st == compile_step,
                           "max": hi, "median": med, "spread_pct": (100 * (hi - min(nums)) / hi) if hi else None})
     step_note = []
     if len(step_ids) > MAX_STEP_ROWS:
@@ -691,12 +523,18 @@ def _run_view(run: dict, findings: list[dict], idx: int = 1) -> dict:
         "facts": facts, "files": files[:MAX_FILE_ROWS], "files_more": max(0, len(files) - MAX_FILE_ROWS),
         "sidecars": [s for s in _list(run.get("sidecars")) if isinstance(s, dict)],
         "ranks": ranks, "flags": flags, "show_kernel_cols": mode != "cpu",
-        "breakdown_svg": breakdown_chart(ranks, flags, f"ta-breakdown-{idx}"),
-        "bar_note": (f"first {MAX_BAR_RANKS} of {len(ranks)} ranks drawn; the table lists all"
-                     if len(ranks) > MAX_BAR_RANKS else ""),
-        "steps_svg": steps_chart(_list(run.get("steps")), rank_ids, flags, f"ta-steps-{idx}"),
+        "ranks_shown": ordered[:n_show], "ranks_folded": ordered[n_show:], "per_step": per_step,
+        "outliers": outl, "stragglers": stragglers, "idx": idx,
+        "bars": charts.rank_bars(ranks, order, flags),
+        "bar_note": (f"{charts.MAX_BARS} of {len(ranks)} ranks drawn, the marked and outlying ones first; the heatmaps "
+                     "show every rank" if len(ranks) > charts.MAX_BARS else ""),
+        "lines": charts.step_lines(steady, stragglers + [r for r in flags if isinstance(r, int)]),
+        "heat_step": charts.heatmap(all_steps, "step_time_us", "Step time (ms)", compile_step),
+        "heat_comm": charts.heatmap(all_steps, "exposed_comm_us", "Exposed communication per step (ms)", compile_step),
+        "timeline": charts.timeline(_dict(run.get("timeline"))),
+        **dict(zip(("idle_shown", "idle_folded"), _idle_rows(run, order), strict=True)),
+        "compile_step": cstep or None, "step_stat": stat,
         "step_cols": step_cols, "step_rows": step_rows, "step_note": "; ".join(step_note),
-        "many_lines": len(rank_ids) > MAX_LINE_RANKS,
         "kernels": kernels, "kernels_title": "Top ops (CPU)" if mode == "cpu" else "Top GPU kernels",
         "dtype_mix": [d for d in _list(run.get("dtype_mix")) if isinstance(d, dict)],
         "windows": [dict(w, rank=r.get("rank")) for r in ranks for w in _list(r.get("windows")) if isinstance(w, dict)]
@@ -713,6 +551,42 @@ def _run_view(run: dict, findings: list[dict], idx: int = 1) -> dict:
         "mean_non_compute": _mean(r.get("non_compute_pct") for r in ranks),
         "world_size": world, "n_found": len(found),
     }
+
+
+PER_STEP_KEYS = ("step_time_us", "compute_us", "exposed_comm_us", "idle_us", "comm_us")
+
+
+def _per_step_medians(steps: list[dict]) -> dict[int, dict[str, float]]:
+    """Per rank, the median over its steps of each figure of :data:`PER_STEP_KEYS` (µs), and ``n`` steps."""
+    by: dict[int, list[dict]] = {}
+    for s in steps:
+        if isinstance(s.get("rank"), int):
+            by.setdefault(s["rank"], []).append(s)
+    out: dict[int, dict[str, float]] = {}
+    for r, rows in by.items():
+        d: dict[str, float] = {"n": len(rows)}
+        for k in PER_STEP_KEYS:
+            vals = [v for v in (_num(x.get(k)) for x in rows) if v is not None]
+            if vals:
+                d[k] = _median(vals)
+        out[r] = d
+    return out
+
+
+def _idle_rows(run: dict, order: list[int]) -> tuple[list[dict], list[dict]]:
+    """GPU idle per stream: each rank's busiest stream, the outliers first, shown; the other streams folded."""
+    rows = [d for d in _list(run.get("idle_breakdown")) if isinstance(d, dict)]
+    pos = {r: i for i, r in enumerate(order)}
+    best: dict[Any, dict] = {}
+    for d in rows:
+        cur = best.get(d.get("rank"))
+        if cur is None or (_num(d.get("n_kernels")) or 0) > (_num(cur.get("n_kernels")) or 0):
+            best[d.get("rank")] = d
+    main = sorted(best.values(), key=lambda d: pos.get(d.get("rank"), 1 << 30))
+    from traceanalyze.charts import SHOWN_RANKS
+
+    rest = [d for d in rows if not any(d is m for m in main)]
+    return main[:SHOWN_RANKS], main[SHOWN_RANKS:] + rest
 
 
 def _mean(xs: Iterable[Any]) -> float | None:
@@ -924,7 +798,10 @@ def _view_md(model: dict) -> list[str]:
                            ("CUDA", "cuda_runtime_version")):
             if run.get(key):
                 facts.append(f"{label} {_md(run.get(key))}")
-        facts.append(f"median step {fmt_ms(run.get('step_time_us'))} ms")
+        facts.append(f"step time {fmt_ms(run.get('step_time_us'))} ms ({_md(run.get('step_stat') or 'median')})")
+        cstep = _dict(run.get("compile_step"))
+        if cstep:
+            facts.append(f"compile step {_md(cstep.get('step'))}: {fmt_ms(cstep.get('step_time_us'))} ms, apart")
         role = " (baseline)" if run.get("role") == "baseline" and "baseline" not in str(run.get("name")) else ""
         out += [f"### Run {_md(run.get('name'))}{role}", ", ".join(facts), ""]
         if run.get("role") == "baseline" and rv_ranks:  # the comparison above covers it; keep the ticket short
@@ -935,14 +812,28 @@ def _view_md(model: dict) -> list[str]:
         if not rv_ranks:
             out += ["No rank could be read.", ""]
             continue
-        out += ["| rank | idle % | compute % | non-compute % | overlap % | exposed comm ms | median step ms |",
+        csn = _dict(run.get("compile_step")).get("step")
+        steps = [s for s in _list(run.get("steps")) if isinstance(s, dict)]
+        per = _per_step_medians([s for s in steps if s.get("step") != csn] or steps)
+        from traceanalyze import charts
+
+        named = [r for f in findings if f.get("cause") == "imbalance" and f.get("run") in (None, run.get("name"))
+                 and len(_list(f.get("ranks"))) < len(rv_ranks) for r in _list(f.get("ranks"))]
+        ids = [r.get("rank") for r in rv_ranks if isinstance(r.get("rank"), int)]
+        pos = {r: i for i, r in enumerate(charts.rank_order(ids, named + charts.outliers(rv_ranks, per)))}
+        rv_ranks = sorted(rv_ranks, key=lambda r: pos.get(r.get("rank"), 1 << 30))  # outliers first
+        out += ["| rank | idle % | compute % | non-compute % | overlap % | exposed comm ms/step | step ms |",
                 "|--:|--:|--:|--:|--:|--:|--:|"]
         for r in rv_ranks[:MD_MAX_RANKS]:
+            ps = per.get(r.get("rank")) or {}
             out.append(f"| {_md(r.get('rank'))} | {fmt_pct(r.get('idle_pct'))} | {fmt_pct(r.get('compute_pct'))} | "
                        f"{fmt_pct(r.get('non_compute_pct'))} | {fmt_pct(r.get('comm_comp_overlap_pct'))} | "
-                       f"{fmt_ms(r.get('exposed_comm_us'))} | {fmt_ms(r.get('step_time_us'))} |")
+                       f"{fmt_ms(ps.get('exposed_comm_us', r.get('exposed_comm_us')))} | "
+                       f"{fmt_ms(ps.get('step_time_us', r.get('step_time_us')))} |")
         if len(rv_ranks) > MD_MAX_RANKS:
             out.append(f"| … | {len(rv_ranks) - MD_MAX_RANKS} more ranks in the HTML report | | | | | |")
+        out += ["", "Idle, compute, non-compute and overlap: % of each rank's trace window; exposed communication "
+                "and step time: median per counted step. Ranks a finding names and outliers first."]
         out.append("")
 
     warnings = _warnings(model)

@@ -1,0 +1,251 @@
+"""Where a rank's time goes inside its steps: per-op time per step, the largest host gaps, and the timeline of the
+median step (one lane per rank, compute / communication / idle).
+
+These feed the straggler finding (which ops and which gaps make a rank slow, :mod:`traceanalyze.diagnose`), the
+Perfetto markers of :mod:`traceanalyze.export` (the gap ranges, not the whole step) and the report's timeline
+picture (:mod:`traceanalyze.render`, ``templates/_timeline.html.j2``). All read the counted profiler steps of
+:mod:`.steps`; times are on each rank's own clock.
+
+* **Op time per step** (µs): GPU mode, the counted kernels of each rank by name; CPU mode, the ``cpu_op`` rows
+  inside the rank's counted steps on the step's thread (ops nest, so a parent and its child both count), each
+  summed and divided by the rank's number of counted steps.
+* **Host gaps**: stretches of a counted step, on the thread that runs the profiler step, covered by no CPU op,
+  annotation or runtime call (``ProfilerStep#N`` itself aside): time the host did nothing the profiler labelled
+  (a sleep, I/O, a lock, Python outside ``record_function``). Largest first.
+* **Timeline of the median step**: the step number whose run-wide duration (the slowest rank's) is the median
+  (the one nearest it when the count is even); per rank, that step from its own start, cut into segments of
+  compute (a compute kernel, CPU: an ``aten::`` op), communication (only NCCL kernels, CPU: only ``c10d::`` /
+  ``gloo:`` / ``nccl:`` ops) and idle, in that precedence, as the temporal breakdown counts them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import duckdb
+
+MAX_TIMELINE_LANES = 32  # lanes drawn; beyond, the outliers first, then evenly spread ranks
+MIN_SEGMENT_FRAC = 0.002  # segments shorter than this share of the lane's step merge into their neighbour
+
+
+@dataclass
+class HostGap:
+    """One gap on a rank's step thread: absolute ns on the rank's clock, and µs from its step's start."""
+
+    rank: int
+    step: int
+    start_ns: int
+    end_ns: int
+    step_start_ns: int
+
+    @property
+    def dur_us(self) -> float:
+        return (self.end_ns - self.start_ns) / 1e3
+
+    @property
+    def offset_us(self) -> float:
+        return (self.start_ns - self.step_start_ns) / 1e3
+
+
+def _counted_steps(con: duckdb.DuckDBPyConnection, run_id: int) -> dict[int, int]:
+    return dict(con.execute("SELECT rank, count(*) FROM profiler_steps(?) WHERE counted GROUP BY rank",
+                            [run_id]).fetchall())
+
+
+def op_time_per_step(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, limit: int = 40
+                     ) -> dict[int, dict[str, float]]:
+    """Per rank, µs per counted step of each of the run's ``limit`` busiest ops (GPU: kernels, CPU: ``cpu_op``
+    rows on the step thread). Ranks without counted steps are left out."""
+    n_steps = _counted_steps(con, run_id)
+    if not n_steps:
+        return {}
+    if mode == "gpu":
+        from traceanalyze.metrics.steps import counted_kernels_sql
+
+        sql = (f"SELECT f.rank, k.name, sum(k.dur_ns) / 1e3 AS us FROM ({counted_kernels_sql('$1')}) k "
+               "JOIN files f USING (file_id) WHERE k.cat = 'kernel' GROUP BY ALL")
+    else:
+        sql = """SELECT s.rank, c.name, sum(least(c.ts_ns + c.dur_ns, s.end_ns) - c.ts_ns) / 1e3 AS us
+                 FROM profiler_steps($1) s JOIN cpu_ops c ON c.file_id = s.file_id AND c.pid = s.pid
+                   AND c.tid = s.tid AND c.ts_ns >= s.start_ns AND c.ts_ns < s.end_ns
+                 WHERE s.counted AND c.cat = 'cpu_op' GROUP BY ALL"""
+    rows = con.execute(f"""WITH t AS ({sql}),
+        top AS (SELECT name FROM t GROUP BY name ORDER BY sum(us) DESC, name LIMIT $2)
+        SELECT rank, name, us FROM t WHERE name IN (SELECT name FROM top)""", [run_id, limit]).fetchall()
+    out: dict[int, dict[str, float]] = {r: {} for r in n_steps}
+    for rank, name, us in rows:
+        if rank in n_steps and name is not None:
+            out[rank][str(name)] = float(us) / n_steps[rank]
+    return out
+
+
+def host_gaps(con: duckdb.DuckDBPyConnection, run_id: int, ranks: list[int] | None = None, top: int = 3,
+              min_us: float = 0.0, step: int | None = None) -> tuple[dict[int, list[HostGap]], dict[int, float]]:
+    """The ``top`` largest host gaps of each rank's counted steps (module docstring), and each rank's total gap
+    time per counted step (µs). ``ranks`` narrows the ranks looked at, ``step`` the steps (then the total is that
+    step's); gaps under ``min_us`` are left out."""
+    where = "" if ranks is None else f"AND s.rank IN ({', '.join(str(int(r)) for r in ranks) or 'NULL'})"
+    if step is not None:
+        where += f" AND s.step = {int(step)}"
+    rows = con.execute(f"""
+        WITH s AS (SELECT file_id, rank, step, start_ns, end_ns, pid, tid FROM profiler_steps($1) s
+                   WHERE counted {where}),
+        o AS (SELECT s.file_id, s.rank, s.step, s.start_ns AS s0, s.end_ns AS s1,
+                     greatest(c.ts_ns, s.start_ns) AS a, least(c.ts_ns + c.dur_ns, s.end_ns) AS b
+              FROM s JOIN cpu_ops c ON c.file_id = s.file_id AND c.pid = s.pid AND c.tid = s.tid
+                AND c.ts_ns < s.end_ns AND c.ts_ns + c.dur_ns > s.start_ns
+              WHERE c.cat IN ('cpu_op', 'user_annotation', 'cuda_runtime', 'cuda_driver')
+                AND NOT starts_with(c.name, 'ProfilerStep#')),
+        g AS (SELECT *, max(b) OVER (PARTITION BY file_id, step ORDER BY a, b
+                                     ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end FROM o),
+        gaps AS (SELECT rank, step, s0, coalesce(prev_end, s0) AS gs, a AS ge FROM g
+                 WHERE a > coalesce(prev_end, s0)
+                 UNION ALL SELECT rank, step, s0, max(b), any_value(s1) FROM o GROUP BY file_id, rank, step, s0
+                 HAVING max(b) < any_value(s1)
+                 UNION ALL SELECT rank, step, start_ns, start_ns, end_ns FROM s
+                 WHERE NOT EXISTS (SELECT 1 FROM o WHERE o.file_id = s.file_id AND o.step = s.step)),
+        tot AS (SELECT rank, sum(ge - gs) AS total FROM gaps GROUP BY rank)
+        SELECT g.rank, g.step, g.gs, g.ge, g.s0, t.total,
+               row_number() OVER (PARTITION BY g.rank ORDER BY g.ge - g.gs DESC, g.gs) AS k
+        FROM gaps g JOIN tot t USING (rank) QUALIFY k <= $2 ORDER BY g.rank, k""", [run_id, top]).fetchall()
+    n_steps = _counted_steps(con, run_id) if step is None else {}
+    gaps: dict[int, list[HostGap]] = {}
+    per_step: dict[int, float] = {}
+    for rank, step, gs, ge, s0, total, _k in rows:
+        per_step[rank] = float(total) / 1e3 / max(1, n_steps.get(rank, 1))
+        if (ge - gs) / 1e3 >= min_us:
+            gaps.setdefault(rank, []).append(HostGap(int(rank), int(step), int(gs), int(ge), int(s0)))
+    return gaps, per_step
+
+
+def median_step(steps: list[dict]) -> int | None:
+    """The step number whose run-wide duration (the slowest rank's) is the median: the lower middle one for an
+    even count. ``steps`` are the report model's step rows (``step``, ``step_time_us``)."""
+    longest: dict[int, float] = {}
+    for s in steps:
+        if isinstance(s.get("step"), int) and s.get("step_time_us") is not None:
+            longest[s["step"]] = max(longest.get(s["step"], 0.0), float(s["step_time_us"]))
+    if not longest:
+        return None
+    order = sorted(longest, key=lambda k: (longest[k], k))
+    return order[(len(order) - 1) // 2]
+
+
+def step_timeline(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, step: int,
+                  ranks: list[int] | None = None) -> list[dict]:
+    """Per rank, the segments of one profiler step (module docstring).
+
+    Returns ``[{"rank", "step", "start_ns", "dur_us", "segments": [{"kind": compute|communication|idle,
+    "start_us", "dur_us"}]}]``, segments from the rank's step start, in order, covering the step; adjacent
+    segments of one kind are merged and ones shorter than :data:`MIN_SEGMENT_FRAC` of the step fold into the
+    previous segment. ``ranks`` narrows the lanes (default: every rank with that step).
+    """
+    where = "" if ranks is None else f"AND rank IN ({', '.join(str(int(r)) for r in ranks) or 'NULL'})"
+    lanes = con.execute(f"""SELECT rank, file_id, start_ns, end_ns, pid, tid FROM profiler_steps(?)
+                            WHERE step = ? {where} ORDER BY rank""", [run_id, step]).fetchall()
+    if not lanes:
+        return []
+    bounds = {r: (f, a, b, p, t) for r, f, a, b, p, t in lanes}
+    if mode == "gpu":
+        sql = """SELECT f.rank, CASE kernel_class(k.cat, k.name) WHEN 'compute' THEN 1 ELSE 2 END AS cls,
+                        k.ts_ns AS a, k.ts_ns + k.dur_ns AS b
+                 FROM kernels k JOIN files f USING (file_id)
+                 JOIN (SELECT file_id, rank, start_ns, end_ns FROM profiler_steps($1) WHERE step = $2) s
+                   ON s.file_id = k.file_id AND k.ts_ns < s.end_ns AND k.ts_ns + k.dur_ns > s.start_ns
+                 WHERE k.cat IN ('kernel', 'gpu_memcpy', 'gpu_memset')"""
+    else:
+        sql = """SELECT s.rank, CASE cpu_op_class(c.cat, c.name) WHEN 'compute' THEN 1 ELSE 2 END AS cls,
+                        c.ts_ns AS a, c.ts_ns + c.dur_ns AS b
+                 FROM profiler_steps($1) s JOIN cpu_ops c ON c.file_id = s.file_id
+                   AND c.ts_ns < s.end_ns AND c.ts_ns + c.dur_ns > s.start_ns
+                 WHERE s.step = $2 AND cpu_op_class(c.cat, c.name) IN ('compute', 'communication')
+                   AND (c.tid = s.tid OR cpu_op_class(c.cat, c.name) = 'communication')"""
+    rows = con.execute(sql + " ORDER BY 1, 3", [run_id, step]).fetchall()
+    per: dict[int, list[tuple[int, int, int]]] = {}
+    for rank, cls, a, b in rows:
+        per.setdefault(rank, []).append((cls, a, b))
+    out = []
+    for rank, (_f, s0, s1, _p, _t) in sorted(bounds.items()):
+        dur = max(1, s1 - s0)
+        segs = _segments(per.get(rank, []), s0, s1)
+        out.append({"rank": int(rank), "step": int(step), "start_ns": int(s0), "dur_us": dur / 1e3,
+                    "segments": [{"kind": k, "start_us": (a - s0) / 1e3, "dur_us": (b - a) / 1e3}
+                                 for k, a, b in segs]})
+    return out
+
+
+_KINDS = {0: "idle", 1: "compute", 2: "communication"}
+
+
+def _segments(ivs: list[tuple[int, int, int]], s0: int, s1: int) -> list[tuple[str, int, int]]:
+    """Cut [s0, s1) by the intervals (class, start, end): compute over communication over idle."""
+    cuts = {s0, s1}
+    for _c, a, b in ivs:
+        cuts.add(min(max(a, s0), s1))
+        cuts.add(min(max(b, s0), s1))
+    pts = sorted(cuts)
+    # the best class covering each elementary slice: a sweep over starts/ends per class
+    import numpy as np
+
+    p = np.array(pts, dtype=np.int64)
+    level = np.zeros(len(p) - 1, dtype=np.int8)
+    for cls in (2, 1):
+        cover = np.zeros(len(p), dtype=np.int64)
+        for c, a, b in ivs:
+            if c == cls:
+                i, j = np.searchsorted(p, max(a, s0)), np.searchsorted(p, min(b, s1))
+                if j > i:
+                    cover[i] += 1
+                    cover[j] -= 1
+        on = np.cumsum(cover)[:-1] > 0
+        level[on] = cls
+    merged: list[list] = []
+    min_ns = MIN_SEGMENT_FRAC * (s1 - s0)
+    for i in range(len(level)):
+        kind, a, b = _KINDS[int(level[i])], int(p[i]), int(p[i + 1])
+        if b <= a:
+            continue
+        if merged and (merged[-1][0] == kind or b - a < min_ns):
+            merged[-1][2] = b
+        elif merged and merged[-1][2] - merged[-1][1] < min_ns:
+            merged[-1][0], merged[-1][2] = kind, b
+        else:
+            merged.append([kind, a, b])
+    out: list[list] = []
+    for seg in merged:  # folding can leave neighbours of one kind
+        if out and out[-1][0] == seg[0]:
+            out[-1][2] = seg[2]
+        else:
+            out.append(seg)
+    return [(k, a, b) for k, a, b in out]
+
+
+def lanes_to_show(rank_ids: list[int], outliers: list[int], limit: int = MAX_TIMELINE_LANES) -> list[int]:
+    """At most ``limit`` ranks: the outliers first (in their order), then ranks spread evenly over the rest."""
+    chosen = [r for r in outliers if r in rank_ids][:limit]
+    rest = [r for r in rank_ids if r not in chosen]
+    room = limit - len(chosen)
+    if room > 0 and rest:
+        if len(rest) <= room:
+            chosen += rest
+        else:
+            chosen += [rest[round(i * (len(rest) - 1) / max(1, room - 1))] for i in range(room)]
+    return sorted(set(chosen), key=lambda r: (r not in outliers, r))
+
+
+def timeline_model(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, steps: list[dict],
+                   marked: dict[int, list[dict]] | None = None, outliers: list[int] | None = None) -> dict | None:
+    """The report model's ``timeline``: the median step (:func:`median_step`) of at most :data:`MAX_TIMELINE_LANES`
+    ranks (:func:`lanes_to_show`), as ``{"step", "n_ranks", "lanes": step_timeline(...), "markers": [{"rank",
+    "start_us", "dur_us", "label", "cause"}]}``; ``marked`` gives findings' ranges per rank (µs from that rank's
+    step start, for this step only). None without profiler steps."""
+    st = median_step(steps)
+    if st is None:
+        return None
+    rank_ids = sorted({s["rank"] for s in steps if s.get("step") == st})
+    show = lanes_to_show(rank_ids, outliers or [])
+    lanes = step_timeline(con, run_id, mode, st, show)
+    order = {r: i for i, r in enumerate(show)}
+    lanes.sort(key=lambda ln: order.get(ln["rank"], 1 << 30))
+    markers = [dict(m, rank=r) for r, ms in (marked or {}).items() if r in order for m in ms]
+    return {"step": st, "n_ranks": len(rank_ids), "lanes": lanes, "markers": markers}
