@@ -126,6 +126,7 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
     bound = {} if max_decompressed is None else {"max_decompressed": max_decompressed}
     loaded = {lf.path: lf for lf in store.load_traces(con, all_paths, jobs=jobs, progress=progress, **bound)}
     from traceanalyze import diagnose, metrics
+    from traceanalyze.replay.whatif import apply_to_findings
 
     for t in store.REPORT_TABLES:
         con.execute(f"DELETE FROM {t}")
@@ -145,6 +146,7 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
                                                  gpu)
         warnings.extend(run_warnings)
         findings = diagnose.diagnose(ev)
+        findings = apply_to_findings(findings, run_model.get("whatif"))  # impact from the what-if replay
         run_model["findings"] = diagnose.to_dicts(findings)
         all_findings.extend(findings)
         runs_model.append(run_model)
@@ -375,6 +377,8 @@ def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: floa
         store.insert_rows(con, "collective_calls", ["run_id", *cols],
                     [[run_id, *(getattr(c, f) for f in cols)] for c in coll.summaries])
     link = _expected_link(facts, side, link_bw_gbps)
+    replay_model, whatif, picture = _replay(con, run_id, mode, facts["world_size"], coll, link, warnings) \
+        if good and step_rows else ({}, [], {})
     ranks_model = [_rank_model(r) for r in rank_rows]
     steps_model = [asdict(s) for s in step_rows]
     # the run's step time: median over the counted steps of the longest rank's duration (metrics.steps)
@@ -424,11 +428,26 @@ def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: floa
         "dataloader": asdict(loader) if loader and loader.loader_us else None,
         "log_facts": {k: [f.value for f in v] for k, v in side["facts"].items()},
         "log_steps": len(side["log_steps"]),
+        "replay": replay_model or None,
+        "whatif": whatif,
+        "replay_picture": picture or None,
     }
     model["effective_batch"] = diagnose.effective_batch_of(ev)
     for w in warnings:
         w.setdefault("run", run.name)
     return model, warnings, ev
+
+
+def _replay(con, run_id: int, mode: str, world: int | None, coll, link: dict, warnings: list[dict]):
+    """The what-if replay of one run (traceanalyze.replay); a failure costs a warning, not the report."""
+    from traceanalyze.replay.whatif import replay_run
+
+    try:
+        return replay_run(con, run_id, mode, world, coll.clock_offsets_us if coll else None,
+                          link.get("expected_gbps"), link.get("source", ""))
+    except (ValueError, IndexError, KeyError, duckdb.Error) as exc:  # a graph the replay cannot handle
+        warnings.append({"file": None, "level": "warning", "message": f"what-if replay skipped: {exc}"})
+        return {}, [], {}
 
 
 WINDOW_STEP_DIFF = 0.10  # windows of one rank whose median step times differ by more than this are named
