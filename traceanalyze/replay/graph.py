@@ -382,7 +382,9 @@ def build(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_size: in
     # waits: a long host gap that ends after another thread's task or a collective of the rank ended late in it
     hostres = (rk == 0) & (kind != K_BEGIN)
     w = np.flatnonzero(hostres & ~first & (gap >= WAIT_GAP_US))
-    cand = np.flatnonzero(((rk == 0) & (kind == K_HOST)) | (kind == K_COLL))
+    # CPU runs: only collectives (their threads' other tasks are not tied to the step's thread by any edge, so a
+    # wait on them would pin it to measured times); GPU runs: other launching threads too (autograd's)
+    cand = np.flatnonzero((((rk == 0) & (kind == K_HOST)) if mode == "gpu" else False) | (kind == K_COLL))
     if w.size and cand.size:
         ckey = (rank[cand] << _T_SHIFT) + np.clip((end[cand] * 1e3).astype(np.int64), 0, None)
         o = np.argsort(ckey, kind="stable")
