@@ -2,10 +2,10 @@
 resource (Lumos, MLSys 2025, Algorithm 1; dPRO ``Replayer``), vectorised per resource.
 
 Each task starts at ``max(end of the previous task of its resource + chain gap, (start or end) of each explicit
-predecessor + its offset)``; a resource's first task starts no earlier than it was measured. A complete collective
-instance starts on every participant at the latest participant's ready time and lasts its transfer time, so its
-end = latest ready + transfer (straggler paper, OSDI 2025, §3.2), never the measured kernel duration, which holds
-the waiting.
+predecessor + its offset)``; a resource's first task without an incoming edge starts where it was measured. A
+complete collective instance starts on every participant at the latest participant's ready time and lasts its
+transfer time, so its end = latest ready + transfer (straggler paper, OSDI 2025, §3.2), never the measured kernel
+duration, which holds the waiting.
 
 Along one resource the recurrence ``s_k = max(s_{k-1} + d_{k-1} + g_k, R_k)`` is a running maximum
 (``s = c + maximum.accumulate(R − c)`` with ``c`` the cumulative durations and gaps), so a pass over all tasks is
@@ -66,8 +66,11 @@ def replay(g: Graph, dur: np.ndarray | None = None, gap: np.ndarray | None = Non
     c = cs - cs[seg_first]
     bounds = np.flatnonzero(first).tolist() + [n]
     segs = list(zip(bounds[:-1], bounds[1:], strict=True))
+    # a resource's first task starts where it was measured unless an edge says when (a launch, a wait)
+    pinned = first.copy()
+    pinned[g.dep_dst] = False
     r0 = np.full(n, -np.inf)
-    r0[first] = g.start[first]
+    r0[pinned] = g.start[pinned]
     # explicit edges grouped by destination once
     o = np.argsort(g.dep_dst, kind="stable")
     dsrc, ddst, dend, doff = g.dep_src[o], g.dep_dst[o], g.dep_end[o], g.dep_off[o]

@@ -34,9 +34,10 @@ KIND_TO_SCENARIO = {"straggler": "no_straggler", "idle_rank": "no_straggler", "s
                     "launch_bound": "no_launch_overhead"}
 UNRELIABLE_ERROR_PCT = 5.0  # replay error above which the what-ifs are marked unreliable (straggler paper §3.3)
 # bf16 over fp32 matrix-math speed-up (low, mid, high). GPUs: bf16 tensor cores vs TF32 (2x) up to fp32 CUDA
-# cores (8-16x on sm80/sm90 datasheets); CPUs: half the bytes, AVX512-BF16/AMX more (diagnose.CPU_BF16_SPEEDUP).
+# cores (8-16x on sm80/sm90 datasheets); CPUs without AMX: half the bytes moved, conversions eat part of it
+# (up to diagnose.CPU_BF16_SPEEDUP = 2x).
 BF16_SPEEDUP_GPU = (2.0, 4.0, 8.0)
-BF16_SPEEDUP_CPU = (1.5, 2.0, 3.0)
+BF16_SPEEDUP_CPU = (1.25, 1.5, 2.0)
 CAST_SHARE = 0.1  # cast (aten::_to_copy) cost added, as a share of the matrix-math time saved
 MIN_SAVING_US = 1.0  # a scenario whose rewrite changes less than this is left out (it does not apply)
 
