@@ -26,7 +26,7 @@ def test_graph_tables_straggler():
     con = a.con
     assert con.execute("SELECT count(*) FROM sim_task").fetchone()[0] == 2892
     assert dict(con.execute("SELECT edge_type, count(*) FROM sim_edge GROUP BY 1").fetchall()) == {
-        "collective": 72, "collective_wait": 14, "host_order": 2880, "launch": 24}
+        "collective": 72, "collective_wait": 22, "host_order": 2880, "launch": 24}
     # 6 gloo all-reduces (2 buckets x 3 steps) on 4 ranks, matched by the per-step order, all complete
     assert con.execute("SELECT count(DISTINCT instance_id), count(*), min(matched_by), bool_and(complete) "
                        "FROM sim_coll").fetchone() == (6, 24, "per-step ordinal", True)
@@ -35,7 +35,7 @@ def test_graph_tables_straggler():
         "replay": 12, "no_straggler": 12, "bf16_matmul": 12, "no_dataloader_wait": 12, "all": 12}
     rp = run["replay"]
     assert rp["measured_step_time_us"] == pytest.approx(196846.247, abs=1e-3)
-    assert rp["error_pct"] == pytest.approx(0.59, abs=0.01)
+    assert rp["error_pct"] == pytest.approx(2.77, abs=0.01)
     assert rp["collective_instances"] == 6 and not rp["partial"] and rp["reliable"]
     assert [r["rank"] for r in rp["ranks"]] == [0, 1, 2, 3]
     # JSON contract
@@ -99,10 +99,10 @@ def test_whatif_against_its_fixed_twin(pair):
     scenario, slow, fixed, bw = pair
     if not (slow.exists() and fixed.exists()):
         pytest.skip(f"{slow} / {fixed} not present")
-    if scenario == "no_straggler" or scenario == "no_compile":
-        # known misses (docs/replay.md): 4 ranks on 2 cores run slower together than the replay assumes; the
-        # warm-cache twin still traces with dynamo/AOTAutograd, so it is not compile-free
-        pytest.xfail(f"{scenario}: the twin differs from the what-if (docs/replay.md, known misses)")
+    if scenario == "no_compile" and fixed.name == "compile_warm":
+        # known miss (docs/replay.md): the warm-cache twin still traces with dynamo and AOTAutograd (its step 0 takes
+        # 4.2 s), so it is not the compile-free run the what-if predicts (99.4 % vs 81.5 % measured)
+        pytest.xfail("compile_warm still compiles: not a compile-free twin (docs/replay.md, known misses)")
     p = bench.pair_prediction(scenario, slow, fixed, bw)
     assert p["error_points"] <= 10.0, p
 

@@ -63,6 +63,9 @@ LAUNCH_CALLS = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cu
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear",
               "aten::_scaled_mm")
 GEMM_KERNEL = re.compile(r"(?i)gemm|xmma|cutlass|cublas|wgmma")
+# host-row flag computed by DuckDB (a Python pass over 500k names costs seconds): 1 sync, 2 launch, 3 gloo
+_FLAG = ("CASE WHEN c.name IN (SELECT unnest($2)) THEN 1 WHEN c.name IN (SELECT unnest($3)) THEN 2 "
+         "WHEN c.name LIKE 'gloo:%' THEN 3 ELSE 0 END AS flag")
 _T_SHIFT = 41  # thread/rank index << _T_SHIFT + ns since the run's start: one sortable int64 key (2^41 ns = 36 min)
 
 
@@ -168,6 +171,10 @@ def _covered(cover, keys: np.ndarray, t: np.ndarray) -> np.ndarray:
     return np.where(ok, before[ic] + np.clip(inside, 0, None), 0)
 
 
+def _flag_args(run: list) -> list:
+    return [*run, list(SYNC_CALLS), list(LAUNCH_CALLS)]
+
+
 def _fetch(con, sql: str, params: list) -> dict[str, np.ndarray]:
     return con.execute(sql, params).fetchnumpy()
 
@@ -202,15 +209,15 @@ def build(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_size: in
     run = [run_id]
     # --- host tasks
     if mode == "gpu":
-        h = _fetch(con, """SELECT c.file_id, c.pid, c.tid, c.ts_ns, c.dur_ns, c.correlation, c.name
+        h = _fetch(con, f"""SELECT c.file_id, c.pid, c.tid, c.ts_ns, c.dur_ns, c.correlation, c.name, {_FLAG}
             FROM cpu_ops c JOIN files f USING (file_id)
-            WHERE f.run_id = ? AND f.rank IS NOT NULL AND c.cat IN ('cuda_runtime', 'cuda_driver')""", run)
+            WHERE f.run_id = $1 AND f.rank IS NOT NULL AND c.cat IN ('cuda_runtime', 'cuda_driver')""", _flag_args(run))
     else:
-        h = _fetch(con, """SELECT c.file_id, c.pid, c.tid, c.ts_ns, c.dur_ns, c.correlation, c.name
+        h = _fetch(con, f"""SELECT c.file_id, c.pid, c.tid, c.ts_ns, c.dur_ns, c.correlation, c.name, {_FLAG}
             FROM cpu_ops c JOIN files f USING (file_id)
-            WHERE f.run_id = ? AND f.rank IS NOT NULL AND c.cat IN ('cpu_op', 'user_annotation')
+            WHERE f.run_id = $1 AND f.rank IS NOT NULL AND c.cat IN ('cpu_op', 'user_annotation')
               AND profiler_step(c.cat, c.name) IS NULL
-            ORDER BY c.file_id, c.pid, c.tid, c.ts_ns, c.dur_ns DESC""", run)
+            ORDER BY c.file_id, c.pid, c.tid, c.ts_ns, c.dur_ns DESC""", _flag_args(run))
         # top-level ops of each thread: those that start after every earlier op of the thread ended
         thr = _thread_codes(h["file_id"], h["pid"], h["tid"])
         ts = np.asarray(h["ts_ns"], np.int64) - origin
@@ -219,26 +226,26 @@ def build(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_size: in
         h = {k: np.asarray(v)[top] for k, v in h.items()}
     h_rank = rank_of(np.asarray(h["file_id"], np.int64))
     h_name = np.asarray(h["name"], dtype=object)
-    h_coll = np.array([False] * h_name.size) if mode == "gpu" else _apply(
-        h_name.tolist(), lambda n: n.startswith("gloo:"), bool)
+    h_flag = np.asarray(h["flag"], np.int64)
+    h_coll = (h_flag == 3) & (mode != "gpu")
     parts.append(dict(rank=h_rank, rk=np.where(h_coll, 2, 0), a=np.asarray(h["pid"], np.int64),
                       b=np.asarray(h["tid"], np.int64), kind=np.where(h_coll, K_COLL, K_HOST),
                       ts=np.asarray(h["ts_ns"], np.int64), dur=np.asarray(h["dur_ns"], np.int64), name=h_name,
                       corr=_int_column(h["correlation"])[0], fid=np.asarray(h["file_id"], np.int64),
-                      ext=np.zeros(h_name.size, np.int64)))
+                      ext=np.zeros(h_name.size, np.int64), flag=h_flag))
     # --- device tasks
     if mode == "gpu":
         k = _fetch(con, f"""SELECT k.file_id, k.cat, k.name, k.device, k.stream, k.ts_ns, k.dur_ns, k.correlation,
-                   kernel_class(k.cat, k.name) = 'communication' AS comm,
-                   (k.cat = 'kernel' AND regexp_matches(k.name, '{GEMM_KERNEL.pattern}') AND m.file_id IS NOT NULL)
-                       AS fp32_gemm
+                   k.cat = 'kernel' AND k.name IN (SELECT unnest($3)) AS comm,
+                   CASE WHEN m.file_id IS NOT NULL AND k.cat = 'kernel'
+                        THEN regexp_matches(k.name, '{GEMM_KERNEL.pattern}') ELSE FALSE END AS fp32_gemm
             FROM kernels k JOIN files f USING (file_id)
             LEFT JOIN (SELECT DISTINCT c.file_id, c.external_id FROM cpu_ops c JOIN files f2 USING (file_id)
                        WHERE f2.run_id = $1 AND c.name IN (SELECT unnest($2))
                          AND (c.input_types LIKE '["float"%' OR c.input_types LIKE '[''float''%')) m
                  ON m.file_id = k.file_id AND m.external_id = k.external_id
             WHERE f.run_id = $1 AND f.rank IS NOT NULL AND k.cat IN ('kernel', 'gpu_memcpy', 'gpu_memset')""",
-                   [run_id, list(MATMUL_OPS)])
+                   [run_id, list(MATMUL_OPS), _comm_kernels(con, run_id)])
         cat = np.asarray(k["cat"], dtype=object)
         kind = np.where(np.asarray(k["comm"], bool), K_COLL,
                         np.where(cat == "gpu_memcpy", K_MEMCPY, np.where(cat == "gpu_memset", K_MEMSET, K_KERNEL)))
@@ -247,7 +254,8 @@ def build(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_size: in
                           ts=np.asarray(k["ts_ns"], np.int64), dur=np.asarray(k["dur_ns"], np.int64),
                           name=np.asarray(k["name"], dtype=object), corr=_int_column(k["correlation"])[0],
                           fid=np.asarray(k["file_id"], np.int64),
-                          ext=np.ma.filled(k["fp32_gemm"], False).astype(np.int64)))
+                          ext=np.ma.filled(k["fp32_gemm"], False).astype(np.int64),
+                          flag=np.zeros(cat.size, np.int64)))
     # --- step markers
     st = _fetch(con, "SELECT file_id, rank, step, start_ns, end_ns, pid, tid, counted FROM profiler_steps(?)", run)
     n_st = st["step"].size
@@ -260,7 +268,7 @@ def build(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_size: in
                       dur=np.zeros(2 * n_st, np.int64),
                       name=np.array([f"ProfilerStep#{s}" for s in st["step"].tolist()] * 2, dtype=object),
                       corr=np.zeros(2 * n_st, np.int64), fid=np.concatenate([st["file_id"]] * 2).astype(np.int64),
-                      ext=np.concatenate([st["step"]] * 2).astype(np.int64)))
+                      ext=np.concatenate([st["step"]] * 2).astype(np.int64), flag=np.zeros(2 * n_st, np.int64)))
     cols = {c: np.concatenate([p[c] for p in parts]) for c in parts[0]}
     n = cols["ts"].size
     rel = cols["ts"] - origin - off_ns[np.clip(cols["rank"], 0, world)]
@@ -268,8 +276,7 @@ def build(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_size: in
     is_coll_host = (cols["kind"] == K_COLL) & (cols["rk"] == 2)
     rk = np.where(is_coll_host, 2, cols["rk"])
     res_keys = np.stack([cols["rank"], rk, cols["a"], cols["b"]], axis=1) if n else np.zeros((0, 4), np.int64)
-    uniq, res = np.unique(res_keys, axis=0, return_inverse=True)
-    res = res.reshape(-1)
+    uniq, res = _unique_rows(res_keys)
     kind_order = np.select([cols["kind"] == K_END, cols["kind"] == K_BEGIN], [0, 1], 2)
     order = np.lexsort((-cols["dur"], kind_order, rel, res))
     cols = {c: v[order] for c, v in cols.items()}
@@ -362,7 +369,7 @@ def build(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_size: in
     # GPU->CPU syncs: the task after a blocking call waits for the last device task that ended before it returned
     missing: list[str] = []
     if mode == "gpu":
-        sync = np.flatnonzero((kind == K_HOST) & _apply(name.tolist(), lambda x: x in SYNC_CALLS, bool))
+        sync = np.flatnonzero((kind == K_HOST) & (cols["flag"] == 1))
         sync = sync[(sync + 1 < n)]
         sync = sync[res[sync + 1] == res[sync]]
         if sync.size and dev.size:
@@ -390,19 +397,32 @@ def build(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_size: in
         o = np.argsort(ckey, kind="stable")
         ckey, csorted = ckey[o], cand[o]
         q = (rank[w] << _T_SHIFT) + np.clip((start[w] * 1e3).astype(np.int64), 0, None)
+        # the candidate whose end is nearest the gap's end: the last one before it, or (a gloo range ends after
+        # its completion callbacks, which run on the waiting thread) the first one after it, if already running
         j = np.searchsorted(ckey, q, side="right") - 1
-        jc = np.clip(j, 0, None)
-        src = csorted[jc]
         lo = end[w - 1] + WAIT_TAIL * gap[w]
-        ok = (j >= 0) & ((ckey[jc] >> _T_SHIFT) == rank[w]) & (end[src] > lo) & (res[src] != res[w])
+        best_src = np.full(w.size, -1, np.int64)
+        best_dist = np.full(w.size, np.inf)
+        for jj in (j, j + 1):
+            jc = np.clip(jj, 0, ckey.size - 1)
+            src = csorted[jc]
+            ok = ((jj >= 0) & (jj < ckey.size) & ((ckey[jc] >> _T_SHIFT) == rank[w]) & (end[src] > lo)
+                  & (res[src] != res[w]) & (start[src] < start[w]))
+            if mode == "gpu":
+                ok &= end[src] <= start[w]
+            dist = np.abs(start[w] - end[src])
+            better = ok & (dist < best_dist)
+            best_src[better], best_dist[better] = src[better], dist[better]
+        ok = best_src >= 0
+        src = best_src
         d, s = w[ok], src[ok]
         cg[d] = np.clip(start[d] - end[s], 0, None)
         _extend(dep_src, dep_dst, dep_end, dep_off, dep_type, s, d, True, start[d] - end[s],
                 np.where(kind[s] == K_COLL, 3, 2))
     dep = [np.concatenate(x) if x else np.zeros(0) for x in (dep_src, dep_dst, dep_end, dep_off, dep_type)]
     # categories: host time under dataloader / compile / optimizer ranges and fp32 matmuls (CPU runs)
-    cover, gap_cover, gap_label = _categories(con, run_id, mode, origin, off_ns, world, uniq, res, rk, kind, name,
-                                              start, end, gap, first, cols["ext"])
+    cover, gap_cover, gap_label = _categories(con, run_id, mode, origin, off_ns, world, uniq, res, rk, kind,
+                                              cols["flag"], start, end, gap, first, cols["ext"])
     g = Graph(run_id=run_id, mode=mode, ranks=ranks, world_size=world, res_names=res_names, rank=rank,
               res=res, kind=kind, name=name, step=step, start=start, dur=dur, gap=gap, first=first, chain_gap=cg,
               chain_dur=cd, gap_label=gap_label, cover=cover, gap_cover=gap_cover,
@@ -415,11 +435,26 @@ def build(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_size: in
     return g
 
 
+def _unique_rows(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct rows in sorted order, each row's index into them) of an int64 matrix; ``np.unique(axis=0)``
+    sorts a structured view, ~50x slower on 500k rows."""
+    if keys.shape[0] == 0:
+        return keys, np.zeros(0, np.int64)
+    o = np.lexsort(keys.T[::-1])
+    k = keys[o]
+    new = np.ones(k.shape[0], dtype=bool)
+    new[1:] = (k[1:] != k[:-1]).any(axis=1)
+    code = np.cumsum(new) - 1
+    inv = np.empty(k.shape[0], np.int64)
+    inv[o] = code
+    return k[new], inv
+
+
 def _thread_codes(fid, pid, tid) -> np.ndarray:
     keys = np.stack([np.asarray(fid, np.int64), _int_column(pid)[0], _int_column(tid)[0]], axis=1)
     if keys.size == 0:
         return np.zeros(0, np.int64)
-    return np.unique(keys, axis=0, return_inverse=True)[1].reshape(-1)
+    return _unique_rows(keys)[1]
 
 
 def _extend(src_l, dst_l, end_l, off_l, type_l, src, dst, from_end, off, etype) -> None:
@@ -441,7 +476,7 @@ def _add_launch(d, s, start, end, first, cg, *deps, issue=None) -> None:
     _extend(*deps, s, d, False, off, 0)
 
 
-def _categories(con, run_id, mode, origin, off_ns, world, uniq, res, rk, kind, name, start, end, gap, first,
+def _categories(con, run_id, mode, origin, off_ns, world, uniq, res, rk, kind, flag, start, end, gap, first,
                 ext):
     """µs of each host task and of the gap before it under each category (module docstring)."""
     n = start.size
@@ -484,7 +519,7 @@ def _categories(con, run_id, mode, origin, off_ns, world, uniq, res, rk, kind, n
     if mode == "gpu":
         cover["matmul_fp32"] = np.where((rk == 1) & (ext > 0), end - start, 0.0)
     # launch overhead: the gap between two kernel launches of one thread, outside dataloader/compile ranges
-    is_launch = _apply(name.tolist(), lambda x: x in LAUNCH_CALLS, bool) if n else np.zeros(0, bool)
+    is_launch = flag == 2
     prev_launch = np.concatenate([[False], is_launch[:-1]])
     lg = host & ~first & is_launch & prev_launch & (mode == "gpu")
     gap_cover["launch"] = np.where(lg, np.clip(gap - gap_cover["dataloader"] - gap_cover["compile"], 0, None), 0.0)
@@ -500,6 +535,13 @@ def _categories(con, run_id, mode, origin, off_ns, world, uniq, res, rk, kind, n
     return cover, gap_cover, label
 
 
+def _comm_kernels(con, run_id: int) -> list[str]:
+    """Names of the run's communication kernels (the ``kernel_class`` macro once per distinct name)."""
+    from traceanalyze.metrics.breakdown import kernel_classes
+
+    return [k for k, c in kernel_classes(con, run_id).items() if c == "communication"]
+
+
 def _collective_meta(con, run_id: int, mode: str) -> dict[str, np.ndarray]:
     """Per collective call (file, start): normalised name, bytes, process group, Seq, group ranks."""
     if mode == "gpu":
@@ -508,8 +550,8 @@ def _collective_meta(con, run_id: int, mode: str) -> dict[str, np.ndarray]:
             FROM kernels k JOIN files f USING (file_id)
             LEFT JOIN comm_events m ON m.file_id = k.file_id AND m.source = 'kernels' AND m.ts_ns = k.ts_ns
                  AND m.name = k.name AND m.correlation IS NOT DISTINCT FROM k.correlation
-            WHERE f.run_id = ? AND f.rank IS NOT NULL AND k.cat = 'kernel'
-              AND kernel_class(k.cat, k.name) = 'communication'""", [run_id])
+            WHERE f.run_id = ? AND f.rank IS NOT NULL AND k.cat = 'kernel' AND k.name IN (SELECT unnest(?))""",
+                   [run_id, _comm_kernels(con, run_id)])
         op = _apply(m["coll"].tolist(), normalize_collective, object)
         inn, has_in = _int_column(m["in_nelems"])
         outn, has_out = _int_column(m["out_nelems"])
@@ -534,6 +576,20 @@ def _collective_meta(con, run_id: int, mode: str) -> dict[str, np.ndarray]:
         pg_ranks = np.full(op.size, None, dtype=object)
     return {"fid": np.asarray(m["file_id"], np.int64), "ts": np.asarray(m["ts_ns"], np.int64), "op": op,
             "bytes": nbytes.astype(np.int64), "seq": seq, "has_seq": has_seq, "pg": pg, "pg_ranks": pg_ranks}
+
+
+def _group_median(group: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
+    """Median of ``values`` per group id 0..n-1 (NaN for an empty group)."""
+    o = np.lexsort((values, group))
+    g, v = group[o], values[o]
+    cnt = np.bincount(g, minlength=n)
+    first = np.concatenate([[0], np.cumsum(cnt)[:-1]])
+    lo = first + (cnt - 1) // 2
+    hi = first + cnt // 2
+    ok = cnt > 0
+    out = np.full(n, np.nan)
+    out[ok] = (v[np.clip(lo, 0, v.size - 1)][ok] + v[np.clip(hi, 0, v.size - 1)][ok]) / 2
+    return out
 
 
 def _group_ranks(text) -> list[int] | None:
@@ -591,7 +647,6 @@ def _match_collectives(con, g: Graph, run_id: int, mode: str, origin: int, off_n
     n_inst = len(inst_of)
     present = set(g.ranks)
     complete = np.ones(n_inst, dtype=bool)
-    transfer = np.zeros(n_inst)
     coll_name: list[str] = [""] * n_inst
     inst_bytes = np.zeros(n_inst, np.int64)
     inst_n = np.zeros(n_inst, np.int64)
@@ -615,12 +670,14 @@ def _match_collectives(con, g: Graph, run_id: int, mode: str, origin: int, off_n
         elif len({(str(op[i]), int(nbytes[i])) for i in members}) > 1:
             complete[m] = False
             reasons["mismatch"] += 1
-        if complete[m] and len(members) > 1:
-            latest = max(start[i] for i in members)
-            t = float(np.median([end[i] - latest for i in members]))
-            transfer[m] = t if t > 0 else float(min(g.dur[tasks[i]] for i in members))
-        else:
-            transfer[m] = float(np.median([g.dur[tasks[i]] for i in members]))
+    # transfer = median over participants of (end − latest start); incomplete: median measured duration
+    latest = np.full(n_inst, -np.inf)
+    np.maximum.at(latest, inst, start)
+    after = np.where(complete[inst], end - latest[inst], end - start)
+    med = _group_median(inst, after, n_inst)
+    shortest = np.full(n_inst, np.inf)
+    np.minimum.at(shortest, inst, end - start)
+    transfer = np.where(med > 0, med, shortest)
     g.inst[tasks] = inst
     g.inst_all = g.inst.copy()
     g.inst_transfer, g.inst_complete, g.inst_coll = transfer, complete, coll_name
@@ -656,7 +713,7 @@ def save(con: duckdb.DuckDBPyConnection, g: Graph) -> None:
     tbl = pa.table({
         "run_id": pa.array(np.full(n, g.run_id, np.int32)), "task_id": pa.array(np.arange(n, dtype=np.int64)),
         "rank": pa.array(g.rank.astype(np.int32)), "resource": res_arr, "kind": kind_arr,
-        "name": pa.array(g.name.tolist(), pa.string()),
+        "name": pa.array(g.name, pa.string(), from_pandas=True),
         "step": pa.array(g.step.astype(np.int32), mask=g.step < 0),
         "start_us": pa.array(g.start), "dur_us": pa.array(g.dur),
         "gap_us": pa.array(np.where(host[g.res] | (g.kind != K_HOST), g.gap, 0.0)),
@@ -678,13 +735,16 @@ def save(con: duckdb.DuckDBPyConnection, g: Graph) -> None:
         latest = np.full(g.inst_transfer.size, -np.inf)
         np.maximum.at(latest, inst_all, g.start[ct])
         blocking = np.where(g.inst_complete[inst_all], latest[inst_all] - g.start[ct], 0.0)
-        rows = [[g.run_id, int(m), int(g.rank[t]), int(t), g.inst_matched_by[m], g.inst_coll[m],
-                 int(g.inst_bytes[m]), float(g.start[t]), float(g.start[t] + g.dur[t]), float(g.inst_transfer[m]),
-                 float(b), bool(g.inst_complete[m])] for t, m, b in zip(ct.tolist(), inst_all.tolist(),
-                                                                        blocking.tolist(), strict=True)]
-        from traceanalyze import store
-
-        store.insert_rows(con, "sim_coll", None, rows)
+        coll_names = pa.DictionaryArray.from_arrays(pa.array(inst_all.astype(np.int32)), pa.array(g.inst_coll))
+        by = pa.DictionaryArray.from_arrays(pa.array(inst_all.astype(np.int32)), pa.array(g.inst_matched_by))
+        con.register("_sim_coll_in", pa.table({
+            "i": pa.array(inst_all), "r": pa.array(g.rank[ct].astype(np.int32)), "t": pa.array(ct), "m": by,
+            "c": coll_names, "b": pa.array(g.inst_bytes[inst_all]), "s": pa.array(g.start[ct]),
+            "e": pa.array(g.start[ct] + g.dur[ct]), "x": pa.array(g.inst_transfer[inst_all]),
+            "w": pa.array(blocking), "ok": pa.array(g.inst_complete[inst_all])}))
+        con.execute("INSERT INTO sim_coll SELECT ?, i, r, t, m::VARCHAR, c::VARCHAR, b, s, e, x, w, ok "
+                    "FROM _sim_coll_in", [g.run_id])
+        con.unregister("_sim_coll_in")
 
 
 def _instance_of_tasks(g: Graph, ct: np.ndarray) -> np.ndarray:

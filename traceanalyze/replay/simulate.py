@@ -64,8 +64,11 @@ def replay(g: Graph, dur: np.ndarray | None = None, gap: np.ndarray | None = Non
     cs = np.cumsum(inc)
     seg_first = np.maximum.accumulate(np.where(first, np.arange(n), 0)) if n else np.zeros(0, np.int64)
     c = cs - cs[seg_first]
-    bounds = np.flatnonzero(first).tolist() + [n]
-    segs = list(zip(bounds[:-1], bounds[1:], strict=True))
+    # one running maximum over all resources: resource i's values are lifted by i x span, so no maximum crosses
+    # into the next resource (float64 keeps 1e-6 µs at 1e10 µs)
+    span = float(np.ptp(g.start)) + float(c.max(initial=0.0)) + 1e6 if n else 1.0
+    seg_off = (np.cumsum(first) - 1) * (4 * span)
+    floor = -2 * span
     # a resource's first task starts where it was measured unless an edge says when (a launch, a wait)
     pinned = first.copy()
     pinned[g.dep_dst] = False
@@ -92,11 +95,7 @@ def replay(g: Graph, dur: np.ndarray | None = None, gap: np.ndarray | None = Non
         r_dep = r[ct].copy()
         if ct.size:
             r[ct] = np.maximum(r[ct], m_ready[ci])
-        v = r - c
-        new_s = np.empty(n)
-        for lo, hi in segs:
-            new_s[lo:hi] = np.maximum.accumulate(v[lo:hi])
-        new_s += c
+        new_s = _seg_running_max(r - c, seg_off, floor) + c
         new_e = new_s + d
         if ct.size:
             ready = np.maximum(np.where(ct_first, -np.inf, new_e[prev_ct] + cg[ct]), r_dep)
@@ -104,7 +103,8 @@ def replay(g: Graph, dur: np.ndarray | None = None, gap: np.ndarray | None = Non
             np.maximum.at(new_m, ci, ready)
         else:
             new_m = m_ready
-        moved = np.nanmax(np.abs(np.nan_to_num(new_s - s, nan=0.0, posinf=1e18, neginf=1e18))) if n else 0.0
+        with np.errstate(invalid="ignore"):  # -inf - -inf: a task still without a start did not move
+            moved = np.nanmax(np.abs(np.nan_to_num(new_s - s, nan=0.0, posinf=1e18, neginf=1e18))) if n else 0.0
         s, e, m_ready = new_s, new_e, new_m
         if passes > 1 and moved < TOLERANCE_US:
             converged = True
@@ -112,6 +112,14 @@ def replay(g: Graph, dur: np.ndarray | None = None, gap: np.ndarray | None = Non
     out = Replay(start=s, end=e, passes=passes, converged=converged)
     if keep_binding:
         out.binding = _binding(g, s, e, d, cg, ct, ci, dsrc, ddst, dend, doff)  # type: ignore[attr-defined]
+    return out
+
+
+def _seg_running_max(v: np.ndarray, seg_off: np.ndarray, floor: float) -> np.ndarray:
+    """Running maximum of ``v`` restarted at each resource (see :func:`replay`); -inf stays -inf."""
+    low = v < floor
+    out = np.maximum.accumulate(np.where(low, floor, v) + seg_off) - seg_off
+    out[out <= floor] = -np.inf
     return out
 
 
