@@ -282,6 +282,22 @@ def _label(g: gr.Graph, i: int) -> str:
     return "compute" if g.kind[i] != gr.K_HOST or g.mode != "gpu" else "host"
 
 
+def _merge(segs: list[list], tiny: float) -> list[list]:
+    """Per row, adjacent segments of one label (and critical-path flag) joined, and segments shorter than ``tiny``
+    µs folded into the one before: a lane stays a few dozen shapes whatever the op count."""
+    out: list[list] = []
+    for row in (0, 1):
+        last: list | None = None
+        for s in sorted((s for s in segs if s[4] == row), key=lambda s: s[0]):
+            if last is not None and (s[0] - (last[0] + last[1]) <= tiny) and (
+                    (s[2] == last[2] and s[3] == last[3]) or s[1] < tiny):
+                last[1] = round(max(last[1], s[0] + s[1] - last[0]), 1)
+                continue
+            last = list(s)
+            out.append(last)
+    return out
+
+
 def _picture(g: gr.Graph, rp: simulate.Replay, measured, counted, m_long) -> dict:
     """Lanes of the median counted step (one per rank; host thread of the step, then collectives), replayed
     times relative to the step's earliest start, critical-path tasks marked."""
@@ -311,7 +327,7 @@ def _picture(g: gr.Graph, rp: simulate.Replay, measured, counted, m_long) -> dic
             segs.append([round(rp.start[i] - t0, 1), round(rp.end[i] - rp.start[i], 1), _label(g, i), i in path, 0])
         for i in comm:
             segs.append([round(rp.start[i] - t0, 1), round(rp.end[i] - rp.start[i], 1), "transfer", i in path, 1])
-        segs = [s for s in segs if s[1] > 0]
+        segs = _merge([s for s in segs if s[1] > 0], (hi - lo) / 1000)
         if len(segs) > LANE_SEGMENTS:
             keep = sorted(range(len(segs)), key=lambda k: (-segs[k][3], -segs[k][1]))[:LANE_SEGMENTS]
             segs = [segs[k] for k in sorted(keep)]
