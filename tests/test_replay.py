@@ -114,3 +114,56 @@ def test_pair_manifest_is_read(tmp_path, monkeypatch):
         {"scenario": "ideal_interconnect", "slow": "s", "fixed": "f", "link_bw_GBps": 1.5}))
     monkeypatch.setattr(bench, "SAMPLES", root)
     assert bench.pairs() == [("ideal_interconnect", root / "pairs" / "link" / "s", root / "pairs" / "link" / "f", 1.5)]
+
+
+def _gpu_rank(rank: int, host_delay: float) -> list[dict]:
+    """One GPU rank, 3 steps of 3800 µs: a compute kernel (2000 µs, stream 7), an NCCL all-reduce (stream 20)
+    launched after ``host_delay`` µs of host time, then cudaDeviceSynchronize; the all-reduce ends 500 µs after the
+    last rank launched it (rank 1 is 3000 µs late)."""
+    from tests.synth import kernel, x
+
+    ev, corr = [], 100 * rank
+    for s in range(3):
+        t = 1000.0 + 4000.0 * s
+        ev.append(x("user_annotation", f"ProfilerStep#{s}", t, 3800.0))
+        ev += kernel("sgemm_128x64", t + 110, 2000.0, 7, corr + 1, t + 100)
+        launch = t + 200 + host_delay
+        ev += kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL", launch + 10, t + 3710 - (launch + 10), 20,
+                     corr + 2, launch)
+        ev.append(x("cuda_runtime", "cudaDeviceSynchronize", launch + 20, t + 3715 - (launch + 20)))
+        corr += 10
+    return ev
+
+
+def test_generated_gpu_pair_graph_replay_and_straggler(tmp_path):
+    from tests.synth import write_trace
+
+    for r, delay in ((0, 0.0), (1, 3000.0)):
+        write_trace(tmp_path / f"rank{r}.pt.trace.json", r, _gpu_rank(r, delay), backend="nccl")
+    a, run = _run(tmp_path)
+    con = a.con
+    # per rank: 3 steps x (2 launches + 1 sync) host calls, 3 x 2 kernels, 3 x 2 step markers
+    assert con.execute("SELECT kind, count(*) FROM sim_task GROUP BY 1 ORDER BY 1").fetchall() == [
+        ("collective", 6), ("host", 18), ("kernel", 6), ("step_begin", 6), ("step_end", 6)]
+    # launches: 12; each sync waits for both streams of its rank (12 edges)
+    assert dict(con.execute("SELECT edge_type, count(*) FROM sim_dep GROUP BY 1").fetchall()) == {
+        "launch": 12, "gpu_cpu_sync": 12}
+    assert con.execute("SELECT count(DISTINCT instance_id), bool_and(complete), min(transfer_us), max(transfer_us) "
+                       "FROM sim_coll").fetchone() == (3, True, 500.0, 500.0)
+    rp = run["replay"]
+    assert (rp["measured_step_time_us"], rp["replayed_step_time_us"], rp["error_pct"]) == (3800.0, 3800.0, 0.0)
+    (w,) = [w for w in run["whatif"] if w["scenario"] == "no_straggler"]
+    # rank 1's 3000 µs host gap goes to rank 0's 95 µs: both launch the all-reduce at +200 µs, it ends at +710,
+    # the sync then waits for the compute kernel (ends +2110) and returns at +2115: step 2200 µs
+    assert w["predicted_step_time_us"] == pytest.approx(2200.0, abs=0.01)
+    assert w["saving_pct"] == pytest.approx(42.11, abs=0.01)
+
+
+def test_replay_is_cached_with_the_report(tmp_path):
+    db = tmp_path / "r.duckdb"
+    first = analyze(sample("straggler"), db=db, jobs=1)
+    first.con.close()
+    again = analyze(sample("straggler"), db=db, jobs=1)
+    assert again.model.get("cached") is True
+    assert again.model["runs"][0]["replay"] == first.model["runs"][0]["replay"]
+    assert again.model["runs"][0]["whatif"] == first.model["runs"][0]["whatif"]

@@ -383,7 +383,21 @@ def build(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_size: in
             blocked = np.clip(end[src] - start[s_call], 0, dur[s_call])
             cd[s_call] = dur[s_call] - blocked
             nxt = s_call + 1
-            _extend(dep_src, dep_dst, dep_end, dep_off, dep_type, src, nxt, True, start[nxt] - end[src], 1)
+            off = start[nxt] - end[src]
+            _extend(dep_src, dep_dst, dep_end, dep_off, dep_type, src, nxt, True, off, 1)
+            # the stream a synchronize waits for is not in the trace without cuda_sync rows: every stream of the
+            # rank, each through its last task that ended before the call returned, with the same return latency
+            for r_id in np.unique(res[dev]).tolist():
+                lo_i = int(np.searchsorted(res, r_id))
+                hi_i = int(np.searchsorted(res, r_id, side="right"))
+                ends = np.maximum.accumulate(end[lo_i:hi_i])
+                mine = rank[s_call] == rank[lo_i]
+                jj = np.searchsorted(ends, end[s_call] + 1.0, side="right") - 1
+                ok2 = mine & (jj >= 0)
+                other = lo_i + jj[ok2]
+                keep = other != src[ok2]
+                _extend(dep_src, dep_dst, dep_end, dep_off, dep_type, other[keep], nxt[ok2][keep], True,
+                        off[ok2][keep], 1)
         missing.append("cross-stream event waits (cuda_sync \"Stream Wait Event\" rows are not read from the traces;"
                        " streams are ordered only by their launches)")
     # waits: a long host gap that ends after another thread's task or a collective of the rank ended late in it
