@@ -49,14 +49,29 @@ def trace_folders() -> list[Path]:
     return out
 
 
-def pairs() -> list[tuple[str, Path, Path, float | None]]:
-    """(scenario, slow folder, fixed folder, link GB/s or None): sample_traces/pairs/*/pair.json, else the defaults."""
+def pairs() -> list[tuple[str, Path, Path, float | None, dict]]:
+    """(scenario, slow folder, fixed folder, link GB/s or None, manifest): sample_traces/pairs/*/pair.json, else
+    the defaults (manifest ``{"pair": folder name}``)."""
     found = []
     for pj in sorted((SAMPLES / "pairs").glob("*/pair.json")):
         m = json.loads(pj.read_text())
+        m.setdefault("pair", pj.parent.name)
         found.append((m["scenario"], pj.parent / m.get("slow", "slow"), pj.parent / m.get("fixed", "fixed"),
-                      m.get("link_bw_GBps")))
-    return found or [(s, SAMPLES / a, SAMPLES / b, bw) for s, a, b, bw in DEFAULT_PAIRS]
+                      m.get("link_bw_GBps"), m))
+    return found or [(s, SAMPLES / a, SAMPLES / b, bw, {"pair": a}) for s, a, b, bw in DEFAULT_PAIRS]
+
+
+def known_miss(scenario: str, manifest: dict) -> str | None:
+    """Why a pair cannot test its what-if (docs/replay.md, known misses), or None."""
+    host = manifest.get("host") if isinstance(manifest.get("host"), dict) else {}
+    if scenario == "bf16_matmul" and host.get("native_bf16") is False:
+        return "bf16 matmuls are emulated on this host (no native bf16): the what-if assumes native bf16"
+    if scenario == "no_compile":
+        return "the fixed twin has a warm cache and still traces with dynamo/AOTAutograd: it is not compile-free"
+    if manifest.get("pair") == "straggler_sleep":
+        return ("a sleeping rank frees a core on an oversubscribed host (4 ranks, 2 cores): the others' measured "
+                "op times are faster than they are when it works; the replay keeps measured times")
+    return None
 
 
 def twin_busbw(model: dict) -> float | None:
@@ -85,7 +100,11 @@ def pair_prediction(scenario: str, slow: Path, fixed: Path, link_bw: float | Non
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pairs-only", action="store_true")
+    ap.add_argument("--samples", type=Path, help="a sample_traces folder other than this checkout's (its pairs/)")
     args = ap.parse_args()
+    if args.samples:
+        global SAMPLES
+        SAMPLES = args.samples
     if not args.pairs_only:
         print("| run | ranks | measured step (ms) | replayed (ms) | error % | instances | partial |")
         print("|---|--:|--:|--:|--:|--:|---|")
@@ -109,17 +128,22 @@ def main() -> None:
             print(f"\nreplay error: median {statistics.median(errs):.2f} %, max {max(errs):.2f} % over {len(errs)} "
                   "runs")
     print("\n| what-if | slow | fixed | slow step (ms) | fixed step (ms) | measured saving % | predicted % | "
-          "|error| (points) |")
-    print("|---|---|---|--:|--:|--:|--:|--:|")
+          "|error| (points) | note |")
+    print("|---|---|---|--:|--:|--:|--:|--:|---|")
     errors = []
-    for sc, slow, fixed, bw in pairs():
+    missed = []
+    for sc, slow, fixed, bw, manifest in pairs():
         p = pair_prediction(sc, slow, fixed, bw)
-        errors.append(p["error_points"])
+        why = known_miss(sc, manifest)
+        (missed if why else errors).append(p["error_points"])
         rng = f" ({p['range_pct'][0]:.1f}–{p['range_pct'][1]:.1f})" if p["range_pct"] else ""
-        print(f"| {sc} | {slow.name} | {fixed.name} | {p['slow_us'] / 1e3:.2f} | {p['fixed_us'] / 1e3:.2f} | "
-              f"{p['measured_pct']:.1f} | {p['predicted_pct']:.1f}{rng} | {p['error_points']:.1f} |")
+        print(f"| {sc} | {manifest['pair']}/{slow.name} | {fixed.name} | {p['slow_us'] / 1e3:.2f} | "
+              f"{p['fixed_us'] / 1e3:.2f} | "
+              f"{p['measured_pct']:.1f} | {p['predicted_pct']:.1f}{rng} | {p['error_points']:.1f} |"
+              + (f" known miss: {why}" if why else ""))
     if errors:
-        print(f"\nprediction error: mean {statistics.mean(errors):.1f} points, max {max(errors):.1f}")
+        print(f"\nprediction error: mean {statistics.mean(errors):.1f} points, max {max(errors):.1f} over "
+              f"{len(errors)} pairs" + (f" ({len(missed)} known misses left out)" if missed else ""))
     sys.stdout.flush()
 
 

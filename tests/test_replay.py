@@ -94,15 +94,14 @@ def test_markdown_and_html_carry_the_table(tmp_path):
     assert "| imbalance\\: straggler ranks | no\\_straggler |" in md
 
 
-@pytest.mark.parametrize("pair", bench.pairs(), ids=lambda p: p[0])
+@pytest.mark.parametrize("pair", bench.pairs(), ids=lambda p: p[4]["pair"])
 def test_whatif_against_its_fixed_twin(pair):
-    scenario, slow, fixed, bw = pair
+    scenario, slow, fixed, bw, manifest = pair
     if not (slow.exists() and fixed.exists()):
         pytest.skip(f"{slow} / {fixed} not present")
-    if scenario == "no_compile" and fixed.name == "compile_warm":
-        # known miss (docs/replay.md): the warm-cache twin still traces with dynamo and AOTAutograd (its step 0 takes
-        # 4.2 s), so it is not the compile-free run the what-if predicts (99.4 % vs 81.5 % measured)
-        pytest.xfail("compile_warm still compiles: not a compile-free twin (docs/replay.md, known misses)")
+    why = bench.known_miss(scenario, manifest)
+    if why:
+        pytest.xfail(why)  # docs/replay.md, known misses
     p = bench.pair_prediction(scenario, slow, fixed, bw)
     assert p["error_points"] <= 10.0, p
 
@@ -113,7 +112,11 @@ def test_pair_manifest_is_read(tmp_path, monkeypatch):
     (root / "pairs" / "link" / "pair.json").write_text(json.dumps(
         {"scenario": "ideal_interconnect", "slow": "s", "fixed": "f", "link_bw_GBps": 1.5}))
     monkeypatch.setattr(bench, "SAMPLES", root)
-    assert bench.pairs() == [("ideal_interconnect", root / "pairs" / "link" / "s", root / "pairs" / "link" / "f", 1.5)]
+    ((sc, slow, fixed, bw, manifest),) = bench.pairs()
+    assert (sc, slow, fixed, bw) == ("ideal_interconnect", root / "pairs" / "link" / "s", root / "pairs" / "link" / "f",
+                                     1.5)
+    assert manifest["pair"] == "link" and bench.known_miss(sc, manifest) is None
+    assert bench.known_miss("bf16_matmul", {"pair": "p", "host": {"native_bf16": False}}).startswith("bf16 matmuls")
 
 
 def _gpu_rank(rank: int, host_delay: float) -> list[dict]:
