@@ -87,7 +87,8 @@ class Graph:
     rank: np.ndarray
     res: np.ndarray
     kind: np.ndarray
-    name: np.ndarray  # object: task names
+    name: object  # pyarrow string array: task names
+    name_code: np.ndarray  # per task: index of its name among the distinct names
     step: np.ndarray
     start: np.ndarray
     dur: np.ndarray
@@ -179,6 +180,26 @@ def _fetch(con, sql: str, params: list) -> dict[str, np.ndarray]:
     return con.execute(sql, params).fetchnumpy()
 
 
+def _fetch_arrow(con, sql: str, params: list) -> dict:
+    """Columns of a query: ``name`` as an Arrow string array (no Python object per row: 500k names cost
+    seconds as objects), the others as NumPy arrays with NULL read as 0."""
+    import warnings
+
+    import pyarrow as pa
+
+    with warnings.catch_warnings():  # the copy DuckDB warns about is far cheaper than one Python object per row
+        warnings.simplefilter("ignore", UserWarning)
+        t = con.execute(sql, params).to_arrow_table()
+    out: dict = {}
+    for c in t.column_names:
+        a = t.column(c).combine_chunks()
+        if c == "name":
+            out[c] = a.cast(pa.string())
+        else:
+            out[c] = a.fill_null(False if pa.types.is_boolean(a.type) else 0).to_numpy(zero_copy_only=False)
+    return out
+
+
 def build(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_size: int | None,
           clock_offsets_us: dict | None = None) -> Graph:
     """Build the run's graph from the store (module docstring); nothing is written (see :func:`save`).
@@ -190,6 +211,8 @@ def build(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_size: in
         world_size: ranks in the job (a collective whose group reaches a rank not in the folder is incomplete).
         clock_offsets_us: rank -> offset (µs) to subtract from its times (``metrics.collectives``), or None.
     """
+    import pyarrow as pa
+
     offs = {int(k): float(v) for k, v in (clock_offsets_us or {}).items()}
     files = _fetch(con, "SELECT file_id, rank FROM files WHERE run_id = ? AND rank IS NOT NULL ORDER BY file_id",
                    [run_id])
@@ -209,11 +232,11 @@ def build(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_size: in
     run = [run_id]
     # --- host tasks
     if mode == "gpu":
-        h = _fetch(con, f"""SELECT c.file_id, c.pid, c.tid, c.ts_ns, c.dur_ns, c.correlation, c.name, {_FLAG}
+        h = _fetch_arrow(con, f"""SELECT c.file_id, c.pid, c.tid, c.ts_ns, c.dur_ns, c.correlation, c.name, {_FLAG}
             FROM cpu_ops c JOIN files f USING (file_id)
             WHERE f.run_id = $1 AND f.rank IS NOT NULL AND c.cat IN ('cuda_runtime', 'cuda_driver')""", _flag_args(run))
     else:
-        h = _fetch(con, f"""SELECT c.file_id, c.pid, c.tid, c.ts_ns, c.dur_ns, c.correlation, c.name, {_FLAG}
+        h = _fetch_arrow(con, f"""SELECT c.file_id, c.pid, c.tid, c.ts_ns, c.dur_ns, c.correlation, c.name, {_FLAG}
             FROM cpu_ops c JOIN files f USING (file_id)
             WHERE f.run_id = $1 AND f.rank IS NOT NULL AND c.cat IN ('cpu_op', 'user_annotation')
               AND profiler_step(c.cat, c.name) IS NULL
@@ -223,19 +246,20 @@ def build(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_size: in
         ts = np.asarray(h["ts_ns"], np.int64) - origin
         end = ts + np.asarray(h["dur_ns"], np.int64)
         top = ts >= _seg_cummax_excl(np.clip(end, 0, (1 << _T_SHIFT) - 1), thr)
-        h = {k: np.asarray(v)[top] for k, v in h.items()}
+        h = {k: (v.filter(pa.array(top)) if k == "name" else v[top]) for k, v in h.items()}
     h_rank = rank_of(np.asarray(h["file_id"], np.int64))
-    h_name = np.asarray(h["name"], dtype=object)
+    h_name = h["name"]
     h_flag = np.asarray(h["flag"], np.int64)
     h_coll = (h_flag == 3) & (mode != "gpu")
     parts.append(dict(rank=h_rank, rk=np.where(h_coll, 2, 0), a=np.asarray(h["pid"], np.int64),
                       b=np.asarray(h["tid"], np.int64), kind=np.where(h_coll, K_COLL, K_HOST),
                       ts=np.asarray(h["ts_ns"], np.int64), dur=np.asarray(h["dur_ns"], np.int64), name=h_name,
-                      corr=_int_column(h["correlation"])[0], fid=np.asarray(h["file_id"], np.int64),
-                      ext=np.zeros(h_name.size, np.int64), flag=h_flag))
+                      corr=np.asarray(h["correlation"], np.int64), fid=np.asarray(h["file_id"], np.int64),
+                      ext=np.zeros(h_flag.size, np.int64), flag=h_flag))
     # --- device tasks
     if mode == "gpu":
-        k = _fetch(con, f"""SELECT k.file_id, k.cat, k.name, k.device, k.stream, k.ts_ns, k.dur_ns, k.correlation,
+        k = _fetch_arrow(con, f"""SELECT k.file_id, CASE k.cat WHEN 'gpu_memcpy' THEN 1 WHEN 'gpu_memset' THEN 2
+                   ELSE 0 END AS catc, k.name, k.device, k.stream, k.ts_ns, k.dur_ns, k.correlation,
                    k.cat = 'kernel' AND k.name IN (SELECT unnest($3)) AS comm,
                    CASE WHEN m.file_id IS NOT NULL AND k.cat = 'kernel'
                         THEN regexp_matches(k.name, '{GEMM_KERNEL.pattern}') ELSE FALSE END AS fp32_gemm
@@ -246,15 +270,14 @@ def build(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_size: in
                  ON m.file_id = k.file_id AND m.external_id = k.external_id
             WHERE f.run_id = $1 AND f.rank IS NOT NULL AND k.cat IN ('kernel', 'gpu_memcpy', 'gpu_memset')""",
                    [run_id, list(MATMUL_OPS), _comm_kernels(con, run_id)])
-        cat = np.asarray(k["cat"], dtype=object)
+        cat = np.asarray(k["catc"], np.int64)
         kind = np.where(np.asarray(k["comm"], bool), K_COLL,
-                        np.where(cat == "gpu_memcpy", K_MEMCPY, np.where(cat == "gpu_memset", K_MEMSET, K_KERNEL)))
+                        np.where(cat == 1, K_MEMCPY, np.where(cat == 2, K_MEMSET, K_KERNEL)))
         parts.append(dict(rank=rank_of(np.asarray(k["file_id"], np.int64)), rk=np.ones(cat.size, np.int64),
-                          a=_int_column(k["device"])[0], b=_int_column(k["stream"])[0], kind=kind,
+                          a=np.asarray(k["device"], np.int64), b=np.asarray(k["stream"], np.int64), kind=kind,
                           ts=np.asarray(k["ts_ns"], np.int64), dur=np.asarray(k["dur_ns"], np.int64),
-                          name=np.asarray(k["name"], dtype=object), corr=_int_column(k["correlation"])[0],
-                          fid=np.asarray(k["file_id"], np.int64),
-                          ext=np.ma.filled(k["fp32_gemm"], False).astype(np.int64),
+                          name=k["name"], corr=np.asarray(k["correlation"], np.int64),
+                          fid=np.asarray(k["file_id"], np.int64), ext=np.asarray(k["fp32_gemm"], np.int64),
                           flag=np.zeros(cat.size, np.int64)))
     # --- step markers
     st = _fetch(con, "SELECT file_id, rank, step, start_ns, end_ns, pid, tid, counted FROM profiler_steps(?)", run)
@@ -266,9 +289,10 @@ def build(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_size: in
                       kind=np.concatenate([np.full(n_st, K_BEGIN), np.full(n_st, K_END)]),
                       ts=np.concatenate([st["start_ns"], st["end_ns"]]).astype(np.int64),
                       dur=np.zeros(2 * n_st, np.int64),
-                      name=np.array([f"ProfilerStep#{s}" for s in st["step"].tolist()] * 2, dtype=object),
+                      name=pa.array([f"ProfilerStep#{s}" for s in st["step"].tolist()] * 2, pa.string()),
                       corr=np.zeros(2 * n_st, np.int64), fid=np.concatenate([st["file_id"]] * 2).astype(np.int64),
                       ext=np.concatenate([st["step"]] * 2).astype(np.int64), flag=np.zeros(2 * n_st, np.int64)))
+    names = pa.concat_arrays([p.pop("name") for p in parts])
     cols = {c: np.concatenate([p[c] for p in parts]) for c in parts[0]}
     n = cols["ts"].size
     rel = cols["ts"] - origin - off_ns[np.clip(cols["rank"], 0, world)]
@@ -280,6 +304,8 @@ def build(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_size: in
     kind_order = np.select([cols["kind"] == K_END, cols["kind"] == K_BEGIN], [0, 1], 2)
     order = np.lexsort((-cols["dur"], kind_order, rel, res))
     cols = {c: v[order] for c, v in cols.items()}
+    names = names.take(pa.array(order))
+    name_code = names.dictionary_encode().indices.to_numpy(zero_copy_only=False).astype(np.int64)
     res, rel, rk = res[order], rel[order], rk[order]
     prefix = {0: "host", 1: "stream", 2: "comm"}
     res_names = [f"{prefix[int(r[1])]}:{int(r[2])}/{int(r[3])}" for r in uniq]
@@ -292,7 +318,6 @@ def build(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_size: in
     gap[1:] = start[1:] - end[:-1]
     gap[first] = 0.0
     kind = cols["kind"]
-    name = cols["name"]
     rank = cols["rank"]
     # --- steps: each task in the step (of its rank) that its anchor time falls in; markers carry their own
     step = np.full(n, -1, dtype=np.int64)
@@ -438,7 +463,8 @@ def build(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_size: in
     cover, gap_cover, gap_label = _categories(con, run_id, mode, origin, off_ns, world, uniq, res, rk, kind,
                                               cols["flag"], start, end, gap, first, cols["ext"])
     g = Graph(run_id=run_id, mode=mode, ranks=ranks, world_size=world, res_names=res_names, rank=rank,
-              res=res, kind=kind, name=name, step=step, start=start, dur=dur, gap=gap, first=first, chain_gap=cg,
+              res=res, kind=kind, name=names, name_code=name_code, step=step, start=start, dur=dur, gap=gap,
+              first=first, chain_gap=cg,
               chain_dur=cd, gap_label=gap_label, cover=cover, gap_cover=gap_cover,
               dep_src=dep[0].astype(np.int64), dep_dst=dep[1].astype(np.int64), dep_end=dep[2].astype(bool),
               dep_off=dep[3].astype(float), dep_type=dep[4].astype(np.int64), inst=np.full(n, -1, np.int64),
@@ -727,7 +753,7 @@ def save(con: duckdb.DuckDBPyConnection, g: Graph) -> None:
     tbl = pa.table({
         "run_id": pa.array(np.full(n, g.run_id, np.int32)), "task_id": pa.array(np.arange(n, dtype=np.int64)),
         "rank": pa.array(g.rank.astype(np.int32)), "resource": res_arr, "kind": kind_arr,
-        "name": pa.array(g.name, pa.string(), from_pandas=True),
+        "name": g.name,
         "step": pa.array(g.step.astype(np.int32), mask=g.step < 0),
         "start_us": pa.array(g.start), "dur_us": pa.array(g.dur),
         "gap_us": pa.array(np.where(host[g.res] | (g.kind != K_HOST), g.gap, 0.0)),

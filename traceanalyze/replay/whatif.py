@@ -76,17 +76,17 @@ def _rw_interconnect(g, d, cg, tr, ctx):
 def _busy_us(g: gr.Graph) -> dict[int, float]:
     """Per rank: median over its counted steps of the host time it spends working (host tasks and the gaps
     between them, waits left out), µs."""
-    host = (g.kind == gr.K_HOST) & (g.step >= 0)
-    counted = {(r, s) for r, s, _, _, c in g.steps if c}
-    per: dict[tuple[int, int], float] = {}
-    idx = np.flatnonzero(host)
-    busy = g.chain_dur[idx] + g.chain_gap[idx]
-    for r, s, b in zip(g.rank[idx].tolist(), g.step[idx].tolist(), busy.tolist(), strict=True):
-        if (r, s) in counted:
-            per[(r, s)] = per.get((r, s), 0.0) + b
+    width = int(g.step.max(initial=0)) + 2
+    counted = np.array([r * width + s for r, s, _, _, c in g.steps if c], dtype=np.int64)
+    key = g.rank * width + g.step
+    sel = np.flatnonzero((g.kind == gr.K_HOST) & (g.step >= 0) & np.isin(key, counted))
+    if sel.size == 0:
+        return {}
+    keys, inv = np.unique(key[sel], return_inverse=True)
+    per = np.bincount(inv.reshape(-1), weights=g.chain_dur[sel] + g.chain_gap[sel])
     out: dict[int, list[float]] = {}
-    for (r, _), v in per.items():
-        out.setdefault(r, []).append(v)
+    for k, v in zip((keys // width).tolist(), per.tolist(), strict=True):
+        out.setdefault(int(k), []).append(v)
     return {r: float(np.median(v)) for r, v in out.items()}
 
 
@@ -108,8 +108,7 @@ def _rw_straggler(g, d, cg, tr, ctx):
     sel = np.flatnonzero((g.step >= 0) & np.isin(g.kind, (gr.K_HOST, gr.K_KERNEL, gr.K_MEMCPY, gr.K_MEMSET)))
     d, cg = d.copy(), cg.copy()
     if sel.size and slow:
-        names, code = np.unique(g.name[sel].astype(str), return_inverse=True)
-        cls = g.step[sel] * (names.size + 1) + code.reshape(-1)
+        cls = g.step[sel] * (int(g.name_code.max(initial=0)) + 1) + g.name_code[sel]
         o = np.lexsort((g.start[sel], cls, g.rank[sel]))
         rk, cl = g.rank[sel][o], cls[o]
         newgrp = np.ones(o.size, dtype=bool)
@@ -270,32 +269,35 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_siz
     return replay_model, whatif, _picture(g, base, measured, counted, m_long)
 
 
-LANE_SEGMENTS = 400  # segments drawn per rank lane at most (the shortest are merged into their neighbours)
+LANE_SEGMENTS = 400  # segments drawn per rank lane at most (the longest kept)
+LABELS = ("compute", "host", "wait", "communication", "transfer", "dataloader", "compile", "optimizer", "launch")
 
 
-def _label(g: gr.Graph, i: int) -> str:
-    if g.kind[i] == gr.K_COLL:
-        return "communication"
-    for c in ("dataloader", "compile", "optimizer"):
-        if g.cover[c][i] > 0.5 * g.dur[i]:
-            return c
-    return "compute" if g.kind[i] != gr.K_HOST or g.mode != "gpu" else "host"
+def _task_labels(g: gr.Graph, idx: np.ndarray) -> np.ndarray:
+    """Label code (:data:`LABELS`) of each task in ``idx``: its category when over half its time, else compute
+    (host ops of CPU runs, device work) or host (runtime calls of GPU runs)."""
+    lab = np.full(idx.size, 0 if g.mode != "gpu" else 1, np.int64)
+    lab[g.kind[idx] != gr.K_HOST] = 0
+    for c in ("optimizer", "compile", "dataloader"):
+        lab[g.cover[c][idx] > 0.5 * g.dur[idx]] = LABELS.index(c)
+    lab[g.kind[idx] == gr.K_COLL] = LABELS.index("communication")
+    return lab
 
 
-def _merge(segs: list[list], tiny: float) -> list[list]:
-    """Per row, adjacent segments of one label (and critical-path flag) joined, and segments shorter than ``tiny``
-    µs folded into the one before: a lane stays a few dozen shapes whatever the op count."""
-    out: list[list] = []
-    for row in (0, 1):
-        last: list | None = None
-        for s in sorted((s for s in segs if s[4] == row), key=lambda s: s[0]):
-            if last is not None and (s[0] - (last[0] + last[1]) <= tiny) and (
-                    (s[2] == last[2] and s[3] == last[3]) or s[1] < tiny):
-                last[1] = round(max(last[1], s[0] + s[1] - last[0]), 1)
-                continue
-            last = list(s)
-            out.append(last)
-    return out
+def _merge(start: np.ndarray, length: np.ndarray, lab: np.ndarray, crit: np.ndarray, tiny: float) -> list[list]:
+    """Adjacent segments of one label and critical-path flag joined, and segments shorter than ``tiny`` µs
+    folded into the one before: a lane stays a few dozen shapes whatever the op count. Input sorted by start."""
+    if start.size == 0:
+        return []
+    end = start + length
+    new = np.ones(start.size, dtype=bool)
+    prev_end = np.maximum.accumulate(end)[:-1]
+    joined = (start[1:] - prev_end <= tiny) & (((lab[1:] == lab[:-1]) & (crit[1:] == crit[:-1])) | (length[1:] < tiny))
+    new[1:] = ~joined
+    heads = np.flatnonzero(new)
+    ends = np.maximum.reduceat(end, heads)
+    return [[round(float(a), 1), round(float(b - a), 1), LABELS[int(c)], bool(k)]
+            for a, b, c, k in zip(start[heads], ends, lab[heads], crit[heads], strict=True)]
 
 
 def _picture(g: gr.Graph, rp: simulate.Replay, measured, counted, m_long) -> dict:
@@ -310,29 +312,38 @@ def _picture(g: gr.Graph, rp: simulate.Replay, measured, counted, m_long) -> dic
         return {}
     t0 = min(rp.start[b] for b, _ in marks.values())
     slow = max(marks, key=lambda r: rp.start[marks[r][1]] - rp.start[marks[r][0]])
-    path = set(simulate.critical_path(g, rp, marks[slow][1], rp.start[marks[slow][0]]))
+    on_path = np.zeros(g.start.size, dtype=bool)
+    on_path[simulate.critical_path(g, rp, marks[slow][1], rp.start[marks[slow][0]])] = True
+    waits = np.zeros(g.start.size, dtype=bool)
+    waits[g.dep_dst[g.dep_type >= 1]] = True
+    ct = np.flatnonzero(g.kind == gr.K_COLL)
     lanes = []
-    wait_dst = set(g.dep_dst[g.dep_type >= 2].tolist())
     for r in sorted(marks):
         b, e = marks[r]
         lo, hi = rp.start[b], rp.start[e]
-        host = [i for i in range(b + 1, e) if g.res[i] == g.res[b]]
-        comm = np.flatnonzero((g.rank == r) & (g.kind == gr.K_COLL) & (rp.start >= lo) & (rp.start < hi)).tolist()
-        segs = []
-        for i in host:
-            if g.gap[i] > 0 and not g.first[i]:
-                gs = rp.end[i - 1] if i - 1 >= b else lo
-                lab = "wait" if i in wait_dst else (g.gap_label[i] or "host")
-                segs.append([round(gs - t0, 1), round(rp.start[i] - gs, 1), lab, i in path, 0])
-            segs.append([round(rp.start[i] - t0, 1), round(rp.end[i] - rp.start[i], 1), _label(g, i), i in path, 0])
-        for i in comm:
-            segs.append([round(rp.start[i] - t0, 1), round(rp.end[i] - rp.start[i], 1), "transfer", i in path, 1])
-        segs = _merge([s for s in segs if s[1] > 0], (hi - lo) / 1000)
+        tiny = (hi - lo) / 1000
+        host = np.arange(b + 1, e)  # the step's thread: tasks between its markers (resource order)
+        gp = host[(g.gap[host] > 0) & ~g.first[host]]
+        gap_start = np.maximum(rp.end[gp - 1], lo)
+        gap_lab = np.array([LABELS.index(x) if x in LABELS else 1 for x in g.gap_label[gp].tolist()], np.int64)
+        gap_lab[waits[gp]] = LABELS.index("wait")
+        st = np.concatenate([gap_start, rp.start[host]])
+        ln = np.concatenate([rp.start[gp] - gap_start, rp.end[host] - rp.start[host]])
+        lab = np.concatenate([gap_lab, _task_labels(g, host)])
+        crit = np.concatenate([on_path[gp], on_path[host]])
+        o = np.argsort(st, kind="stable")
+        keep = ln[o] > 0
+        top = _merge(st[o][keep] - t0, ln[o][keep], lab[o][keep], crit[o][keep], tiny)
+        cc = ct[(g.rank[ct] == r) & (rp.start[ct] >= lo) & (rp.start[ct] < hi)]
+        cc = cc[np.argsort(rp.start[cc], kind="stable")]
+        bottom = _merge(rp.start[cc] - t0, rp.end[cc] - rp.start[cc], np.full(cc.size, LABELS.index("transfer")),
+                        on_path[cc], tiny)
+        segs = [[*x, 0] for x in top] + [[*x, 1] for x in bottom]
         if len(segs) > LANE_SEGMENTS:
-            keep = sorted(range(len(segs)), key=lambda k: (-segs[k][3], -segs[k][1]))[:LANE_SEGMENTS]
-            segs = [segs[k] for k in sorted(keep)]
-        lanes.append({"rank": r, "step_us": round(hi - lo, 1), "start_us": round(lo - t0, 1),
-                      "end_us": round(hi - t0, 1), "critical": r == slow, "segments": segs})
+            keep_i = sorted(range(len(segs)), key=lambda k: (-segs[k][3], -segs[k][1]))[:LANE_SEGMENTS]
+            segs = [segs[k] for k in sorted(keep_i)]
+        lanes.append({"rank": r, "step_us": round(float(hi - lo), 1), "start_us": round(float(lo - t0), 1),
+                      "end_us": round(float(hi - t0), 1), "critical": r == slow, "segments": segs})
     span = max(ln["end_us"] for ln in lanes) or 1.0
     return {"step": step, "span_us": span, "lanes": lanes, "slowest_rank": slow}
 
