@@ -434,7 +434,7 @@ def test_compiled_templates_cached_on_disk(tmp_path: Path, monkeypatch: pytest.M
     assert not folder.exists()  # made on demand
     expected = render.html(model)
     entries = sorted(folder.glob("*.cache"))
-    assert len(entries) == 3  # report.html.j2, the macros it imports and the CSS it includes
+    assert len(entries) == 4  # report.html.j2, the macros it imports, the CSS it includes and _whatif.html.j2
     assert all(e.stat().st_size > 0 for e in entries) and not list(folder.glob("*.tmp"))
     assert render._env is render._env_made  # what batch.py uses is the same environment
 
