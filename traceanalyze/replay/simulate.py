@@ -24,6 +24,7 @@ from traceanalyze.replay.graph import K_COLL, Graph
 
 MAX_PASSES = 400  # a pass settles at least one more cross-resource dependency; real graphs settle in far fewer
 TOLERANCE_US = 1e-3
+UNKNOWN = -1e15  # µs: a start not yet known (below any real time; finite so that differences stay finite)
 
 
 @dataclass
@@ -64,62 +65,72 @@ def replay(g: Graph, dur: np.ndarray | None = None, gap: np.ndarray | None = Non
     cs = np.cumsum(inc)
     seg_first = np.maximum.accumulate(np.where(first, np.arange(n), 0)) if n else np.zeros(0, np.int64)
     c = cs - cs[seg_first]
-    # one running maximum over all resources: resource i's values are lifted by i x span, so no maximum crosses
-    # into the next resource (float64 keeps 1e-6 µs at 1e10 µs)
-    span = float(np.ptp(g.start)) + float(c.max(initial=0.0)) + 1e6 if n else 1.0
-    seg_off = (np.cumsum(first) - 1) * (4 * span)
-    floor = -2 * span
+    floor = -2.0 * (float(np.ptp(g.start)) + float(c.max(initial=0.0)) + 1e6) if n else -1.0
     # a resource's first task starts where it was measured unless an edge says when (a launch, a wait)
     pinned = first.copy()
     pinned[g.dep_dst] = False
-    r0 = np.full(n, -np.inf)
+    # a finite "not yet known" time: no NaN from -inf - -inf, and still below every real time after offsets
+    r0 = np.full(n, UNKNOWN)
     r0[pinned] = g.start[pinned]
     # explicit edges grouped by destination once
     o = np.argsort(g.dep_dst, kind="stable")
     dsrc, ddst, dend, doff = g.dep_src[o], g.dep_dst[o], g.dep_end[o], g.dep_off[o]
     udst, ustart = np.unique(ddst, return_index=True) if ddst.size else (np.zeros(0, np.int64), np.zeros(0, np.int64))
+    ustop = np.append(ustart[1:], ddst.size).astype(np.int64)
     n_inst = tr.size
-    m_ready = np.full(n_inst, -np.inf)
-    s = np.full(n, -np.inf)
-    e = s
-    converged = False
-    passes = 0
     prev_ct = np.clip(ct - 1, 0, None)
     ct_first = first[ct]
+    # resources in the order their edges mostly run (host threads launch onto gloo threads and streams), each a
+    # slice of the task arrays with its slice of edges and collective tasks: a pass sees this pass's launches
+    bounds = np.append(np.flatnonzero(first), n).astype(np.int64)
+    prefix = [g.res_names[int(g.res[b])].split(":")[0] for b in bounds[:-1]]
+    rank_of = {"host": 0, "comm": 1, "stream": 2}
+    segs = []
+    for k in sorted(range(len(prefix)), key=lambda k: rank_of.get(prefix[k], 3)):
+        lo, hi = int(bounds[k]), int(bounds[k + 1])
+        ua, ub = int(np.searchsorted(udst, lo)), int(np.searchsorted(udst, hi))
+        ca, cb = int(np.searchsorted(ct, lo)), int(np.searchsorted(ct, hi))
+        segs.append((lo, hi, ua, ub, ca, cb))
+    s = np.full(n, UNKNOWN)
+    e = s.copy()
+    ready = np.full(ct.size, UNKNOWN)
+    m_ready = np.full(n_inst, UNKNOWN)
+    converged = False
+    passes = 0
     for passes in range(1, MAX_PASSES + 1):  # noqa: B007
-        r = r0.copy()
-        if udst.size:
-            vals = np.where(dend, e[dsrc] if passes > 1 else -np.inf, s[dsrc]) + doff
-            vals = np.nan_to_num(vals, nan=-np.inf)
-            r[udst] = np.maximum(r[udst], np.maximum.reduceat(vals, ustart))
-        r_dep = r[ct].copy()
+        before = s.copy()
+        for lo, hi, ua, ub, ca, cb in segs:
+            r = r0[lo:hi].copy()
+            if ub > ua:
+                da, db = int(ustart[ua]), int(ustop[ub - 1])
+                src, off = dsrc[da:db], doff[da:db]
+                vals = np.where(dend[da:db], e[src], s[src]) + off
+                idx = udst[ua:ub] - lo
+                r[idx] = np.maximum(r[idx], np.maximum.reduceat(vals, ustart[ua:ub] - da))
+            if cb > ca:
+                cidx = ct[ca:cb] - lo
+                r_dep = r[cidx].copy()
+                r[cidx] = np.maximum(r_dep, m_ready[ci[ca:cb]])
+            cc = c[lo:hi]
+            run = np.maximum.accumulate(np.maximum(r - cc, floor))
+            new_s = np.where(run <= floor, UNKNOWN, run + cc)
+            s[lo:hi] = new_s
+            e[lo:hi] = new_s + d[lo:hi]
+            if cb > ca:
+                pc = prev_ct[ca:cb]
+                ready[ca:cb] = np.maximum(np.where(ct_first[ca:cb], UNKNOWN, e[pc] + cg[ct[ca:cb]]), r_dep)
         if ct.size:
-            r[ct] = np.maximum(r[ct], m_ready[ci])
-        new_s = _seg_running_max(r - c, seg_off, floor) + c
-        new_e = new_s + d
-        if ct.size:
-            ready = np.maximum(np.where(ct_first, -np.inf, new_e[prev_ct] + cg[ct]), r_dep)
-            new_m = np.full(n_inst, -np.inf)
-            np.maximum.at(new_m, ci, ready)
-        else:
-            new_m = m_ready
-        with np.errstate(invalid="ignore"):  # -inf - -inf: a task still without a start did not move
-            moved = np.nanmax(np.abs(np.nan_to_num(new_s - s, nan=0.0, posinf=1e18, neginf=1e18))) if n else 0.0
-        s, e, m_ready = new_s, new_e, new_m
+            m_ready = np.full(n_inst, UNKNOWN)
+            np.maximum.at(m_ready, ci, ready)
+        moved = float(np.max(np.abs(s - before))) if n else 0.0
         if passes > 1 and moved < TOLERANCE_US:
             converged = True
             break
+    s = np.where(s <= UNKNOWN / 2, -np.inf, s)
+    e = np.where(s == -np.inf, -np.inf, e)
     out = Replay(start=s, end=e, passes=passes, converged=converged)
     if keep_binding:
         out.binding = _binding(g, s, e, d, cg, ct, ci, dsrc, ddst, dend, doff)  # type: ignore[attr-defined]
-    return out
-
-
-def _seg_running_max(v: np.ndarray, seg_off: np.ndarray, floor: float) -> np.ndarray:
-    """Running maximum of ``v`` restarted at each resource (see :func:`replay`); -inf stays -inf."""
-    low = v < floor
-    out = np.maximum.accumulate(np.where(low, floor, v) + seg_off) - seg_off
-    out[out <= floor] = -np.inf
     return out
 
 
