@@ -364,6 +364,14 @@ def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: floa
     for st in step_rows:
         steps_by_rank.setdefault(st.rank, []).append((st.step, st.start_ns, st.start_ns + int(st.step_time_us * 1e3)))
     coll = analyze_collectives(con, run_id, mode, facts["world_size"], steps_by_rank) if good else None
+    # the what-if replay (NumPy and DuckDB, mostly without the GIL) overlaps with the analyses below
+    link = _expected_link(facts, side, link_bw_gbps)
+    rp_pool = ThreadPoolExecutor(max_workers=1) if good and step_rows and n_rows <= OVERLAP_MAX_ROWS else None
+    rp_cur = con.cursor()
+    replay_result = _deferred(rp_pool, _replay, rp_cur, run_id, mode, facts["world_size"], coll, link,
+                              warnings) if good and step_rows else None
+    if rp_pool is not None:
+        rp_pool.shutdown(wait=False)
     prec = analyze_precision(con, run_id, mode, facts["gpu_model"], peak_tflops) if good else None
     comp = compile_stats(con, run_id) if good else None
     loader = loader_stats(con, run_id) if good else None
@@ -376,9 +384,8 @@ def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: floa
         cols = list(CollectiveSummary.__dataclass_fields__)
         store.insert_rows(con, "collective_calls", ["run_id", *cols],
                     [[run_id, *(getattr(c, f) for f in cols)] for c in coll.summaries])
-    link = _expected_link(facts, side, link_bw_gbps)
-    replay_model, whatif, picture = _replay(con, run_id, mode, facts["world_size"], coll, link, warnings) \
-        if good and step_rows else ({}, [], {})
+    replay_model, whatif, picture = replay_result() if replay_result else ({}, [], {})
+    rp_cur.close()
     ranks_model = [_rank_model(r) for r in rank_rows]
     steps_model = [asdict(s) for s in step_rows]
     # the run's step time: median over the counted steps of the longest rank's duration (metrics.steps)
