@@ -137,7 +137,8 @@ def main() -> None:
         why = known_miss(sc, manifest)
         (missed if why else errors).append(p["error_points"])
         rng = f" ({p['range_pct'][0]:.1f}–{p['range_pct'][1]:.1f})" if p["range_pct"] else ""
-        print(f"| {sc} | {manifest['pair']}/{slow.name} | {fixed.name} | {p['slow_us'] / 1e3:.2f} | "
+        label = slow.name if manifest["pair"] == slow.name else f"{manifest['pair']}/{slow.name}"
+        print(f"| {sc} | {label} | {fixed.name} | {p['slow_us'] / 1e3:.2f} | "
               f"{p['fixed_us'] / 1e3:.2f} | "
               f"{p['measured_pct']:.1f} | {p['predicted_pct']:.1f}{rng} | {p['error_points']:.1f} |"
               + (f" known miss: {why}" if why else ""))
