@@ -693,7 +693,7 @@ def _match_collectives(con, g: Graph, run_id: int, mode: str, origin: int, off_n
     by_inst: dict[int, list[int]] = {}
     for i, m in enumerate(inst.tolist()):
         by_inst.setdefault(m, []).append(i)
-    reasons = {"peers": 0, "mismatch": 0, "duplicate": 0}
+    reasons = {"peers": 0, "mismatch": 0, "duplicate": 0, "p2p": 0}
     start, end = g.start[tasks], g.start[tasks] + g.dur[tasks]
     for m, members in by_inst.items():
         rs = [int(rank[i]) for i in members]
@@ -707,6 +707,9 @@ def _match_collectives(con, g: Graph, run_id: int, mode: str, origin: int, off_n
         elif set(expected) - present or set(rs) != set(expected):
             complete[m] = False
             reasons["peers"] += 1
+        elif coll_name[m] == "send_recv":  # two parties, paired by peer: not a rendezvous of the whole group
+            complete[m] = False
+            reasons["p2p"] += 1
         elif len({(str(op[i]), int(nbytes[i])) for i in members}) > 1:
             complete[m] = False
             reasons["mismatch"] += 1
@@ -735,6 +738,8 @@ def _match_collectives(con, g: Graph, run_id: int, mode: str, origin: int, off_n
             why.append(f"{reasons['mismatch']} whose name or size differ across ranks (the per-step order slipped)")
         if reasons["duplicate"]:
             why.append(f"{reasons['duplicate']} matched twice on one rank")
+        if reasons["p2p"]:
+            why.append(f"{reasons['p2p']} point-to-point send/recv (pairing by peer is not implemented)")
         g.unmatched.append(f"{n_inc} of {n_inst} collective instances kept their measured duration: "
                            + "; ".join(why))
         g.partial = reasons["peers"] > 0
