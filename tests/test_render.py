@@ -434,7 +434,7 @@ def test_compiled_templates_cached_on_disk(tmp_path: Path, monkeypatch: pytest.M
     assert not folder.exists()  # made on demand
     expected = render.html(model)
     entries = sorted(folder.glob("*.cache"))
-    assert len(entries) == 6  # report.html.j2, the macros and chart partials it imports and the CSS it includes
+    assert len(entries) == 7  # report.html.j2, the macros and chart partials it imports, _whatif.html.j2 and the CSS
     assert all(e.stat().st_size > 0 for e in entries) and not list(folder.glob("*.tmp"))
     assert render._env is render._env_made  # what batch.py uses is the same environment
 
@@ -505,7 +505,7 @@ def test_template_cache_others_can_write_is_not_used(tmp_path: Path, monkeypatch
     expected = render.html(model)
     folder = Path(render._template_cache_dir() or "")
     entries = {e: e.read_bytes() for e in folder.glob("*.cache")}
-    assert len(entries) == 6
+    assert len(entries) == 7  # with the what-if partial
     folder.chmod(0o777)  # e.g. XDG_CACHE_HOME=/tmp: another user could plant code there
     try:
         env = _fresh_env(monkeypatch, tmp_path / "xdg")
@@ -520,8 +520,8 @@ def test_template_cache_others_can_write_is_not_used(tmp_path: Path, monkeypatch
         for e in entries:
             e.write_bytes(b"planted")
         assert render.html(model) == expected
-        assert sorted(compiled) == ["_charts.html.j2", "_heatmap.html.j2", "_timeline.html.j2", "macros.html.j2",
-                                    "report.css", "report.html.j2"]
+        assert sorted(compiled) == ["_charts.html.j2", "_heatmap.html.j2", "_timeline.html.j2", "_whatif.html.j2",
+                                    "macros.html.j2", "report.css", "report.html.j2"]
         assert all(e.read_bytes() == b"planted" for e in entries)  # nor is anything written there
     finally:
         folder.chmod(0o700)

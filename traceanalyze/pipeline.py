@@ -135,6 +135,7 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
         if not lf.cached and lf.file_id is not None and lf.error is None:
             drop_impossible_durations(con, lf.file_id, store.file_header(con, lf.file_id))
     from traceanalyze import diagnose, metrics
+    from traceanalyze.replay.whatif import apply_to_findings
 
     for t in store.REPORT_TABLES:
         con.execute(f"DELETE FROM {t}")
@@ -157,6 +158,7 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
                                                  gpu, max_decompressed)
         warnings.extend(run_warnings)
         findings = diagnose.diagnose(ev)
+        findings = apply_to_findings(findings, run_model.get("whatif"))  # impact from the what-if replay
         run_model["findings"] = diagnose.to_dicts(findings)
         if run_model["steps"] and run_model["mode"] in ("gpu", "cpu"):
             run_model["timeline"] = _timeline(con, run_id, run_model, ev, findings)
@@ -379,6 +381,14 @@ def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: floa
     for st in step_rows:
         steps_by_rank.setdefault(st.rank, []).append((st.step, st.start_ns, st.start_ns + int(st.step_time_us * 1e3)))
     coll = analyze_collectives(con, run_id, mode, facts["world_size"], steps_by_rank) if good else None
+    # the what-if replay (NumPy and DuckDB, mostly without the GIL) overlaps with the analyses below
+    link = _expected_link(facts, side, link_bw_gbps)
+    rp_pool = ThreadPoolExecutor(max_workers=1) if good and step_rows and n_rows <= OVERLAP_MAX_ROWS else None
+    rp_cur = con.cursor()
+    replay_result = _deferred(rp_pool, _replay, rp_cur, run_id, mode, facts["world_size"], coll, link,
+                              warnings) if good and step_rows else None
+    if rp_pool is not None:
+        rp_pool.shutdown(wait=False)
     prec = analyze_precision(con, run_id, mode, facts["gpu_model"], peak_tflops) if good else None
     comp = compile_stats(con, run_id) if good else None
     loader = loader_stats(con, run_id) if good else None
@@ -391,7 +401,8 @@ def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: floa
         cols = list(CollectiveSummary.__dataclass_fields__)
         store.insert_rows(con, "collective_calls", ["run_id", *cols],
                     [[run_id, *(getattr(c, f) for f in cols)] for c in coll.summaries])
-    link = _expected_link(facts, side, link_bw_gbps)
+    replay_model, whatif, picture = replay_result() if replay_result else ({}, [], {})
+    rp_cur.close()
     ranks_model = [_rank_model(r) for r in rank_rows]
     steps_model = [asdict(s) for s in step_rows]
     # the run's step time: median over the counted steps of the longest rank's duration (metrics.steps)
@@ -453,6 +464,9 @@ def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: floa
         "log_facts": {k: [f.value for f in v] for k, v in side["facts"].items()},
         "log_steps": len(side["log_steps"]),
         "log_step_time_ms": _log_step_time(side["log_steps"]),
+        "replay": replay_model or None,
+        "whatif": whatif,
+        "replay_picture": picture or None,
     }
     model["effective_batch"] = diagnose.effective_batch_of(ev)
     for w in warnings:
@@ -490,6 +504,16 @@ def _timeline(con, run_id: int, run_model: dict, ev, findings) -> dict | None:
                     marked.setdefault(g.rank, []).append({"start_us": g.offset_us, "dur_us": g.dur_us,
                                                           "label": "host gap", "cause": f.cause})
     return where.timeline_model(con, run_id, run_model["mode"], run_model["steps"], marked, named)
+def _replay(con, run_id: int, mode: str, world: int | None, coll, link: dict, warnings: list[dict]):
+    """The what-if replay of one run (traceanalyze.replay); a failure costs a warning, not the report."""
+    from traceanalyze.replay.whatif import replay_run
+
+    try:
+        return replay_run(con, run_id, mode, world, coll.clock_offsets_us if coll else None,
+                          link.get("expected_gbps"), link.get("source", ""))
+    except (ValueError, IndexError, KeyError, duckdb.Error) as exc:  # a graph the replay cannot handle
+        warnings.append({"file": None, "level": "warning", "message": f"what-if replay skipped: {exc}"})
+        return {}, [], {}
 
 
 WINDOW_STEP_DIFF = 0.10  # windows of one rank whose median step times differ by more than this are named

@@ -29,6 +29,8 @@ from collections.abc import Iterable
 from pathlib import PurePath
 from typing import TYPE_CHECKING, Any
 
+from traceanalyze.replay.view import replay_markdown, replay_view
+
 if TYPE_CHECKING:  # imported where used: the Markdown summary and the JSON output need no Jinja2
     import jinja2
 
@@ -545,6 +547,7 @@ def _run_view(run: dict, findings: list[dict], idx: int = 1) -> dict:
         "precision_rows": _fact_rows(_dict(run.get("precision"))),
         "link": link, "clock_offsets": sorted(offsets.items(), key=lambda kv: str(kv[0]).zfill(8)),
         "extras": extras, "rank_extra": rank_extra, "has_wait": bool(waits), "has_loader": bool(loader),
+        **replay_view(run),
         "step_time_us": run.get("step_time_us"),
         "mean_idle": _mean(r.get("idle_pct") for r in ranks),
         "mean_compute": _mean(r.get("compute_pct") for r in ranks),
@@ -835,6 +838,7 @@ def _view_md(model: dict) -> list[str]:
         out += ["", "Idle, compute, non-compute and overlap: % of each rank's trace window; exposed communication "
                 "and step time: median per counted step. Ranks a finding names and outliers first."]
         out.append("")
+        out += replay_markdown(run)
 
     warnings = _warnings(model)
     n_files = sum(len(_list(r.get("files"))) for r in runs)

@@ -32,7 +32,7 @@ from traceanalyze.errors import InputError, TraceanalyzeError
 if TYPE_CHECKING:
     from traceanalyze.ingest import TraceFile
 
-SCHEMA_VERSION = 3  # a database written with another version is rebuilt: it is a cache of the traces
+SCHEMA_VERSION = 4  # a database written with another version is rebuilt: it is a cache of the traces
 
 DDL = f"""
 CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR);
@@ -173,6 +173,48 @@ INGEST_MEMORY_LIMIT = "64MB"  # DuckDB's buffer pool while trace files are loade
 # Tables that describe the latest report only; emptied before a report is recomputed.
 REPORT_TABLES = ("runs", "warnings", "run_facts", "log_steps", "nccl_channels", "topology_links", "collective_calls",
                  "findings", "report_cache")
+
+# What-if replay (traceanalyze.replay, docs/replay.md): each rank's dependency graph and the replayed step times.
+# Host and stream order edges are implicit (consecutive tasks of one resource); the view sim_edge lists them with
+# the explicit ones, and sim_gap the host gaps (each stored on the task that follows it).
+REPLAY_DDL = """
+CREATE TABLE IF NOT EXISTS sim_task (
+    run_id INTEGER, task_id BIGINT, rank INTEGER,
+    resource VARCHAR,              -- host:<pid>/<tid> | stream:<device>/<stream> | comm:<pid>/<tid> (gloo thread)
+    kind VARCHAR,                  -- host | kernel | memcpy | memset | collective | step_begin | step_end
+    name VARCHAR, step INTEGER,    -- step: the ProfilerStep#N it starts in (NULL outside steps)
+    start_us DOUBLE, dur_us DOUBLE,  -- measured, on the rank's clock minus the run's first timestamp
+    gap_us DOUBLE,                 -- measured host gap before this task on its resource (host resources)
+    gap_label VARCHAR              -- dataloader | compile | optimizer | launch | host: what encloses the gap
+);
+CREATE TABLE IF NOT EXISTS sim_dep (  -- explicit edges: dst may start at (start or end of src) + offset_us
+    run_id INTEGER, src BIGINT, dst BIGINT,
+    edge_type VARCHAR,             -- launch | gpu_cpu_sync | inter_thread | collective_wait
+    from_end BOOLEAN, offset_us DOUBLE
+);
+CREATE TABLE IF NOT EXISTS sim_coll (  -- collective instances matched across ranks (rendezvous)
+    run_id INTEGER, instance_id BIGINT, rank INTEGER, task_id BIGINT, matched_by VARCHAR, collective VARCHAR,
+    bytes BIGINT, start_us DOUBLE, end_us DOUBLE, transfer_us DOUBLE, blocking_us DOUBLE, complete BOOLEAN
+);
+CREATE TABLE IF NOT EXISTS sim_result (  -- step time per rank and step: measured, and replayed per scenario
+    run_id INTEGER, scenario VARCHAR, rank INTEGER, step INTEGER, measured_us DOUBLE, replayed_us DOUBLE
+);
+CREATE OR REPLACE VIEW sim_gap AS
+    SELECT run_id, task_id AS before_task, rank, resource, start_us - gap_us AS start_us, gap_us AS dur_us,
+           gap_label AS label, step FROM sim_task WHERE gap_us > 0;
+CREATE OR REPLACE VIEW sim_edge AS
+    SELECT run_id, lag(task_id) OVER w AS src, task_id AS dst,
+           CASE WHEN resource LIKE 'stream:%' THEN 'stream_order' ELSE 'host_order' END AS edge_type,
+           gap_us AS weight_us
+    FROM sim_task WINDOW w AS (PARTITION BY run_id, resource ORDER BY start_us, task_id)
+    QUALIFY lag(task_id) OVER w IS NOT NULL
+    UNION ALL SELECT run_id, src, dst, edge_type, offset_us FROM sim_dep
+    UNION ALL SELECT a.run_id, a.task_id, b.task_id, 'collective', b.transfer_us FROM sim_coll a
+        JOIN sim_coll b ON a.run_id = b.run_id AND a.instance_id = b.instance_id AND a.rank <> b.rank
+        WHERE a.complete;
+"""
+DDL += REPLAY_DDL
+REPORT_TABLES += ("sim_task", "sim_dep", "sim_coll", "sim_result")
 
 
 @dataclass

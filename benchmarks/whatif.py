@@ -1,0 +1,152 @@
+"""Replay error per run and predicted vs measured saving per paired sample (issue 16).
+
+    python benchmarks/whatif.py                 # every sample in sample_traces/ and every ../shared/traces/real
+    python benchmarks/whatif.py --pairs-only
+
+Replay error = |replayed − measured| / measured of the run's step time (median over counted steps of the longest
+rank). A pair is a slow run and the same job recorded with the cause fixed: ``sample_traces/pairs/<scenario>/``
+with ``pair.json`` (``{"scenario", "slow", "fixed", "link_bw_GBps"}``), else the older pairs in
+:data:`DEFAULT_PAIRS`. Measured saving = 1 − fixed / slow; predicted = the slow run's what-if ``saving_pct``. For a
+link pair without ``link_bw_GBps``, ``--link-bw`` is the busbw the fixed twin measured (transfer-weighted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLES = ROOT / "sample_traces"
+REAL = ROOT.parent / "shared" / "traces" / "real"
+DEFAULT_PAIRS = [("no_straggler", "straggler", "healthy", None),
+                 ("ideal_interconnect", "slow_interconnect", "fast_interconnect", None),
+                 ("bf16_matmul", "precision_fp32", "precision_bf16", None),
+                 ("no_compile", "compile_cold", "compile_warm", None)]
+
+
+def run_model(folder: Path, link_bw: float | None = None) -> dict:
+    """The report model's first run for ``folder`` (in-memory database)."""
+    from traceanalyze.pipeline import analyze
+
+    a = analyze(folder, link_bw_gbps=link_bw, jobs=1)
+    a.con.close()
+    return a.model["runs"][0]
+
+
+def trace_folders() -> list[Path]:
+    """Every folder under sample_traces/ and ../shared/traces/real holding a trace, pairs included."""
+    out = []
+    for base in (SAMPLES, REAL):
+        if base.exists():
+            for d in sorted({p.parent for p in base.rglob("*.json*") if "trace" in p.name or p.parent.parent != SAMPLES
+                             or base == REAL}):
+                if any(f.name.endswith((".json", ".json.gz")) and f.name not in ("scenario.json", "pair.json")
+                       for f in d.iterdir()):
+                    out.append(d)
+    return out
+
+
+def pairs() -> list[tuple[str, Path, Path, float | None, dict]]:
+    """(scenario, slow folder, fixed folder, link GB/s or None, manifest): sample_traces/pairs/*/pair.json, else
+    the defaults (manifest ``{"pair": folder name}``)."""
+    found = []
+    for pj in sorted((SAMPLES / "pairs").glob("*/pair.json")):
+        m = json.loads(pj.read_text())
+        m.setdefault("pair", pj.parent.name)
+        found.append((m["scenario"], pj.parent / m.get("slow", "slow"), pj.parent / m.get("fixed", "fixed"),
+                      m.get("link_bw_GBps"), m))
+    return found or [(s, SAMPLES / a, SAMPLES / b, bw, {"pair": a}) for s, a, b, bw in DEFAULT_PAIRS]
+
+
+def known_miss(scenario: str, manifest: dict) -> str | None:
+    """Why a pair cannot test its what-if (docs/replay.md, known misses), or None."""
+    host = manifest.get("host") if isinstance(manifest.get("host"), dict) else {}
+    if scenario == "bf16_matmul" and host.get("native_bf16") is False:
+        return "bf16 matmuls are emulated on this host (no native bf16): the what-if assumes native bf16"
+    if scenario == "no_compile":
+        return "the fixed twin has a warm cache and still traces with dynamo/AOTAutograd: it is not compile-free"
+    if manifest.get("pair") == "straggler_sleep":
+        return ("a sleeping rank frees a core on an oversubscribed host (4 ranks, 2 cores): the others' measured "
+                "op times are faster than they are when it works; the replay keeps measured times")
+    return None
+
+
+def twin_busbw(model: dict) -> float | None:
+    """Transfer-weighted busbw (GB/s) of the fixed twin's collectives."""
+    rows = [c for c in model.get("collectives", []) if c.get("busbw_gbps") and c.get("transfer_us")]
+    w = sum(c["transfer_us"] * c["count"] for c in rows)
+    return sum(c["busbw_gbps"] * c["transfer_us"] * c["count"] for c in rows) / w if w else None
+
+
+def pair_prediction(scenario: str, slow: Path, fixed: Path, link_bw: float | None) -> dict:
+    """Predicted and measured saving (%) of one pair."""
+    fx = run_model(fixed)
+    if scenario == "ideal_interconnect" and not link_bw:
+        link_bw = twin_busbw(fx)
+    sl = run_model(slow, link_bw)
+    measured = 100 * (1 - fx["step_time_us"] / sl["step_time_us"])
+    w = next((w for w in sl.get("whatif") or [] if w["scenario"] == scenario), None)
+    predicted = w["saving_pct"] if w else 0.0
+    return {"scenario": scenario, "slow": str(slow), "fixed": str(fixed), "link_bw_GBps": link_bw,
+            "slow_us": sl["step_time_us"], "fixed_us": fx["step_time_us"], "measured_pct": round(measured, 2),
+            "predicted_pct": predicted, "range_pct": (w or {}).get("range_saving_pct"),
+            "error_points": round(abs(predicted - measured), 2),
+            "replay_error_pct": (sl.get("replay") or {}).get("error_pct")}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pairs-only", action="store_true")
+    ap.add_argument("--samples", type=Path, help="a sample_traces folder other than this checkout's (its pairs/)")
+    args = ap.parse_args()
+    if args.samples:
+        global SAMPLES
+        SAMPLES = args.samples
+    if not args.pairs_only:
+        print("| run | ranks | measured step (ms) | replayed (ms) | error % | instances | partial |")
+        print("|---|--:|--:|--:|--:|--:|---|")
+        errs = []
+        for d in trace_folders():
+            try:
+                m = run_model(d)
+            except Exception as exc:  # noqa: BLE001 - a benchmark row per folder, whatever happens
+                print(f"| {d.relative_to(d.parents[1])} | - | - | - | failed: {exc} | | |")
+                continue
+            rp = m.get("replay")
+            name = d.relative_to(ROOT.parent) if REAL in d.parents else d.relative_to(ROOT)
+            if not rp:
+                print(f"| {name} | {len(m['ranks_found'])} | - | - | no counted step | | |")
+                continue
+            errs.append(rp["error_pct"])
+            print(f"| {name} | {len(m['ranks_found'])} | {rp['measured_step_time_us'] / 1e3:.2f} | "
+                  f"{rp['replayed_step_time_us'] / 1e3:.2f} | {rp['error_pct']:.2f} | {rp['collective_instances']} | "
+                  f"{'yes' if rp['partial'] else 'no'} |")
+        if errs:
+            print(f"\nreplay error: median {statistics.median(errs):.2f} %, max {max(errs):.2f} % over {len(errs)} "
+                  "runs")
+    print("\n| what-if | slow | fixed | slow step (ms) | fixed step (ms) | measured saving % | predicted % | "
+          "|error| (points) | note |")
+    print("|---|---|---|--:|--:|--:|--:|--:|---|")
+    errors = []
+    missed = []
+    for sc, slow, fixed, bw, manifest in pairs():
+        p = pair_prediction(sc, slow, fixed, bw)
+        why = known_miss(sc, manifest)
+        (missed if why else errors).append(p["error_points"])
+        rng = f" ({p['range_pct'][0]:.1f}–{p['range_pct'][1]:.1f})" if p["range_pct"] else ""
+        label = slow.name if manifest["pair"] == slow.name else f"{manifest['pair']}/{slow.name}"
+        print(f"| {sc} | {label} | {fixed.name} | {p['slow_us'] / 1e3:.2f} | "
+              f"{p['fixed_us'] / 1e3:.2f} | "
+              f"{p['measured_pct']:.1f} | {p['predicted_pct']:.1f}{rng} | {p['error_points']:.1f} |"
+              + (f" known miss: {why}" if why else ""))
+    if errors:
+        print(f"\nprediction error: mean {statistics.mean(errors):.1f} points, max {max(errors):.1f} over "
+              f"{len(errors)} pairs" + (f" ({len(missed)} known misses left out)" if missed else ""))
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

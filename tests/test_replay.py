@@ -1,0 +1,175 @@
+"""What-if replay (issue 16): the graph tables, the replay's fidelity on every sample and real trace, and each
+what-if against its fixed twin."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import real, sample
+from traceanalyze.pipeline import analyze
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import whatif as bench  # noqa: E402
+
+
+def _run(folder, **kw):
+    a = analyze(folder, jobs=1, **kw)
+    return a, a.model["runs"][0]
+
+
+def test_graph_tables_straggler():
+    a, run = _run(sample("straggler"))
+    con = a.con
+    assert con.execute("SELECT count(*) FROM sim_task").fetchone()[0] == 2892
+    assert dict(con.execute("SELECT edge_type, count(*) FROM sim_edge GROUP BY 1").fetchall()) == {
+        "collective": 72, "collective_wait": 22, "host_order": 2880, "launch": 24}
+    # 6 gloo all-reduces (2 buckets x 3 steps) on 4 ranks, matched by the per-step order, all complete
+    assert con.execute("SELECT count(DISTINCT instance_id), count(*), min(matched_by), bool_and(complete) "
+                       "FROM sim_coll").fetchone() == (6, 24, "per-step ordinal", True)
+    assert con.execute("SELECT count(*) FROM sim_gap").fetchone()[0] == 2880
+    assert dict(con.execute("SELECT scenario, count(*) FROM sim_result GROUP BY 1").fetchall()) == {
+        "replay": 12, "no_straggler": 12, "bf16_matmul": 12, "no_dataloader_wait": 12, "all": 12}
+    rp = run["replay"]
+    assert rp["measured_step_time_us"] == pytest.approx(196846.247, abs=1e-3)
+    assert rp["error_pct"] == pytest.approx(2.77, abs=0.01)
+    assert rp["collective_instances"] == 6 and not rp["partial"] and rp["reliable"]
+    assert [r["rank"] for r in rp["ranks"]] == [0, 1, 2, 3]
+    # JSON contract
+    for w in run["whatif"]:
+        assert set(w) >= {"scenario", "cause", "predicted_step_time_us", "saving_pct", "assumptions"}
+        assert w["saving_pct"] == pytest.approx(100 * (196846.247 - w["predicted_step_time_us"]) / 196846.247,
+                                                abs=0.01)
+    assert [w["scenario"] for w in run["whatif"]] == ["no_straggler", "bf16_matmul", "no_dataloader_wait", "all"]
+
+
+def test_findings_take_the_replayed_impact():
+    _, run = _run(sample("straggler"))
+    by = {w["scenario"]: w["saving_pct"] for w in run["whatif"]}
+    f = {x["kind"]: x for x in run["findings"]}
+    assert f["straggler"]["impact_pct"] == round(by["no_straggler"], 1)
+    assert f["fp32_matmul"]["impact_pct"] == round(by["bf16_matmul"], 1)
+    assert [x["kind"] for x in run["findings"]] == ["straggler", "fp32_matmul"]  # ranked by the replayed impact
+
+
+SAMPLE_RUNS = ["healthy", "straggler", "slow_interconnect", "fast_interconnect", "precision_fp32", "precision_bf16",
+               "compile_cold", "compile_warm", "dataloader_bound", "grad_accum/2proc"]
+
+
+@pytest.mark.parametrize("name", SAMPLE_RUNS)
+def test_replay_error_on_samples(name):
+    _, run = _run(sample(name))
+    rp = run["replay"]
+    assert rp["error_pct"] <= 5.0, rp
+    assert rp["converged"]
+    assert rp["collective_instances"] >= 6  # every gloo all-reduce of the counted window matched on both ranks
+
+
+@pytest.mark.parametrize("rel", ["hta/df_index_resolver", "hta/nccl_parser_config", "hta/trace_filter",
+                                 "hta/triton_example", "kineto/tb_plugin_test", "tracelens/h100"])
+def test_replay_error_on_real_traces(rel):
+    _, run = _run(real(rel))
+    if run["step_time_us"] is None:  # triton_example: its one op outlasts the profiler's recording and is dropped
+        assert run["replay"] is None
+        return
+    assert run["replay"]["error_pct"] <= 10.0
+
+
+def test_partial_set_keeps_measured_durations():
+    _, run = _run(real("hta/trace_filter"))
+    rp = run["replay"]
+    assert rp["partial"] is True
+    assert rp["collective_instances"] == 0
+    assert rp["unmatched"] == ["10 of 10 collective instances kept their measured duration: 10 whose peers are "
+                               "not all in the folder"]
+    assert any("Stream Wait Event" in m for m in rp["missing_edges"])
+
+
+def test_markdown_and_html_carry_the_table(tmp_path):
+    from traceanalyze.render import markdown
+
+    a, run = _run(sample("straggler"))
+    md = markdown(a.model)
+    assert "#### Predicted step time if fixed" in md
+    assert "| imbalance\\: straggler ranks | no\\_straggler |" in md
+
+
+@pytest.mark.parametrize("pair", bench.pairs(), ids=lambda p: p[4]["pair"])
+def test_whatif_against_its_fixed_twin(pair):
+    scenario, slow, fixed, bw, manifest = pair
+    if not (slow.exists() and fixed.exists()):
+        pytest.skip(f"{slow} / {fixed} not present")
+    why = bench.known_miss(scenario, manifest)
+    if why:
+        pytest.xfail(why)  # docs/replay.md, known misses
+    p = bench.pair_prediction(scenario, slow, fixed, bw)
+    assert p["error_points"] <= 10.0, p
+
+
+def test_pair_manifest_is_read(tmp_path, monkeypatch):
+    root = tmp_path / "sample_traces"
+    (root / "pairs" / "link").mkdir(parents=True)
+    (root / "pairs" / "link" / "pair.json").write_text(json.dumps(
+        {"scenario": "ideal_interconnect", "slow": "s", "fixed": "f", "link_bw_GBps": 1.5}))
+    monkeypatch.setattr(bench, "SAMPLES", root)
+    ((sc, slow, fixed, bw, manifest),) = bench.pairs()
+    assert (sc, slow, fixed, bw) == ("ideal_interconnect", root / "pairs" / "link" / "s", root / "pairs" / "link" / "f",
+                                     1.5)
+    assert manifest["pair"] == "link" and bench.known_miss(sc, manifest) is None
+    assert bench.known_miss("bf16_matmul", {"pair": "p", "host": {"native_bf16": False}}).startswith("bf16 matmuls")
+
+
+def _gpu_rank(rank: int, host_delay: float) -> list[dict]:
+    """One GPU rank, 3 steps of 3800 µs: a compute kernel (2000 µs, stream 7), an NCCL all-reduce (stream 20)
+    launched after ``host_delay`` µs of host time, then cudaDeviceSynchronize; the all-reduce ends 500 µs after the
+    last rank launched it (rank 1 is 3000 µs late)."""
+    from tests.synth import kernel, x
+
+    ev, corr = [], 100 * rank
+    for s in range(3):
+        t = 1000.0 + 4000.0 * s
+        ev.append(x("user_annotation", f"ProfilerStep#{s}", t, 3800.0))
+        ev += kernel("sgemm_128x64", t + 110, 2000.0, 7, corr + 1, t + 100)
+        launch = t + 200 + host_delay
+        ev += kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL", launch + 10, t + 3710 - (launch + 10), 20,
+                     corr + 2, launch)
+        ev.append(x("cuda_runtime", "cudaDeviceSynchronize", launch + 20, t + 3715 - (launch + 20)))
+        corr += 10
+    return ev
+
+
+def test_generated_gpu_pair_graph_replay_and_straggler(tmp_path):
+    from tests.synth import write_trace
+
+    for r, delay in ((0, 0.0), (1, 3000.0)):
+        write_trace(tmp_path / f"rank{r}.pt.trace.json", r, _gpu_rank(r, delay), backend="nccl")
+    a, run = _run(tmp_path)
+    con = a.con
+    # per rank: 3 steps x (2 launches + 1 sync) host calls, 3 x 2 kernels, 3 x 2 step markers
+    assert con.execute("SELECT kind, count(*) FROM sim_task GROUP BY 1 ORDER BY 1").fetchall() == [
+        ("collective", 6), ("host", 18), ("kernel", 6), ("step_begin", 6), ("step_end", 6)]
+    # launches: 12; each sync waits for both streams of its rank (12 edges)
+    assert dict(con.execute("SELECT edge_type, count(*) FROM sim_dep GROUP BY 1").fetchall()) == {
+        "launch": 12, "gpu_cpu_sync": 12}
+    assert con.execute("SELECT count(DISTINCT instance_id), bool_and(complete), min(transfer_us), max(transfer_us) "
+                       "FROM sim_coll").fetchone() == (3, True, 500.0, 500.0)
+    rp = run["replay"]
+    assert (rp["measured_step_time_us"], rp["replayed_step_time_us"], rp["error_pct"]) == (3800.0, 3800.0, 0.0)
+    (w,) = [w for w in run["whatif"] if w["scenario"] == "no_straggler"]
+    # rank 1's 3000 µs host gap goes to rank 0's 95 µs: both launch the all-reduce at +200 µs, it ends at +710,
+    # the sync then waits for the compute kernel (ends +2110) and returns at +2115: step 2200 µs
+    assert w["predicted_step_time_us"] == pytest.approx(2200.0, abs=0.01)
+    assert w["saving_pct"] == pytest.approx(42.11, abs=0.01)
+
+
+def test_replay_is_cached_with_the_report(tmp_path):
+    db = tmp_path / "r.duckdb"
+    first = analyze(sample("straggler"), db=db, jobs=1)
+    first.con.close()
+    again = analyze(sample("straggler"), db=db, jobs=1)
+    assert again.model.get("cached") is True
+    assert again.model["runs"][0]["replay"] == first.model["runs"][0]["replay"]
+    assert again.model["runs"][0]["whatif"] == first.model["runs"][0]["whatif"]

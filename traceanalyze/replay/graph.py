@@ -1,0 +1,804 @@
+"""Each rank's dependency graph, built from the store and written back to it (``sim_task``, ``sim_dep``,
+``sim_coll``; views ``sim_edge`` and ``sim_gap``). Design: ``shared/WHATIF.md`` §1-4, ``docs/replay.md``.
+
+Tasks (one row of ``sim_task`` each; times in µs, measured, on the rank's clock minus its collective clock
+offset and the run's first timestamp):
+
+- **host**: GPU runs: the ``cuda_runtime``/``cuda_driver`` calls of every thread. CPU runs (gloo): the top-level
+  ops of every thread, ``ProfilerStep#N`` itself left out so that its children are the tasks;
+- **gaps**: the host time between two consecutive host tasks of a thread, stored on the task that follows it
+  (``gap_us``) and labelled by what encloses it (``dataloader``, ``compile``, ``optimizer``, ``launch`` between two
+  kernel launches, else ``host``); the view ``sim_gap`` lists them as rows;
+- **kernel / memcpy / memset** on their ``(device, stream)``; **collective**: an NCCL/RCCL kernel or a ``gloo:*``
+  range (on its gloo thread);
+- **step_begin / step_end**: zero-length markers at each ``ProfilerStep#N`` boundary, on the step's thread.
+
+Edges: host and stream order (consecutive tasks of a resource, implicit), and in ``sim_dep``: ``launch``
+(``correlation``; gloo: the ``c10d::*`` call that issued it), ``gpu_cpu_sync`` (a blocking synchronize call
+waits for the last device task to end before it returns), ``inter_thread`` and ``collective_wait`` (a host gap of
+≥ :data:`WAIT_GAP_US` that ends after a task of another thread, or a collective, of the rank ended in its last
+three quarters: the thread waited for it). Launch weights follow HTA's rule: the measured launch latency when
+the stream was idle at launch, else 0 and the stream order governs. Collective rendezvous: ``sim_coll``.
+
+Collective instances are matched across ranks by ``(process group, Seq)`` when every call carries ``Seq``, else
+by the per-rank ordinal within each ``ProfilerStep#N`` (per process group); an instance is complete when every
+rank of its group is in the folder, each has one call, and name and bytes agree (TraceLens
+``strict_metadata_check``). Transfer = median over ranks of (end − latest start) (straggler paper §3.2);
+incomplete instances keep their measured duration and are listed as unmatched.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+
+import duckdb
+import numpy as np
+
+from traceanalyze.metrics.collectives import (
+    _apply,
+    _dtype_bytes,
+    _first_dtype_bytes,
+    _int_column,
+    _kernel_dtype,
+    _numel,
+    busbw_factor,
+    normalize_collective,
+)
+from traceanalyze.metrics.host import COMPILE_RANGE_NAMES
+
+KINDS = ("host", "kernel", "memcpy", "memset", "collective", "step_begin", "step_end")
+K_HOST, K_KERNEL, K_MEMCPY, K_MEMSET, K_COLL, K_BEGIN, K_END = range(7)
+DEP_TYPES = ("launch", "gpu_cpu_sync", "inter_thread", "collective_wait")
+CATEGORIES = ("dataloader", "compile", "optimizer", "launch", "matmul_fp32")
+WAIT_GAP_US = 1000.0  # a host gap this long may be a wait on another thread or a collective (Chakra, Lumos: 1 ms)
+WAIT_TAIL = 0.25  # ... when the awaited task ended after this share of the gap
+SYNC_CALLS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaMemcpy",
+              "cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize", "hipDeviceSynchronize",
+              "hipStreamSynchronize", "hipEventSynchronize", "hipMemcpy")
+LAUNCH_CALLS = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx", "cudaMemcpyAsync",
+                "cudaMemsetAsync", "cudaGraphLaunch", "hipLaunchKernel", "hipExtModuleLaunchKernel",
+                "hipModuleLaunchKernel", "hipMemcpyAsync", "hipMemsetAsync")
+MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear",
+              "aten::_scaled_mm")
+GEMM_KERNEL = re.compile(r"(?i)gemm|xmma|cutlass|cublas|wgmma")
+# host-row flag computed by DuckDB (a Python pass over 500k names costs seconds): 1 sync, 2 launch, 3 gloo
+_FLAG = ("CASE WHEN c.name IN (SELECT unnest($2)) THEN 1 WHEN c.name IN (SELECT unnest($3)) THEN 2 "
+         "WHEN c.name LIKE 'gloo:%' THEN 3 ELSE 0 END AS flag")
+_T_SHIFT = 41  # thread/rank index << _T_SHIFT + ns since the run's start: one sortable int64 key (2^41 ns = 36 min)
+
+
+@dataclass
+class Graph:
+    """The run's tasks in resource order (task id = index), their edges and collective instances.
+
+    Arrays are per task unless named ``inst_*`` (per collective instance) or ``dep_*`` (per explicit edge).
+    Times and durations are µs. ``chain_gap``/``chain_dur`` are what the replay adds along a resource: the measured
+    gap and duration, less the waiting that an explicit edge now models (a synchronize call's blocked part, a
+    waiting gap's head).
+    """
+
+    run_id: int
+    mode: str
+    ranks: list[int]
+    world_size: int
+    res_names: list[str]
+    rank: np.ndarray
+    res: np.ndarray
+    kind: np.ndarray
+    name: object  # pyarrow string array: task names
+    name_code: np.ndarray  # per task: index of its name among the distinct names
+    step: np.ndarray
+    start: np.ndarray
+    dur: np.ndarray
+    gap: np.ndarray
+    first: np.ndarray
+    chain_gap: np.ndarray
+    chain_dur: np.ndarray
+    gap_label: np.ndarray  # object
+    cover: dict[str, np.ndarray]  # category -> µs of the task under it
+    gap_cover: dict[str, np.ndarray]  # category -> µs of the gap before the task under it
+    dep_src: np.ndarray
+    dep_dst: np.ndarray
+    dep_end: np.ndarray
+    dep_off: np.ndarray
+    dep_type: np.ndarray
+    inst: np.ndarray  # per task: collective instance index, -1 for none
+    inst_transfer: np.ndarray
+    inst_complete: np.ndarray
+    inst_coll: list[str]
+    inst_bytes: np.ndarray
+    inst_n: np.ndarray
+    inst_matched_by: list[str]
+    steps: list[tuple[int, int, int, int, bool]]  # (rank, step, begin task, end task, counted)
+    inst_all: np.ndarray | None = None  # per task: instance index, complete or not (-1 for non-collectives)
+    unmatched: list[str] = field(default_factory=list)
+    missing_edges: list[str] = field(default_factory=list)
+    partial: bool = False
+
+    @property
+    def n_instances(self) -> int:
+        """Complete collective instances (matched on every rank of their group)."""
+        return int(self.inst_complete.sum())
+
+
+def _seg_cummax_excl(values: np.ndarray, seg: np.ndarray) -> np.ndarray:
+    """Running maximum of ``values`` (int64 ≥ 0, < 2^_T_SHIFT) over the previous rows of the same ``seg`` (sorted),
+    -1 for a segment's first row."""
+    key = seg.astype(np.int64) << _T_SHIFT
+    run = np.maximum.accumulate(values + key)
+    prev = np.empty_like(run)
+    if run.size:
+        prev[0] = -1
+        prev[1:] = run[:-1]
+        same = np.empty(run.size, dtype=bool)
+        same[0] = False
+        same[1:] = seg[1:] == seg[:-1]
+        prev = np.where(same, prev - key, -1)
+    return prev
+
+
+def _union_cover(keys: np.ndarray, lo: np.ndarray, hi: np.ndarray):
+    """Disjoint union of intervals per key (key << _T_SHIFT + ns): returns (starts, ends, cumulative covered ns
+    before each interval) in one sorted key space, for :func:`_covered`."""
+    if lo.size == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
+    k = keys.astype(np.int64) << _T_SHIFT
+    a, b = lo + k, hi + k
+    o = np.argsort(a, kind="stable")
+    a, b = a[o], b[o]
+    run_end = np.maximum.accumulate(b)
+    new = np.ones(a.size, dtype=bool)
+    new[1:] = a[1:] > run_end[:-1]
+    idx = np.flatnonzero(new)
+    starts = a[idx]
+    ends = np.maximum.reduceat(b, idx)
+    lengths = ends - starts
+    before = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    return starts, ends, before
+
+
+def _covered(cover, keys: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Covered ns up to time ``t`` (per key) in the union built by :func:`_union_cover`."""
+    starts, ends, before = cover
+    if starts.size == 0:
+        return np.zeros(t.size, dtype=np.int64)
+    x = (keys.astype(np.int64) << _T_SHIFT) + t
+    i = np.searchsorted(starts, x, side="right") - 1
+    ok = i >= 0
+    ic = np.clip(i, 0, None)
+    inside = np.minimum(x, ends[ic]) - starts[ic]
+    return np.where(ok, before[ic] + np.clip(inside, 0, None), 0)
+
+
+def _flag_args(run: list) -> list:
+    return [*run, list(SYNC_CALLS), list(LAUNCH_CALLS)]
+
+
+def _fetch(con, sql: str, params: list) -> dict[str, np.ndarray]:
+    return con.execute(sql, params).fetchnumpy()
+
+
+def _fetch_arrow(con, sql: str, params: list) -> dict:
+    """Columns of a query: ``name`` as an Arrow string array (no Python object per row: 500k names cost
+    seconds as objects), the others as NumPy arrays with NULL read as 0."""
+    import warnings
+
+    import pyarrow as pa
+
+    with warnings.catch_warnings():  # the copy DuckDB warns about is far cheaper than one Python object per row
+        warnings.simplefilter("ignore", UserWarning)
+        t = con.execute(sql, params).to_arrow_table()
+    out: dict = {}
+    for c in t.column_names:
+        a = t.column(c).combine_chunks()
+        if c == "name":
+            out[c] = a.cast(pa.string())
+        else:
+            out[c] = a.fill_null(False if pa.types.is_boolean(a.type) else 0).to_numpy(zero_copy_only=False)
+    return out
+
+
+def build(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_size: int | None,
+          clock_offsets_us: dict | None = None) -> Graph:
+    """Build the run's graph from the store (module docstring); nothing is written (see :func:`save`).
+
+    Args:
+        con: the store with ``files.run_id``/``rank`` set.
+        run_id: the run.
+        mode: ``gpu`` (kernels present) or ``cpu`` (gloo / CPU-only: top-level ops are the host tasks).
+        world_size: ranks in the job (a collective whose group reaches a rank not in the folder is incomplete).
+        clock_offsets_us: rank -> offset (µs) to subtract from its times (``metrics.collectives``), or None.
+    """
+    import pyarrow as pa
+
+    offs = {int(k): float(v) for k, v in (clock_offsets_us or {}).items()}
+    files = _fetch(con, "SELECT file_id, rank FROM files WHERE run_id = ? AND rank IS NOT NULL ORDER BY file_id",
+                   [run_id])
+    file_rank = dict(zip(files["file_id"].tolist(), files["rank"].tolist(), strict=True))
+    ranks = sorted(set(file_rank.values()))
+    world = max(world_size or 0, (max(ranks) + 1) if ranks else 0)
+    origin = con.execute("SELECT min(ts_ns) FROM cpu_ops JOIN files USING (file_id) WHERE run_id = ?",
+                         [run_id]).fetchone()[0] or 0
+    fid_arr = np.array(sorted(file_rank), dtype=np.int64)
+    rank_of_fid = np.array([file_rank[f] for f in fid_arr.tolist()], dtype=np.int64)
+
+    def rank_of(fids: np.ndarray) -> np.ndarray:
+        return rank_of_fid[np.searchsorted(fid_arr, fids)] if fids.size else np.zeros(0, np.int64)
+
+    off_ns = np.array([int(offs.get(r, 0.0) * 1e3) for r in range(world + 1)], dtype=np.int64)
+    parts: list[dict] = []  # task columns by source
+    run = [run_id]
+    # --- host tasks
+    if mode == "gpu":
+        h = _fetch_arrow(con, f"""SELECT c.file_id, c.pid, c.tid, c.ts_ns, c.dur_ns, c.correlation, c.name, {_FLAG}
+            FROM cpu_ops c JOIN files f USING (file_id)
+            WHERE f.run_id = $1 AND f.rank IS NOT NULL AND c.cat IN ('cuda_runtime', 'cuda_driver')""", _flag_args(run))
+    else:
+        h = _fetch_arrow(con, f"""SELECT c.file_id, c.pid, c.tid, c.ts_ns, c.dur_ns, c.correlation, c.name, {_FLAG}
+            FROM cpu_ops c JOIN files f USING (file_id)
+            WHERE f.run_id = $1 AND f.rank IS NOT NULL AND c.cat IN ('cpu_op', 'user_annotation')
+              AND profiler_step(c.cat, c.name) IS NULL
+            ORDER BY c.file_id, c.pid, c.tid, c.ts_ns, c.dur_ns DESC""", _flag_args(run))
+        # top-level ops of each thread: those that start after every earlier op of the thread ended
+        thr = _thread_codes(h["file_id"], h["pid"], h["tid"])
+        ts = np.asarray(h["ts_ns"], np.int64) - origin
+        end = ts + np.asarray(h["dur_ns"], np.int64)
+        top = ts >= _seg_cummax_excl(np.clip(end, 0, (1 << _T_SHIFT) - 1), thr)
+        h = {k: (v.filter(pa.array(top)) if k == "name" else v[top]) for k, v in h.items()}
+    h_rank = rank_of(np.asarray(h["file_id"], np.int64))
+    h_name = h["name"]
+    h_flag = np.asarray(h["flag"], np.int64)
+    h_coll = (h_flag == 3) & (mode != "gpu")
+    parts.append(dict(rank=h_rank, rk=np.where(h_coll, 2, 0), a=np.asarray(h["pid"], np.int64),
+                      b=np.asarray(h["tid"], np.int64), kind=np.where(h_coll, K_COLL, K_HOST),
+                      ts=np.asarray(h["ts_ns"], np.int64), dur=np.asarray(h["dur_ns"], np.int64), name=h_name,
+                      corr=np.asarray(h["correlation"], np.int64), fid=np.asarray(h["file_id"], np.int64),
+                      ext=np.zeros(h_flag.size, np.int64), flag=h_flag))
+    # --- device tasks
+    if mode == "gpu":
+        k = _fetch_arrow(con, f"""SELECT k.file_id, CASE k.cat WHEN 'gpu_memcpy' THEN 1 WHEN 'gpu_memset' THEN 2
+                   ELSE 0 END AS catc, k.name, k.device, k.stream, k.ts_ns, k.dur_ns, k.correlation,
+                   k.cat = 'kernel' AND k.name IN (SELECT unnest($3)) AS comm,
+                   CASE WHEN m.file_id IS NOT NULL AND k.cat = 'kernel'
+                        THEN regexp_matches(k.name, '{GEMM_KERNEL.pattern}') ELSE FALSE END AS fp32_gemm
+            FROM kernels k JOIN files f USING (file_id)
+            LEFT JOIN (SELECT DISTINCT c.file_id, c.external_id FROM cpu_ops c JOIN files f2 USING (file_id)
+                       WHERE f2.run_id = $1 AND c.name IN (SELECT unnest($2))
+                         AND (c.input_types LIKE '["float"%' OR c.input_types LIKE '[''float''%')) m
+                 ON m.file_id = k.file_id AND m.external_id = k.external_id
+            WHERE f.run_id = $1 AND f.rank IS NOT NULL AND k.cat IN ('kernel', 'gpu_memcpy', 'gpu_memset')""",
+                   [run_id, list(MATMUL_OPS), _comm_kernels(con, run_id)])
+        cat = np.asarray(k["catc"], np.int64)
+        kind = np.where(np.asarray(k["comm"], bool), K_COLL,
+                        np.where(cat == 1, K_MEMCPY, np.where(cat == 2, K_MEMSET, K_KERNEL)))
+        parts.append(dict(rank=rank_of(np.asarray(k["file_id"], np.int64)), rk=np.ones(cat.size, np.int64),
+                          a=np.asarray(k["device"], np.int64), b=np.asarray(k["stream"], np.int64), kind=kind,
+                          ts=np.asarray(k["ts_ns"], np.int64), dur=np.asarray(k["dur_ns"], np.int64),
+                          name=k["name"], corr=np.asarray(k["correlation"], np.int64),
+                          fid=np.asarray(k["file_id"], np.int64), ext=np.asarray(k["fp32_gemm"], np.int64),
+                          flag=np.zeros(cat.size, np.int64)))
+    # --- step markers
+    st = _fetch(con, "SELECT file_id, rank, step, start_ns, end_ns, pid, tid, counted FROM profiler_steps(?)", run)
+    n_st = st["step"].size
+    parts.append(dict(rank=np.concatenate([st["rank"], st["rank"]]).astype(np.int64),
+                      rk=np.zeros(2 * n_st, np.int64),
+                      a=np.concatenate([_int_column(st["pid"])[0]] * 2),
+                      b=np.concatenate([_int_column(st["tid"])[0]] * 2),
+                      kind=np.concatenate([np.full(n_st, K_BEGIN), np.full(n_st, K_END)]),
+                      ts=np.concatenate([st["start_ns"], st["end_ns"]]).astype(np.int64),
+                      dur=np.zeros(2 * n_st, np.int64),
+                      name=pa.array([f"ProfilerStep#{s}" for s in st["step"].tolist()] * 2, pa.string()),
+                      corr=np.zeros(2 * n_st, np.int64), fid=np.concatenate([st["file_id"]] * 2).astype(np.int64),
+                      ext=np.concatenate([st["step"]] * 2).astype(np.int64), flag=np.zeros(2 * n_st, np.int64)))
+    names = pa.concat_arrays([p.pop("name") for p in parts])
+    cols = {c: np.concatenate([p[c] for p in parts]) for c in parts[0]}
+    n = cols["ts"].size
+    rel = cols["ts"] - origin - off_ns[np.clip(cols["rank"], 0, world)]
+    # resources: (rank, host|stream|comm, pid|device, tid|stream); comm = the gloo threads
+    is_coll_host = (cols["kind"] == K_COLL) & (cols["rk"] == 2)
+    rk = np.where(is_coll_host, 2, cols["rk"])
+    res_keys = np.stack([cols["rank"], rk, cols["a"], cols["b"]], axis=1) if n else np.zeros((0, 4), np.int64)
+    uniq, res = _unique_rows(res_keys)
+    kind_order = np.select([cols["kind"] == K_END, cols["kind"] == K_BEGIN], [0, 1], 2)
+    order = np.lexsort((-cols["dur"], kind_order, rel, res))
+    cols = {c: v[order] for c, v in cols.items()}
+    names = names.take(pa.array(order))
+    name_code = names.dictionary_encode().indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    res, rel, rk = res[order], rel[order], rk[order]
+    prefix = {0: "host", 1: "stream", 2: "comm"}
+    res_names = [f"{prefix[int(r[1])]}:{int(r[2])}/{int(r[3])}" for r in uniq]
+    start = rel / 1e3
+    dur = cols["dur"] / 1e3
+    end = start + dur
+    first = np.ones(n, dtype=bool)
+    first[1:] = res[1:] != res[:-1]
+    gap = np.zeros(n)
+    gap[1:] = start[1:] - end[:-1]
+    gap[first] = 0.0
+    kind = cols["kind"]
+    rank = cols["rank"]
+    # --- steps: each task in the step (of its rank) that its anchor time falls in; markers carry their own
+    step = np.full(n, -1, dtype=np.int64)
+    is_marker = (kind == K_BEGIN) | (kind == K_END)
+    step[is_marker] = cols["ext"][is_marker]
+    steps: list[tuple[int, int, int, int, bool]] = []
+    b_idx = np.flatnonzero(kind == K_BEGIN)
+    e_idx = np.flatnonzero(kind == K_END)
+    e_by = {(int(rank[i]), int(step[i]), int(cols["fid"][i])): int(i) for i in e_idx}
+    counted = {(int(r), int(s), int(f)): bool(c) for r, s, f, c in zip(
+        st["rank"].tolist(), st["step"].tolist(), st["file_id"].tolist(), st["counted"].tolist(), strict=True)}
+    for i in b_idx.tolist():
+        key = (int(rank[i]), int(step[i]), int(cols["fid"][i]))
+        if key in e_by:
+            steps.append((key[0], key[1], i, e_by[key], counted.get(key, False)))
+    # launch: device task <- runtime call of the same file and correlation
+    dev = np.flatnonzero(rk == 1)
+    host_rt = np.flatnonzero((rk == 0) & (kind == K_HOST) & (cols["corr"] > 0))
+    dep_src, dep_dst, dep_end, dep_off, dep_type = [], [], [], [], []
+    anchor = start.copy()
+    cg = gap.copy()
+    cd = dur.copy()
+    if dev.size and host_rt.size:
+        hk = (cols["fid"][host_rt] << 40) + cols["corr"][host_rt]
+        o = np.argsort(hk, kind="stable")
+        hk, hsrc = hk[o], host_rt[o]
+        dk = (cols["fid"][dev] << 40) + cols["corr"][dev]
+        j = np.clip(np.searchsorted(hk, dk), 0, max(hk.size - 1, 0))
+        ok = (hk[j] == dk) & (cols["corr"][dev] > 0)
+        d, s = dev[ok], hsrc[j[ok]]
+        _add_launch(d, s, start, end, first, cg, dep_src, dep_dst, dep_end, dep_off, dep_type)
+        anchor[d] = start[s]
+    # gloo: collective <- the top-level task holding the latest c10d::* call at or before its start
+    if mode != "gpu":
+        coll = np.flatnonzero(kind == K_COLL)
+        c10 = _fetch(con, """SELECT c.file_id, c.pid, c.tid, c.ts_ns FROM cpu_ops c JOIN files f USING (file_id)
+            WHERE f.run_id = ? AND f.rank IS NOT NULL AND c.name LIKE 'c10d::%' AND c.name NOT LIKE 'c10d::wait%'
+            ORDER BY c.ts_ns""", run)
+        if coll.size and c10["ts_ns"].size:
+            c_rank = rank_of(np.asarray(c10["file_id"], np.int64))
+            c_rel = np.asarray(c10["ts_ns"], np.int64) - origin - off_ns[np.clip(c_rank, 0, world)]
+            # the c10d call's host resource, then the task of that resource containing it
+            lookup = {tuple(r): i for i, r in enumerate(uniq.tolist())}
+            c_res = np.array([lookup.get((int(r), 0, int(p), int(t)), -1) for r, p, t in zip(
+                c_rank.tolist(), c10["pid"].tolist(), c10["tid"].tolist(), strict=True)], dtype=np.int64)
+            keep = c_res >= 0
+            c_rank, c_rel, c_res = c_rank[keep], c_rel[keep], c_res[keep]
+            # per rank: latest c10d call at or before each collective's start
+            rk_key = (c_rank << _T_SHIFT) + np.clip(c_rel, 0, None)
+            o = np.argsort(rk_key, kind="stable")
+            rk_key, c_rel_s, c_res_s = rk_key[o], c_rel[o], c_res[o]
+            q = (rank[coll] << _T_SHIFT) + np.clip(rel[coll], 0, None)
+            j = np.searchsorted(rk_key, q, side="right") - 1
+            ok = (j >= 0) & ((rk_key[np.clip(j, 0, None)] >> _T_SHIFT) == rank[coll])
+            coll, j = coll[ok], j[ok]
+            issue_rel, issue_res = c_rel_s[j], c_res_s[j]
+            task_key = (res.astype(np.int64) << _T_SHIFT) + np.clip(rel, 0, None)
+            t = np.searchsorted(task_key, (issue_res << _T_SHIFT) + np.clip(issue_rel, 0, None), side="right") - 1
+            ok = (t >= 0) & (res[np.clip(t, 0, None)] == issue_res)
+            d, s, issue = coll[ok], t[ok], issue_rel[ok] / 1e3
+            _add_launch(d, s, start, end, first, cg, dep_src, dep_dst, dep_end, dep_off, dep_type, issue=issue)
+            anchor[d] = issue
+    # steps by anchor time, per rank
+    if steps:
+        sb = np.array([(r, start[b], start[e], s) for r, s, b, e, _ in steps])
+        o = np.lexsort((sb[:, 1], sb[:, 0]))
+        sb = sb[o]
+        key_s = sb[:, 0] * 1e12 + sb[:, 1]
+        q = rank * 1e12 + anchor
+        j = np.searchsorted(key_s, q, side="right") - 1
+        jc = np.clip(j, 0, None)
+        inside = (j >= 0) & (sb[jc, 0] == rank) & (anchor < sb[jc, 2])
+        step = np.where(is_marker, step, np.where(inside, sb[jc, 3].astype(np.int64), -1))
+    # GPU->CPU syncs: the task after a blocking call waits for the last device task that ended before it returned
+    missing: list[str] = []
+    if mode == "gpu":
+        sync = np.flatnonzero((kind == K_HOST) & (cols["flag"] == 1))
+        sync = sync[(sync + 1 < n)]
+        sync = sync[res[sync + 1] == res[sync]]
+        if sync.size and dev.size:
+            dkey = (rank[dev] << _T_SHIFT) + np.clip((end[dev] * 1e3).astype(np.int64), 0, None)
+            o = np.argsort(dkey, kind="stable")
+            dkey, dsorted = dkey[o], dev[o]
+            q = (rank[sync] << _T_SHIFT) + np.clip((end[sync] * 1e3).astype(np.int64) + 1000, 0, None)
+            j = np.searchsorted(dkey, q, side="right") - 1
+            ok = (j >= 0) & ((dkey[np.clip(j, 0, None)] >> _T_SHIFT) == rank[sync])
+            s_call, src = sync[ok], dsorted[j[ok]]
+            blocked = np.clip(end[src] - start[s_call], 0, dur[s_call])
+            cd[s_call] = dur[s_call] - blocked
+            nxt = s_call + 1
+            off = start[nxt] - end[src]
+            _extend(dep_src, dep_dst, dep_end, dep_off, dep_type, src, nxt, True, off, 1)
+            # the stream a synchronize waits for is not in the trace without cuda_sync rows: every stream of the
+            # rank, each through its last task that ended before the call returned, with the same return latency
+            for r_id in np.unique(res[dev]).tolist():
+                lo_i = int(np.searchsorted(res, r_id))
+                hi_i = int(np.searchsorted(res, r_id, side="right"))
+                ends = np.maximum.accumulate(end[lo_i:hi_i])
+                mine = rank[s_call] == rank[lo_i]
+                jj = np.searchsorted(ends, end[s_call] + 1.0, side="right") - 1
+                ok2 = mine & (jj >= 0)
+                other = lo_i + jj[ok2]
+                keep = other != src[ok2]
+                _extend(dep_src, dep_dst, dep_end, dep_off, dep_type, other[keep], nxt[ok2][keep], True,
+                        off[ok2][keep], 1)
+        missing.append("cross-stream event waits (cuda_sync \"Stream Wait Event\" rows are not read from the traces;"
+                       " streams are ordered only by their launches)")
+    # waits: a long host gap that ends after another thread's task or a collective of the rank ended late in it
+    hostres = (rk == 0) & (kind != K_BEGIN)
+    w = np.flatnonzero(hostres & ~first & (gap >= WAIT_GAP_US))
+    # CPU runs: only collectives (their threads' other tasks are not tied to the step's thread by any edge, so a
+    # wait on them would pin it to measured times); GPU runs: other launching threads too (autograd's)
+    cand = np.flatnonzero((((rk == 0) & (kind == K_HOST)) if mode == "gpu" else False) | (kind == K_COLL))
+    if w.size and cand.size:
+        ckey = (rank[cand] << _T_SHIFT) + np.clip((end[cand] * 1e3).astype(np.int64), 0, None)
+        o = np.argsort(ckey, kind="stable")
+        ckey, csorted = ckey[o], cand[o]
+        q = (rank[w] << _T_SHIFT) + np.clip((start[w] * 1e3).astype(np.int64), 0, None)
+        # the candidate whose end is nearest the gap's end: the last one before it, or (a gloo range ends after
+        # its completion callbacks, which run on the waiting thread) the first one after it, if already running
+        j = np.searchsorted(ckey, q, side="right") - 1
+        lo = end[w - 1] + WAIT_TAIL * gap[w]
+        best_src = np.full(w.size, -1, np.int64)
+        best_dist = np.full(w.size, np.inf)
+        for jj in (j, j + 1):
+            jc = np.clip(jj, 0, ckey.size - 1)
+            src = csorted[jc]
+            ok = ((jj >= 0) & (jj < ckey.size) & ((ckey[jc] >> _T_SHIFT) == rank[w]) & (end[src] > lo)
+                  & (res[src] != res[w]) & (start[src] < start[w]))
+            if mode == "gpu":
+                ok &= end[src] <= start[w]
+            dist = np.abs(start[w] - end[src])
+            better = ok & (dist < best_dist)
+            best_src[better], best_dist[better] = src[better], dist[better]
+        ok = best_src >= 0
+        src = best_src
+        d, s = w[ok], src[ok]
+        cg[d] = np.clip(start[d] - end[s], 0, None)
+        _extend(dep_src, dep_dst, dep_end, dep_off, dep_type, s, d, True, start[d] - end[s],
+                np.where(kind[s] == K_COLL, 3, 2))
+    dep = [np.concatenate(x) if x else np.zeros(0) for x in (dep_src, dep_dst, dep_end, dep_off, dep_type)]
+    # categories: host time under dataloader / compile / optimizer ranges and fp32 matmuls (CPU runs)
+    cover, gap_cover, gap_label = _categories(con, run_id, mode, origin, off_ns, world, uniq, res, rk, kind,
+                                              cols["flag"], start, end, gap, first, cols["ext"])
+    g = Graph(run_id=run_id, mode=mode, ranks=ranks, world_size=world, res_names=res_names, rank=rank,
+              res=res, kind=kind, name=names, name_code=name_code, step=step, start=start, dur=dur, gap=gap,
+              first=first, chain_gap=cg,
+              chain_dur=cd, gap_label=gap_label, cover=cover, gap_cover=gap_cover,
+              dep_src=dep[0].astype(np.int64), dep_dst=dep[1].astype(np.int64), dep_end=dep[2].astype(bool),
+              dep_off=dep[3].astype(float), dep_type=dep[4].astype(np.int64), inst=np.full(n, -1, np.int64),
+              inst_transfer=np.zeros(0), inst_complete=np.zeros(0, bool), inst_coll=[],
+              inst_bytes=np.zeros(0, np.int64), inst_n=np.zeros(0, np.int64), inst_matched_by=[], steps=steps,
+              missing_edges=missing)
+    _match_collectives(con, g, run_id, mode, origin, off_ns, cols)
+    return g
+
+
+def _unique_rows(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct rows in sorted order, each row's index into them) of an int64 matrix; ``np.unique(axis=0)``
+    sorts a structured view, ~50x slower on 500k rows."""
+    if keys.shape[0] == 0:
+        return keys, np.zeros(0, np.int64)
+    o = np.lexsort(keys.T[::-1])
+    k = keys[o]
+    new = np.ones(k.shape[0], dtype=bool)
+    new[1:] = (k[1:] != k[:-1]).any(axis=1)
+    code = np.cumsum(new) - 1
+    inv = np.empty(k.shape[0], np.int64)
+    inv[o] = code
+    return k[new], inv
+
+
+def _thread_codes(fid, pid, tid) -> np.ndarray:
+    keys = np.stack([np.asarray(fid, np.int64), _int_column(pid)[0], _int_column(tid)[0]], axis=1)
+    if keys.size == 0:
+        return np.zeros(0, np.int64)
+    return _unique_rows(keys)[1]
+
+
+def _extend(src_l, dst_l, end_l, off_l, type_l, src, dst, from_end, off, etype) -> None:
+    src_l.append(np.asarray(src, np.int64))
+    dst_l.append(np.asarray(dst, np.int64))
+    end_l.append(np.full(np.size(src), from_end, dtype=bool))
+    off_l.append(np.asarray(off, float))
+    type_l.append(np.broadcast_to(np.asarray(etype, np.int64), np.shape(src)).copy())
+
+
+def _add_launch(d, s, start, end, first, cg, *deps, issue=None) -> None:
+    """Launch edges s -> d (HTA rule): the measured latency when d's resource was idle at launch, else 0 after
+    the launch and the resource's order governs (its measured gap kept)."""
+    launch = start[s] if issue is None else issue
+    prev_end = np.where(first[d], -np.inf, end[np.clip(d - 1, 0, None)])
+    busy = launch < prev_end
+    off = np.where(busy, launch - start[s], start[d] - start[s])
+    cg[d[~busy]] = 0.0
+    _extend(*deps, s, d, False, off, 0)
+
+
+def _categories(con, run_id, mode, origin, off_ns, world, uniq, res, rk, kind, flag, start, end, gap, first,
+                ext):
+    """µs of each host task and of the gap before it under each category (module docstring)."""
+    n = start.size
+    names_compile = [*COMPILE_RANGE_NAMES, *(f"{c} (dynamo_timed)" for c in COMPILE_RANGE_NAMES)]
+    r = _fetch(con, """SELECT f.rank, c.pid, c.tid, c.ts_ns, c.ts_ns + c.dur_ns AS end_ns,
+               CASE WHEN is_dataloader_op(c.name) THEN 0 WHEN c.name IN (SELECT unnest($2)) THEN 1
+                    WHEN c.name LIKE 'Optimizer.%' THEN 2 ELSE 4 END AS cat
+        FROM cpu_ops c JOIN files f USING (file_id)
+        WHERE f.run_id = $1 AND f.rank IS NOT NULL AND c.cat IN ('cpu_op', 'user_annotation')
+          AND (is_dataloader_op(c.name) OR c.name IN (SELECT unnest($2)) OR c.name LIKE 'Optimizer.%'
+               OR ($3 AND c.name IN (SELECT unnest($4))
+                   AND (c.input_types LIKE '["float"%' OR c.input_types LIKE '[''float''%')))""",
+               [run_id, names_compile, mode != "gpu", list(MATMUL_OPS)])
+    lookup = {tuple(u): i for i, u in enumerate(uniq.tolist())}
+    r_res = np.array([lookup.get((int(a), 0, int(b), int(c)), -1) for a, b, c in zip(
+        r["rank"].tolist(), _int_column(r["pid"])[0].tolist(), _int_column(r["tid"])[0].tolist(), strict=True)],
+        dtype=np.int64)
+    r_rank = np.asarray(r["rank"], np.int64)
+    shift = origin + off_ns[np.clip(r_rank, 0, world)]
+    lo = np.clip(np.asarray(r["ts_ns"], np.int64) - shift, 0, (1 << _T_SHIFT) - 1)
+    hi = np.clip(np.asarray(r["end_ns"], np.int64) - shift, 0, (1 << _T_SHIFT) - 1)
+    cat = np.asarray(r["cat"], np.int64)
+    s_ns = np.clip((start * 1e3).astype(np.int64), 0, (1 << _T_SHIFT) - 1)
+    e_ns = np.clip((end * 1e3).astype(np.int64), 0, (1 << _T_SHIFT) - 1)
+    p_ns = np.concatenate([[0], e_ns[:-1]])
+    host = (rk == 0) & (kind == K_HOST)
+    cover: dict[str, np.ndarray] = {}
+    gap_cover: dict[str, np.ndarray] = {}
+    for ci, cname in enumerate(CATEGORIES):
+        if cname == "launch":
+            continue
+        code = 4 if cname == "matmul_fp32" else ci
+        m = (cat == code) & (r_res >= 0)
+        u = _union_cover(r_res[m], lo[m], hi[m])
+        c_task = (_covered(u, res, e_ns) - _covered(u, res, s_ns)) / 1e3
+        c_gap = (_covered(u, res, s_ns) - _covered(u, res, p_ns)) / 1e3
+        cover[cname] = np.where(host, c_task, 0.0)
+        gap_cover[cname] = np.where(host & ~first, np.clip(c_gap, 0, None), 0.0)
+    # the fp32 GEMM kernels (GPU runs): the whole kernel
+    if mode == "gpu":
+        cover["matmul_fp32"] = np.where((rk == 1) & (ext > 0), end - start, 0.0)
+    # launch overhead: the gap between two kernel launches of one thread, outside dataloader/compile ranges
+    is_launch = flag == 2
+    prev_launch = np.concatenate([[False], is_launch[:-1]])
+    lg = host & ~first & is_launch & prev_launch & (mode == "gpu")
+    gap_cover["launch"] = np.where(lg, np.clip(gap - gap_cover["dataloader"] - gap_cover["compile"], 0, None), 0.0)
+    cover["launch"] = np.zeros(n)
+    label = np.full(n, "host", dtype=object)
+    best = np.zeros(n)
+    for cname in ("launch", "optimizer", "compile", "dataloader"):
+        c = gap_cover[cname]
+        better = c > np.maximum(best, 0.5 * gap)
+        label[better] = cname
+        best = np.maximum(best, c)
+    label[~host | first] = None
+    return cover, gap_cover, label
+
+
+def _comm_kernels(con, run_id: int) -> list[str]:
+    """Names of the run's communication kernels (the ``kernel_class`` macro once per distinct name)."""
+    from traceanalyze.metrics.breakdown import kernel_classes
+
+    return [k for k, c in kernel_classes(con, run_id).items() if c == "communication"]
+
+
+def _collective_meta(con, run_id: int, mode: str) -> dict[str, np.ndarray]:
+    """Per collective call (file, start): normalised name, bytes, process group, Seq, group ranks."""
+    if mode == "gpu":
+        m = _fetch(con, """SELECT k.file_id, k.ts_ns, k.name, coalesce(nullif(m.collective, ''), k.name) AS coll,
+                   m.in_nelems, m.out_nelems, m.comm_dtype, m.pg_name, m.seq, m.pg_ranks, m.group_size
+            FROM kernels k JOIN files f USING (file_id)
+            LEFT JOIN comm_events m ON m.file_id = k.file_id AND m.source = 'kernels' AND m.ts_ns = k.ts_ns
+                 AND m.name = k.name AND m.correlation IS NOT DISTINCT FROM k.correlation
+            WHERE f.run_id = ? AND f.rank IS NOT NULL AND k.cat = 'kernel' AND k.name IN (SELECT unnest(?))""",
+                   [run_id, _comm_kernels(con, run_id)])
+        op = _apply(m["coll"].tolist(), normalize_collective, object)
+        inn, has_in = _int_column(m["in_nelems"])
+        outn, has_out = _int_column(m["out_nelems"])
+        use_out = ((op == "all_gather") & has_out & (outn != 0)) | ~has_in
+        nel = np.where(use_out, outn, inn)
+        by_dtype = _apply(m["comm_dtype"].tolist(), lambda dt: _dtype_bytes(dt) or 0, np.int64)
+        by_name = _apply(m["name"].tolist(), lambda x: _dtype_bytes(_kernel_dtype(x)) or 0, np.int64)
+        nbytes = nel * np.where(by_dtype > 0, by_dtype, by_name)
+        seq, has_seq = _int_column(m["seq"])
+        pg = np.asarray(m["pg_name"], dtype=object)
+        pg_ranks = np.asarray(m["pg_ranks"], dtype=object)
+    else:
+        m = _fetch(con, """SELECT c.file_id, c.ts_ns, c.name, c.input_dims, c.input_types
+            FROM cpu_ops c JOIN files f USING (file_id)
+            WHERE f.run_id = ? AND f.rank IS NOT NULL AND c.cat = 'user_annotation' AND c.name LIKE 'gloo:%'""",
+                   [run_id])
+        op = _apply(m["name"].tolist(), normalize_collective, object)
+        nel = _apply(m["input_dims"].tolist(), lambda d: _numel(d) or 0, np.int64)
+        nbytes = nel * _apply(m["input_types"].tolist(), lambda t: _first_dtype_bytes(t) or 0, np.int64)
+        seq, has_seq = np.zeros(op.size, np.int64), np.zeros(op.size, bool)
+        pg = np.full(op.size, None, dtype=object)
+        pg_ranks = np.full(op.size, None, dtype=object)
+    return {"fid": np.asarray(m["file_id"], np.int64), "ts": np.asarray(m["ts_ns"], np.int64), "op": op,
+            "bytes": nbytes.astype(np.int64), "seq": seq, "has_seq": has_seq, "pg": pg, "pg_ranks": pg_ranks}
+
+
+def _group_median(group: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
+    """Median of ``values`` per group id 0..n-1 (NaN for an empty group)."""
+    o = np.lexsort((values, group))
+    g, v = group[o], values[o]
+    cnt = np.bincount(g, minlength=n)
+    first = np.concatenate([[0], np.cumsum(cnt)[:-1]])
+    lo = first + (cnt - 1) // 2
+    hi = first + cnt // 2
+    ok = cnt > 0
+    out = np.full(n, np.nan)
+    out[ok] = (v[np.clip(lo, 0, v.size - 1)][ok] + v[np.clip(hi, 0, v.size - 1)][ok]) / 2
+    return out
+
+
+def _group_ranks(text) -> list[int] | None:
+    if not text:
+        return None
+    try:
+        v = json.loads(text) if isinstance(text, str) else text
+    except ValueError:
+        return None
+    if isinstance(v, list) and v and all(isinstance(x, int) for x in v) and len(v) < 30:
+        return [int(x) for x in v]
+    return None  # truncated at 30 entries by kineto, or absent: the run's world size then
+
+
+def _match_collectives(con, g: Graph, run_id: int, mode: str, origin: int, off_ns: np.ndarray, cols) -> None:
+    """Instances across ranks (module docstring): fills ``g.inst*``, drops incomplete ones from the rendezvous."""
+    tasks = np.flatnonzero(g.kind == K_COLL)
+    if tasks.size == 0:
+        return
+    meta = _collective_meta(con, run_id, mode)
+    mkey = np.array([(f, t) for f, t in zip(meta["fid"].tolist(), meta["ts"].tolist(), strict=True)],
+                    dtype=np.int64).reshape(-1, 2)
+    order = np.lexsort((mkey[:, 1], mkey[:, 0])) if mkey.size else np.zeros(0, np.int64)
+    mk_sorted = (mkey[order, 0] << 44) + (mkey[order, 1] - origin) if mkey.size else np.zeros(0, np.int64)
+    q = (cols["fid"][tasks] << 44) + (cols["ts"][tasks] - origin)
+    j = np.clip(np.searchsorted(mk_sorted, q), 0, max(mk_sorted.size - 1, 0))
+    found = mk_sorted.size > 0 and True
+    hit = (mk_sorted[j] == q) if found else np.zeros(tasks.size, bool)
+    mi = order[j] if found else np.zeros(tasks.size, np.int64)
+
+    def col(name, default):
+        v = np.asarray(meta[name])[mi] if found else np.full(tasks.size, default)
+        return np.where(hit, v, default)
+
+    op = col("op", "unknown")
+    nbytes = col("bytes", 0).astype(np.int64)
+    seq = col("seq", 0).astype(np.int64)
+    has_seq = col("has_seq", False).astype(bool)
+    pg = np.array([p if p else "" for p in col("pg", None).tolist()], dtype=object)
+    pg_ranks = col("pg_ranks", None)
+    rank, step = g.rank[tasks], g.step[tasks]
+    use_seq = bool(has_seq.all())
+    o = np.lexsort((g.start[tasks], step, pg, rank))
+    keys: list[tuple] = [None] * tasks.size  # type: ignore[list-item]
+    ordinal: dict[tuple, int] = {}
+    for i in o.tolist():
+        if use_seq:
+            keys[i] = ("seq", pg[i], int(seq[i]))
+        else:
+            k = (int(rank[i]), pg[i], int(step[i]))
+            ordinal[k] = ordinal.get(k, -1) + 1
+            keys[i] = ("ord", pg[i], int(step[i]), ordinal[k])
+    inst_of: dict[tuple, int] = {}
+    inst = np.array([inst_of.setdefault(k, len(inst_of)) for k in keys], dtype=np.int64)
+    n_inst = len(inst_of)
+    present = set(g.ranks)
+    complete = np.ones(n_inst, dtype=bool)
+    coll_name: list[str] = [""] * n_inst
+    inst_bytes = np.zeros(n_inst, np.int64)
+    inst_n = np.zeros(n_inst, np.int64)
+    by_inst: dict[int, list[int]] = {}
+    for i, m in enumerate(inst.tolist()):
+        by_inst.setdefault(m, []).append(i)
+    reasons = {"peers": 0, "mismatch": 0, "duplicate": 0, "p2p": 0}
+    start, end = g.start[tasks], g.start[tasks] + g.dur[tasks]
+    for m, members in by_inst.items():
+        rs = [int(rank[i]) for i in members]
+        expected = _group_ranks(pg_ranks[members[0]]) or list(range(g.world_size))
+        coll_name[m] = str(op[members[0]])
+        inst_bytes[m] = int(nbytes[members[0]])
+        inst_n[m] = len(expected)
+        if len(set(rs)) != len(rs):
+            complete[m] = False
+            reasons["duplicate"] += 1
+        elif set(expected) - present or set(rs) != set(expected):
+            complete[m] = False
+            reasons["peers"] += 1
+        elif coll_name[m] == "send_recv":  # two parties, paired by peer: not a rendezvous of the whole group
+            complete[m] = False
+            reasons["p2p"] += 1
+        elif len({(str(op[i]), int(nbytes[i])) for i in members}) > 1:
+            complete[m] = False
+            reasons["mismatch"] += 1
+    # transfer = median over participants of (end − latest start); incomplete: median measured duration
+    latest = np.full(n_inst, -np.inf)
+    np.maximum.at(latest, inst, start)
+    after = np.where(complete[inst], end - latest[inst], end - start)
+    med = _group_median(inst, after, n_inst)
+    shortest = np.full(n_inst, np.inf)
+    np.minimum.at(shortest, inst, end - start)
+    transfer = np.where(med > 0, med, shortest)
+    g.inst[tasks] = inst
+    g.inst_all = g.inst.copy()
+    g.inst_transfer, g.inst_complete, g.inst_coll = transfer, complete, coll_name
+    g.inst_bytes, g.inst_n = inst_bytes, inst_n
+    g.inst_matched_by = ["process group and Seq" if use_seq else "per-step ordinal"] * n_inst
+    # incomplete instances keep their measured durations: no rendezvous
+    inc = ~complete[inst]
+    g.inst[tasks[inc]] = -1
+    n_inc = int((~complete).sum())
+    if n_inc:
+        why = []
+        if reasons["peers"]:
+            why.append(f"{reasons['peers']} whose peers are not all in the folder")
+        if reasons["mismatch"]:
+            why.append(f"{reasons['mismatch']} whose name or size differ across ranks (the per-step order slipped)")
+        if reasons["duplicate"]:
+            why.append(f"{reasons['duplicate']} matched twice on one rank")
+        if reasons["p2p"]:
+            why.append(f"{reasons['p2p']} point-to-point send/recv (pairing by peer is not implemented)")
+        g.unmatched.append(f"{n_inc} of {n_inst} collective instances kept their measured duration: "
+                           + "; ".join(why))
+        g.partial = reasons["peers"] > 0
+
+
+def save(con: duckdb.DuckDBPyConnection, g: Graph) -> None:
+    """Write the graph to ``sim_task``, ``sim_dep`` and ``sim_coll`` (rows of ``g.run_id`` replaced)."""
+    import pyarrow as pa
+
+    for t in ("sim_task", "sim_dep", "sim_coll"):
+        con.execute(f"DELETE FROM {t} WHERE run_id = ?", [g.run_id])
+    n = g.start.size
+    host = np.array([r.startswith("host:") for r in g.res_names], dtype=bool)
+    res_arr = pa.DictionaryArray.from_arrays(pa.array(g.res.astype(np.int32)), pa.array(g.res_names))
+    kind_arr = pa.DictionaryArray.from_arrays(pa.array(g.kind.astype(np.int32)), pa.array(list(KINDS)))
+    tbl = pa.table({
+        "run_id": pa.array(np.full(n, g.run_id, np.int32)), "task_id": pa.array(np.arange(n, dtype=np.int64)),
+        "rank": pa.array(g.rank.astype(np.int32)), "resource": res_arr, "kind": kind_arr,
+        "name": g.name,
+        "step": pa.array(g.step.astype(np.int32), mask=g.step < 0),
+        "start_us": pa.array(g.start), "dur_us": pa.array(g.dur),
+        "gap_us": pa.array(np.where(host[g.res] | (g.kind != K_HOST), g.gap, 0.0)),
+        "gap_label": pa.array(g.gap_label.tolist(), pa.string())})
+    con.register("_sim_task_in", tbl)
+    con.execute("INSERT INTO sim_task SELECT run_id, task_id, rank, resource::VARCHAR, kind::VARCHAR, name, step, "
+                "start_us, dur_us, gap_us, gap_label FROM _sim_task_in")
+    con.unregister("_sim_task_in")
+    dt = pa.DictionaryArray.from_arrays(pa.array(g.dep_type.astype(np.int32)), pa.array(list(DEP_TYPES)))
+    con.register("_sim_dep_in", pa.table({"src": pa.array(g.dep_src), "dst": pa.array(g.dep_dst), "t": dt,
+                                          "e": pa.array(g.dep_end), "o": pa.array(g.dep_off)}))
+    con.execute("INSERT INTO sim_dep SELECT ?, src, dst, t::VARCHAR, e, o FROM _sim_dep_in", [g.run_id])
+    con.unregister("_sim_dep_in")
+    ct = np.flatnonzero(g.kind == K_COLL)
+    inst_all = _instance_of_tasks(g, ct)
+    keep = inst_all >= 0
+    ct, inst_all = ct[keep], inst_all[keep]
+    if ct.size:
+        latest = np.full(g.inst_transfer.size, -np.inf)
+        np.maximum.at(latest, inst_all, g.start[ct])
+        blocking = np.where(g.inst_complete[inst_all], latest[inst_all] - g.start[ct], 0.0)
+        coll_names = pa.DictionaryArray.from_arrays(pa.array(inst_all.astype(np.int32)), pa.array(g.inst_coll))
+        by = pa.DictionaryArray.from_arrays(pa.array(inst_all.astype(np.int32)), pa.array(g.inst_matched_by))
+        con.register("_sim_coll_in", pa.table({
+            "i": pa.array(inst_all), "r": pa.array(g.rank[ct].astype(np.int32)), "t": pa.array(ct), "m": by,
+            "c": coll_names, "b": pa.array(g.inst_bytes[inst_all]), "s": pa.array(g.start[ct]),
+            "e": pa.array(g.start[ct] + g.dur[ct]), "x": pa.array(g.inst_transfer[inst_all]),
+            "w": pa.array(blocking), "ok": pa.array(g.inst_complete[inst_all])}))
+        con.execute("INSERT INTO sim_coll SELECT ?, i, r, t, m::VARCHAR, c::VARCHAR, b, s, e, x, w, ok "
+                    "FROM _sim_coll_in", [g.run_id])
+        con.unregister("_sim_coll_in")
+
+
+def _instance_of_tasks(g: Graph, ct: np.ndarray) -> np.ndarray:
+    """Instance of each collective task, complete or not (``g.inst`` holds -1 for incomplete ones)."""
+    return (g.inst_all if g.inst_all is not None else g.inst)[ct]
+
+
+def ideal_transfer_us(g: Graph, link_gbps: float) -> np.ndarray:
+    """Per instance: bytes × busbw factor ÷ link bandwidth (µs), nccl-tests ``PERFORMANCE.md``; 0 when the bytes
+    are unknown."""
+    f = np.array([busbw_factor(c, int(n)) for c, n in zip(g.inst_coll, g.inst_n.tolist(), strict=True)])
+    return g.inst_bytes * f / (link_gbps * 1e9) * 1e6 if f.size else np.zeros(0)

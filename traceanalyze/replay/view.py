@@ -1,0 +1,71 @@
+"""The what-if replay in the HTML view model and the Markdown report (``templates/_whatif.html.j2``)."""
+
+from __future__ import annotations
+
+import math
+
+from traceanalyze.safety import md_text
+
+
+def _num(v) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+
+
+def replay_view(run: dict) -> dict:
+    """``replay``, ``whatif`` and ``picture`` of one run for the template: the model's dicts, rows that are not
+    dicts dropped, picture segments kept only when their numbers are finite."""
+    rp = run.get("replay") if isinstance(run.get("replay"), dict) else None
+    wi = [w for w in run.get("whatif") or [] if isinstance(w, dict)]
+    pic = run.get("replay_picture") if isinstance(run.get("replay_picture"), dict) else None
+    if pic and _num(pic.get("span_us")):
+        lanes = []
+        for ln in pic.get("lanes") or []:
+            if isinstance(ln, dict):
+                segs = [s for s in ln.get("segments") or [] if isinstance(s, list) and len(s) == 5
+                        and _num(s[0]) is not None and _num(s[1]) is not None]
+                lanes.append(dict(ln, segments=segs))
+        pic = dict(pic, lanes=lanes)
+    else:
+        pic = None
+    return {"replay": rp, "whatif": wi, "picture": pic}
+
+
+def _t(v) -> str:
+    return md_text(str(v)) or "—"
+
+
+def _f(v, scale: float = 1e3) -> str:
+    x = _num(v)
+    return "—" if x is None else f"{x / scale:,.2f}"
+
+
+def replay_markdown(run: dict) -> list[str]:
+    """Markdown lines: the "Predicted step time if fixed" table and the replay's fidelity."""
+    rp = run.get("replay") if isinstance(run.get("replay"), dict) else None
+    if not rp:
+        return []
+    out = ["#### Predicted step time if fixed", ""]
+    if not rp.get("reliable"):
+        out += [f"**Unreliable:** the replay misses the measured step time by {_f(rp.get('error_pct'), 1)} %.", ""]
+    rows = [w for w in run.get("whatif") or [] if isinstance(w, dict)]
+    if rows:
+        out += ["| cause | what-if | predicted step ms | saving ms | saving % | confidence |",
+                "|---|---|--:|--:|--:|---|"]
+        for w in rows:
+            c = w.get("confidence") if isinstance(w.get("confidence"), dict) else {}
+            rng = w.get("range_us")
+            extra = f" ({_f(rng[0])}–{_f(rng[1])})" if isinstance(rng, list) and len(rng) == 2 else ""
+            out.append(f"| {_t(w.get('cause'))} | {_t(w.get('scenario'))} | "
+                       f"{_f(w.get('predicted_step_time_us'))}{extra} | {_f(w.get('saving_us'))} | "
+                       f"{_f(w.get('saving_pct'), 1)} | replay error {_f(c.get('replay_error_pct'), 1)} %, "
+                       f"{int(_num(c.get('collective_instances')) or 0)} collective instances |")
+    else:
+        out.append("No what-if applies to this run.")
+    out += ["", f"Replay fidelity: replayed {_f(rp.get('replayed_step_time_us'))} ms vs measured "
+                f"{_f(rp.get('measured_step_time_us'))} ms ({_f(rp.get('error_pct'), 1)} % error)"
+                + ("; partial (peers not in the folder)" if rp.get("partial") else "") + ".", ""]
+    for u in rp.get("unmatched") or []:
+        out.append(f"- unmatched: {_t(u)}")
+    for m in rp.get("missing_edges") or []:
+        out.append(f"- missing edges: {_t(m)}")
+    return out + ([""] if rp.get("unmatched") or rp.get("missing_edges") else [])

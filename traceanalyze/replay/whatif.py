@@ -1,0 +1,380 @@
+"""What-ifs: each one rewrites task durations, gaps or transfer times and replays the graph; the findings' impact
+comes from them (:func:`apply_to_findings`). Design: ``shared/WHATIF.md`` §6, ``docs/replay.md``.
+
+Step times follow the one step definition (:mod:`traceanalyze.metrics.steps`): a step's time is the longest
+duration of that ``ProfilerStep#N`` over the ranks; the run's step time is the median over the counted steps.
+The replay error is |replayed − measured| / measured of the run's step time. A what-if's predicted step time is,
+per counted step, the measured time less the replayed saving (replay of the graph − replay of the rewritten
+graph), then the median over steps; ``saving_pct`` = 100 × (measured − predicted) / measured.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable
+
+import duckdb
+import numpy as np
+
+from traceanalyze.replay import graph as gr
+from traceanalyze.replay import simulate
+
+SCENARIOS = ("no_straggler", "ideal_interconnect", "bf16_matmul", "no_dataloader_wait", "no_compile",
+             "no_launch_overhead", "all")
+CAUSES = {"no_straggler": "imbalance: straggler ranks", "ideal_interconnect": "interconnect: slow collectives",
+          "bf16_matmul": "precision: fp32 matrix math", "no_dataloader_wait": "config: data-loader wait",
+          "no_compile": "config: torch.compile time", "no_launch_overhead": "config: kernel-launch overhead",
+          "all": "every fix above together"}
+# finding kind (traceanalyze.diagnose) -> the what-if that removes its cause
+KIND_TO_SCENARIO = {"straggler": "no_straggler", "idle_rank": "no_straggler", "slow_collectives": "ideal_interconnect",
+                    "topology": "ideal_interconnect", "exposed_communication": "ideal_interconnect",
+                    "fp32_matmul": "bf16_matmul", "autocast_missing": "bf16_matmul", "compile_overhead": "no_compile",
+                    "recompiles": "no_compile", "dataloader": "no_dataloader_wait",
+                    "launch_bound": "no_launch_overhead"}
+# One-time costs: their rule spreads them over an assumed job length, while no_compile prices the profiled
+# steps (the compile step included); the two are not the same share, so these findings keep the rule's figure.
+AMORTIZED_KINDS = frozenset({"compile_overhead", "recompiles"})
+UNRELIABLE_ERROR_PCT = 5.0  # replay error above which the what-ifs are marked unreliable (straggler paper §3.3)
+# bf16 over fp32 matrix-math speed-up (low, mid, high). GPUs: bf16 tensor cores vs TF32 (2x) up to fp32 CUDA
+# cores (8-16x on sm80/sm90 datasheets); CPUs without AMX: half the bytes moved, conversions eat part of it
+# (up to diagnose.CPU_BF16_SPEEDUP = 2x).
+BF16_SPEEDUP_GPU = (2.0, 4.0, 8.0)
+BF16_SPEEDUP_CPU = (1.25, 1.5, 2.0)
+CAST_SHARE = 0.1  # cast (aten::_to_copy) cost added, as a share of the matrix-math time saved
+STRAGGLER_EXCESS_PCT = 25.0  # a rank working this much longer per step than the median rank is a straggler
+# (4 gloo ranks on 2 cores differ by up to ~20 % from scheduling alone: sample_traces/healthy)
+MIN_SAVING_US = 1.0  # a scenario whose rewrite changes less than this is left out (it does not apply)
+
+Arrays = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
+def _sub(base: np.ndarray, cut: np.ndarray) -> np.ndarray:
+    return np.clip(base - cut, 0.0, None)
+
+
+def _rw_dataloader(g, d, cg, tr, ctx):
+    return _sub(d, g.cover["dataloader"]), _sub(cg, g.gap_cover["dataloader"]), tr
+
+
+def _rw_compile(g, d, cg, tr, ctx):
+    return _sub(d, g.cover["compile"]), _sub(cg, g.gap_cover["compile"]), tr
+
+
+def _rw_launch(g, d, cg, tr, ctx):
+    return d, _sub(cg, g.gap_cover["launch"]), tr
+
+
+def _rw_bf16(g, d, cg, tr, ctx, speedup: float | None = None):
+    r = speedup or ctx["bf16"][1]
+    mm = g.cover["matmul_fp32"]
+    return d - mm * (1 - 1 / r) * (1 - CAST_SHARE), cg, tr
+
+
+def _rw_interconnect(g, d, cg, tr, ctx):
+    ideal = gr.ideal_transfer_us(g, ctx["link_gbps"])
+    return d, cg, np.where(g.inst_bytes > 0, np.minimum(tr, ideal), tr)
+
+
+def _busy_us(g: gr.Graph) -> dict[int, float]:
+    """Per rank: median over its counted steps of the host time it spends working (host tasks and the gaps
+    between them, waits left out), µs."""
+    width = int(g.step.max(initial=0)) + 2
+    counted = np.array([r * width + s for r, s, _, _, c in g.steps if c], dtype=np.int64)
+    key = g.rank * width + g.step
+    sel = np.flatnonzero((g.kind == gr.K_HOST) & (g.step >= 0) & np.isin(key, counted))
+    if sel.size == 0:
+        return {}
+    keys, inv = np.unique(key[sel], return_inverse=True)
+    per = np.bincount(inv.reshape(-1), weights=g.chain_dur[sel] + g.chain_gap[sel])
+    out: dict[int, list[float]] = {}
+    for k, v in zip((keys // width).tolist(), per.tolist(), strict=True):
+        out.setdefault(int(k), []).append(v)
+    return {r: float(np.median(v)) for r, v in out.items()}
+
+
+def _stragglers(g: gr.Graph) -> set[int]:
+    """Ranks whose working host time per step is more than :data:`STRAGGLER_EXCESS_PCT` above the median rank's."""
+    busy = _busy_us(g)
+    if len(busy) < 2:
+        return set()
+    mid = float(np.median(list(busy.values())))
+    return {r for r, b in busy.items() if b > mid * (1 + STRAGGLER_EXCESS_PCT / 100)}
+
+
+def _rw_straggler(g, d, cg, tr, ctx):
+    """The straggler ranks' op classes (step, name, n-th occurrence on the rank) at the mean over their peers
+    (the other ranks); a class that fewer than half the peers run is the straggler's extra work and goes; the gap
+    before each task the same. The peers keep their measured times (their own noise stays, as in a healthy run);
+    a collective's transfer goes to the median of its (operation, bytes) class."""
+    slow = _stragglers(g)
+    sel = np.flatnonzero((g.step >= 0) & np.isin(g.kind, (gr.K_HOST, gr.K_KERNEL, gr.K_MEMCPY, gr.K_MEMSET)))
+    d, cg = d.copy(), cg.copy()
+    if sel.size and slow:
+        cls = g.step[sel] * (int(g.name_code.max(initial=0)) + 1) + g.name_code[sel]
+        o = np.lexsort((g.start[sel], cls, g.rank[sel]))
+        rk, cl = g.rank[sel][o], cls[o]
+        newgrp = np.ones(o.size, dtype=bool)
+        newgrp[1:] = (rk[1:] != rk[:-1]) | (cl[1:] != cl[:-1])
+        grp_start = np.maximum.accumulate(np.where(newgrp, np.arange(o.size), 0))
+        key = np.stack([cl, np.arange(o.size) - grp_start], axis=1)
+        _, kid = np.unique(key, axis=0, return_inverse=True)
+        kid = kid.reshape(-1)
+        idx = sel[o]
+        peer = ~np.isin(rk, list(slow))
+        cnt = np.bincount(kid[peer], minlength=kid.max() + 1)
+        n_peers = len(set(g.ranks) - slow)
+        mean_d = np.bincount(kid[peer], weights=d[idx][peer], minlength=cnt.size) / np.maximum(cnt, 1)
+        mean_g = np.bincount(kid[peer], weights=cg[idx][peer], minlength=cnt.size) / np.maximum(cnt, 1)
+        keep = cnt[kid] * 2 >= n_peers
+        mine = ~peer
+        d[idx[mine]] = np.where(keep[mine], mean_d[kid[mine]], 0.0)
+        cg[idx[mine]] = np.where(keep[mine], mean_g[kid[mine]], 0.0)
+    tr = tr.copy()
+    if tr.size:
+        pairs: dict[tuple, list[int]] = {}
+        for i, (c, b) in enumerate(zip(g.inst_coll, g.inst_bytes.tolist(), strict=True)):
+            pairs.setdefault((c, b), []).append(i)
+        for members in pairs.values():
+            tr[members] = float(np.median(tr[members]))
+    return d, cg, tr
+
+
+REWRITES: dict[str, Callable] = {"no_straggler": _rw_straggler, "ideal_interconnect": _rw_interconnect,
+                                 "bf16_matmul": _rw_bf16, "no_dataloader_wait": _rw_dataloader,
+                                 "no_compile": _rw_compile, "no_launch_overhead": _rw_launch}
+
+
+def _applies(g: gr.Graph, scenario: str, ctx: dict) -> bool:
+    if scenario == "no_straggler":
+        return bool(_stragglers(g))
+    if scenario == "ideal_interconnect":
+        return bool(ctx.get("link_gbps")) and bool((g.inst_bytes > 0).any())
+    key = {"bf16_matmul": "matmul_fp32", "no_dataloader_wait": "dataloader", "no_compile": "compile"}.get(scenario)
+    if key:
+        return float(g.cover[key].sum() + g.gap_cover.get(key, np.zeros(1)).sum()) >= MIN_SAVING_US
+    if scenario == "no_launch_overhead":
+        return g.mode == "gpu" and float(g.gap_cover["launch"].sum()) >= MIN_SAVING_US
+    return False
+
+
+def _assumptions(scenario: str, ctx: dict, g: gr.Graph) -> str:
+    if scenario == "no_straggler":
+        return (f"straggler rank(s) {', '.join(str(r) for r in sorted(_stragglers(g)))} (working host time per step "
+                f"> {STRAGGLER_EXCESS_PCT:g} % over the median rank): each op class (step, name, n-th call) and the "
+                "gap before it at the mean of the other ranks, work they do not do removed; the other ranks unchanged; "
+                "each collective's transfer at the median of its size class")
+    if scenario == "ideal_interconnect":
+        return (f"transfer = bytes × busbw factor ÷ {ctx['link_gbps']:g} GB/s ({ctx['link_source']}), capped at "
+                "the measured transfer; latency term ignored")
+    if scenario == "bf16_matmul":
+        lo, mid, hi = ctx["bf16"]
+        return (f"fp32 matrix math {mid:g}× faster in bf16 (range {lo:g}–{hi:g}× gives the range), plus casts at "
+                f"{CAST_SHARE:.0%} of the time saved; no measured bf16 kernel of the same shape is used; collective "
+                "bytes unchanged (DDP reduces fp32 gradients under autocast)")
+    if scenario == "no_dataloader_wait":
+        return "host time under DataLoader ranges removed (workers prefetch; launch order kept)"
+    if scenario == "no_compile":
+        return "host time under dynamo/inductor compile ranges removed (a warm cache still traces frames)"
+    if scenario == "no_launch_overhead":
+        return "host time between consecutive kernel launches cut to the launch calls alone (CUDA graphs)"
+    return "every applicable rewrite at once; savings do not add up"
+
+
+def _run_time(per_step: dict[int, float]) -> float | None:
+    return float(statistics.median(per_step.values())) if per_step else None
+
+
+def _longest(times: dict[tuple[int, int], float], counted: set[tuple[int, int]]) -> dict[int, float]:
+    out: dict[int, float] = {}
+    for (r, s), t in times.items():
+        if (r, s) in counted:
+            out[s] = max(out.get(s, 0.0), t)
+    return out
+
+
+def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_size: int | None,
+               clock_offsets_us: dict | None = None, link_gbps: float | None = None, link_source: str = "",
+               gpu_sm: str | None = None) -> tuple[dict, list[dict], dict]:
+    """Build, store and replay the run's graph, then every what-if that applies.
+
+    Returns:
+        ``(replay, whatif, picture)``: ``replay`` and ``whatif`` as in the JSON contract (``docs/replay.md``),
+        ``picture`` the cross-rank lanes of the median step for the HTML report.
+    """
+    g = gr.build(con, run_id, mode, world_size, clock_offsets_us)
+    gr.save(con, g)
+    base = simulate.replay(g, keep_binding=True)
+    measured = {(r, s): float(g.start[e] - g.start[b]) for r, s, b, e, _ in g.steps}
+    counted = {(r, s) for r, s, _, _, c in g.steps if c}
+    base_t = base.step_times(g)
+    m_long, b_long = _longest(measured, counted), _longest(base_t, counted)
+    m_run, b_run = _run_time(m_long), _run_time(b_long)
+    if m_run is None or b_run is None:
+        return {}, [], {}
+    err = abs(b_run - m_run) / m_run * 100 if m_run else 0.0
+    ranks = []
+    for r in g.ranks:
+        ms = [measured[k] for k in sorted(counted) if k[0] == r]
+        bs = [base_t[k] for k in sorted(counted) if k[0] == r]
+        if ms:
+            ranks.append({"rank": r, "measured_step_time_us": round(statistics.median(ms), 3),
+                          "replayed_step_time_us": round(statistics.median(bs), 3),
+                          "error_pct": round(abs(statistics.median(bs) - statistics.median(ms))
+                                             / statistics.median(ms) * 100, 2)})
+    reliable = err <= UNRELIABLE_ERROR_PCT and base.converged
+    replay_model = {
+        "measured_step_time_us": round(m_run, 3), "replayed_step_time_us": round(b_run, 3),
+        "error_pct": round(err, 2), "ranks": ranks, "unmatched": list(g.unmatched),
+        "missing_edges": list(g.missing_edges), "partial": g.partial, "collective_instances": g.n_instances,
+        "tasks": int(g.start.size), "edges": int(g.dep_src.size), "passes": base.passes,
+        "converged": base.converged, "reliable": reliable}
+    if not base.converged:
+        replay_model["unmatched"].append(f"the replay did not settle in {base.passes} passes")
+    ctx = {"link_gbps": link_gbps, "link_source": link_source or "expected link",
+           "bf16": BF16_SPEEDUP_GPU if mode == "gpu" else BF16_SPEEDUP_CPU}
+    results = [[run_id, "replay", r, s, measured[(r, s)], base_t[(r, s)]] for r, s in sorted(measured)]
+    whatif = []
+    applicable = [s for s in SCENARIOS[:-1] if _applies(g, s, ctx)]
+    d0, cg0, tr0 = g.chain_dur, g.chain_gap, g.inst_transfer
+
+    def predict(arrs: Arrays) -> tuple[float, dict]:
+        rp = simulate.replay(g, *arrs)
+        t = rp.step_times(g)
+        w_long = _longest(t, counted)
+        per_step = {s: m_long[s] - (b_long[s] - w_long[s]) for s in m_long}
+        return _run_time(per_step) or m_run, t
+
+    for sc in [*applicable, *(["all"] if len(applicable) > 1 else [])]:
+        if sc == "all":
+            arrs: Arrays = (d0, cg0, tr0)
+            for s in applicable:
+                arrs = REWRITES[s](g, *arrs, ctx)
+        else:
+            arrs = REWRITES[sc](g, d0, cg0, tr0, ctx)
+        pred, t = predict(arrs)
+        results += [[run_id, sc, r, s, measured[(r, s)], t[(r, s)]] for r, s in sorted(measured)]
+        row = {"scenario": sc, "cause": CAUSES[sc], "predicted_step_time_us": round(pred, 3),
+               "saving_pct": round(100 * (m_run - pred) / m_run, 2), "saving_us": round(m_run - pred, 3),
+               "assumptions": _assumptions(sc, ctx, g),
+               "confidence": {"replay_error_pct": round(err, 2), "collective_instances": g.n_instances},
+               "reliable": reliable}
+        if sc == "bf16_matmul":
+            lo_hi = [predict(_rw_bf16(g, d0, cg0, tr0, ctx, speedup=x))[0] for x in (ctx["bf16"][0], ctx["bf16"][2])]
+            row["range_us"] = [round(min(lo_hi), 3), round(max(lo_hi), 3)]
+            row["range_saving_pct"] = [round(100 * (m_run - max(lo_hi)) / m_run, 2),
+                                       round(100 * (m_run - min(lo_hi)) / m_run, 2)]
+        if row["saving_us"] >= MIN_SAVING_US or sc == "all":
+            whatif.append(row)
+    from traceanalyze import store
+
+    store.insert_rows(con, "sim_result", None, results)
+    return replay_model, whatif, _picture(g, base, measured, counted, m_long)
+
+
+LANE_SEGMENTS = 400  # segments drawn per rank lane at most (the longest kept)
+LABELS = ("compute", "host", "wait", "communication", "transfer", "dataloader", "compile", "optimizer", "launch")
+
+
+def _task_labels(g: gr.Graph, idx: np.ndarray) -> np.ndarray:
+    """Label code (:data:`LABELS`) of each task in ``idx``: its category when over half its time, else compute
+    (host ops of CPU runs, device work) or host (runtime calls of GPU runs)."""
+    lab = np.full(idx.size, 0 if g.mode != "gpu" else 1, np.int64)
+    lab[g.kind[idx] != gr.K_HOST] = 0
+    for c in ("optimizer", "compile", "dataloader"):
+        lab[g.cover[c][idx] > 0.5 * g.dur[idx]] = LABELS.index(c)
+    lab[g.kind[idx] == gr.K_COLL] = LABELS.index("communication")
+    return lab
+
+
+def _merge(start: np.ndarray, length: np.ndarray, lab: np.ndarray, crit: np.ndarray, tiny: float) -> list[list]:
+    """Adjacent segments of one label and critical-path flag joined, and segments shorter than ``tiny`` µs
+    folded into the one before: a lane stays a few dozen shapes whatever the op count. Input sorted by start."""
+    if start.size == 0:
+        return []
+    end = start + length
+    new = np.ones(start.size, dtype=bool)
+    prev_end = np.maximum.accumulate(end)[:-1]
+    joined = (start[1:] - prev_end <= tiny) & (((lab[1:] == lab[:-1]) & (crit[1:] == crit[:-1])) | (length[1:] < tiny))
+    new[1:] = ~joined
+    heads = np.flatnonzero(new)
+    ends = np.maximum.reduceat(end, heads)
+    return [[round(float(a), 1), round(float(b - a), 1), LABELS[int(c)], bool(k)]
+            for a, b, c, k in zip(start[heads], ends, lab[heads], crit[heads], strict=True)]
+
+
+def _picture(g: gr.Graph, rp: simulate.Replay, measured, counted, m_long) -> dict:
+    """Lanes of the median counted step (one per rank; host thread of the step, then collectives), replayed
+    times relative to the step's earliest start, critical-path tasks marked."""
+    if not m_long:
+        return {}
+    steps_sorted = sorted(m_long, key=lambda s: m_long[s])
+    step = steps_sorted[(len(steps_sorted) - 1) // 2]
+    marks = {r: (b, e) for r, s, b, e, c in g.steps if s == step and (r, s) in counted}
+    if not marks:
+        return {}
+    t0 = min(rp.start[b] for b, _ in marks.values())
+    slow = max(marks, key=lambda r: rp.start[marks[r][1]] - rp.start[marks[r][0]])
+    on_path = np.zeros(g.start.size, dtype=bool)
+    on_path[simulate.critical_path(g, rp, marks[slow][1], rp.start[marks[slow][0]])] = True
+    waits = np.zeros(g.start.size, dtype=bool)
+    waits[g.dep_dst[g.dep_type >= 1]] = True
+    ct = np.flatnonzero(g.kind == gr.K_COLL)
+    lanes = []
+    for r in sorted(marks):
+        b, e = marks[r]
+        lo, hi = rp.start[b], rp.start[e]
+        tiny = (hi - lo) / 1000
+        host = np.arange(b + 1, e)  # the step's thread: tasks between its markers (resource order)
+        gp = host[(g.gap[host] > 0) & ~g.first[host]]
+        gap_start = np.maximum(rp.end[gp - 1], lo)
+        gap_lab = np.array([LABELS.index(x) if x in LABELS else 1 for x in g.gap_label[gp].tolist()], np.int64)
+        gap_lab[waits[gp]] = LABELS.index("wait")
+        st = np.concatenate([gap_start, rp.start[host]])
+        ln = np.concatenate([rp.start[gp] - gap_start, rp.end[host] - rp.start[host]])
+        lab = np.concatenate([gap_lab, _task_labels(g, host)])
+        crit = np.concatenate([on_path[gp], on_path[host]])
+        o = np.argsort(st, kind="stable")
+        keep = ln[o] > 0
+        top = _merge(st[o][keep] - t0, ln[o][keep], lab[o][keep], crit[o][keep], tiny)
+        cc = ct[(g.rank[ct] == r) & (rp.start[ct] >= lo) & (rp.start[ct] < hi)]
+        cc = cc[np.argsort(rp.start[cc], kind="stable")]
+        bottom = _merge(rp.start[cc] - t0, rp.end[cc] - rp.start[cc], np.full(cc.size, LABELS.index("transfer")),
+                        on_path[cc], tiny)
+        segs = [[*x, 0] for x in top] + [[*x, 1] for x in bottom]
+        if len(segs) > LANE_SEGMENTS:
+            keep_i = sorted(range(len(segs)), key=lambda k: (-segs[k][3], -segs[k][1]))[:LANE_SEGMENTS]
+            segs = [segs[k] for k in sorted(keep_i)]
+        lanes.append({"rank": r, "step_us": round(float(hi - lo), 1), "start_us": round(float(lo - t0), 1),
+                      "end_us": round(float(hi - t0), 1), "critical": r == slow, "segments": segs})
+    span = max(ln["end_us"] for ln in lanes) or 1.0
+    return {"step": step, "span_us": span, "lanes": lanes, "slowest_rank": slow}
+
+
+def apply_to_findings(findings: list, whatifs: list[dict]) -> list:
+    """Set each finding's ``impact_pct`` from the what-if that removes its cause (:data:`KIND_TO_SCENARIO`) and its
+    severity from that impact (``diagnose.severity``), except that a finding its rule judged not worth a ticket
+    (severity low: within the run's noise, or an assumed gain the trace cannot confirm) stays low; findings without
+    a what-if keep the rule's estimate. Returns
+    the findings ranked by severity, then impact (``diagnose.rank_findings``). The rules decide which causes
+    exist; the replay decides what each costs."""
+    from traceanalyze import diagnose
+
+    by = {w["scenario"]: w for w in whatifs or []}
+    for f in findings:
+        if f.kind in AMORTIZED_KINDS:
+            continue
+        w = by.get(KIND_TO_SCENARIO.get(f.kind, ""))
+        if w is None or not w.get("reliable", False):
+            continue
+        impact = max(0.0, float(w["saving_pct"]))
+        if math.isfinite(impact):
+            f.impact_pct = round(impact, 1)
+            if f.severity != "low":  # the rules decide what is worth a ticket; the replay, what it costs
+                f.severity = diagnose.severity(impact)
+            f.evidence = [*f.evidence, f"impact from the what-if replay ({w['scenario']}): predicted step time "
+                                       f"{w['predicted_step_time_us'] / 1e3:.2f} ms, {impact:.1f}% saved"]
+    return diagnose.rank_findings(findings)
+
+
+__all__ = ["CAUSES", "KIND_TO_SCENARIO", "SCENARIOS", "apply_to_findings", "replay_run"]
