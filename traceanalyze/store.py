@@ -6,8 +6,9 @@ queries join on it. Times are integer nanoseconds (``ts_ns``, ``dur_ns``); ``ts_
 own clock (``baseTimeNanoseconds`` applied), not aligned across hosts. See ``docs/schema.md``.
 
 Re-running on unchanged files does not parse them again: a file whose resolved path, size and mtime match
-a row of ``files`` keeps its rows. Each file is loaded in its own transaction, so an interrupted ingest
-leaves every finished file usable.
+a row of ``files`` keeps its rows. Files are loaded in transactions of up to :data:`TRANSACTION_FILES` files (a
+split file's parts one by one), so an interrupted ingest leaves every committed file usable; the files of the open
+transaction are parsed again by the next run.
 """
 
 from __future__ import annotations
@@ -168,6 +169,10 @@ MACROS += STEP_MACROS
 WORKER_CHUNK_ROWS = 1 << 13  # rows a parse worker holds before writing them out
 PART_BYTES = 128 << 20  # a plain-JSON file over SPLIT_MIN_BYTES is parsed in byte ranges of about this size
 INGEST_MEMORY_LIMIT = "64MB"  # DuckDB's buffer pool while trace files are loaded (see load_traces)
+# Whole files share a transaction, up to this many files or TRANSACTION_ROWS rows: a COMMIT syncs to disk, and one
+# per file was 21.8 s of a 47 s report on 1,024 small ranks. The rows bound keeps a transaction's memory bounded.
+TRANSACTION_FILES = 64
+TRANSACTION_ROWS = 2_000_000
 
 # Tables that describe the latest report only; emptied before a report is recomputed.
 REPORT_TABLES = ("runs", "warnings", "run_facts", "log_steps", "nccl_channels", "topology_links", "collective_calls",
@@ -327,11 +332,16 @@ def load_traces(con: duckdb.DuckDBPyConnection, paths: Iterable[Path], *, jobs: 
     paths = list(paths)
     out: dict[Path, LoadedFile] = {}
     todo: list[tuple[Path, tuple[str, int, int]]] = []
+    first: dict[str, Path] = {}  # resolved path -> the first of the given paths that names it
+    alias: dict[Path, Path] = {}
     for p in paths:
         try:
             key = _stat_key(p)
         except OSError as exc:
             out[p] = LoadedFile(p, None, False, None, f"cannot read ({exc.strerror or exc})")
+            continue
+        if first.setdefault(key[0], p) != p:  # one file under two names (a link): parsed and stored once
+            alias[p] = first[key[0]]
             continue
         row = con.execute("SELECT file_id, status, message FROM files WHERE path = ? AND size_bytes = ? "
                           "AND mtime_ns = ?", list(key)).fetchone()
@@ -379,21 +389,30 @@ def load_traces(con: duckdb.DuckDBPyConnection, paths: Iterable[Path], *, jobs: 
                 pool = ProcessPoolExecutor(max_workers=n_jobs, initializer=_worker_init,
                                            initargs=(_pandas_blocked(),))
                 results = pool.map(_parse_one, work)
+            batch = _Batch(con)
             try:
                 load: _FileLoad | None = None
                 for path_s, info, tables, err in results:  # in order: the parts of a file arrive together
                     p, key = keys[path_s]
+                    if n_parts[path_s] == 1:
+                        out[p] = batch.add(p, key, info, tables, err)
+                        if progress:
+                            progress(key[1])
+                        continue
                     if load is None:
-                        load = _FileLoad(con, p, key, n_parts[path_s])
+                        batch.commit()  # a split file commits part by part: no batch open meanwhile
+                        load = _FileLoad(con, p, key, n_parts[path_s], (tmp, max_decompressed))
                     load.add(info, tables, err)
                     if load.done:
                         out[p] = load.finish()
                         load = None
                         if progress:
                             progress(key[1])
+                batch.commit()
             except BaseException:
                 if load is not None:
                     load.abort()
+                batch.abort()
                 raise
             finally:
                 if pool is not None:
@@ -403,7 +422,7 @@ def load_traces(con: duckdb.DuckDBPyConnection, paths: Iterable[Path], *, jobs: 
             con.execute("RESET memory_limit")
             con.execute("RESET threads")
             shutil.rmtree(tmp, ignore_errors=True)
-    return [out[p] for p in paths]
+    return [out[alias.get(p, p)] for p in paths]
 
 
 def _join_parts(parts: list[tuple[TraceFile | None, str | None]]) -> tuple[TraceFile | None, str | None]:
@@ -427,6 +446,88 @@ def _join_parts(parts: list[tuple[TraceFile | None, str | None]]) -> tuple[Trace
     return first, None
 
 
+class _Batch:
+    """Whole (unsplit) trace files loaded into the store, many per transaction.
+
+    Up to :data:`TRANSACTION_FILES` files or :data:`TRANSACTION_ROWS` rows share one transaction, and each of its
+    tables is filled by one ``INSERT`` that reads the files' Arrow IPC streams one after another: per file, the main
+    process only reads its summary. A file loaded again (changed on disk, or left ``loading`` by an interrupted run)
+    has its old rows deleted in the same transaction.
+    """
+
+    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+        self.con = con
+        self.items: list[tuple[int, int, dict]] = []  # (file_id, base_time_ns, table -> IPC stream) to insert
+        self.rows: list[list] = []  # files rows
+        self.old: list[int] = []  # file_ids whose rows go
+        self.n_rows = 0
+        self.next_id: int | None = None
+        self.old_ids: dict[str, int] | None = None
+
+    def add(self, path: Path, key: tuple[str, int, int], info: TraceFile | None, tables: dict | None,
+            err: str | None) -> LoadedFile:
+        if self.next_id is None:
+            con = self.con
+            # fetchall: DuckDB 2 keeps a half-read result open, which blocks register() below
+            self.old_ids = dict(con.execute("SELECT path, file_id FROM files").fetchall())
+            self.next_id = con.execute("SELECT coalesce(max(file_id), 0) + 1 FROM files").fetchall()[0][0]
+        old = self.old_ids.pop(key[0], None)
+        if old is not None:
+            self.old.append(old)
+        file_id = self.next_id
+        self.next_id += 1
+        resolved, size, mtime = key
+        if info is None:
+            self.rows.append([file_id, resolved, size, mtime, "error", err] + [None] * 5)
+        else:
+            self.rows.append([file_id, resolved, size, mtime, "partial" if info.partial else "ok",
+                              "; ".join(info.warnings) or None, info.bytes_read, int(info.base_time_ns),
+                              json.dumps(info.header, default=str), info.counts.get("kernels", 0),
+                              info.counts.get("cpu_ops", 0)])
+            self.items.append((file_id, int(info.base_time_ns), tables))
+            self.n_rows += sum(info.counts.values())
+        if len(self.rows) >= TRANSACTION_FILES or self.n_rows >= TRANSACTION_ROWS:
+            self.commit()
+        return LoadedFile(path, file_id, False, info, err)
+
+    def commit(self) -> None:
+        """Insert the files held so far in one transaction; their temporary streams are deleted."""
+        if not self.rows:
+            return
+        con = self.con
+        con.execute("BEGIN TRANSACTION")
+        try:
+            if self.old:
+                from traceanalyze.ingest import TABLES
+
+                for t in (*TABLES, "files"):
+                    con.execute(f"DELETE FROM {t} WHERE file_id IN (SELECT unnest(?))", [self.old])
+            if self.items:
+                _insert_part(con, self.items)
+            insert_rows(con, "files", ["file_id", "path", "size_bytes", "mtime_ns", "status", "message",
+                                       "bytes_read", "base_time_ns", "header", "n_kernels", "n_cpu_ops"], self.rows)
+            con.execute("COMMIT")
+        except BaseException:
+            self.abort()
+            raise
+        finally:
+            self._clear()
+
+    def _clear(self) -> None:
+        for _, _, tables in self.items:
+            for f in (tables or {}).values():
+                Path(f).unlink(missing_ok=True)
+        self.items, self.rows, self.old, self.n_rows = [], [], [], 0
+        self.next_id = None  # asked again: a split file between two batches takes the next id
+
+    def abort(self) -> None:
+        try:
+            self.con.execute("ROLLBACK")
+        except duckdb.Error:
+            pass  # no transaction open
+        self._clear()
+
+
 class _FileLoad:
     """One trace file loaded into the store, a part (byte range) at a time as the parts arrive.
 
@@ -441,8 +542,10 @@ class _FileLoad:
     header says otherwise.
     """
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, path: Path, key: tuple[str, int, int], n_parts: int) -> None:
+    def __init__(self, con: duckdb.DuckDBPyConnection, path: Path, key: tuple[str, int, int], n_parts: int,
+                 whole: tuple[str, int] | None = None) -> None:
         self.con, self.path, self.key, self.n_parts = con, path, key, n_parts
+        self.whole = whole  # (temporary folder, max_decompressed) for parsing the file whole after a bad split
         self.parts: list[tuple[TraceFile | None, str | None]] = []  # (summary, error) per part; rows go at once
         self.base: int | None = None  # the shift applied to the parts inserted so far
         self.split = n_parts > 1
@@ -473,10 +576,15 @@ class _FileLoad:
         for t in TABLES:
             self.con.execute(f"DELETE FROM {t} WHERE file_id = ?", [file_id])
 
+    def _split_broken(self) -> bool:
+        return any(i is not None and not i.split_ok for i, _ in self.parts)
+
     def add(self, info: TraceFile | None, tables: dict | None, err: str | None) -> None:
         self.parts.append((info, err))
-        if info is None or any(e for _, e in self.parts):
-            return  # the file fails: nothing more is inserted
+        if info is None or any(e for _, e in self.parts) or self._split_broken():
+            for f in (tables or {}).values():
+                Path(f).unlink(missing_ok=True)
+            return  # the file fails, or is parsed whole at the end: nothing more is inserted
         if self.base is None:
             if not self.split:
                 self.base = int(info.base_time_ns)
@@ -498,8 +606,26 @@ class _FileLoad:
             for f in (tables or {}).values():
                 Path(f).unlink(missing_ok=True)
 
+    def _parse_whole(self) -> None:
+        """A part did not end between two events (guarantee 7): drop the parts' rows and parse the file in one
+        piece in this process, so that its rows are exactly those of an unsplit parse."""
+        tmp, max_decompressed = self.whole or (tempfile.gettempdir(), 64 << 30)
+        self.con.execute("BEGIN TRANSACTION")
+        try:
+            self._delete_rows(self.file_id)
+            self.con.execute("COMMIT")
+        except BaseException:
+            self.abort()
+            raise
+        _, info, tables, err = _parse_one((str(self.path), tmp, f"whole{self.file_id}", max_decompressed, None))
+        self.parts, self.split, self.base = [], True, None
+        self.n_parts = 1
+        self.add(info, tables, err)
+
     def finish(self) -> LoadedFile:
         con = self.con
+        if self._split_broken():
+            self._parse_whole()
         info, err = _join_parts(self.parts)
         resolved, size, mtime = self.key
         if self.split:
@@ -543,19 +669,40 @@ class _FileLoad:
             pass  # no transaction open
 
 
-def _insert_part(con: duckdb.DuckDBPyConnection, file_id: int, base: int, tables: dict[str, str]) -> None:
-    """Insert one parsed part from the Arrow IPC streams its parser wrote (table name -> file)."""
+def _insert_part(con: duckdb.DuckDBPyConnection, file_id, base: int = 0, tables: dict | None = None) -> None:
+    """Insert parsed parts from the Arrow IPC streams their parsers wrote.
+
+    Either one part (``file_id``, ``base``, ``tables``: table name -> stream file) or, with ``file_id`` a list of
+    ``(file_id, base_time_ns, tables)``, many files with one ``INSERT`` per table: DuckDB reads the streams one
+    after another, a chunk at a time, with each row's ``file_id`` and ``ts_ns + base`` added on the way.
+    """
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     from traceanalyze.ingest import TABLES  # not at module level: a cached report never parses
 
-    for t in TABLES:
-        cols = TABLES[t].names
-        sel = ", ".join(f"ts_ns + {base} AS ts_ns" if c == "ts_ns" else f'"{c}"' for c in cols)
-        names = ", ".join(f'"{c}"' for c in cols)
-        with pa.OSFile(tables[t]) as fh:  # DuckDB reads it a chunk at a time
-            con.register("_incoming", pa.ipc.open_stream(fh))
-            con.execute(f"INSERT INTO {t} (file_id, {names}) SELECT {file_id}, {sel} FROM _incoming")
+    items = file_id if isinstance(file_id, list) else [(file_id, base, tables)]
+    for t, schema in TABLES.items():
+        names = ", ".join(f'"{c}"' for c in schema.names)
+        out_schema = pa.schema([("file_id", pa.int32()), *schema])
+        ts_at = schema.names.index("ts_ns") if "ts_ns" in schema.names else None
+
+        def batches(t=t, ts_at=ts_at, out_schema=out_schema):
+            for fid, shift, files in items:
+                with pa.OSFile(files[t]) as fh:
+                    for b in pa.ipc.open_stream(fh):
+                        if not b.num_rows:
+                            continue
+                        cols = b.columns
+                        if ts_at is not None and shift:
+                            cols[ts_at] = pc.add(cols[ts_at], shift)
+                        yield pa.RecordBatch.from_arrays([pa.array([fid] * b.num_rows, pa.int32()), *cols],
+                                                         schema=out_schema)
+
+        con.register("_incoming", pa.RecordBatchReader.from_batches(out_schema, batches()))  # read a chunk at a time
+        try:
+            con.execute(f"INSERT INTO {t} (file_id, {names}) SELECT file_id, {names} FROM _incoming")
+        finally:
             con.unregister("_incoming")
 
 
@@ -577,10 +724,15 @@ def insert_rows(con: duckdb.DuckDBPyConnection, table: str, cols: list[str] | No
 def file_header(con: duckdb.DuckDBPyConnection, file_id: int) -> dict:
     """The stored top-level header of one file (``{}`` when none)."""
     row = con.execute("SELECT header FROM files WHERE file_id = ?", [file_id]).fetchone()
-    if not row or row[0] is None:
+    return header_dict(row[0] if row else None)
+
+
+def header_dict(text: str | None) -> dict:
+    """A ``files.header`` value as a dict (``{}`` when none or not an object)."""
+    if text is None:
         return {}
     try:
-        h = json.loads(row[0])
+        h = json.loads(text)
         return h if isinstance(h, dict) else {}
     except ValueError:
         return {}
