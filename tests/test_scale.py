@@ -199,3 +199,62 @@ def test_many_files_share_a_transaction_and_give_the_same_rows(tmp_path, monkeyp
         assert batched.con.execute(q).fetchall() == single.con.execute(q).fetchall(), t
     first_ts = batched.con.execute("SELECT min(ts_ns) FROM kernels WHERE file_id = 5").fetchone()
     assert first_ts == (10**18 + 4 + 4_000_000,)  # rank 4: its own baseTimeNanoseconds, added on the way in
+
+
+def _gz_split_setup(tmp_path, monkeypatch, raw: bytes, n_json: int):
+    d = tmp_path / "gz"
+    d.mkdir()
+    (d / "rank0.json.gz").write_bytes(raw)
+    monkeypatch.setattr(ingest, "SPLIT_MIN_BYTES", 1 << 20)
+    monkeypatch.setattr(store, "PART_BYTES", n_json // 5)
+    parts, wholes = [], []
+    real_inflate, real_whole = ingest.inflate_parts, store._FileLoad._parse_whole
+
+    def inflate(*a, **k):
+        for name in real_inflate(*a, **k):
+            parts.append(name)
+            yield name
+
+    monkeypatch.setattr(ingest, "inflate_parts", inflate)
+    monkeypatch.setattr(store._FileLoad, "_parse_whole", lambda self: wholes.append(1) or real_whole(self))
+    return d, parts, wholes
+
+
+def test_big_gzip_is_inflated_into_parts_parsed_in_parallel_with_the_same_rows(tmp_path, monkeypatch):
+    """A .gz over the split size (two members here) is inflated into part files cut before events and parsed by
+    two processes: the same rows and file row as the single process parse of the .gz."""
+    data = _trace_bytes(12000)
+    n = len(data)
+    single = tmp_path / "one" / "rank0.json.gz"
+    single.parent.mkdir()
+    single.write_bytes(gzip.compress(data))
+    want = analyze(single.parent, jobs=1)
+    d, parts, wholes = _gz_split_setup(tmp_path, monkeypatch, _gzip_members(data, [0, n // 3, n]), n)
+    got = analyze(d, jobs=2)
+    assert len(parts) >= 4 and wholes == []
+    q = "SELECT * EXCLUDE (file_id) FROM {} ORDER BY ALL"
+    for t in ("kernels", "cpu_ops", "comm_events", "threads"):
+        assert got.con.execute(q.format(t)).fetchall() == want.con.execute(q.format(t)).fetchall(), t
+    fq = "SELECT status, message, bytes_read, base_time_ns, n_kernels, n_cpu_ops FROM files"
+    assert got.con.execute(fq).fetchall() == want.con.execute(fq).fetchall() == [
+        ("ok", None, n, 1700000000000000000, 12240, 12000)]
+
+
+def test_damaged_big_gzip_is_parsed_whole_and_says_so_as_before(tmp_path, monkeypatch):
+    """A truncated .gz that would be split: its parts are dropped and the file parsed whole, with the same rows
+    and the same truncation warning as without splitting."""
+    data = _trace_bytes(12000)
+    raw = gzip.compress(data)[:-20000]
+    plain = tmp_path / "one" / "rank0.json.gz"
+    plain.parent.mkdir()
+    plain.write_bytes(raw)
+    want = analyze(plain.parent, jobs=1)
+    d, parts, wholes = _gz_split_setup(tmp_path, monkeypatch, raw, len(data))
+    got = analyze(d, jobs=2)
+    assert len(parts) >= 3 and wholes == [1]
+    q = "SELECT * EXCLUDE (file_id) FROM {} ORDER BY ALL"
+    for t in ("kernels", "cpu_ops"):
+        assert got.con.execute(q.format(t)).fetchall() == want.con.execute(q.format(t)).fetchall(), t
+    fq = "SELECT status, message FROM files"
+    assert got.con.execute(fq).fetchall() == want.con.execute(fq).fetchall()
+    assert got.con.execute(fq).fetchone()[0] == "partial"

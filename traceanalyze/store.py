@@ -14,6 +14,7 @@ transaction are parsed again by the next run.
 from __future__ import annotations
 
 import importlib.abc
+import itertools
 import json
 import os
 import shutil
@@ -300,11 +301,12 @@ def _parse_one(args: tuple) -> tuple[str, TraceFile | None, dict | None, str | N
 
     from traceanalyze.ingest import parse_trace
 
-    path, out_dir, key, max_decompressed, byte_range = args
+    path, out_dir, key, max_decompressed, byte_range = args[:5]
+    part = args[5] if len(args) > 5 else None  # a part file inflated from a .gz (see _work_items)
     gc.disable()  # millions of short-lived objects; collection passes only cost time here
     try:
         info, tables = parse_trace(path, out_dir, key=key, max_decompressed=max_decompressed, byte_range=byte_range,
-                                   chunk_rows=WORKER_CHUNK_ROWS)
+                                   chunk_rows=WORKER_CHUNK_ROWS, part=part)
         return path, info, tables, None
     except InputError as exc:
         return path, None, None, exc.problem
@@ -318,7 +320,8 @@ def _parse_one(args: tuple) -> tuple[str, TraceFile | None, dict | None, str | N
 
 def load_traces(con: duckdb.DuckDBPyConnection, paths: Iterable[Path], *, jobs: int | None = None,
                 progress: Callable[[int], None] | None = None,
-                max_decompressed: int = 64 << 30) -> list[LoadedFile]:
+                max_decompressed: int = 64 << 30, executor=None, parts_dir: str | Path | None = None
+                ) -> list[LoadedFile]:
     """Parse the trace files not already in the store (cache key: resolved path, size, mtime) and load them.
 
     Files are parsed into Arrow IPC streams, in ``jobs`` processes (default: the CPU count, at most the number of
@@ -328,6 +331,14 @@ def load_traces(con: duckdb.DuckDBPyConnection, paths: Iterable[Path], *, jobs: 
     loading, DuckDB runs one thread with a buffer pool of :data:`INGEST_MEMORY_LIMIT`. ``progress`` is called with
     each file's size in bytes as it finishes. Returns one :class:`LoadedFile` per path, in input order; a file that
     failed has ``error`` set and no rows.
+
+    A ``.gz`` file that inflates to more than :data:`ingest.SPLIT_MIN_BYTES` is inflated here (ISA-L, every member)
+    into part files cut before an event (:func:`ingest.inflate_parts`), which the processes parse like the byte
+    ranges of a plain file; a stream that turns out damaged or truncated is parsed whole instead, which reports it.
+
+    ``executor`` (an object with ``results(fn, tasks)``, as :class:`traceanalyze.batch.DaskExecutor`) parses the
+    files there instead of in local processes: the workers write Arrow IPC streams into ``parts_dir`` (a folder
+    that they and this process both see, default a temporary folder), which this process loads as above.
     """
     paths = list(paths)
     out: dict[Path, LoadedFile] = {}
@@ -354,9 +365,10 @@ def load_traces(con: duckdb.DuckDBPyConnection, paths: Iterable[Path], *, jobs: 
     if todo:
         import pyarrow as pa
 
-        from traceanalyze.ingest import split_points
 
-        tmp = tempfile.mkdtemp(prefix="traceanalyze-")
+        if parts_dir is not None:
+            Path(parts_dir).mkdir(parents=True, exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix="traceanalyze-", dir=parts_dir)
         # DuckDB keeps every block it just wrote in its buffer pool (~12 MB per 47 MB trace); they are on disk
         # already, so a low limit while loading only lets them go, and the analysis re-reads what it needs
         con.execute(f"SET memory_limit = '{INGEST_MEMORY_LIMIT}'")
@@ -368,33 +380,32 @@ def load_traces(con: duckdb.DuckDBPyConnection, paths: Iterable[Path], *, jobs: 
         pa.set_memory_pool(pa.system_memory_pool())
         try:
             n_cpu = max(1, jobs or os.cpu_count() or 1)
-            work = []
             n_parts: dict[str, int] = {}
-            for i, (p, k) in enumerate(todo):
-                # a big plain-JSON file is cut into byte ranges at event boundaries: more ranges than processes,
-                # so that the first ones are loaded while the others are still being parsed, and each range is
-                # committed alone (with one process too: memory stays bounded by a range)
-                n_ranges = max(n_cpu, -(-k[1] // PART_BYTES))
-                points = split_points(p, n_ranges) if n_ranges > 1 else [0]
-                ends = points[1:] + [k[1]]
-                n_parts[str(p)] = len(points)
-                for j, (a, b) in enumerate(zip(points, ends, strict=True)):
-                    work.append((str(p), tmp, f"f{i}p{j}", max_decompressed, None if len(points) == 1 else (a, b)))
-            n_jobs = max(1, min(n_cpu, len(work)))
+            origin: dict[str, str] = {}  # part file inflated from a .gz -> that .gz
+            whole: dict[str, str | None] = {}  # .gz split into part files -> its last part (None: parse it whole)
+            items = _work_items(todo, tmp, max_decompressed, n_cpu, n_parts, origin, whole)
+            head = list(itertools.islice(items, n_cpu))  # one task (one small file): parsed here, no pool
+            work = itertools.chain(head, items)
+            n_jobs = max(1, min(n_cpu, len(head)))
             keys = {str(p): (p, k) for p, k in todo}
-            if n_jobs == 1:
-                results: Iterable = map(_parse_one, work)
-                pool = None
+            pool = None
+            if executor is not None:
+                results: Iterable = _in_order(executor.results(_parse_task, list(enumerate(work))))
+            elif n_jobs == 1:
+                results = map(_parse_one, work)
             else:
                 pool = ProcessPoolExecutor(max_workers=n_jobs, initializer=_worker_init,
                                            initargs=(_pandas_blocked(),))
-                results = pool.map(_parse_one, work)
+                futures = [pool.submit(_parse_one, w) for w in work]  # a .gz is inflated meanwhile, part by part
+                results = (f.result() for f in futures)
             batch = _Batch(con)
             try:
                 load: _FileLoad | None = None
                 for path_s, info, tables, err in results:  # in order: the parts of a file arrive together
+                    part_file = path_s if path_s in origin else None
+                    path_s = origin.get(path_s, path_s)
                     p, key = keys[path_s]
-                    if n_parts[path_s] == 1:
+                    if n_parts[path_s] == 1 and path_s not in whole:
                         out[p] = batch.add(p, key, info, tables, err)
                         if progress:
                             progress(key[1])
@@ -402,7 +413,12 @@ def load_traces(con: duckdb.DuckDBPyConnection, paths: Iterable[Path], *, jobs: 
                     if load is None:
                         batch.commit()  # a split file commits part by part: no batch open meanwhile
                         load = _FileLoad(con, p, key, n_parts[path_s], (tmp, max_decompressed))
+                        if path_s in whole:
+                            load.tail = whole[path_s]
+                            load.force_whole = whole[path_s] is None
                     load.add(info, tables, err)
+                    if part_file is not None:
+                        Path(part_file).unlink(missing_ok=True)
                     if load.done:
                         out[p] = load.finish()
                         load = None
@@ -423,6 +439,61 @@ def load_traces(con: duckdb.DuckDBPyConnection, paths: Iterable[Path], *, jobs: 
             con.execute("RESET threads")
             shutil.rmtree(tmp, ignore_errors=True)
     return [out[alias.get(p, p)] for p in paths]
+
+
+def _work_items(todo, tmp: str, max_decompressed: int, n_cpu: int, n_parts: dict, origin: dict, whole: dict):
+    """The parse tasks ``(path, out_dir, key, max_decompressed, byte_range[, part])``, file by file, parts of a file
+    in order; fills ``n_parts`` (file -> parts), ``origin`` and ``whole`` (for .gz files inflated into parts)."""
+    from traceanalyze.ingest import SPLIT_MIN_BYTES, gzip_json_size, inflate_parts, split_points
+
+    for i, (p, k) in enumerate(todo):
+        est = 0
+        if n_cpu > 1 and k[1] >= SPLIT_MIN_BYTES >> 6:
+            with open(p, "rb") as fh:
+                if fh.read(2) == b"\x1f\x8b":
+                    est = gzip_json_size(p)
+        if est >= SPLIT_MIN_BYTES:
+            n = max(n_cpu, -(-est // PART_BYTES))
+            state: dict = {}
+            # inflating far past what the gzip trailer says is a bomb: stop, and let the whole parse report it
+            bound = min(max_decompressed, 2 * est + (256 << 20))
+            prev, j = None, 0
+            for j, name in enumerate(inflate_parts(p, tmp, f"f{i}g", -(-est // n), bound, state)):
+                origin[name] = str(p)
+                if prev is not None:
+                    yield (prev, tmp, f"f{i}p{j - 1}", max_decompressed, None, (j > 1, True))
+                prev = name
+            if prev is not None:
+                yield (prev, tmp, f"f{i}p{j}", max_decompressed, None, (j > 0, False))
+            n_parts[str(p)] = j + 1
+            whole[str(p)] = prev if state.get("clean") else None
+            continue
+        # a big plain-JSON file is cut into byte ranges at event boundaries: more ranges than processes, so that
+        # the first ones are loaded while the others are still being parsed, and each range is committed alone
+        # (with one process too: memory stays bounded by a range)
+        n_ranges = max(n_cpu, -(-k[1] // PART_BYTES))
+        points = split_points(p, n_ranges) if n_ranges > 1 else [0]
+        ends = points[1:] + [k[1]]
+        n_parts[str(p)] = len(points)
+        for j, (a, b) in enumerate(zip(points, ends, strict=True)):
+            yield (str(p), tmp, f"f{i}p{j}", max_decompressed, None if len(points) == 1 else (a, b))
+
+
+def _parse_task(task: tuple[int, tuple]) -> tuple:
+    """:func:`_parse_one` of an ``(index, task)`` pair, for executors that return results as they finish."""
+    return _parse_one(task[1])
+
+
+def _in_order(results):
+    """``(task, result, error)`` of ``(index, task)`` pairs as an executor finishes them -> the results in task
+    order, so that the parts of a file arrive together; only results that wait for an earlier one are held."""
+    held: dict[int, tuple] = {}
+    nxt = 0
+    for task, res, err in results:
+        held[task[0]] = res if res is not None else (task[1][0], None, None, f"could not be parsed ({err})")
+        while nxt in held:
+            yield held.pop(nxt)
+            nxt += 1
 
 
 def _join_parts(parts: list[tuple[TraceFile | None, str | None]]) -> tuple[TraceFile | None, str | None]:
@@ -546,6 +617,8 @@ class _FileLoad:
                  whole: tuple[str, int] | None = None) -> None:
         self.con, self.path, self.key, self.n_parts = con, path, key, n_parts
         self.whole = whole  # (temporary folder, max_decompressed) for parsing the file whole after a bad split
+        self.tail: str | None = None  # a .gz inflated into parts: the last part, whose end holds the tail keys
+        self.force_whole = False  # a .gz whose inflation into parts did not end cleanly: parse it whole
         self.parts: list[tuple[TraceFile | None, str | None]] = []  # (summary, error) per part; rows go at once
         self.base: int | None = None  # the shift applied to the parts inserted so far
         self.split = n_parts > 1
@@ -577,7 +650,7 @@ class _FileLoad:
             self.con.execute(f"DELETE FROM {t} WHERE file_id = ?", [file_id])
 
     def _split_broken(self) -> bool:
-        return any(i is not None and not i.split_ok for i, _ in self.parts)
+        return self.force_whole or any(i is not None and not i.split_ok for i, _ in self.parts)
 
     def add(self, info: TraceFile | None, tables: dict | None, err: str | None) -> None:
         self.parts.append((info, err))
@@ -591,7 +664,7 @@ class _FileLoad:
             else:
                 from traceanalyze.ingest import tail_base_time_ns
 
-                self.base = tail_base_time_ns(self.path, info.header)
+                self.base = tail_base_time_ns(self.tail or self.path, info.header)
         if self.split:
             self.con.execute("BEGIN TRANSACTION")
         try:
@@ -618,7 +691,7 @@ class _FileLoad:
             self.abort()
             raise
         _, info, tables, err = _parse_one((str(self.path), tmp, f"whole{self.file_id}", max_decompressed, None))
-        self.parts, self.split, self.base = [], True, None
+        self.parts, self.split, self.base, self.tail, self.force_whole = [], True, None, None, False
         self.n_parts = 1
         self.add(info, tables, err)
 
@@ -676,6 +749,7 @@ def _insert_part(con: duckdb.DuckDBPyConnection, file_id, base: int = 0, tables:
     ``(file_id, base_time_ns, tables)``, many files with one ``INSERT`` per table: DuckDB reads the streams one
     after another, a chunk at a time, with each row's ``file_id`` and ``ts_ns + base`` added on the way.
     """
+    import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -696,7 +770,7 @@ def _insert_part(con: duckdb.DuckDBPyConnection, file_id, base: int = 0, tables:
                         cols = b.columns
                         if ts_at is not None and shift:
                             cols[ts_at] = pc.add(cols[ts_at], shift)
-                        yield pa.RecordBatch.from_arrays([pa.array([fid] * b.num_rows, pa.int32()), *cols],
+                        yield pa.RecordBatch.from_arrays([pa.array(np.full(b.num_rows, fid, np.int32)), *cols],
                                                          schema=out_schema)
 
         con.register("_incoming", pa.RecordBatchReader.from_batches(out_schema, batches()))  # read a chunk at a time
