@@ -258,3 +258,48 @@ def test_damaged_big_gzip_is_parsed_whole_and_says_so_as_before(tmp_path, monkey
     fq = "SELECT status, message FROM files"
     assert got.con.execute(fq).fetchall() == want.con.execute(fq).fetchall()
     assert got.con.execute(fq).fetchone()[0] == "partial"
+
+
+def _ranks_dir(tmp_path, n: int):
+    d = tmp_path / "run"
+    d.mkdir()
+    for r in range(n):
+        head = {"distributedInfo": {"rank": r, "world_size": n, "backend": "nccl"}, "baseTimeNanoseconds": 10**18}
+        (d / f"rank{r}.json").write_text(json.dumps({**head, "traceEvents": _events(40 + 10 * r)}))
+    return d
+
+
+def test_report_on_a_dask_cluster_gives_the_local_report(tmp_path):
+    """`report --executor dask --scheduler ADDRESS`: the per-rank parse runs on a 2-worker Dask cluster (the
+    executor of `batch`), the workers write beside the database, and the report's rows and model are those of the
+    local run; the workers' folder is removed after."""
+    dd = pytest.importorskip("dask.distributed")
+    from click.testing import CliRunner
+
+    from traceanalyze.cli import cli
+
+    d = _ranks_dir(tmp_path, 4)
+    local = tmp_path / "local.json"
+    r = CliRunner().invoke(cli, ["report", str(d), "--format", "json", "-o", str(local), "--db",
+                                 str(tmp_path / "local.duckdb"), "-q", "-j", "2"])
+    assert r.exit_code == 0, r.output
+    db = tmp_path / "dask.duckdb"
+    with dd.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+        r = CliRunner().invoke(cli, ["report", str(d), "--format", "json", "-o", str(tmp_path / "dask.json"), "--db",
+                                     str(db), "-q", "--executor", "dask", "--scheduler", cluster.scheduler_address])
+        assert r.exit_code == 0, r.output
+        n_workers = len(cluster.workers)
+        ran = set(cluster.scheduler.task_prefixes)  # in this process: the scheduler of a LocalCluster
+    assert n_workers == 2 and "parse_task" in ran and not (tmp_path / "dask.duckdb.parts").exists()
+    a, b = json.loads(local.read_text()), json.loads((tmp_path / "dask.json").read_text())
+    for m in (a, b):
+        m.pop("generated_at")
+    assert a == b and [x["rank"] for x in b["runs"][0]["ranks"]] == [0, 1, 2, 3]
+    import duckdb
+
+    with duckdb.connect(str(db), read_only=True) as con, duckdb.connect(str(tmp_path / "local.duckdb"),
+                                                                       read_only=True) as ref:
+        for t in ("files", "kernels", "cpu_ops", "comm_events"):
+            q = f"SELECT * EXCLUDE (file_id) FROM {t} ORDER BY ALL"
+            assert con.execute(q).fetchall() == ref.execute(q).fetchall(), t
+        assert con.execute("SELECT count(*) FROM cpu_ops").fetchone() == (4 * 40 + 60,)

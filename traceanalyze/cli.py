@@ -145,12 +145,17 @@ def cli(ctx: click.Context, debug: bool) -> None:
               help="Bound on what one trace may inflate to (a gzip bomb is an error naming the file): 512M, 64G, ...")
 @click.option("--export", "export_path", type=click.Path(dir_okay=False), metavar="FILE.json[.gz]",
               help="Also write a merged, clock-aligned trace of every rank (Perfetto) beside the HTML and link it.")
+@click.option("--executor", type=click.Choice(["local", "dask"]), default="local", show_default=True,
+              help="Where the per-rank parse runs: local processes, or a Dask cluster (a local one of --jobs "
+              "workers, or --scheduler's).")
+@click.option("--scheduler", metavar="tcp://HOST:8786", help="Dask scheduler of a running cluster (implies "
+              "--executor dask; workers must see the traces and the --db folder at the same paths).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar, no summary.")
 @click.pass_context
 def report(ctx: click.Context, paths: tuple[str, ...], output: str | None, json_path: str | None,
            md_path: str | None, fmt: str, db: str | None, baseline: tuple[str, ...], jobs: int | None,
            link_bw: float | None, peak_tflops: float | None, gpu: str | None, max_decompressed: int,
-           export_path: str | None,
+           export_path: str | None, executor: str, scheduler: str | None,
            quiet: bool) -> None:
     """Analyze the traces under PATHS and write one self-contained HTML report.
 
@@ -182,7 +187,8 @@ def report(ctx: click.Context, paths: tuple[str, ...], output: str | None, json_
         try:
             a = analyze(list(paths), db=db_path, baseline=list(baseline) or None, jobs=jobs,
                         progress=prog.step, on_total=prog.total, link_bw_gbps=link_bw, peak_tflops=peak_tflops,
-                        max_decompressed=max_decompressed, gpu=gpu, outputs=outputs)
+                        max_decompressed=max_decompressed, gpu=gpu, outputs=outputs, executor=executor,
+                        scheduler=scheduler)
         finally:
             prog.close()
         try:

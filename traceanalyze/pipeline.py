@@ -52,7 +52,8 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
             progress: Callable[[int], None] | None = None, on_total: Callable[[int], None] | None = None,
             link_bw_gbps: float | None = None, peak_tflops: float | None = None,
             max_decompressed: int | None = None, gpu: str | None = None,
-            outputs: list[tuple[str, str | Path | None]] | None = None) -> Analysis:
+            outputs: list[tuple[str, str | Path | None]] | None = None, executor: str = "local",
+            scheduler: str | None = None) -> Analysis:
     """Analyze every run found under ``inputs`` (and ``baseline``, when given) end to end.
 
     Args:
@@ -72,6 +73,12 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
         outputs: (option name, path) of the files the caller will write; checked with ``db`` against every
             input file once they are discovered, before anything is written
             (:func:`traceanalyze.safety.check_outputs`).
+        executor: ``"local"`` (processes here) or ``"dask"``: the per-rank parse runs on a Dask cluster, with the
+            executor of ``traceanalyze batch`` (:class:`traceanalyze.batch.DaskExecutor`, ``jobs`` local workers
+            unless ``scheduler`` is given); the workers write Arrow IPC streams beside ``db`` that this process
+            loads, so its memory is bounded by a file's part, not by the traces.
+        scheduler: address of a running Dask scheduler (``tcp://host:8786``); implies ``executor="dask"``. Its
+            workers must see the traces and the database's folder at the same paths.
 
     Returns:
         :class:`Analysis`.
@@ -124,7 +131,7 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
     if on_total:
         on_total(sum(_size(p) for p in all_paths))
     bound = {} if max_decompressed is None else {"max_decompressed": max_decompressed}
-    loaded = {lf.path: lf for lf in store.load_traces(con, all_paths, jobs=jobs, progress=progress, **bound)}
+    loaded = {lf.path: lf for lf in _load(con, all_paths, jobs, progress, bound, executor, scheduler, db)}
     from traceanalyze import diagnose, metrics
 
     for t in store.REPORT_TABLES:
@@ -185,6 +192,30 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
     errors = [w["message"] if w["file"] is None else f"{w['file']}: {w['message']}" for w in warnings
               if w.get("level") == "error"]
     return Analysis(con=con, model=model, db_path=str(db) if db else None, discovery=disc, errors=errors)
+
+
+def _load(con, paths: list[Path], jobs: int | None, progress, bound: dict, executor: str, scheduler: str | None,
+          db) -> list:
+    """:func:`store.load_traces` in local processes, or on a Dask cluster (the executor ``batch`` uses)."""
+    if executor == "local" and not scheduler:
+        return store.load_traces(con, paths, jobs=jobs, progress=progress, **bound)
+    if executor not in ("local", "dask"):
+        raise TraceanalyzeError(f"unknown executor {executor!r} (local or dask)")
+    import os
+
+    from traceanalyze.batch import DaskExecutor
+
+    ex = DaskExecutor(jobs or os.cpu_count() or 1, scheduler)
+    # with a remote scheduler the workers write where they and this process both see: beside the database
+    parts = Path(str(db) + ".parts") if scheduler and db is not None and str(db) != ":memory:" else None
+    try:
+        return store.load_traces(con, paths, jobs=jobs, progress=progress, executor=ex, parts_dir=parts, **bound)
+    finally:
+        ex.close()
+        if parts is not None:
+            import shutil
+
+            shutil.rmtree(parts, ignore_errors=True)
 
 
 def _check_outputs(disc: Discovery, given: list, db, outputs) -> None:
