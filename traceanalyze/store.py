@@ -21,7 +21,6 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Iterable
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -389,6 +388,8 @@ def load_traces(con: duckdb.DuckDBPyConnection, paths: Iterable[Path], *, jobs: 
             n_jobs = max(1, min(n_cpu, len(head)))
             keys = {str(p): (p, k) for p, k in todo}
             pool = None
+            if executor is None and n_jobs > 1:
+                from concurrent.futures import ProcessPoolExecutor  # multiprocessing: not for one file or a re-run
             if executor is not None:
                 results: Iterable = _in_order(executor.results(_parse_task, list(enumerate(work))))
             elif n_jobs == 1:
