@@ -195,7 +195,7 @@ def ranks_sweep(args, out: Path) -> None:
         sub = subset(full, args.work / f"sweep{k}", k)
         hts, hms, ts, ms = [], [], [], []
         for _ in range(args.sweep_runs):
-            if not args.skip_hta:
+            if not args.skip_hta and k <= args.hta_max_ranks:
                 t, m = run_once([args.hta_python, "-c", HTA_SCRIPT, str(sub)])
                 hts.append(t)
                 hms.append(m)
@@ -205,8 +205,10 @@ def ranks_sweep(args, out: Path) -> None:
             ms.append(m)
         per[k] = (median(ts), median(ms), median(hts) if hts else None, median(hms) if hms else None)
         t, m, ht, hm = per[k]
-        print(f"| {k} | {ht or 0:.1f} | {hm or 0:.0f} | {t:.1f} | {m:.0f} | {(ht or 0) / t:.1f}× | {t / k * 128:.2f} | "
-              f"{load()} |", flush=True)
+        hta_cols = f"{ht:.1f} | {hm:.0f} | {ht / t:.1f}×" if ht else "not run | | "
+        cols = hta_cols.split(" | ")
+        print(f"| {k} | {cols[0]} | {cols[1]} | {t:.1f} | {m:.0f} | {cols[2]} | {t / k * 128:.2f} | {load()} |",
+              flush=True)
     t, m, ht, hm = per[1024]
     growth = (per[1024][0] / 1024) / (per[128][0] / 128)
     print(f"\n1,024 ranks: {(ht or 0) / t:.1f}× HTA (target ≥ 10×: {verdict(bool(ht) and ht / t >= 10)}), peak "
@@ -268,6 +270,7 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "traceanalyze-bench")
     ap.add_argument("--ranks-sweep", action="store_true", help="128..1,024 small ranks beside HTA")
     ap.add_argument("--sweep-runs", type=int, default=1, help="runs per sweep size (HTA: ~200 s at 1,024 ranks)")
+    ap.add_argument("--hta-max-ranks", type=int, default=1024, help="run HTA in the sweep up to this many ranks")
     ap.add_argument("--big-gz", action="store_true", help="one ~2 GB-of-JSON .gz against the same plain file")
     ap.add_argument("--fixed-cost", action="store_true", help="cold report of one 5 MB rank minus python start")
     ap.add_argument("--dask", action="store_true", help="the scale set through --executor dask (2 local workers)")
