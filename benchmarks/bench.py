@@ -14,6 +14,18 @@ JSON. Every measurement is two runs of the same command: one timed with nothing 
 memory, so the sampler's own cost (a few % of a core) never lands in a time.
 ``--scaling`` repeats traceanalyze on 1, 2, 4 and 8 ranks; ``--big`` ingests one ~2 GB plain-JSON file
 (``make_scale_set.py --ranks 1 --repeat 45 --no-gzip``) ``--runs`` times to check throughput and streaming memory.
+
+Issue 18's rows, each printed against its target:
+
+* ``--ranks-sweep``: 128, 256, 512 and 1,024 small real ranks (``make_scale_set.py --ranks 1024 --source
+  trace_filter/sampled_rank-0.json.gz``; the smaller sets are its first ranks), traceanalyze cold beside HTA,
+  alternating, ``--sweep-runs`` each (HTA takes ~200 s on 1,024 ranks, so its time and memory come from one
+  watched run);
+* ``--big-gz``: one .gz of ~2 GB of JSON (``--repeat 40``) against the same file as plain JSON: MB/s and memory
+  (one watched run each);
+* ``--fixed-cost``: a cold report of one 5 MB rank (``--ranks 1 --repeat 3`` of sampled_rank-0) minus a bare
+  ``python -c pass``, medians of ``--runs`` alternating pairs;
+* ``--dask``: the scale set again through ``--executor dask`` (a local cluster of 2 workers).
 """
 
 from __future__ import annotations
@@ -119,6 +131,14 @@ def run_measured(cmd: list[str], fresh_db: Path | None = None) -> tuple[float, f
     return wall, run_sampled(cmd)
 
 
+def run_once(cmd: list[str]) -> tuple[float, float]:
+    """(wall seconds, peak memory MB) from one run watched for memory: for the long runs (HTA on 1,024 ranks, the
+    2 GB files), where a second run costs minutes; the sampler adds a few % of a core to the time."""
+    t0 = time.perf_counter()
+    peak = run_sampled(cmd)
+    return time.perf_counter() - t0, peak
+
+
 def json_megabytes(folder: Path) -> float:
     """Decompressed JSON size of every trace in ``folder`` (MB, 1e6 bytes)."""
     total = 0
@@ -132,8 +152,107 @@ def json_megabytes(folder: Path) -> float:
     return total / 1e6
 
 
-def traceanalyze_cmd(folder: Path, out: Path, db: Path) -> list[str]:
-    return [sys.executable, "-m", "traceanalyze.cli", "report", str(folder), "-o", str(out), "--db", str(db), "-q"]
+def traceanalyze_cmd(folder: Path, out: Path, db: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "traceanalyze.cli", "report", str(folder), "-o", str(out), "--db", str(db), "-q",
+            *extra]
+
+
+def load() -> str:
+    """The 1-minute load average, printed beside every figure: the machine is shared."""
+    return f"load {os.getloadavg()[0]:.1f}"
+
+
+def make_set(folder: Path, *args: str) -> Path:
+    """A set from ``make_scale_set.py`` (built once, kept in ``--work``)."""
+    if not folder.exists() or not any(folder.iterdir()):
+        subprocess.run([sys.executable, str(MAKE_SCALE_SET), str(folder), *args], check=True, stdout=subprocess.DEVNULL)
+    return folder
+
+
+def subset(src: Path, dst: Path, k: int) -> Path:
+    """The first ``k`` ranks of ``src`` (by rank number) as symlinks in ``dst``."""
+    shutil.rmtree(dst, ignore_errors=True)
+    dst.mkdir(parents=True)
+    files = sorted((f for f in src.iterdir() if f.name.endswith((".json", ".json.gz"))),
+                   key=lambda f: int("".join(c for c in f.name if c.isdigit()) or 0))
+    for f in files[:k]:
+        (dst / f.name).symlink_to(f.resolve())
+    return dst
+
+
+def verdict(ok: bool) -> str:
+    return "met" if ok else "NOT met"
+
+
+def ranks_sweep(args, out: Path) -> None:
+    """128..1,024 small ranks: traceanalyze cold beside HTA, alternating; speed-up, memory, growth per rank."""
+    source = SHARED / "traces" / "real" / "hta" / "trace_filter" / "sampled_rank-0.json.gz"
+    full = make_set(args.work / "r1024", "--ranks", "1024", "--source", str(source))
+    print("\n| ranks | HTA (s) | HTA PSS (MB) | traceanalyze cold (s) | PSS (MB) | speed-up | s per 128 ranks | load |")
+    print("|--:|--:|--:|--:|--:|--:|--:|---|")
+    per = {}
+    for k in (128, 256, 512, 1024):
+        sub = subset(full, args.work / f"sweep{k}", k)
+        hts, hms, ts, ms = [], [], [], []
+        for _ in range(args.sweep_runs):
+            if not args.skip_hta and k <= args.hta_max_ranks:
+                t, m = run_once([args.hta_python, "-c", HTA_SCRIPT, str(sub)])
+                hts.append(t)
+                hms.append(m)
+            db = args.work / f"sweep{k}.duckdb"
+            t, m = run_measured(traceanalyze_cmd(sub, out, db), fresh_db=db)
+            ts.append(t)
+            ms.append(m)
+        per[k] = (median(ts), median(ms), median(hts) if hts else None, median(hms) if hms else None)
+        t, m, ht, hm = per[k]
+        hta_cols = f"{ht:.1f} | {hm:.0f} | {ht / t:.1f}×" if ht else "not run | | "
+        cols = hta_cols.split(" | ")
+        print(f"| {k} | {cols[0]} | {cols[1]} | {t:.1f} | {m:.0f} | {cols[2]} | {t / k * 128:.2f} | {load()} |",
+              flush=True)
+    t, m, ht, hm = per[1024]
+    growth = (per[1024][0] / 1024) / (per[128][0] / 128)
+    print(f"\n1,024 ranks: {(ht or 0) / t:.1f}× HTA (target ≥ 10×: {verdict(bool(ht) and ht / t >= 10)}), peak "
+          f"{m:.0f} MB (target ≤ 1,000 MB: {verdict(m <= 1000)}); time per rank at 1,024 vs 128: {growth:.2f}× "
+          f"(linear within 15 %: {verdict(abs(growth - 1) <= 0.15)})")
+
+
+def big_gz(args, out: Path) -> None:
+    """One .gz of ~2 GB of JSON against the same JSON as a plain file, alternating."""
+    gz = make_set(args.work / "big-gz", "--ranks", "1", "--repeat", "40")
+    plain = args.work / "big-plain"
+    if not plain.exists():
+        plain.mkdir()
+        with gzip.open(next(gz.glob("*.json.gz")), "rb") as src, open(plain / "rank-0.json", "wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 24)
+    mb = json_megabytes(plain)
+    res: dict[str, list] = {"gz": [], "plain": []}
+    for _ in range(args.runs):
+        for name, folder in (("gz", gz), ("plain", plain)):
+            db = args.work / f"big-{name}.duckdb"
+            db.unlink(missing_ok=True)
+            res[name].append(run_once(traceanalyze_cmd(folder, out, db)))
+            print(f"  {name}: {res[name][-1][0]:.1f} s, {res[name][-1][1]:.0f} MB, {load()}", flush=True)
+    (tg, mg), (tp, mp_) = ((median([r[0] for r in res[n]]), median([r[1] for r in res[n]])) for n in ("gz", "plain"))
+    ratio = tp / tg
+    print(f"\n| {mb:.0f} MB of JSON, {args.runs} runs, medians | time (s) | MB/s | peak PSS (MB) |\n|---|--:|--:|--:|")
+    print(f"| .json.gz | {tg:.1f} | {mb / tg:.0f} | {mg:.0f} |\n| .json | {tp:.1f} | {mb / tp:.0f} | {mp_:.0f} |")
+    print(f".gz throughput {ratio:.0%} of plain JSON (target ≥ 90 %: {verdict(ratio >= 0.9)}); peak {mg:.0f} MB "
+          f"(target ≤ 1,000 MB: {verdict(mg <= 1000)})")
+
+
+def fixed_cost(args, out: Path) -> None:
+    """A cold report of one 5 MB rank minus a bare interpreter start, alternating pairs."""
+    source = SHARED / "traces" / "real" / "hta" / "trace_filter" / "sampled_rank-0.json.gz"
+    one = make_set(args.work / "one5", "--ranks", "1", "--repeat", "3", "--source", str(source))
+    rep, bare = [], []
+    for _ in range(max(args.runs, 5)):
+        db = args.work / "one5.duckdb"
+        db.unlink(missing_ok=True)
+        rep.append(run_timed(traceanalyze_cmd(one, out, db)))
+        bare.append(run_timed([sys.executable, "-c", "pass"]))
+    fc = median(rep) - median(bare)
+    print(f"\nfixed cost: cold report of a {json_megabytes(one):.1f} MB rank {median(rep):.2f} s - python -c pass "
+          f"{median(bare):.3f} s = {fc:.2f} s (target ≤ 0.35 s: {verdict(fc <= 0.35)}), {load()}")
 
 
 def median(xs: list[float]) -> float:
@@ -149,6 +268,13 @@ def main() -> None:
     ap.add_argument("--scaling", action="store_true", help="also time 1, 2, 4, 8 ranks")
     ap.add_argument("--big", action="store_true", help="also ingest one ~2 GB plain JSON file")
     ap.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "traceanalyze-bench")
+    ap.add_argument("--ranks-sweep", action="store_true", help="128..1,024 small ranks beside HTA")
+    ap.add_argument("--sweep-runs", type=int, default=1, help="runs per sweep size (HTA: ~200 s at 1,024 ranks)")
+    ap.add_argument("--hta-max-ranks", type=int, default=1024, help="run HTA in the sweep up to this many ranks")
+    ap.add_argument("--big-gz", action="store_true", help="one ~2 GB-of-JSON .gz against the same plain file")
+    ap.add_argument("--fixed-cost", action="store_true", help="cold report of one 5 MB rank minus python start")
+    ap.add_argument("--dask", action="store_true", help="the scale set through --executor dask (2 local workers)")
+    ap.add_argument("--skip-main", action="store_true", help="only the rows asked for, not the scale set")
     args = ap.parse_args()
 
     args.work.mkdir(parents=True, exist_ok=True)
@@ -166,7 +292,9 @@ def main() -> None:
 
     hta_t, hta_m, cold_t, cold_m, warm_t, warm_m = [], [], [], [], [], []
     out = args.work / "report.html"
-    for i in range(args.runs):
+    if args.fixed_cost:
+        fixed_cost(args, out)
+    for i in range(0 if args.skip_main else args.runs):
         if not args.skip_hta:
             t, m = run_measured([args.hta_python, "-c", HTA_SCRIPT, str(traces)])
             hta_t.append(t)
@@ -179,7 +307,10 @@ def main() -> None:
         t2, m2 = run_measured(traceanalyze_cmd(traces, out, db))
         warm_t.append(t2)
         warm_m.append(m2)
-        print(f"run {i + 1}: traceanalyze cold {t:.2f} s, {m:.0f} MB; cached {t2:.2f} s, {m2:.0f} MB", flush=True)
+        print(f"run {i + 1}: traceanalyze cold {t:.2f} s, {m:.0f} MB; cached {t2:.2f} s, {m2:.0f} MB, {load()}",
+              flush=True)
+    if args.skip_main:
+        cold_t = cold_m = warm_t = warm_m = [0.0]
 
     rows = [("traceanalyze report, cold", median(cold_t), median(cold_m)),
             ("traceanalyze report, cached re-run", median(warm_t), median(warm_m))]
@@ -190,8 +321,24 @@ def main() -> None:
     for name, t, m in rows:
         print(f"| {name} | {t:.2f} | {m:.0f} | {mb / t:.0f} |")
     if hta_t:
-        print(f"\nspeed-up over HTA: {median(hta_t) / median(cold_t):.1f}× cold, "
-              f"{median(hta_t) / median(warm_t):.1f}× cached; memory {median(cold_m) / median(hta_m):.2f}× of HTA's")
+        sp, mem = median(hta_t) / median(cold_t), median(cold_m) / median(hta_m)
+        print(f"\nspeed-up over HTA: {sp:.1f}× cold (target ≥ 10×: {verdict(sp >= 10)}), "
+              f"{median(hta_t) / median(warm_t):.1f}× cached; memory {mem:.2f}× of HTA's (target ≤ 0.3×: "
+              f"{verdict(mem <= 0.3)}); re-run {median(warm_t):.2f} s (target ≤ 0.3 s: "
+              f"{verdict(median(warm_t) <= 0.3)})")
+    if args.dask:
+        ts, ms = [], []
+        for _ in range(args.runs):
+            db = args.work / "dask.duckdb"
+            t, m = run_measured(traceanalyze_cmd(traces, out, db, "--executor", "dask", "-j", "2"), fresh_db=db)
+            ts.append(t)
+            ms.append(m)
+        print(f"\n| the scale set through --executor dask (local cluster, 2 workers) | {median(ts):.2f} s | "
+              f"{median(ms):.0f} MB | {mb / median(ts):.0f} MB/s | {load()} |")
+    if args.ranks_sweep:
+        ranks_sweep(args, out)
+    if args.big_gz:
+        big_gz(args, out)
 
     if args.scaling:
         files = sorted(f for f in traces.iterdir() if f.name.endswith((".json", ".json.gz")))

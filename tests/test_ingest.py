@@ -293,9 +293,9 @@ def test_load_uses_the_system_allocator_and_puts_the_default_back(tmp_path, monk
     seen = []
     real_insert = store._insert_part
 
-    def insert(con, file_id, base, tables):
-        seen.append((pa.default_memory_pool().backend_name, sorted(tables)))
-        return real_insert(con, file_id, base, tables)
+    def insert(con, items):  # whole files come as a list of (file_id, base, tables), one per file of a batch
+        seen.extend((pa.default_memory_pool().backend_name, sorted(tables)) for _, _, tables in items)
+        return real_insert(con, items)
 
     monkeypatch.setattr(store, "_insert_part", insert)
     before = pa.default_memory_pool().backend_name

@@ -646,15 +646,18 @@ def _four_ranks(tmp_path: Path) -> Path:
     return good_run(tmp_path, world=4, ranks=range(4))
 
 
-def test_interrupted_ingest_leaves_a_usable_database_and_the_rerun_reuses_it(tmp_path, monkeypatch):
+@pytest.mark.parametrize("per_transaction, raise_at", [(1, 3), (2, 2)])
+def test_interrupted_ingest_leaves_a_usable_database_and_the_rerun_reuses_it(tmp_path, monkeypatch, per_transaction,
+                                                                             raise_at):
     d = _four_ranks(tmp_path)
     db = tmp_path / "r.duckdb"
     real_insert = store._insert_part
     calls = []
+    monkeypatch.setattr(store, "TRANSACTION_FILES", per_transaction)
 
-    def third_raises(*args, **kw):  # inside the third file's open transaction
+    def third_raises(*args, **kw):  # inside the third file's (or second pair's) open transaction
         calls.append(args[1])
-        if len(calls) == 3:
+        if len(calls) == raise_at:
             raise KeyboardInterrupt
         return real_insert(*args, **kw)
 
@@ -676,6 +679,7 @@ def test_interrupted_cli_run_says_so_in_one_line(tmp_path, monkeypatch):
     d = _four_ranks(tmp_path)
     real_insert = store._insert_part
     n = [0]
+    monkeypatch.setattr(store, "TRANSACTION_FILES", 1)
 
     def second_raises(*args, **kw):
         n[0] += 1
@@ -704,6 +708,7 @@ def dying(con, *args, **kw):
         os.kill(os.getpid(), signal.SIGKILL)
     return orig(con, *args, **kw)
 store._insert_part = dying
+store.TRANSACTION_FILES = 1  # a transaction per file, so that the third is the one killed
 analyze(sys.argv[1], db=sys.argv[2], jobs=1)
 """
 

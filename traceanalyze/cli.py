@@ -188,12 +188,18 @@ def cli(ctx: click.Context, debug: bool) -> None:
                    "a warning by default).")
 @click.option("--fail-on", type=click.Choice(["high", "medium"]), help="Exit with status 3 (after writing the "
               "reports) when a finding of this severity or higher exists: for CI.")
+@click.option("--executor", type=click.Choice(["local", "dask"]), default="local", show_default=True,
+              help="Where the per-rank parse runs: local processes, or a Dask cluster (a local one of --jobs "
+              "workers, or --scheduler's).")
+@click.option("--scheduler", metavar="tcp://HOST:8786", help="Dask scheduler of a running cluster (implies "
+              "--executor dask; workers must see the traces and the --db folder at the same paths).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar, no summary.")
 @click.pass_context
 def report(ctx: click.Context, paths: tuple[str, ...], output: str | None, json_path: str | None,
            md_path: str | None, fmt: str, db: str | None, baseline: tuple[str, ...], jobs: int | None,
            link_bw: float | None, peak_tflops: float | None, gpu: str | None, max_decompressed: int,
-           export_path: str | None, follow_external_symlinks: bool, fail_on: str | None,
+           export_path: str | None, follow_external_symlinks: bool, fail_on: str | None, executor: str,
+           scheduler: str | None,
            quiet: bool) -> None:
     """Analyze the traces under PATHS and write one self-contained HTML report.
 
@@ -227,7 +233,7 @@ def report(ctx: click.Context, paths: tuple[str, ...], output: str | None, json_
             a = analyze(list(paths), db=db_path, baseline=list(baseline) or None, jobs=jobs,
                         progress=prog.step, on_total=prog.total, link_bw_gbps=link_bw, peak_tflops=peak_tflops,
                         max_decompressed=max_decompressed, gpu=gpu, outputs=outputs,
-                        follow_external_symlinks=follow_external_symlinks)
+                        follow_external_symlinks=follow_external_symlinks, executor=executor, scheduler=scheduler)
         finally:
             prog.close()
         try:

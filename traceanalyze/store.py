@@ -7,20 +7,21 @@ own clock (``baseTimeNanoseconds`` applied), not aligned across hosts. See ``doc
 
 Re-running on unchanged files does not parse them again: a file whose resolved path, size, mtime and content
 fingerprint (:func:`fingerprint`) match a row of ``files`` keeps its rows; rows of files no longer among the
-inputs are deleted (:func:`forget_files`). Each file is loaded in its own transaction, so an interrupted ingest
-leaves every finished file usable.
+inputs are deleted (:func:`forget_files`). Files are loaded in transactions of up to :data:`TRANSACTION_FILES`
+files (a split file's parts one by one), so an interrupted ingest leaves every committed file usable; the files of
+the open transaction are parsed again by the next run.
 """
 
 from __future__ import annotations
 
 import importlib.abc
+import itertools
 import json
 import os
 import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Iterable
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -169,6 +170,10 @@ MACROS += STEP_MACROS
 WORKER_CHUNK_ROWS = 1 << 13  # rows a parse worker holds before writing them out
 PART_BYTES = 128 << 20  # a plain-JSON file over SPLIT_MIN_BYTES is parsed in byte ranges of about this size
 INGEST_MEMORY_LIMIT = "64MB"  # DuckDB's buffer pool while trace files are loaded (see load_traces)
+# Whole files share a transaction, up to this many files or TRANSACTION_ROWS rows: a COMMIT syncs to disk, and one
+# per file was 21.8 s of a 47 s report on 1,024 small ranks. The rows bound keeps a transaction's memory bounded.
+TRANSACTION_FILES = 64
+TRANSACTION_ROWS = 2_000_000
 
 # Tables that describe the latest report only; emptied before a report is recomputed.
 REPORT_TABLES = ("runs", "warnings", "run_facts", "log_steps", "nccl_channels", "topology_links", "collective_calls",
@@ -391,11 +396,12 @@ def _parse_one(args: tuple) -> tuple[str, TraceFile | None, dict | None, str | N
 
     from traceanalyze.ingest import parse_trace
 
-    path, out_dir, key, max_decompressed, byte_range = args
+    path, out_dir, key, max_decompressed, byte_range = args[:5]
+    part = args[5] if len(args) > 5 else None  # a part file inflated from a .gz (see _work_items)
     gc.disable()  # millions of short-lived objects; collection passes only cost time here
     try:
         info, tables = parse_trace(path, out_dir, key=key, max_decompressed=max_decompressed, byte_range=byte_range,
-                                   chunk_rows=WORKER_CHUNK_ROWS)
+                                   chunk_rows=WORKER_CHUNK_ROWS, part=part)
         return path, info, tables, None
     except InputError as exc:
         return path, None, None, exc.problem
@@ -409,7 +415,8 @@ def _parse_one(args: tuple) -> tuple[str, TraceFile | None, dict | None, str | N
 
 def load_traces(con: duckdb.DuckDBPyConnection, paths: Iterable[Path], *, jobs: int | None = None,
                 progress: Callable[[int], None] | None = None,
-                max_decompressed: int = 64 << 30) -> list[LoadedFile]:
+                max_decompressed: int = 64 << 30, executor=None, parts_dir: str | Path | None = None
+                ) -> list[LoadedFile]:
     """Parse the trace files not already in the store (cache key: resolved path, size, mtime and
     :func:`fingerprint`) and load them.
 
@@ -420,17 +427,30 @@ def load_traces(con: duckdb.DuckDBPyConnection, paths: Iterable[Path], *, jobs: 
     loading, DuckDB runs one thread with a buffer pool of :data:`INGEST_MEMORY_LIMIT`. ``progress`` is called with
     each file's size in bytes as it finishes. Returns one :class:`LoadedFile` per path, in input order; a file that
     failed has ``error`` set and no rows.
+
+    A ``.gz`` file that inflates to more than :data:`ingest.SPLIT_MIN_BYTES` is inflated here (ISA-L, every member)
+    into part files cut before an event (:func:`ingest.inflate_parts`), which the processes parse like the byte
+    ranges of a plain file; a stream that turns out damaged or truncated is parsed whole instead, which reports it.
+
+    ``executor`` (an object with ``results(fn, tasks)``, as :class:`traceanalyze.batch.DaskExecutor`) parses the
+    files there instead of in local processes: the workers write Arrow IPC streams into ``parts_dir`` (a folder
+    that they and this process both see, default a temporary folder), which this process loads as above.
     """
     paths = list(paths)
     out: dict[Path, LoadedFile] = {}
     todo: list[tuple[Path, tuple[str, int, int]]] = []
     prints: dict[str, str] = {}  # resolved path -> content fingerprint, stored once the file is loaded
+    first: dict[str, Path] = {}  # resolved path -> the first of the given paths that names it
+    alias: dict[Path, Path] = {}
     for p in paths:
         try:
             key = _stat_key(p)
             prints[key[0]] = fingerprint(p)
         except OSError as exc:
             out[p] = LoadedFile(p, None, False, None, f"cannot read ({exc.strerror or exc})")
+            continue
+        if first.setdefault(key[0], p) != p:  # one file under two names (a link): parsed and stored once
+            alias[p] = first[key[0]]
             continue
         row = con.execute("SELECT file_id, status, message FROM files WHERE path = ? AND size_bytes = ? "
                           "AND mtime_ns = ? AND fingerprint = ?", [*key, prints[key[0]]]).fetchone()
@@ -443,9 +463,10 @@ def load_traces(con: duckdb.DuckDBPyConnection, paths: Iterable[Path], *, jobs: 
     if todo:
         import pyarrow as pa
 
-        from traceanalyze.ingest import split_points
 
-        tmp = tempfile.mkdtemp(prefix="traceanalyze-")
+        if parts_dir is not None:
+            Path(parts_dir).mkdir(parents=True, exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix="traceanalyze-", dir=parts_dir)
         # DuckDB keeps every block it just wrote in its buffer pool (~12 MB per 47 MB trace); they are on disk
         # already, so a low limit while loading only lets them go, and the analysis re-reads what it needs
         con.execute(f"SET memory_limit = '{INGEST_MEMORY_LIMIT}'")
@@ -457,43 +478,58 @@ def load_traces(con: duckdb.DuckDBPyConnection, paths: Iterable[Path], *, jobs: 
         pa.set_memory_pool(pa.system_memory_pool())
         try:
             n_cpu = max(1, jobs or os.cpu_count() or 1)
-            work = []
             n_parts: dict[str, int] = {}
-            for i, (p, k) in enumerate(todo):
-                # a big plain-JSON file is cut into byte ranges at event boundaries: more ranges than processes,
-                # so that the first ones are loaded while the others are still being parsed, and each range is
-                # committed alone (with one process too: memory stays bounded by a range)
-                n_ranges = max(n_cpu, -(-k[1] // PART_BYTES))
-                points = split_points(p, n_ranges) if n_ranges > 1 else [0]
-                ends = points[1:] + [k[1]]
-                n_parts[str(p)] = len(points)
-                for j, (a, b) in enumerate(zip(points, ends, strict=True)):
-                    work.append((str(p), tmp, f"f{i}p{j}", max_decompressed, None if len(points) == 1 else (a, b)))
-            n_jobs = max(1, min(n_cpu, len(work)))
+            origin: dict[str, str] = {}  # part file inflated from a .gz -> that .gz
+            whole: dict[str, str | None] = {}  # .gz split into part files -> its last part (None: parse it whole)
+            items = _work_items(todo, tmp, max_decompressed, n_cpu, n_parts, origin, whole)
+            head = list(itertools.islice(items, n_cpu))  # one task (one small file): parsed here, no pool
+            work = itertools.chain(head, items)
+            n_jobs = max(1, min(n_cpu, len(head)))
             keys = {str(p): (p, k) for p, k in todo}
-            if n_jobs == 1:
-                results: Iterable = map(_parse_one, work)
-                pool = None
+            pool = None
+            if executor is None and n_jobs > 1:
+                from concurrent.futures import ProcessPoolExecutor  # multiprocessing: not for one file or a re-run
+            if executor is not None:
+                results: Iterable = _in_order(executor.results(_parse_task, list(enumerate(work))))
+            elif n_jobs == 1:
+                results = map(_parse_one, work)
             else:
                 pool = ProcessPoolExecutor(max_workers=n_jobs, initializer=_worker_init,
                                            initargs=(_pandas_blocked(),))
-                results = pool.map(_parse_one, work)
+                futures = [pool.submit(_parse_one, w) for w in work]  # a .gz is inflated meanwhile, part by part
+                results = (f.result() for f in futures)
+            batch = _Batch(con, prints)
             try:
                 load: _FileLoad | None = None
                 for path_s, info, tables, err in results:  # in order: the parts of a file arrive together
+                    part_file = path_s if path_s in origin else None
+                    path_s = origin.get(path_s, path_s)
                     p, key = keys[path_s]
+                    if n_parts[path_s] == 1 and path_s not in whole:
+                        out[p] = batch.add(p, key, info, tables, err)
+                        if progress:
+                            progress(key[1])
+                        continue
                     if load is None:
-                        load = _FileLoad(con, p, key, n_parts[path_s])
+                        batch.commit()  # a split file commits part by part: no batch open meanwhile
+                        load = _FileLoad(con, p, key, n_parts[path_s], (tmp, max_decompressed))
+                        if path_s in whole:
+                            load.tail = whole[path_s]
+                            load.force_whole = whole[path_s] is None
                     load.add(info, tables, err)
+                    if part_file is not None:
+                        Path(part_file).unlink(missing_ok=True)
                     if load.done:
                         out[p] = load.finish()
                         load = None
                         con.execute("UPDATE files SET fingerprint = ? WHERE path = ?", [prints[key[0]], key[0]])
                         if progress:
                             progress(key[1])
+                batch.commit()
             except BaseException:
                 if load is not None:
                     load.abort()
+                batch.abort()
                 raise
             finally:
                 if pool is not None:
@@ -503,7 +539,62 @@ def load_traces(con: duckdb.DuckDBPyConnection, paths: Iterable[Path], *, jobs: 
             con.execute("RESET memory_limit")
             con.execute("RESET threads")
             shutil.rmtree(tmp, ignore_errors=True)
-    return [out[p] for p in paths]
+    return [out[alias.get(p, p)] for p in paths]
+
+
+def _work_items(todo, tmp: str, max_decompressed: int, n_cpu: int, n_parts: dict, origin: dict, whole: dict):
+    """The parse tasks ``(path, out_dir, key, max_decompressed, byte_range[, part])``, file by file, parts of a file
+    in order; fills ``n_parts`` (file -> parts), ``origin`` and ``whole`` (for .gz files inflated into parts)."""
+    from traceanalyze.ingest import SPLIT_MIN_BYTES, gzip_json_size, inflate_parts, split_points
+
+    for i, (p, k) in enumerate(todo):
+        est = 0
+        if n_cpu > 1 and k[1] >= SPLIT_MIN_BYTES >> 6:
+            with open(p, "rb") as fh:
+                if fh.read(2) == b"\x1f\x8b":
+                    est = gzip_json_size(p)
+        if est >= SPLIT_MIN_BYTES:
+            n = max(n_cpu, -(-est // PART_BYTES))
+            state: dict = {}
+            # inflating far past what the gzip trailer says is a bomb: stop, and let the whole parse report it
+            bound = min(max_decompressed, 2 * est + (256 << 20))
+            prev, j = None, 0
+            for j, name in enumerate(inflate_parts(p, tmp, f"f{i}g", -(-est // n), bound, state)):
+                origin[name] = str(p)
+                if prev is not None:
+                    yield (prev, tmp, f"f{i}p{j - 1}", max_decompressed, None, (j > 1, True))
+                prev = name
+            if prev is not None:
+                yield (prev, tmp, f"f{i}p{j}", max_decompressed, None, (j > 0, False))
+            n_parts[str(p)] = j + 1
+            whole[str(p)] = prev if state.get("clean") else None
+            continue
+        # a big plain-JSON file is cut into byte ranges at event boundaries: more ranges than processes, so that
+        # the first ones are loaded while the others are still being parsed, and each range is committed alone
+        # (with one process too: memory stays bounded by a range)
+        n_ranges = max(n_cpu, -(-k[1] // PART_BYTES))
+        points = split_points(p, n_ranges) if n_ranges > 1 else [0]
+        ends = points[1:] + [k[1]]
+        n_parts[str(p)] = len(points)
+        for j, (a, b) in enumerate(zip(points, ends, strict=True)):
+            yield (str(p), tmp, f"f{i}p{j}", max_decompressed, None if len(points) == 1 else (a, b))
+
+
+def _parse_task(task: tuple[int, tuple]) -> tuple:
+    """:func:`_parse_one` of an ``(index, task)`` pair, for executors that return results as they finish."""
+    return _parse_one(task[1])
+
+
+def _in_order(results):
+    """``(task, result, error)`` of ``(index, task)`` pairs as an executor finishes them -> the results in task
+    order, so that the parts of a file arrive together; only results that wait for an earlier one are held."""
+    held: dict[int, tuple] = {}
+    nxt = 0
+    for task, res, err in results:
+        held[task[0]] = res if res is not None else (task[1][0], None, None, f"could not be parsed ({err})")
+        while nxt in held:
+            yield held.pop(nxt)
+            nxt += 1
 
 
 def _join_parts(parts: list[tuple[TraceFile | None, str | None]]) -> tuple[TraceFile | None, str | None]:
@@ -527,6 +618,90 @@ def _join_parts(parts: list[tuple[TraceFile | None, str | None]]) -> tuple[Trace
     return first, None
 
 
+class _Batch:
+    """Whole (unsplit) trace files loaded into the store, many per transaction.
+
+    Up to :data:`TRANSACTION_FILES` files or :data:`TRANSACTION_ROWS` rows share one transaction, and each of its
+    tables is filled by one ``INSERT`` that reads the files' Arrow IPC streams one after another: per file, the main
+    process only reads its summary. A file loaded again (changed on disk, or left ``loading`` by an interrupted run)
+    has its old rows deleted in the same transaction.
+    """
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, prints: dict[str, str]) -> None:
+        self.con = con
+        self.prints = prints  # resolved path -> content fingerprint (:func:`fingerprint`), stored with the file
+        self.items: list[tuple[int, int, dict]] = []  # (file_id, base_time_ns, table -> IPC stream) to insert
+        self.rows: list[list] = []  # files rows
+        self.old: list[int] = []  # file_ids whose rows go
+        self.n_rows = 0
+        self.next_id: int | None = None
+        self.old_ids: dict[str, int] | None = None
+
+    def add(self, path: Path, key: tuple[str, int, int], info: TraceFile | None, tables: dict | None,
+            err: str | None) -> LoadedFile:
+        if self.next_id is None:
+            con = self.con
+            # fetchall: DuckDB 2 keeps a half-read result open, which blocks register() below
+            self.old_ids = dict(con.execute("SELECT path, file_id FROM files").fetchall())
+            self.next_id = con.execute("SELECT coalesce(max(file_id), 0) + 1 FROM files").fetchall()[0][0]
+        old = self.old_ids.pop(key[0], None)
+        if old is not None:
+            self.old.append(old)
+        file_id = self.next_id
+        self.next_id += 1
+        resolved, size, mtime = key
+        if info is None:
+            self.rows.append([file_id, resolved, size, mtime, "error", err] + [None] * 5 + [self.prints.get(resolved)])
+        else:
+            self.rows.append([file_id, resolved, size, mtime, "partial" if info.partial else "ok",
+                              "; ".join(info.warnings) or None, info.bytes_read, int(info.base_time_ns),
+                              json.dumps(info.header, default=str), info.counts.get("kernels", 0),
+                              info.counts.get("cpu_ops", 0), self.prints.get(resolved)])
+            self.items.append((file_id, int(info.base_time_ns), tables))
+            self.n_rows += sum(info.counts.values())
+        if len(self.rows) >= TRANSACTION_FILES or self.n_rows >= TRANSACTION_ROWS:
+            self.commit()
+        return LoadedFile(path, file_id, False, info, err)
+
+    def commit(self) -> None:
+        """Insert the files held so far in one transaction; their temporary streams are deleted."""
+        if not self.rows:
+            return
+        con = self.con
+        con.execute("BEGIN TRANSACTION")
+        try:
+            if self.old:
+                from traceanalyze.ingest import TABLES
+
+                for t in (*TABLES, "files"):
+                    con.execute(f"DELETE FROM {t} WHERE file_id IN (SELECT unnest(?))", [self.old])
+            if self.items:
+                _insert_part(con, self.items)
+            insert_rows(con, "files", ["file_id", "path", "size_bytes", "mtime_ns", "status", "message",
+                                       "bytes_read", "base_time_ns", "header", "n_kernels", "n_cpu_ops", "fingerprint"],
+                        self.rows)
+            con.execute("COMMIT")
+        except BaseException:
+            self.abort()
+            raise
+        finally:
+            self._clear()
+
+    def _clear(self) -> None:
+        for _, _, tables in self.items:
+            for f in (tables or {}).values():
+                Path(f).unlink(missing_ok=True)
+        self.items, self.rows, self.old, self.n_rows = [], [], [], 0
+        self.next_id = None  # asked again: a split file between two batches takes the next id
+
+    def abort(self) -> None:
+        try:
+            self.con.execute("ROLLBACK")
+        except duckdb.Error:
+            pass  # no transaction open
+        self._clear()
+
+
 class _FileLoad:
     """One trace file loaded into the store, a part (byte range) at a time as the parts arrive.
 
@@ -541,8 +716,12 @@ class _FileLoad:
     header says otherwise.
     """
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, path: Path, key: tuple[str, int, int], n_parts: int) -> None:
+    def __init__(self, con: duckdb.DuckDBPyConnection, path: Path, key: tuple[str, int, int], n_parts: int,
+                 whole: tuple[str, int] | None = None) -> None:
         self.con, self.path, self.key, self.n_parts = con, path, key, n_parts
+        self.whole = whole  # (temporary folder, max_decompressed) for parsing the file whole after a bad split
+        self.tail: str | None = None  # a .gz inflated into parts: the last part, whose end holds the tail keys
+        self.force_whole = False  # a .gz whose inflation into parts did not end cleanly: parse it whole
         self.parts: list[tuple[TraceFile | None, str | None]] = []  # (summary, error) per part; rows go at once
         self.base: int | None = None  # the shift applied to the parts inserted so far
         self.split = n_parts > 1
@@ -573,17 +752,22 @@ class _FileLoad:
         for t in TABLES:
             self.con.execute(f"DELETE FROM {t} WHERE file_id = ?", [file_id])
 
+    def _split_broken(self) -> bool:
+        return self.force_whole or any(i is not None and not i.split_ok for i, _ in self.parts)
+
     def add(self, info: TraceFile | None, tables: dict | None, err: str | None) -> None:
         self.parts.append((info, err))
-        if info is None or any(e for _, e in self.parts):
-            return  # the file fails: nothing more is inserted
+        if info is None or any(e for _, e in self.parts) or self._split_broken():
+            for f in (tables or {}).values():
+                Path(f).unlink(missing_ok=True)
+            return  # the file fails, or is parsed whole at the end: nothing more is inserted
         if self.base is None:
             if not self.split:
                 self.base = int(info.base_time_ns)
             else:
                 from traceanalyze.ingest import tail_base_time_ns
 
-                self.base = tail_base_time_ns(self.path, info.header)
+                self.base = tail_base_time_ns(self.tail or self.path, info.header)
         if self.split:
             self.con.execute("BEGIN TRANSACTION")
         try:
@@ -598,8 +782,26 @@ class _FileLoad:
             for f in (tables or {}).values():
                 Path(f).unlink(missing_ok=True)
 
+    def _parse_whole(self) -> None:
+        """A part did not end between two events (guarantee 7): drop the parts' rows and parse the file in one
+        piece in this process, so that its rows are exactly those of an unsplit parse."""
+        tmp, max_decompressed = self.whole or (tempfile.gettempdir(), 64 << 30)
+        self.con.execute("BEGIN TRANSACTION")
+        try:
+            self._delete_rows(self.file_id)
+            self.con.execute("COMMIT")
+        except BaseException:
+            self.abort()
+            raise
+        _, info, tables, err = _parse_one((str(self.path), tmp, f"whole{self.file_id}", max_decompressed, None))
+        self.parts, self.split, self.base, self.tail, self.force_whole = [], True, None, None, False
+        self.n_parts = 1
+        self.add(info, tables, err)
+
     def finish(self) -> LoadedFile:
         con = self.con
+        if self._split_broken():
+            self._parse_whole()
         info, err = _join_parts(self.parts)
         resolved, size, mtime = self.key
         if self.split:
@@ -643,19 +845,41 @@ class _FileLoad:
             pass  # no transaction open
 
 
-def _insert_part(con: duckdb.DuckDBPyConnection, file_id: int, base: int, tables: dict[str, str]) -> None:
-    """Insert one parsed part from the Arrow IPC streams its parser wrote (table name -> file)."""
+def _insert_part(con: duckdb.DuckDBPyConnection, file_id, base: int = 0, tables: dict | None = None) -> None:
+    """Insert parsed parts from the Arrow IPC streams their parsers wrote.
+
+    Either one part (``file_id``, ``base``, ``tables``: table name -> stream file) or, with ``file_id`` a list of
+    ``(file_id, base_time_ns, tables)``, many files with one ``INSERT`` per table: DuckDB reads the streams one
+    after another, a chunk at a time, with each row's ``file_id`` and ``ts_ns + base`` added on the way.
+    """
+    import numpy as np
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     from traceanalyze.ingest import TABLES  # not at module level: a cached report never parses
 
-    for t in TABLES:
-        cols = TABLES[t].names
-        sel = ", ".join(f"ts_ns + {base} AS ts_ns" if c == "ts_ns" else f'"{c}"' for c in cols)
-        names = ", ".join(f'"{c}"' for c in cols)
-        with pa.OSFile(tables[t]) as fh:  # DuckDB reads it a chunk at a time
-            con.register("_incoming", pa.ipc.open_stream(fh))
-            con.execute(f"INSERT INTO {t} (file_id, {names}) SELECT {file_id}, {sel} FROM _incoming")
+    items = file_id if isinstance(file_id, list) else [(file_id, base, tables)]
+    for t, schema in TABLES.items():
+        names = ", ".join(f'"{c}"' for c in schema.names)
+        out_schema = pa.schema([("file_id", pa.int32()), *schema])
+        ts_at = schema.names.index("ts_ns") if "ts_ns" in schema.names else None
+
+        def batches(t=t, ts_at=ts_at, out_schema=out_schema):
+            for fid, shift, files in items:
+                with pa.OSFile(files[t]) as fh:
+                    for b in pa.ipc.open_stream(fh):
+                        if not b.num_rows:
+                            continue
+                        cols = b.columns
+                        if ts_at is not None and shift:
+                            cols[ts_at] = pc.add(cols[ts_at], shift)
+                        yield pa.RecordBatch.from_arrays([pa.array(np.full(b.num_rows, fid, np.int32)), *cols],
+                                                         schema=out_schema)
+
+        con.register("_incoming", pa.RecordBatchReader.from_batches(out_schema, batches()))  # read a chunk at a time
+        try:
+            con.execute(f"INSERT INTO {t} (file_id, {names}) SELECT file_id, {names} FROM _incoming")
+        finally:
             con.unregister("_incoming")
 
 
@@ -677,10 +901,15 @@ def insert_rows(con: duckdb.DuckDBPyConnection, table: str, cols: list[str] | No
 def file_header(con: duckdb.DuckDBPyConnection, file_id: int) -> dict:
     """The stored top-level header of one file (``{}`` when none)."""
     row = con.execute("SELECT header FROM files WHERE file_id = ?", [file_id]).fetchone()
-    if not row or row[0] is None:
+    return header_dict(row[0] if row else None)
+
+
+def header_dict(text: str | None) -> dict:
+    """A ``files.header`` value as a dict (``{}`` when none or not an object)."""
+    if text is None:
         return {}
     try:
-        h = json.loads(row[0])
+        h = json.loads(text)
         return h if isinstance(h, dict) else {}
     except ValueError:
         return {}
