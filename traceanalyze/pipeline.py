@@ -165,7 +165,8 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
                                                  gpu, max_decompressed)
         warnings.extend(run_warnings)
         findings = diagnose.diagnose(ev)
-        findings = apply_to_findings(findings, run_model.get("whatif"))  # impact from the what-if replay
+        # impact from the what-if replay
+        findings = apply_to_findings(findings, run_model.get("whatif"), run_model.get("mode"))
         run_model["findings"] = diagnose.to_dicts(findings)
         if run_model["steps"] and run_model["mode"] in ("gpu", "cpu"):
             run_model["timeline"] = _timeline(con, run_id, run_model, ev, findings)

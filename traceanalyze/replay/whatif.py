@@ -351,11 +351,12 @@ def _picture(g: gr.Graph, rp: simulate.Replay, measured, counted, m_long) -> dic
     return {"step": step, "span_us": span, "lanes": lanes, "slowest_rank": slow}
 
 
-def apply_to_findings(findings: list, whatifs: list[dict]) -> list:
+def apply_to_findings(findings: list, whatifs: list[dict], mode: str | None = None) -> list:
     """Set each finding's ``impact_pct`` from the what-if that removes its cause (:data:`KIND_TO_SCENARIO`) and its
     severity from that impact (``diagnose.severity``), except that a finding its rule judged not worth a ticket
     (severity low: within the run's noise, or an assumed gain the trace cannot confirm) stays low; findings without
-    a what-if keep the rule's estimate. Returns
+    a what-if keep the rule's estimate. On a CPU run (``mode="cpu"``) the bf16 speed-up is assumed, not known for
+    that CPU, so a precision finding priced below ``diagnose.CPU_PRECISION_TICKET_PCT`` is low, and never high. Returns
     the findings ranked by severity, then impact (``diagnose.rank_findings``). The rules decide which causes
     exist; the replay decides what each costs."""
     from traceanalyze import diagnose
@@ -372,6 +373,8 @@ def apply_to_findings(findings: list, whatifs: list[dict]) -> list:
             f.impact_pct = round(impact, 1)
             if f.severity != "low":  # the rules decide what is worth a ticket; the replay, what it costs
                 f.severity = diagnose.severity(impact)
+                if mode == "cpu" and w["scenario"] == "bf16_matmul":
+                    f.severity = "low" if impact < diagnose.CPU_PRECISION_TICKET_PCT else "medium"
             f.evidence = [*f.evidence, f"impact from the what-if replay ({w['scenario']}): predicted step time "
                                        f"{w['predicted_step_time_us'] / 1e3:.2f} ms, {impact:.1f}% saved"]
     return diagnose.rank_findings(findings)
