@@ -83,6 +83,8 @@ def test_missing_ranks_are_a_count_and_ranges_never_enumerated(tmp_path):
     assert [m for m in messages(a.model) if "have no trace" in m] == [
         f"1,021 of 1,024 ranks have no trace (ranks 3–1023): copy every rank's trace file into {d} for a complete "
         "picture"]
+    run = a.model["runs"][0]
+    assert (run["missing_ranks"], run["n_missing_ranks"]) == ([[3, 1023]], 1021)  # the JSON holds spans too
 
 
 def test_the_largest_plausible_world_size_is_accepted(tmp_path):
@@ -93,6 +95,7 @@ def test_the_largest_plausible_world_size_is_accepted(tmp_path):
     assert [m for m in messages(a.model) if "have no trace" in m] == [
         f"1,048,575 of 1,048,576 ranks have no trace (ranks 0–4, 6–1048575): copy every rank's trace file into {d} "
         "for a complete picture"]
+    assert a.model["runs"][0]["missing_ranks"] == [[0, 4], [6, 1048575]]
     assert not [m for m in messages(a.model) if "implausible" in m]
 
 

@@ -202,7 +202,11 @@ def _fold(s: str, open_: str, close: str) -> str:
 
 
 def ranges(xs: Iterable[Any]) -> str:
-    """[5, 6, 7, 9] → ``5–7, 9``."""
+    """[5, 6, 7, 9] → ``5–7, 9``; inclusive ``[first, last]`` spans ([[5, 7], [9, 9]], the JSON's
+    ``missing_ranks``) give the same text."""
+    xs = list(xs)
+    if xs and all(isinstance(x, list) and len(x) == 2 and all(isinstance(v, int) for v in x) for x in xs):
+        return ", ".join(f"{a}–{b}" if b > a else str(a) for a, b in sorted(xs))
     vals = sorted({int(x) for x in xs if isinstance(x, int) and not isinstance(x, bool)})
     if not vals:
         return ""
@@ -429,7 +433,8 @@ def _run_view(run: dict, findings: list[dict], idx: int = 1) -> dict:
 
     ranks_text = f"{len(found)} of {world}" if isinstance(world, int) else str(len(found))
     if missing:
-        ranks_text += f" (no trace for rank{'s' if len(missing) > 1 else ''} {ranges(missing)})"
+        n_missing = run.get("n_missing_ranks") if isinstance(run.get("n_missing_ranks"), int) else len(missing)
+        ranks_text += f" (no trace for rank{'s' if n_missing > 1 else ''} {ranges(missing)})"
     facts = [("Ranks with a trace", ranks_text), ("Mode", (mode or text(run.get("mode"))).upper())]
     if run.get("gpu_model") or mode == "gpu":
         gpu = text(run.get("gpu_model"))
