@@ -392,14 +392,14 @@ def top_kernels(con: duckdb.DuckDBPyConnection, run_id: int, limit: int = 15) ->
                        JOIN files f USING (file_id) WHERE f.run_id = ? AND k.cat <> 'gpu_user_annotation')
             SELECT name, klass, count(*) AS count, sum(dur_ns) / 1e3 AS total_us, avg(dur_ns) / 1e3 AS mean_us,
                    100.0 * sum(dur_ns) / (SELECT sum(dur_ns) FROM k) AS pct
-            FROM k GROUP BY ALL ORDER BY total_us DESC LIMIT ?"""
+            FROM k GROUP BY ALL ORDER BY total_us DESC, name, klass LIMIT ?"""  # ties by name: one order every run
     else:
         sql = """
             WITH k AS (SELECT c.name, cpu_op_class(c.cat, c.name) AS klass, c.dur_ns FROM cpu_ops c
                        JOIN files f USING (file_id) WHERE f.run_id = ? AND cpu_op_class(c.cat, c.name) <> 'other')
             SELECT name, klass, count(*) AS count, sum(dur_ns) / 1e3 AS total_us, avg(dur_ns) / 1e3 AS mean_us,
                    100.0 * sum(dur_ns) / (SELECT sum(dur_ns) FROM k) AS pct
-            FROM k GROUP BY ALL ORDER BY total_us DESC LIMIT ?"""
+            FROM k GROUP BY ALL ORDER BY total_us DESC, name, klass LIMIT ?"""  # ties by name: one order every run
     cur = con.execute(sql, [run_id, limit])
     cols = [d[0] for d in cur.description]
     return [dict(zip(cols, row, strict=True)) for row in cur.fetchall()]
