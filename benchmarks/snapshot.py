@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import json
 import os
 import re
 import shutil
@@ -116,13 +117,18 @@ def take(dest: Path) -> int:
             text = Path(f"{o}{ext}").read_text(encoding="utf-8")
             (dest / f"{name}{ext}").write_text(_norm(_STAMP.sub("<generated_at>", text)), encoding="utf-8")
         dump_db(Path(f"{o}.duckdb"), dest / f"{name}.db.txt")
-        (dest / f"{name}.db.txt").write_text(_norm((dest / f"{name}.db.txt").read_text("utf-8")), "utf-8")
+        db_text = (dest / f"{name}.db.txt").read_text("utf-8")
+        (dest / f"{name}.db.txt").write_text(_norm(_STAMP.sub("<generated_at>", db_text)), "utf-8")
         print(f"ok {name}", flush=True)
         n += 1
     merged = WORK / "out" / "straggler_export.json"
     subprocess.run([sys.executable, "-m", "traceanalyze.cli", "export", str(SAMPLES / "straggler"), "-o", str(merged),
                     "--db", str(WORK / "out" / "export.duckdb"), "-q"], check=True, cwd=ROOT, env=ENV)
-    (dest / "straggler_export.json").write_text(_norm(merged.read_text("utf-8")), "utf-8")
+    # the merged trace's events in one canonical order: export writes them in the order DuckDB's parallel scans
+    # return them, which differs between two runs of the same code
+    trace = json.loads(merged.read_text("utf-8"))
+    trace["traceEvents"].sort(key=lambda e: json.dumps(e, sort_keys=True))
+    (dest / "straggler_export.json").write_text(_norm(json.dumps(trace, indent=0, sort_keys=True)), "utf-8")
     return n + 1
 
 
