@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, sample
-from traceanalyze import render
 from traceanalyze.pipeline import analyze
+from traceanalyze.report import render_html
 
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--headless", "--disable-background-networking",
                  "--disable-component-update", "--no-first-run", "--disable-sync"]
@@ -37,7 +37,7 @@ def test_report_opens_offline_without_errors(tmp_path, monkeypatch):
     a = analyze("sample_traces/straggler", jobs=1)
     a.model["generated_at"] = "2026-11-22T00:00:00+00:00"  # a stable screenshot
     page_path = tmp_path / "report.html"
-    page_path.write_text(render.html(a.model), encoding="utf-8")
+    page_path.write_text(render_html(a.model), encoding="utf-8")
     url = page_path.as_uri()
 
     console_errors: list[str] = []

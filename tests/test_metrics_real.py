@@ -80,7 +80,7 @@ def test_new_schema_base_time_applied():
 
 
 def test_every_real_folder_reports(tmp_path):
-    from traceanalyze.render import html
+    from traceanalyze.report import render_html as html
 
     for rel in ["hta/trace_filter", "hta/df_index_resolver", "hta/nccl_parser_config", "hta/triton_example",
                 "tracelens/h100", "kineto/tb_plugin_test"]:

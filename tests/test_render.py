@@ -10,8 +10,11 @@ from pathlib import Path
 import pytest
 from markupsafe import escape
 
-from traceanalyze import charts, render
+from traceanalyze import fmt
 from traceanalyze.pipeline import analyze
+from traceanalyze.report import charts, render_html, render_markdown
+from traceanalyze.report import html as report_html
+from traceanalyze.report import model as report_model
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(__file__).resolve().parents[2] / "shared"
@@ -168,7 +171,7 @@ def assert_self_contained(doc: str) -> None:
 # Real traces
 
 def test_trace_filter_html_has_hta_figures(trace_filter_model: dict) -> None:
-    doc = render.html(trace_filter_model)
+    doc = render_html(trace_filter_model)
     assert_self_contained(doc)
     s = sections(doc)
     run = s["run-1"]
@@ -194,7 +197,7 @@ def test_trace_filter_html_has_hta_figures(trace_filter_model: dict) -> None:
 
 
 def test_trace_filter_markdown(trace_filter_model: dict) -> None:
-    md = render.markdown(trace_filter_model)
+    md = render_markdown(trace_filter_model)
     row0 = next(line for line in md.splitlines() if line.startswith("| 0 |"))
     assert [c.strip() for c in row0.strip("|").split("|")] == ["0", "53.56", "17.71", "28.73", "11.81", "172.26",
                                                                  "607.31"]
@@ -205,7 +208,7 @@ def test_trace_filter_markdown(trace_filter_model: dict) -> None:
 
 
 def test_straggler_sample(straggler_model: dict) -> None:
-    doc = render.html(straggler_model)
+    doc = render_html(straggler_model)
     assert_self_contained(doc)
     run = sections(doc)["run-1"]
     for r in straggler_model["runs"][0]["ranks"]:
@@ -217,7 +220,7 @@ def test_straggler_sample(straggler_model: dict) -> None:
     assert re.search(r'<tr class="flagged">\s*<td class="n"><b>2</b>', doc)
     r2 = next(r for r in straggler_model["runs"][0]["ranks"] if r["rank"] == 2)
     assert f"<title>rank 2: compute {r2['compute_pct']:.2f} %</title>" in doc  # hover text without script
-    assert render.html(straggler_model) == doc  # reproducible: no random chart ids or timestamps of its own
+    assert render_html(straggler_model) == doc  # reproducible: no random chart ids or timestamps of its own
     assert "aten::mm" in run and "gloo:all_reduce" in run
     assert "Kernel columns are left out" in run
     findings = straggler_model.get("findings") or []
@@ -226,7 +229,7 @@ def test_straggler_sample(straggler_model: dict) -> None:
         impacts = sorted(findings, key=lambda f: -(f.get("impact_pct") or 0))
         pos = [text.index(" ".join(str(f["title"]).split())) for f in impacts]
         assert pos == sorted(pos)
-    md = render.markdown(straggler_model)
+    md = render_markdown(straggler_model)
     for r in straggler_model["runs"][0]["ranks"]:
         assert (f"| {r['rank']} | {r['idle_pct']:.2f} | {r['compute_pct']:.2f} | {r['non_compute_pct']:.2f} | "
                 f"{r['comm_comp_overlap_pct']:.2f} |") in md
@@ -237,7 +240,7 @@ def test_straggler_sample(straggler_model: dict) -> None:
 # Synthetic model: findings, comparison, optional tables
 
 def test_findings_ranked_by_impact_with_cause_and_evidence() -> None:
-    doc = render.html(synthetic_model())
+    doc = render_html(synthetic_model())
     assert_self_contained(doc)
     s = sections(doc)
     assert "Exposed all_reduce communication is the main cause" in s["top"]
@@ -258,20 +261,20 @@ def test_findings_ranked_by_impact_with_cause_and_evidence() -> None:
 
 def test_comparison_parts_sum_to_delta() -> None:
     model = synthetic_model()
-    comp = sections(render.html(model))["comparison"]
+    comp = sections(render_html(model))["comparison"]
     assert "slow8 vs fast8" in comp
     assert "+100.50 ms" in comp and "+84.00" in comp and "+6.50" in comp
     assert "gradient_accumulation_steps" in comp
     # parts that leave a remainder get an explicit "not attributed" row so the table still sums to the delta
     model["comparison"]["parts"].pop()
-    comp = sections(render.html(model))["comparison"]
+    comp = sections(render_html(model))["comparison"]
     assert "not attributed" in comp and "+6.50" in comp
-    md = render.markdown(model)
+    md = render_markdown(model)
     assert "slow8 vs fast8" in md and "| not attributed |" in md
 
 
 def test_optional_tables_rendered() -> None:
-    run = sections(render.html(synthetic_model()))["run-1"]
+    run = sections(render_html(synthetic_model()))["run-1"]
     assert "NVIDIA A100-SXM4-80GB" in run and "2.21.5" in run and "12040" in run
     assert "8 of 8" in run and "4 from cache" in run
     assert "Math precision" in run and "fp32" in run and "75.0" in run
@@ -285,12 +288,12 @@ def test_optional_tables_rendered() -> None:
 
 
 def test_warnings_in_data_quality_section() -> None:
-    dq = sections(render.html(synthetic_model()))["data-quality"]
+    dq = sections(render_html(synthetic_model()))["data-quality"]
     assert "1 file could not be read, 1 read only in part" in dq
     assert "rank9.json" in dq and "not a Kineto trace" in dq
     assert "rank7.json.gz" in dq and "truncated JSON: read 812 of 1024 events" in dq
     assert dq.index("not a Kineto trace") < dq.index("truncated JSON") < dq.index("rank 2 has 2 trace files")
-    md = render.markdown(synthetic_model())
+    md = render_markdown(synthetic_model())
     assert "- error: rank9.json: not a Kineto trace" in md
     assert "- partial: rank7.json.gz: truncated JSON" in md
 
@@ -299,7 +302,7 @@ def test_healthy_model_says_so() -> None:
     model = synthetic_model()
     model.update(findings=[], verdict="No significant slowdown found")
     model.pop("comparison")
-    doc = render.html(model)
+    doc = render_html(model)
     s = sections(doc)
     assert "No significant slowdown found" in s["top"]
     assert "No significant slowdown found." in s["findings"]
@@ -333,12 +336,12 @@ def _inject(model: dict) -> dict:
 
 
 def test_trace_strings_are_escaped_everywhere() -> None:
-    doc = render.html(_inject(synthetic_model()))
+    doc = render_html(_inject(synthetic_model()))
     assert "<script" not in doc
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in doc
     assert "&#34;quotes&#34; &amp; amp" in doc or "&quot;quotes&quot; &amp; amp" in doc
     assert_self_contained(doc)
-    md = render.markdown(_inject(synthetic_model()))
+    md = render_markdown(_inject(synthetic_model()))
     assert "<script" not in md and "&lt;script&gt;" in md
 
 
@@ -348,7 +351,7 @@ def test_chart_labels_escaped(straggler_model: dict) -> None:
     for s in m["runs"][0]["steps"]:
         if s["rank"] == 1:
             s["rank"] = XSS
-    doc = render.html(m)
+    doc = render_html(m)
     assert "<script" not in doc
     svgs = re.findall(r"<svg.*?</svg>", doc, re.S)
     assert any("rank &lt;script&gt;alert(1)&lt;/script&gt;" in s for s in svgs)
@@ -357,7 +360,7 @@ def test_chart_labels_escaped(straggler_model: dict) -> None:
 def test_real_kernel_name_escaped(trace_filter_model: dict) -> None:
     m = copy.deepcopy(trace_filter_model)
     m["runs"][0]["top_kernels"][1]["name"] = "void k<" + XSS + ">(" + "x" * 2000 + ")"
-    doc = render.html(m)
+    doc = render_html(m)
     assert "<script" not in doc
     assert "&lt;script&gt;" in doc  # in the title attribute with the full name
     assert_self_contained(doc)
@@ -367,47 +370,47 @@ def test_eight_rank_report_is_small_and_bounded() -> None:
     model = synthetic_model(n_ranks=8, n_steps=500)
     model["runs"][0]["top_kernels"] = [{**model["runs"][0]["top_kernels"][1], "name": LONG_KERNEL + str(i)}
                                        for i in range(50)]
-    doc = render.html(model)
+    doc = render_html(model)
     assert len(doc.encode()) < 2_000_000
     assert_self_contained(doc)
     run = sections(doc)["run-1"]
-    assert f"first {render.MAX_STEP_ROWS} of 500 steps shown" in run
-    md = render.markdown(model)
+    assert f"first {report_model.MAX_STEP_ROWS} of 500 steps shown" in run
+    md = render_markdown(model)
     assert len(md.splitlines()) < 60
 
 
 def test_many_ranks_bounded() -> None:
-    doc = render.html(synthetic_model(n_ranks=200, n_steps=3))
+    doc = render_html(synthetic_model(n_ranks=200, n_steps=3))
     run = sections(doc)["run-1"]
     assert f"{charts.MAX_BARS} of 200 ranks drawn, the marked and outlying ones first" in run
     assert "max and median cover all ranks" in run
     assert "199" in run  # the table lists every rank
-    assert len(render.markdown(synthetic_model(n_ranks=200, n_steps=3)).splitlines()) < 80
+    assert len(render_markdown(synthetic_model(n_ranks=200, n_steps=3)).splitlines()) < 80
 
 
 def test_missing_and_null_optional_keys() -> None:
     bare = {"runs": [{"name": "r", "ranks": [{"rank": 0, "idle_pct": None}], "steps": None, "top_kernels": None,
                       "world_size": None, "mode": None, "files": None}], "warnings": None}
     for model in (bare, {}, {"runs": None, "findings": None, "comparison": None, "verdict": None}):
-        doc = render.html(model)
+        doc = render_html(model)
         assert doc.startswith("<!doctype html>") and doc.rstrip().endswith("</html>")
         assert_self_contained(doc)
-        assert "## traceanalyze" in render.markdown(model)
+        assert "## traceanalyze" in render_markdown(model)
     model = synthetic_model()
     for k in ("impact_pct", "severity", "cause", "evidence", "ranks"):
         model["findings"][0][k] = None
     model["comparison"]["parts"][0].update(subject_us=None, delta_us=None)
     model["runs"][0]["ranks"][0] = {"rank": 0}
-    assert "Rank 3 is a straggler" in render.html(model)
+    assert "Rank 3 is a straggler" in render_html(model)
 
 
 def test_short_name() -> None:
-    assert render.short_name("aten::mm") == "aten::mm"
-    s = render.short_name(LONG_KERNEL)
+    assert fmt.short_name("aten::mm") == "aten::mm"
+    s = fmt.short_name(LONG_KERNEL)
     assert s == "at::native::{anon}::cutlass_kernel<…>(…)"
-    assert len(render.short_name("x" * 5000)) == render.NAME_CHARS
-    assert render.ranges([2, 3, 4, 7, 9, 10]) == "2–4, 7, 9–10"
-    assert render.fmt_ms(615120.0) == "615.12" and render.fmt_ms(None) == "—" and render.fmt_ms(float("nan")) == "—"
+    assert len(fmt.short_name("x" * 5000)) == fmt.NAME_CHARS
+    assert fmt.ranges([2, 3, 4, 7, 9, 10]) == "2–4, 7, 9–10"
+    assert fmt.fmt_ms(615120.0) == "615.12" and fmt.fmt_ms(None) == "—" and fmt.fmt_ms(float("nan")) == "—"
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -416,8 +419,8 @@ def test_short_name() -> None:
 def _fresh_env(monkeypatch: pytest.MonkeyPatch, cache_home: Path | str) -> object:
     """What a new process gets: an environment whose cache folder comes from XDG_CACHE_HOME, used by html()."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(cache_home))
-    env = render._new_env()
-    monkeypatch.setattr(render, "_env_made", env)
+    env = report_html._new_env()
+    monkeypatch.setattr(report_html, "_env_made", env)
     return env
 
 
@@ -432,33 +435,33 @@ def test_compiled_templates_cached_on_disk(tmp_path: Path, monkeypatch: pytest.M
     _fresh_env(monkeypatch, tmp_path / "xdg")
     folder = tmp_path / "xdg" / "traceanalyze" / f"jinja-{jinja2.__version__}"
     assert not folder.exists()  # made on demand
-    expected = render.html(model)
+    expected = render_html(model)
     entries = sorted(folder.glob("*.cache"))
     assert len(entries) == 7  # report.html.j2, the macros and chart partials it imports, _whatif.html.j2 and the CSS
     assert all(e.stat().st_size > 0 for e in entries) and not list(folder.glob("*.tmp"))
-    assert render._env is render._env_made  # what batch.py uses is the same environment
+    assert report_html.environment() is report_html._env_made  # what the batch index uses is the same environment
 
     # A second process: the code is loaded from the folder, nothing is compiled, the HTML is the same.
     env = _fresh_env(monkeypatch, tmp_path / "xdg")
     env.compile = _no_compile
-    assert render.html(model) == expected
+    assert render_html(model) == expected
     assert sorted(folder.glob("*.cache")) == entries
 
     # A damaged entry is compiled again and replaced, without an error.
     for e in entries:
         e.write_bytes(e.read_bytes()[:40])
     _fresh_env(monkeypatch, tmp_path / "xdg")
-    assert render.html(model) == expected
+    assert render_html(model) == expected
     env = _fresh_env(monkeypatch, tmp_path / "xdg")
     env.compile = _no_compile
-    assert render.html(model) == expected
+    assert render_html(model) == expected
 
 
 @pytest.mark.parametrize("where", ["file", "read-only"])
 def test_unusable_template_cache_is_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
     model = synthetic_model()
     _fresh_env(monkeypatch, tmp_path / "ok")
-    expected = render.html(model)
+    expected = render_html(model)
     if where == "file":  # XDG_CACHE_HOME names a file: the folder can be neither made nor read
         home = tmp_path / "not-a-folder"
         home.write_text("x")
@@ -469,7 +472,7 @@ def test_unusable_template_cache_is_skipped(tmp_path: Path, monkeypatch: pytest.
     try:
         for _ in range(2):
             _fresh_env(monkeypatch, home)
-            assert render.html(model) == expected
+            assert render_html(model) == expected
     finally:
         if where == "read-only":
             home.chmod(0o700)
@@ -481,29 +484,19 @@ def test_template_cache_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     import jinja2
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert render._template_cache_dir() == str(tmp_path / "xdg" / "traceanalyze" / f"jinja-{jinja2.__version__}")
+    assert report_html._template_cache_dir() == str(tmp_path / "xdg" / "traceanalyze" / f"jinja-{jinja2.__version__}")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     for unset in ("", "relative/cache"):  # unset or relative: ~/.cache, as the XDG spec says
         monkeypatch.setenv("XDG_CACHE_HOME", unset)
-        assert render._template_cache_dir() == str(tmp_path / "home" / ".cache" / "traceanalyze"
+        assert report_html._template_cache_dir() == str(tmp_path / "home" / ".cache" / "traceanalyze"
                                                    / f"jinja-{jinja2.__version__}")
-
-
-def test_median_matches_statistics() -> None:
-    import statistics
-
-    for xs in ([3.0], [5, 1], [2.5, 9.0, 1.0], [4, 4, 1, 7], [0.1, 0.2, 0.3, 0.4, 1e9, -3.0], list(range(11))):
-        assert render._median(xs) == statistics.median(xs)
-        assert render._median(iter(xs)) == statistics.median(xs)
-    with pytest.raises(ValueError):
-        render._median([])
 
 
 def test_template_cache_others_can_write_is_not_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     model = synthetic_model()
     _fresh_env(monkeypatch, tmp_path / "xdg")
-    expected = render.html(model)
-    folder = Path(render._template_cache_dir() or "")
+    expected = render_html(model)
+    folder = Path(report_html._template_cache_dir() or "")
     entries = {e: e.read_bytes() for e in folder.glob("*.cache")}
     assert len(entries) == 7  # with the what-if partial
     folder.chmod(0o777)  # e.g. XDG_CACHE_HOME=/tmp: another user could plant code there
@@ -519,7 +512,7 @@ def test_template_cache_others_can_write_is_not_used(tmp_path: Path, monkeypatch
         env.compile = counting_compile
         for e in entries:
             e.write_bytes(b"planted")
-        assert render.html(model) == expected
+        assert render_html(model) == expected
         assert sorted(compiled) == ["_charts.html.j2", "_heatmap.html.j2", "_timeline.html.j2", "_whatif.html.j2",
                                     "macros.html.j2", "report.css", "report.html.j2"]
         assert all(e.read_bytes() == b"planted" for e in entries)  # nor is anything written there

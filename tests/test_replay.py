@@ -89,7 +89,7 @@ def test_partial_set_keeps_measured_durations():
 
 
 def test_markdown_and_html_carry_the_table(tmp_path):
-    from traceanalyze.render import markdown
+    from traceanalyze.report import render_markdown as markdown
 
     a, run = _run(sample("straggler"))
     md = markdown(a.model)

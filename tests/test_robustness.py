@@ -27,11 +27,13 @@ from hypothesis import strategies as st
 from markupsafe import escape
 
 from tests.conftest import REAL, real, sample
-from traceanalyze import ingest, render, store
+from traceanalyze import ingest, store
 from traceanalyze.cli import cli
 from traceanalyze.errors import InputError, TraceanalyzeError
 from traceanalyze.ingest import GPU_CATS, parse_trace
 from traceanalyze.pipeline import analyze, to_json
+from traceanalyze.report import html as report_html
+from traceanalyze.report import render_html, render_markdown
 
 T0 = 1_700_000_000_000_000.0  # absolute epoch µs, as old-schema traces carry (comparable across files)
 XSS = ("<script>alert(1)</script>", '"><img src=x onerror=alert(1)>')
@@ -478,7 +480,7 @@ def test_hostile_names_are_escaped_and_bounded(tmp_path):
     write_trace(d / "rank1.json", 1, 2, evs, extra={"<b>": "</style><script>x</script>"})
     a = analyze(d, jobs=1)
     assert {k["name"] for k in a.model["runs"][0]["top_kernels"]} >= {XSS[0], XSS[1]}  # the model keeps them raw
-    doc = render.html(a.model)
+    doc = render_html(a.model)
     for s in XSS:
         assert s not in doc
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in doc
@@ -487,7 +489,7 @@ def test_hostile_names_are_escaped_and_bounded(tmp_path):
     assert not re.search(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]", doc)
     assert "nul\ufffdbell\ufffdesc\ufffd[31mred\ufffd" in doc
     assert len(doc) < 1_000_000  # a 100 kB name is shown cut, its full text at most in a title or two
-    md = render.markdown(a.model)
+    md = render_markdown(a.model)
     assert "<script>" not in md and not re.search(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]", md)
     assert json.loads(to_json(a.model))["runs"][0]["top_kernels"]  # JSON stays valid
     code, _, err = report(d, tmp_path, "--md", str(tmp_path / "out" / "r.md"))
@@ -632,11 +634,11 @@ def test_real_run_with_hostile_names_renders_escaped_and_offline(tmp_path):
 
 
 def test_templates_never_mark_trace_data_safe():
-    tdir = Path(render.__file__).parent / "templates"
+    tdir = Path(report_html.__file__).parent / "templates"
     for t in tdir.glob("*.j2"):
         body = t.read_text()
         assert "|safe" not in body.replace(" ", "") and "autoescape false" not in body, t.name
-    assert render._env.autoescape("report.html.j2") is True
+    assert report_html.environment().autoescape("report.html.j2") is True
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -22,10 +22,11 @@ from markdown_it import MarkdownIt
 
 from tests.test_render import synthetic_model
 from tests.test_robustness import invoke, write_trace
-from traceanalyze import batch, render, safety, store
+from traceanalyze import batch, cli, safety, store
 from traceanalyze.api import load
 from traceanalyze.cli import _slug
 from traceanalyze.errors import TraceanalyzeError, UsageError
+from traceanalyze.report import render_markdown
 
 
 def sha(p: Path) -> str:
@@ -357,12 +358,12 @@ def _gfm_triggers(md: str) -> list[str]:
 
 @pytest.mark.parametrize("s", HOSTILE)
 def test_hostile_strings_render_as_text_in_markdown(s):
-    plain = render.markdown(_hostile_model("plain"))
-    md = render.markdown(_hostile_model(s))
+    plain = render_markdown(_hostile_model("plain"))
+    md = render_markdown(_hostile_model(s))
     tokens = _rendered_tokens(md)
     assert not {t.type for t in tokens} & {"link_open", "image", "html_inline", "html_block", "code_inline"}
     assert _structure(md) == _structure(plain)  # the same headings, lists, tables, emphasis: none from the input
-    assert _gfm_triggers(md) == _gfm_triggers(render.markdown(_hostile_model("plain")))
+    assert _gfm_triggers(md) == _gfm_triggers(render_markdown(_hostile_model("plain")))
     # and the reader sees the name as it is (one line; control and bidi characters as U+FFFD)
     expect = safety._MD_CONTROL.sub("\ufffd", s.replace("\n", " "))
     text = "".join(t.content for t in tokens if t.type == "text")
@@ -374,10 +375,10 @@ def test_hostile_strings_render_as_text_in_markdown(s):
 def test_generated_strings_render_as_text_in_markdown(s):
     from collections import Counter
 
-    md = render.markdown(_hostile_model(s))
+    md = render_markdown(_hostile_model(s))
     # an empty or blank value may drop a line or an emphasis; no value adds markup of any kind
-    assert not Counter(_structure(md)) - Counter(_structure(render.markdown(_hostile_model("plain"))))
-    assert len(_gfm_triggers(md)) <= len(_gfm_triggers(render.markdown(_hostile_model("plain"))))
+    assert not Counter(_structure(md)) - Counter(_structure(render_markdown(_hostile_model("plain"))))
+    assert len(_gfm_triggers(md)) <= len(_gfm_triggers(render_markdown(_hostile_model("plain"))))
     assert not any(c in md for c in "\u202e\x1b")
 
 
@@ -486,7 +487,7 @@ def test_a_bug_is_exit_5(tmp_path, monkeypatch):
     def bug(model):
         raise ValueError("boom")
 
-    monkeypatch.setattr(render, "html", bug)
+    monkeypatch.setattr(cli, "render_html", bug)
     code, _, err = invoke("report", str(d), "-o", str(tmp_path / "r.html"))
     assert code == 5 and "internal error (ValueError: boom)" in err
 

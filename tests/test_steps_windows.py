@@ -13,7 +13,7 @@ from tests.synth import cpu_job, kernel, write_trace, x
 from traceanalyze.errors import TraceanalyzeError
 from traceanalyze.metrics.steps import run_step_time_us, step_set
 from traceanalyze.pipeline import analyze
-from traceanalyze.render import html as render_html
+from traceanalyze.report import render_html
 
 DATALOADER_RANK0 = SAMPLES / "dataloader_bound" / "rank0.1795307966715981597.pt.trace.json.gz"
 

@@ -14,11 +14,13 @@ from click.testing import CliRunner
 
 from tests.conftest import real, sample
 from tests.synth import kernel, write_gpu_job, write_trace, x
-from traceanalyze import charts, diagnose, render
+from traceanalyze import diagnose
 from traceanalyze.cli import cli
 from traceanalyze.discover import classify, discover
+from traceanalyze.fmt import fmt_ms
 from traceanalyze.logs import parse_text_log
 from traceanalyze.pipeline import analyze
+from traceanalyze.report import charts, render_html
 
 
 def _finding(model: dict, kind: str) -> dict:
@@ -160,7 +162,7 @@ def test_compile_step_is_apart_and_the_assumed_job_length_is_in_the_verdict():
     assert run["step_time_us"] == 62894.588 and run["step_stat"] == "1 step"  # step 1, not the mean with step 0
     assert run["compile_step"] == {"step": 0, "step_time_us": 24055272.136}
     assert m["verdict"].endswith("(assuming a 1,000-step job: no log or config states the number of steps).")
-    doc = render.html(m)
+    doc = render_html(m)
     assert "Step time <small>(1 step)</small>" in doc and "Compile step <small>(step 0, apart)</small>" in doc
     assert "24,055.27" in doc and "Median step time" not in doc
 
@@ -173,11 +175,11 @@ def test_per_rank_table_is_per_step_and_window_totals_are_apart():
     median = (per_step[0] + per_step[1]) / 2
     total = next(r for r in run["ranks"] if r["rank"] == 0)["exposed_comm_us"]
     assert total > 1.5 * median  # the trace window holds more than the counted steps
-    doc = render.html(m)
+    doc = render_html(m)
     per_rank = doc.split("<h3>Per-rank metrics per step</h3>")[1].split("Trace-window totals")[0]
-    assert render.fmt_ms(median) in per_rank and render.fmt_ms(total) not in per_rank
+    assert fmt_ms(median) in per_rank and fmt_ms(total) not in per_rank
     totals = doc.split("Trace-window totals per rank")[1].split("</details>")[0]
-    assert "summed over the whole trace window, not per step" in totals and render.fmt_ms(total) in totals
+    assert "summed over the whole trace window, not per step" in totals and fmt_ms(total) in totals
     assert "Step time <small>(mean of 2 steps)</small>" in doc
 
 
@@ -203,7 +205,7 @@ def test_comparison_does_not_blame_a_cause_both_runs_share():
 
 def test_step_table_highlights_follow_the_straggler_finding():
     m = analyze(sample("straggler"), jobs=1).model
-    doc = render.html(m)
+    doc = render_html(m)
     table = doc.split('<table class="steps">')[1].split("</table>")[0]
     head = table.split("</thead>")[0]
     cols = [c.split(" (ms)")[0] for c in head.split('<th class="n">Rank ')[1:]]
@@ -280,7 +282,7 @@ def test_64_rank_page_is_short_with_heatmaps_timeline_and_outliers_first(tmp_pat
     assert round(tl["markers"][0]["dur_us"]) == 30300
     kinds = [s["kind"] for s in tl["lanes"][0]["segments"]]
     assert kinds[:2] == ["idle", "compute"]
-    doc = render.html(m)
+    doc = render_html(m)
     # timeline, 2 heatmaps, breakdown bars, step lines, the replayed median step: none grows with the ranks
     assert doc.count("<svg") == 6
     assert 'id="ta-heat-step-1"' in doc and 'id="ta-heat-comm-1"' in doc and 'id="ta-timeline-1"' in doc
@@ -320,6 +322,6 @@ def test_step_time_json_and_console_lines_are_read_and_listed_as_used(tmp_path):
                                            "step time from logs)")
     assert not [w for w in m["warnings"] if w["level"] == "error"]
     assert used["notes.txt"] == ("info", "not a Kineto trace, training log, NCCL output, topology or config; skipped")
-    assert f"<td class=\"mono\" title=\"{tmp_path / 'notes.txt'}\">{tmp_path.name}/notes.txt</td>" in render.html(m)
+    assert f"<td class=\"mono\" title=\"{tmp_path / 'notes.txt'}\">{tmp_path.name}/notes.txt</td>" in render_html(m)
     assert m["runs"][0]["log_step_time_ms"] == {"median_ms": 641.0, "n": 5002, "steps": "0–4999"}
-    assert "Step time from logs" in render.html(m)
+    assert "Step time from logs" in render_html(m)

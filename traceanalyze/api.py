@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from traceanalyze import pipeline
 from traceanalyze.errors import TraceanalyzeError
+from traceanalyze.report import render_html, render_markdown
 from traceanalyze.safety import atomic_write_text
 
 if TYPE_CHECKING:
@@ -274,9 +275,7 @@ class Report:
 
         Raises: OSError when ``path`` cannot be written; UsageError when it is an input of the report.
         """
-        from traceanalyze import render
-
-        text = render.markdown(self.model)
+        text = render_markdown(self.model)
         if path is not None:
             self._check_output("path", path)
             atomic_write_text(path, text)
@@ -295,7 +294,6 @@ class Report:
         Raises:
             OSError: a file cannot be written. TraceanalyzeError: ``export`` with no run to export.
         """
-        from traceanalyze import render
         from traceanalyze.export import DEFAULT_MAX_EVENTS, export_beside
 
         out = Path(path)
@@ -306,7 +304,7 @@ class Report:
             self._check_output("export", export_target(out, export))
             link, _ = export_beside(self.con, out, export, max_events=max_events or DEFAULT_MAX_EVENTS)
             self.model["export_path"] = link
-        atomic_write_text(out, render.html(self.model))
+        atomic_write_text(out, render_html(self.model))
         return out
 
     def export(self, path: str | Path, *, run: str | int | None = None,

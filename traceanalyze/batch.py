@@ -72,11 +72,11 @@ import duckdb
 
 from traceanalyze import __version__
 from traceanalyze.errors import TraceanalyzeError
+from traceanalyze.report import render_batch_index, render_html
 from traceanalyze.safety import atomic_path, atomic_write_text, check_outputs
 
 CATALOG_VERSION = "1"
 REGRESSION_THRESHOLD = 1.2  # step time above this × the group's median of earlier runs is a regression
-MAX_GROUP_CHARTS = 40  # the index draws step time over time for at most this many groups (the busiest)
 _EPOCH_NS = 10**18  # event times above this are epoch ns (after 2001-09-09); below, a trace-relative clock
 
 CATALOG_DDL = f"""
@@ -205,7 +205,7 @@ def analyze_run(task: dict) -> dict:
         ``{"run": catalog row (dict), "findings": [dict], "rank_metrics": [dict]}``. Never raises for a bad
         run: the row then has ``status = "error"`` and the message.
     """
-    from traceanalyze import pipeline, render
+    from traceanalyze import pipeline
 
     t0 = time.perf_counter()
     out = Path(task["outdir"]) / "runs" / task["slug"]
@@ -231,7 +231,7 @@ def analyze_run(task: dict) -> dict:
         run = next((r for r in model["runs"] if r.get("role") == "subject"), model["runs"][0])
         atomic_write_text(out / "report.json", pipeline.to_json(model))
         row["report_json"] = f"{rel}/report.json"
-        atomic_write_text(out / "report.html", render.html(model))
+        atomic_write_text(out / "report.html", render_html(model))
         row["report_html"], row["report_db"] = f"{rel}/report.html", f"{rel}/report.duckdb"
         rid = run["run_id"]
         first_ns, json_bytes = a.con.execute(
@@ -294,7 +294,7 @@ def explain_regression(task: dict) -> dict:
         The ``regression_*`` columns of the run's catalog row that the comparison fills (part, delta, cause,
         kind, finding, report, key, error). Never raises.
     """
-    from traceanalyze import pipeline, render
+    from traceanalyze import pipeline
 
     out = Path(task["outdir"]) / "runs" / task["slug"]
     res = {"regression_key": task["regression_key"], "regression_part": None, "regression_delta_us": None,
@@ -314,7 +314,7 @@ def explain_regression(task: dict) -> dict:
     try:
         model = a.model
         atomic_write_text(out / "regression.json", pipeline.to_json(model))
-        atomic_write_text(out / "regression.html", render.html(model))
+        atomic_write_text(out / "regression.html", render_html(model))
         res["regression_report"] = f"runs/{task['slug']}/regression.html"
         comp = model.get("comparison") or {}
         res["regression_delta_us"] = comp.get("delta_us")
@@ -396,7 +396,7 @@ class LocalExecutor:
             return
         if "forkserver" in mp.get_all_start_methods():
             ctx = mp.get_context("forkserver")  # not fork: this process holds an open DuckDB (threads)
-            ctx.set_forkserver_preload(["traceanalyze.batch", "traceanalyze.pipeline", "traceanalyze.render"])
+            ctx.set_forkserver_preload(["traceanalyze.batch", "traceanalyze.pipeline", "traceanalyze.report"])
         else:
             ctx = mp.get_context("spawn")
         retry: list[dict] = []
@@ -683,7 +683,8 @@ def _run(con, archive, outdir, specs, options, jobs, executor_name, scheduler, t
     res.errors = [r["run_id"] for r in rows if r["status"] == "error"]
     res.regressions = [r["run_id"] for r in rows if r["regression"]]
     res.seconds = time.perf_counter() - t0
-    atomic_write_text(res.index, index_html(rows, archive=str(archive.resolve()), stats=res, threshold=threshold))
+    atomic_write_text(res.index, render_batch_index(rows, archive=str(archive.resolve()), threshold=threshold,
+                                                    stats=res))
     res.seconds = time.perf_counter() - t0
     con.execute("INSERT INTO batches VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [started, round(res.seconds, 3), str(archive.resolve()), executor_name, jobs, len(rows),
@@ -771,131 +772,3 @@ def _flag_regressions(con, specs: list[dict], threshold: float, outdir: Path, op
                           "files": by_id[run_id]["files"], "ref_files": by_id[f["ref"]]["files"],
                           "ref_run_id": f["ref"], "regression_key": f["key"], **options})
     return tasks
-
-
-# ---------------------------------------------------------------------------------------------------------
-# The index page: templates/batch_index.html.j2 (autoescaped; charts are inline SVG the template draws)
-
-_ORDERS = (("date", "date"), ("step", "step time"), ("impact", "impact"), ("cause", "top cause"),
-           ("group", "group"), ("status", "status"))
-_NONE_COLOR, _ERROR_COLOR = "#2b8a3e", "#c92a2a"
-
-
-def index_html(rows: list[dict], *, archive: str, stats: BatchResult | None = None,
-               threshold: float = REGRESSION_THRESHOLD) -> str:
-    """The batch index: one self-contained HTML page (inline CSS and SVG, no script, no network request)
-    linking every run's report. ``rows`` are catalog rows (:func:`_catalog_rows`), newest first."""
-    from traceanalyze import render
-
-    rows = sorted(rows, key=lambda r: (r.get("date") or _dt.datetime.min, r["run_id"]), reverse=True)
-    runs = [_row_view(r) for r in rows]
-
-    def order(key) -> dict[str, int]:
-        return {r["run_id"]: i for i, r in enumerate(sorted(rows, key=key))}
-
-    big = float("inf")
-    orders = {
-        "step": order(lambda r: (-(r.get("step_time_us") or -1), r["run_id"])),
-        "impact": order(lambda r: (-(r.get("top_impact_pct") or -1), r["run_id"])),
-        "cause": order(lambda r: ((r.get("top_cause") or "~") if r["status"] != "error" else "~~",
-                                  -(r.get("top_impact_pct") or 0), r["run_id"])),
-        "group": order(lambda r: (r.get("group_key") or "~", -(r["date"].timestamp() if r.get("date") else -big),
-                                  r["run_id"])),
-        "status": order(lambda r: ({"error": 0}.get(r["status"], 1 if r.get("regression") else
-                                                     2 if r["status"] == "partial" else 3),
-                                   -(r["date"].timestamp() if r.get("date") else -big), r["run_id"])),
-    }
-    for rv in runs:
-        rv["style"] = ";".join(f"--o-{k}:{orders[k][rv['run_id']]}" for k in orders)
-    n = len(rows)
-    counts = {c: sum(1 for r in rows if r["status"] != "error" and r.get("top_cause") == c) for c in render.CAUSES}
-    counts["other"] = sum(1 for r in rows if r["status"] != "error" and r.get("top_cause")
-                          and r["top_cause"] not in render.CAUSES)
-    dist = [(render.CAUSE_LABELS[c], counts[c], render.CAUSE_COLORS[c], f"cause-{c}") for c in counts if counts[c]]
-    dist.append(("No significant finding",
-                 sum(1 for r in rows if r["status"] != "error" and not r.get("top_cause")), _NONE_COLOR, "healthy"))
-    dist.append(("Error (not analyzed)", sum(1 for r in rows if r["status"] == "error"), _ERROR_COLOR, "error"))
-    dist = [d for d in dist if d[1]]
-    groups = _group_views(rows)
-    charted = [g for g in groups if g["n_points"] >= 2][:MAX_GROUP_CHARTS]
-    for i, g in enumerate(charted):
-        g["chart"] = _group_chart(g, f"ta-group-{i}")
-    v = {
-        "title": f"traceanalyze batch: {Path(archive).name or archive}",
-        "archive": archive, "tool_name": "traceanalyze", "tool_version": __version__,
-        "generated_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "cause_colors": render.CAUSE_COLORS, "threshold": threshold,
-        "n": n, "n_ok": sum(1 for r in rows if r["status"] == "ok"),
-        "n_partial": sum(1 for r in rows if r["status"] == "partial"),
-        "n_error": sum(1 for r in rows if r["status"] == "error"),
-        "stats": stats, "runs": runs, "orders": _ORDERS,
-        "regressions": [rv for rv in runs if rv["regression"]],
-        "errors": [rv for rv in runs if rv["status"] == "error"],
-        "dist": dist, "dist_chart": _cause_chart(dist) if dist else None,
-        "groups": groups, "charted": charted,
-        "n_uncharted": sum(1 for g in groups if g["n_points"] >= 2) - len(charted),
-    }
-    return render._env.get_template("batch_index.html.j2").render(v=v)
-
-
-def _row_view(r: dict) -> dict:
-    return {
-        "run_id": r["run_id"], "status": r["status"], "error": r.get("error"),
-        "date": r["date"].strftime("%Y-%m-%d %H:%M") if r.get("date") else "–",
-        "date_source": r.get("date_source"), "group": r.get("group_key"), "world_size": r.get("world_size"),
-        "mode": r.get("mode"), "gpu_model": r.get("gpu_model"), "step_time_us": r.get("step_time_us"),
-        "mfu_pct": r.get("mfu_pct"), "cause": r.get("top_cause"), "kind": r.get("top_kind"),
-        "severity": r.get("top_severity"), "impact": r.get("top_impact_pct"), "title": r.get("top_title"),
-        "report": r.get("report_html"), "regression": bool(r.get("regression")),
-        "ratio": r.get("regression_ratio"), "reference": r.get("regression_reference"),
-        "median_us": r.get("regression_median_us"), "part": r.get("regression_part"),
-        "delta_us": r.get("regression_delta_us"), "reg_cause": r.get("regression_cause"),
-        "reg_kind": r.get("regression_kind"), "reg_finding": r.get("regression_finding"),
-        "reg_report": r.get("regression_report"), "reg_error": r.get("regression_error"),
-    }
-
-
-def _group_views(rows: list[dict]) -> list[dict]:
-    groups: dict[str, dict] = {}
-    for r in rows:
-        g = groups.setdefault(r.get("group_key") or "?", {"key": r.get("group_key") or "?", "runs": [], "points": []})
-        g["runs"].append(r)
-        if r["status"] != "error" and r.get("step_time_us") and r.get("date"):
-            g["points"].append(r)
-    out = []
-    for g in groups.values():
-        g["points"].sort(key=lambda r: (r["date"], r["run_id"]))
-        g["n_points"] = len(g["points"])
-        g["n_regressions"] = sum(1 for r in g["runs"] if r.get("regression"))
-        g["n_runs"] = len(g["runs"])
-        out.append(g)
-    out.sort(key=lambda g: (-g["n_regressions"], -g["n_points"], g["key"]))
-    return out
-
-
-def _cause_chart(dist: list[tuple[str, int, str, str]]) -> dict | None:
-    """Horizontal bars: how many runs have each top cause (drawn by the template, charts.count_bars)."""
-    from traceanalyze import charts
-
-    return charts.count_bars([(d[0], d[1], d[2]) for d in dist])
-
-
-def _group_chart(g: dict, chart_id: str) -> dict | None:
-    """Step time (ms) of a group's runs over their dates; regressions as red dots (charts.time_points)."""
-    from traceanalyze import charts
-
-    pts = []
-    for r in g["points"]:
-        ms = r["step_time_us"] / 1e3
-        title = f"{r['run_id']}: {ms:,.1f} ms" + (f"; top cause {r['top_cause']} ({r['top_kind']})"
-                                                  if r.get("top_cause") else "")
-        if r.get("regression"):
-            why = (f"; explained by {r['regression_cause']} ({r['regression_kind']})" if r.get("regression_cause")
-                   else "")
-            title = f"{r['run_id']}: {ms:,.1f} ms, {r['regression_ratio']:.2f}× the earlier median{why}"
-        pts.append({"date": r["date"], "ms": ms, "title": title, "regression": bool(r.get("regression"))})
-    out = charts.time_points(pts)
-    if out is not None:
-        out["id"] = chart_id
-        out["title"] = f"Step time over time: {g['key']}"
-    return out

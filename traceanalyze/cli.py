@@ -31,6 +31,8 @@ from traceanalyze.errors import (
     EnvironmentFailure,
     TraceanalyzeError,
 )
+from traceanalyze.fmt import ranges
+from traceanalyze.report import render_html, render_markdown
 from traceanalyze.safety import atomic_write_text, terminal, terminal_block
 
 
@@ -89,18 +91,12 @@ def summary_lines(model: dict, limit: int = SUMMARY_FINDINGS) -> list[str]:
     top = [f for f in model.get("findings") or [] if f.get("severity") in ("high", "medium")]
     for f in top[:limit]:
         ranks = f.get("ranks") or []
-        where = f" (rank{'s' if len(ranks) > 1 else ''} {_ranges(ranks)})" if 0 < len(ranks) <= 8 else ""
+        where = f" (rank{'s' if len(ranks) > 1 else ''} {ranges(ranks)})" if 0 < len(ranks) <= 8 else ""
         out.append(f"[{f.get('severity')}] {float(f.get('impact_pct') or 0):.1f}% {f.get('cause')}/{f.get('kind')}: "
                    f"{f.get('title')}{where}")
     if len(top) > limit:
         out.append(f"... {len(top) - limit} more finding(s) in the report")
     return out
-
-
-def _ranges(xs: list) -> str:
-    from traceanalyze.render import ranges
-
-    return ranges(xs)
 
 
 def fails_on(model: dict, level: str | None) -> bool:
@@ -264,7 +260,6 @@ def report(ctx: click.Context, paths: tuple[str, ...], output: str | None, json_
 def _write_report(ctx: click.Context, a, out: Path | None, fmt: str, json_path: str | None, md_path: str | None,
                   export_path: str | None) -> None:
     """Write the outputs of ``report``, each to a temporary file renamed into place, recording the stage."""
-    from traceanalyze import render
     from traceanalyze.pipeline import to_json
 
     model = a.model
@@ -274,7 +269,7 @@ def _write_report(ctx: click.Context, a, out: Path | None, fmt: str, json_path: 
         _write_or_print(out, text)
     elif fmt == "md":
         _stage(ctx, f"writing the Markdown report {out or '(stdout)'}")
-        _write_or_print(out, render.markdown(model))
+        _write_or_print(out, render_markdown(model))
     else:
         assert out is not None
         if export_path:
@@ -283,13 +278,13 @@ def _write_report(ctx: click.Context, a, out: Path | None, fmt: str, json_path: 
             _stage(ctx, f"writing the merged trace {export_path}")
             model["export_path"], _ = export_beside(a.con, out, export_path)
         _stage(ctx, f"writing the HTML report {out}")
-        atomic_write_text(out, render.html(model))
+        atomic_write_text(out, render_html(model))
     if json_path:
         _stage(ctx, f"writing the JSON report {json_path}")
         atomic_write_text(json_path, to_json(model))
     if md_path:
         _stage(ctx, f"writing the Markdown report {md_path}")
-        atomic_write_text(md_path, render.markdown(model))
+        atomic_write_text(md_path, render_markdown(model))
 
 
 @cli.command()

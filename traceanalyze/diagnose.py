@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from dataclasses import replace as dataclasses_replace
 
 from traceanalyze import hardware
+from traceanalyze.fmt import ranges, short_name
 from traceanalyze.hardware import GpuInfo
 from traceanalyze.metrics.collectives import CollectiveAnalysis
 from traceanalyze.metrics.host import CompileStats, LaunchStats, LoaderStats
@@ -317,8 +318,6 @@ def rule_untraced_ranks(ev: RunEvidence) -> list[Finding]:
     waits_all = share >= MIN_UNTRACED_WAIT_PCT and min(shares.values()) >= MIN_UNTRACED_WAIT_PCT / 2
     if not waits_all and (exposed < MIN_EXPOSED_COMM_PCT or share >= MIN_UNTRACED_WAIT_PCT):
         return []
-    from traceanalyze.render import ranges
-
     idle = statistics.median(r["idle_pct"] for r in ev.ranks)
     missing = ev.world_size - len(traced)
     evidence = [f"{len(traced)} of {ev.world_size} ranks traced (ranks {ranges(sorted(traced))}); {missing} "
@@ -407,8 +406,6 @@ def _straggler_where(ev: RunEvidence, slow: int, excess_us: float, comp_excess_u
     """Evidence lines on where rank ``slow`` spends its extra time (per-op difference against the median rank, its
     largest host gaps with their time ranges) and whether that time is idle host time rather than work: its host
     gaps per step exceed the median rank's by more than its extra compute does."""
-    from traceanalyze.render import short_name
-
     out: list[str] = []
     ops = ev.rank_ops
     if ops.get(slow) and len(ops) >= 2:

@@ -19,6 +19,7 @@ import duckdb
 from traceanalyze import __version__, hardware, store
 from traceanalyze.discover import Discovery, Run, assign_ranks, check_headers, discover, window_grouping
 from traceanalyze.errors import TraceanalyzeError
+from traceanalyze.fmt import ranges, rank_spans
 
 if TYPE_CHECKING:
     from traceanalyze import diagnose, metrics
@@ -322,7 +323,6 @@ def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: floa
     from traceanalyze.metrics.collectives import CollectiveSummary, analyze_collectives
     from traceanalyze.metrics.host import compile_stats, launch_stats, loader_stats
     from traceanalyze.metrics.precision import analyze_precision
-    from traceanalyze.render import ranges
 
     warnings: list[dict] = []
     good = []
@@ -394,7 +394,7 @@ def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: floa
                              "message": f"{len(missing):,} of {facts['world_size']:,} ranks have no trace "
                                         f"(ranks {ranges(missing)}): copy every rank's trace file into "
                                         f"{run.path} for a complete picture"})
-        facts["missing_ranks"] = _rank_spans(missing)  # [first, last] pairs: bounded by the gaps, not the ranks
+        facts["missing_ranks"] = rank_spans(missing)  # [first, last] pairs: bounded by the gaps, not the ranks
         facts["n_missing_ranks"] = len(missing)
     mode = metrics.run_mode(con, run_id)
     con.execute("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -512,17 +512,6 @@ def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: floa
     for w in warnings:
         w.setdefault("run", run.name)
     return model, warnings, ev
-
-
-def _rank_spans(ranks: list[int]) -> list[list[int]]:
-    """Sorted ranks as inclusive ``[first, last]`` spans: [3, 4, 5, 9] → [[3, 5], [9, 9]]."""
-    spans: list[list[int]] = []
-    for r in sorted(ranks):
-        if spans and r == spans[-1][1] + 1:
-            spans[-1][1] = r
-        else:
-            spans.append([r, r])
-    return spans
 
 
 def _log_step_time(log_steps: list) -> dict | None:

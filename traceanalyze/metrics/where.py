@@ -3,7 +3,7 @@ median step (one lane per rank, compute / communication / idle).
 
 These feed the straggler finding (which ops and which gaps make a rank slow, :mod:`traceanalyze.diagnose`), the
 Perfetto markers of :mod:`traceanalyze.export` (the gap ranges, not the whole step) and the report's timeline
-picture (:mod:`traceanalyze.render`, ``templates/_timeline.html.j2``). All read the counted profiler steps of
+picture (:mod:`traceanalyze.report`, ``templates/_timeline.html.j2``). All read the counted profiler steps of
 :mod:`.steps`; times are on each rank's own clock.
 
 * **Op time per step** (µs): GPU mode, the counted kernels of each rank by name; CPU mode, the ``cpu_op`` rows

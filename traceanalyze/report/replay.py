@@ -1,14 +1,10 @@
-"""The what-if replay in the HTML view model and the Markdown report (``templates/_whatif.html.j2``)."""
+"""The what-if replay (the model's ``replay``, ``whatif`` and ``replay_picture`` of a run) in the HTML view model
+(``templates/_whatif.html.j2``) and the Markdown summary."""
 
 from __future__ import annotations
 
-import math
-
+from traceanalyze.fmt import finite
 from traceanalyze.safety import md_text
-
-
-def _num(v) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
 
 
 def replay_view(run: dict) -> dict:
@@ -17,12 +13,12 @@ def replay_view(run: dict) -> dict:
     rp = run.get("replay") if isinstance(run.get("replay"), dict) else None
     wi = [w for w in run.get("whatif") or [] if isinstance(w, dict)]
     pic = run.get("replay_picture") if isinstance(run.get("replay_picture"), dict) else None
-    if pic and _num(pic.get("span_us")):
+    if pic and finite(pic.get("span_us")):
         lanes = []
         for ln in pic.get("lanes") or []:
             if isinstance(ln, dict):
                 segs = [s for s in ln.get("segments") or [] if isinstance(s, list) and len(s) == 5
-                        and _num(s[0]) is not None and _num(s[1]) is not None]
+                        and finite(s[0]) is not None and finite(s[1]) is not None]
                 lanes.append(dict(ln, segments=segs))
         pic = dict(pic, lanes=lanes)
     else:
@@ -35,7 +31,7 @@ def _t(v) -> str:
 
 
 def _f(v, scale: float = 1e3) -> str:
-    x = _num(v)
+    x = finite(v)
     return "—" if x is None else f"{x / scale:,.2f}"
 
 
@@ -58,7 +54,7 @@ def replay_markdown(run: dict) -> list[str]:
             out.append(f"| {_t(w.get('cause'))} | {_t(w.get('scenario'))} | "
                        f"{_f(w.get('predicted_step_time_us'))}{extra} | {_f(w.get('saving_us'))} | "
                        f"{_f(w.get('saving_pct'), 1)} | replay error {_f(c.get('replay_error_pct'), 1)} %, "
-                       f"{int(_num(c.get('collective_instances')) or 0)} collective instances |")
+                       f"{int(finite(c.get('collective_instances')) or 0)} collective instances |")
     else:
         out.append("No what-if applies to this run.")
     out += ["", f"Replay fidelity: replayed {_f(rp.get('replayed_step_time_us'))} ms vs measured "

@@ -18,7 +18,9 @@ library, every label escaped by Jinja2's autoescape. Deterministic for a given m
 from __future__ import annotations
 
 import math
-from typing import Any
+from statistics import median
+
+from traceanalyze.fmt import finite
 
 MAX_HEAT_ROWS = 128
 MAX_HEAT_COLS = 40
@@ -30,19 +32,6 @@ OUTLIER_Z = 3.5  # robust z-score (median absolute deviation × 1.4826) from whi
 MID, HIGH, LOWC = (248, 249, 250), (201, 42, 42), (25, 113, 194)  # #f8f9fa, red #c92a2a above, blue #1971c2 below
 HEAT_MIN_SPAN = 0.10  # deviation from the median (share of it) that gets the full colour at least
 KIND_COLORS = {"compute": "#3b6fb6", "communication": "#f0a73a", "idle": "#dee2e6"}
-
-
-def _num(x: Any) -> float | None:
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        return None
-    x = float(x)
-    return None if math.isnan(x) or math.isinf(x) else x
-
-
-def _median(xs: list[float]) -> float:
-    d = sorted(xs)
-    n = len(d)
-    return d[n // 2] if n % 2 else (d[n // 2 - 1] + d[n // 2]) / 2
 
 
 def _color(t: float) -> str:
@@ -66,7 +55,7 @@ def heatmap(steps: list[dict], key: str, title: str, skip_step: int | None = Non
     than one value or when every value is zero. ``skip_step`` (the compile step) is left out."""
     cells: dict[tuple[int, int], float] = {}
     for s in steps:
-        r, st, v = s.get("rank"), s.get("step"), _num(s.get(key))
+        r, st, v = s.get("rank"), s.get("step"), finite(s.get(key))
         if isinstance(r, int) and isinstance(st, int) and v is not None and st != skip_step:
             cells[(r, st)] = v / 1e3
     if not cells or not any(cells.values()):
@@ -75,7 +64,7 @@ def heatmap(steps: list[dict], key: str, title: str, skip_step: int | None = Non
     step_ids = sorted({s for _, s in cells})
     rows, cols = _groups(ranks, MAX_HEAT_ROWS), _groups(step_ids, MAX_HEAT_COLS)
     lo, hi = min(cells.values()), max(cells.values())
-    med = _median(list(cells.values()))
+    med = median(list(cells.values()))
     span = max(hi - med, med - lo, HEAT_MIN_SPAN * abs(med), 1e-9)
     cw = min(40.0, HEAT_WIDTH / len(cols))
     ch = 18.0 if len(rows) <= 16 else max(3.0, min(10.0, 480.0 / len(rows)))
@@ -120,24 +109,24 @@ def timeline(tl: dict | None, width: int = 860) -> dict | None:
     if not tl or not tl.get("lanes"):
         return None
     lanes = [ln for ln in tl["lanes"] if isinstance(ln, dict)]
-    span = max((_num(ln.get("dur_us")) or 0.0) for ln in lanes) or 1.0
+    span = max((finite(ln.get("dur_us")) or 0.0) for ln in lanes) or 1.0
     label_w, lane_h = 70, 16 if len(lanes) <= 16 else 10
     scale = (width - label_w) / span
     rows = []
     for i, ln in enumerate(lanes):
         segs = []
         for s in ln.get("segments") or []:
-            a, d = _num(s.get("start_us")) or 0.0, _num(s.get("dur_us")) or 0.0
+            a, d = finite(s.get("start_us")) or 0.0, finite(s.get("dur_us")) or 0.0
             segs.append({"x": round(label_w + a * scale, 2), "w": round(max(0.5, d * scale), 2),
                          "fill": KIND_COLORS.get(s.get("kind"), "#868e96"),
                          "title": f"rank {ln.get('rank')}: {s.get('kind')} {a / 1e3:,.2f}–{(a + d) / 1e3:,.2f} ms"})
         rows.append({"rank": ln.get("rank"), "y": 4 + i * (lane_h + 3), "h": lane_h, "segments": segs,
-                     "dur_ms": (_num(ln.get("dur_us")) or 0.0) / 1e3})
+                     "dur_ms": (finite(ln.get("dur_us")) or 0.0) / 1e3})
     y_of = {r["rank"]: r["y"] for r in rows}
     markers = []
     for m in tl.get("markers") or []:
         if m.get("rank") in y_of:
-            a, d = _num(m.get("start_us")) or 0.0, _num(m.get("dur_us")) or 0.0
+            a, d = finite(m.get("start_us")) or 0.0, finite(m.get("dur_us")) or 0.0
             markers.append({"x": round(label_w + a * scale, 2), "w": round(max(2.0, d * scale), 2),
                             "y": y_of[m["rank"]] - 1, "h": lane_h + 2,
                             "title": f"rank {m['rank']}: {m.get('label')} {a / 1e3:,.2f}–{(a + d) / 1e3:,.2f} ms "
@@ -156,14 +145,14 @@ def outliers(ranks: list[dict], per_step: dict[int, dict[str, float]]) -> list[i
     scores: dict[int, float] = {}
     series: list[dict[int, float]] = []
     for key in ("step_time_us", "exposed_comm_us", "idle_us"):
-        series.append({r: v[key] for r, v in per_step.items() if _num(v.get(key)) is not None})
+        series.append({r: v[key] for r, v in per_step.items() if finite(v.get(key)) is not None})
     series.append({r["rank"]: r["idle_pct"] for r in ranks if isinstance(r.get("rank"), int)
-                   and _num(r.get("idle_pct")) is not None})
+                   and finite(r.get("idle_pct")) is not None})
     for d in series:
         if len(d) < 3:
             continue
-        med = _median(list(d.values()))
-        mad = _median([abs(v - med) for v in d.values()]) * 1.4826
+        med = median(list(d.values()))
+        mad = median([abs(v - med) for v in d.values()]) * 1.4826
         floor = max(mad, 0.01 * abs(med), 1e-9)
         for r, v in d.items():
             z = abs(v - med) / floor
@@ -182,7 +171,7 @@ def rank_bars(ranks: list[dict], order: list[int], flags: dict[int, list[str]], 
     """Stacked bars of compute / non-compute / idle % per rank, at most :data:`MAX_BARS` (``order``'s first)."""
     by = {r.get("rank"): r for r in ranks}
     rest = [r for r in ranks if r.get("rank") not in order]  # ranks without an integer id come last
-    shown = [r for r in [by[k] for k in order if k in by] + rest if _num(r.get("idle_pct")) is not None][:MAX_BARS]
+    shown = [r for r in [by[k] for k in order if k in by] + rest if finite(r.get("idle_pct")) is not None][:MAX_BARS]
     if not shown:
         return None
     label_w, bar_h = 150, 20
@@ -193,7 +182,7 @@ def rank_bars(ranks: list[dict], order: list[int], flags: dict[int, list[str]], 
         parts = []
         for key, label, color in (("compute_pct", "compute", "#3b6fb6"), ("non_compute_pct", "non-compute", "#f0a73a"),
                                   ("idle_pct", "idle", "#ced4da")):
-            v = _num(r.get(key)) or 0.0
+            v = finite(r.get(key)) or 0.0
             w = v * scale
             parts.append({"x": round(x, 2), "w": round(w, 2), "fill": color, "v": v,
                           "text": f"{v:.0f}" if w >= 28 else "", "tx": round(x + w / 2, 2),
@@ -216,7 +205,7 @@ def step_lines(steps: list[dict], flagged: list[int], width: int = 860, height: 
     max across ranks. None with fewer than two steps."""
     by_step: dict[int, dict[int, float]] = {}
     for s in steps:
-        v, st, rk = _num(s.get("step_time_us")), s.get("step"), s.get("rank")
+        v, st, rk = finite(s.get("step_time_us")), s.get("step"), s.get("rank")
         if v is not None and isinstance(st, int) and isinstance(rk, int):
             by_step.setdefault(st, {})[rk] = v / 1e3
     ids = sorted(by_step)
@@ -227,7 +216,7 @@ def step_lines(steps: list[dict], flagged: list[int], width: int = 860, height: 
     if len(ranks) <= MAX_LINES:
         series = [(f"rank {r}", [by_step[s].get(r) for s in ids], r in flagged) for r in ranks]
     else:
-        for label, fn in (("max", max), ("median", _median), ("min", min)):
+        for label, fn in (("max", max), ("median", median), ("min", min)):
             series.append((f"{label} across ranks", [fn(list(by_step[s].values())) for s in ids], label == "max"))
     vals = [v for _, vs, _ in series for v in vs if v is not None]
     lo, hi = 0.8 * min(vals), 1.05 * max(vals)
