@@ -9,8 +9,9 @@ import shutil
 import pytest
 
 from tests.conftest import real
-from traceanalyze.discover import assign_ranks, discover, rank_from_name
+from traceanalyze.discover import assign_ranks, discover
 from traceanalyze.errors import TraceanalyzeError
+from traceanalyze.names import rank_from_name
 from traceanalyze.pipeline import analyze
 from traceanalyze.store import SCHEMA_VERSION, connect
 

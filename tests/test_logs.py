@@ -13,15 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from traceanalyze import logs
+from traceanalyze import discover, hardware, logs, names
 from traceanalyze.errors import InputError
+from traceanalyze.logs import configs
 
 FIX = Path(__file__).parent / "fixtures" / "logs"
 FORMATS = FIX / "formats"
 CONFIGS = FIX / "configs"
 CASES = FIX / "cases"
 SHARED_LOGS = Path(__file__).resolve().parents[2] / "shared" / "logs"
-needs_toml = pytest.mark.skipif(logs.tomllib is None, reason="Python < 3.11 without tomli: TOML unsupported")
+needs_toml = pytest.mark.skipif(configs.tomllib is None, reason="Python < 3.11 without tomli: TOML unsupported")
 
 
 def _facts(items) -> dict[str, str]:
@@ -33,7 +34,7 @@ def _facts(items) -> dict[str, str]:
 
 
 def _sniff(path: Path) -> str | None:
-    return logs.sniff(path, path.read_bytes()[: 64 << 10])
+    return discover.sniff(path, path.read_bytes()[: 64 << 10])
 
 
 def _shared_sections(name: str, tmp_path: Path) -> list[Path]:
@@ -89,18 +90,18 @@ def test_sniff_fixtures(rel: str, kind: str | None) -> None:
 
 
 def test_sniff_inline_cases(tmp_path: Path) -> None:
-    assert logs.sniff(Path("run/train.py"), b"gradient_accumulation_steps = 5 * 8\nbatch_size = 12\n") is None
-    assert logs.sniff(Path("weird.log"), b"\x00\x01\x02binary") is None
-    assert logs.sniff(Path("notes.txt"), b"nothing to see here\n") is None
-    assert logs.sniff(Path("trace.json"), b'{"traceEvents": [], "batch_size": 1, "dtype": "bf16"}') is None
-    assert logs.sniff(Path("et.json"), b'{"schema": "1.1.1-chakra.0.0.4", "nodes": [], "dtype": 1}') is None
-    assert logs.sniff(Path("a.json"), b'{"foo": 1}') is None
+    assert discover.sniff(Path("run/train.py"), b"gradient_accumulation_steps = 5 * 8\nbatch_size = 12\n") is None
+    assert discover.sniff(Path("weird.log"), b"\x00\x01\x02binary") is None
+    assert discover.sniff(Path("notes.txt"), b"nothing to see here\n") is None
+    assert discover.sniff(Path("trace.json"), b'{"traceEvents": [], "batch_size": 1, "dtype": "bf16"}') is None
+    assert discover.sniff(Path("et.json"), b'{"schema": "1.1.1-chakra.0.0.4", "nodes": [], "dtype": 1}') is None
+    assert discover.sniff(Path("a.json"), b'{"foo": 1}') is None
     head = b"{'loss': 1.7319, 'grad_norm': 0.54, 'learning_rate': 2.7e-05, 'epoch': 1.42}\n"
-    assert logs.sniff(Path("stdout"), head) == "training_log"
+    assert discover.sniff(Path("stdout"), head) == "training_log"
     # a gzipped head (callers normally gunzip; the raw bytes are accepted too)
     raw = (FORMATS / "torchtune_lora_single_device.log").read_bytes()
-    assert logs.sniff(Path("train.log.gz"), gzip.compress(raw)) == "training_log"
-    assert logs.sniff(Path("train.log.gz"), raw) == "training_log"
+    assert discover.sniff(Path("train.log.gz"), gzip.compress(raw)) == "training_log"
+    assert discover.sniff(Path("train.log.gz"), raw) == "training_log"
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -371,19 +372,19 @@ def test_topology_dgx_space_aligned_with_nics() -> None:
 
 
 def test_link_legend_and_expected_bandwidth() -> None:
-    assert set(logs.LINK_DESCRIPTIONS) >= {"X", "NV#", "PIX", "PXB", "PHB", "NODE", "SYS"}
-    assert "NUMA nodes" in logs.LINK_DESCRIPTIONS["SYS"]
-    assert logs.EXPECTED_LINK_GBPS["PIX"] == 24.0
-    assert logs.PCIE_X16_GBPS == {3: 12.0, 4: 24.0, 5: 48.0}
-    assert logs.expected_link_gbps("NV12") == 300.0  # A100: 12 links × 25 GB/s per direction
-    assert logs.expected_link_gbps("NV18") == 450.0  # H100 SXM: 900 GB/s both directions
-    assert logs.expected_link_gbps("PIX", pcie_gen=3) == 12.0
-    assert logs.expected_link_gbps("PXB", pcie_gen=5) == 48.0
-    assert logs.expected_link_gbps("NODE") == 12.0
-    assert logs.expected_link_gbps("SYS", pcie_gen=5) == 6.0
-    assert logs.expected_link_gbps("X") is None
+    assert set(hardware.LINK_DESCRIPTIONS) >= {"X", "NV#", "PIX", "PXB", "PHB", "NODE", "SYS"}
+    assert "NUMA nodes" in hardware.LINK_DESCRIPTIONS["SYS"]
+    assert hardware.EXPECTED_LINK_GBPS["PIX"] == 24.0
+    assert hardware.PCIE_X16_GBPS == {3: 12.0, 4: 24.0, 5: 48.0}
+    assert hardware.expected_link_gbps("NV12") == 300.0  # A100: 12 links × 25 GB/s per direction
+    assert hardware.expected_link_gbps("NV18") == 450.0  # H100 SXM: 900 GB/s both directions
+    assert hardware.expected_link_gbps("PIX", pcie_gen=3) == 12.0
+    assert hardware.expected_link_gbps("PXB", pcie_gen=5) == 48.0
+    assert hardware.expected_link_gbps("NODE") == 12.0
+    assert hardware.expected_link_gbps("SYS", pcie_gen=5) == 6.0
+    assert hardware.expected_link_gbps("X") is None
     with pytest.raises(ValueError):
-        logs.expected_link_gbps("PIX", pcie_gen=2)
+        hardware.expected_link_gbps("PIX", pcie_gen=2)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -470,7 +471,7 @@ def test_config_odd_content_gives_no_facts(tmp_path: Path) -> None:
     lst = tmp_path / "list.yaml"
     lst.write_text("- 1\n- 2\n")
     assert logs.parse_config(lst) == []
-    if logs.tomllib is not None:
+    if configs.tomllib is not None:
         bad = tmp_path / "bad.toml"
         bad.write_text("[training\nbatch_size = \n")
         assert logs.parse_config(bad) == []
@@ -480,7 +481,7 @@ def test_config_odd_content_gives_no_facts(tmp_path: Path) -> None:
 
 
 def test_toml_without_a_toml_reader_is_a_clear_input_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(logs, "tomllib", None)
+    monkeypatch.setattr(configs, "tomllib", None)
     with pytest.raises(InputError, match=r"torchtitan_llama3_8b_old\.toml: TOML configs need Python 3\.11\+"):
         logs.parse_config(CONFIGS / "torchtitan_llama3_8b_old.toml")
 
@@ -521,7 +522,7 @@ def test_effective_batch() -> None:
     [("rank3.log", 3), ("train_rank-12.txt", 12), ("rank_0.out", 0), ("RANK7.log", 7), ("frank2.log", None)],
 )
 def test_rank_from_name(name: str, rank: int | None) -> None:
-    assert logs.rank_from_name(name) == rank
+    assert names.rank_from_name(name) == rank
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -568,7 +569,7 @@ def test_case_pcie_4x3090() -> None:
     assert topo.link_between(2, 3) == "PIX"
     assert topo.link_between(1, 3) == "NODE"
     assert topo.numa_affinity == {f"GPU{i}": "0" for i in range(4)}
-    assert logs.expected_link_gbps(topo.link_between(0, 2)) == 12.0
+    assert hardware.expected_link_gbps(topo.link_between(0, 2)) == 12.0
     one = logs.parse_text_log(case / "single_gpu" / "train.log")
     four = logs.parse_text_log(case / "four_gpu" / "train.log")
     assert one.steps[1].tokens_per_s == 2434.2

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.test_robustness import T0, events, file_warnings, kernel, op, ranks_of, write_trace
-from traceanalyze import capture, discover, ingest, logs, safety, store
+from traceanalyze import discover, ingest, logs, names, safety, store
 from traceanalyze.errors import InputError
 from traceanalyze.ingest import parse_trace
 from traceanalyze.pipeline import analyze, to_json
@@ -104,7 +104,7 @@ def test_the_largest_plausible_world_size_is_accepted(tmp_path):
     ("rank1048576.json", None), ("rank_20240501.json", None), ("rank_2024-05-01.json", None),
     ("rank1700000000123.json", None), ("rank_17000000.json", None)])
 def test_a_rank_comes_from_a_file_name_only_when_plausible(name, rank):
-    assert discover.rank_from_name(name) == rank
+    assert names.rank_from_name(name) == rank
 
 
 def test_a_file_name_rank_beyond_the_world_size_is_not_used(tmp_path):
@@ -346,7 +346,7 @@ def test_env_sidecars_keep_only_captures_allow_list(tmp_path):
     ("NCCL_IB_HCA", True), ("MASTER_ADDR", True), ("NCCL_IB_SECRET_KEY", False), ("FI_TOKEN", False),
     ("UCX_PASSWORD", False), ("HF_TOKEN", False), ("HOME", False), ("nccl_credential_file", False)])
 def test_capture_records_only_its_allow_list(name, allowed):
-    assert capture.env_allowed(name) is allowed
+    assert safety.env_allowed(name) is allowed
 
 
 def test_symlinks_leading_outside_the_folder_are_skipped_with_a_warning(tmp_path):
@@ -455,7 +455,7 @@ def test_fuzz_header_rank_and_world_size(cases):
     clean, warnings = discover.check_headers(headers)
     ranks, _ = discover.assign_ranks(paths, clean)
     assert set(ranks) == set(paths)
-    assert all(0 <= r < discover.MAX_WORLD_SIZE for r in ranks.values())
+    assert all(0 <= r < names.MAX_WORLD_SIZE for r in ranks.values())
     warned = {f for f, _ in warnings}
     for p, (_, w) in zip(paths, fields, strict=True):
         plausible_w = w is None or (isinstance(w, int) and not isinstance(w, bool) and 1 <= w <= 1 << 20) or (
@@ -531,6 +531,6 @@ def test_fuzz_header_fields_through_the_report(tmp_path_factory, rank, world, di
                                "traceEvents": events(3)}, default=str))
     a = analyze(d, jobs=1)
     ranks = ranks_of(a.model)
-    assert 0 in ranks and all(0 <= r < discover.MAX_WORLD_SIZE for r in ranks)
+    assert 0 in ranks and all(0 <= r < names.MAX_WORLD_SIZE for r in ranks)
     json.loads(to_json(a.model))
     a.con.close()

@@ -44,21 +44,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "GLOO_", "UCX_", "FI_")
-ENV_NAMES = ("CUDA_VISIBLE_DEVICES", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK",
-             "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "OMP_NUM_THREADS", "TORCHELASTIC_RUN_ID",
-             "PYTORCH_CUDA_ALLOC_CONF", "CUDA_DEVICE_MAX_CONNECTIONS", "TORCHINDUCTOR_CACHE_DIR")
+from traceanalyze.safety import env_allowed  # the allow-list of environment variables (README, Safety)
+
 ENV_MARKER = "traceanalyze_capture"  # top-level key that tells discovery this JSON is an env file
-
-
-def env_allowed(name: str) -> bool:
-    """Whether an environment variable is one :func:`environment` records (:data:`ENV_PREFIXES`,
-    :data:`ENV_NAMES`) and not named like a credential (``*KEY*``, ``*TOKEN*``, ``*SECRET*``, ``*PASSWORD*``,
-    ``*CREDENTIAL*``): the allow-list the analyzer also applies to ``env_rank{r}.json`` (README, Safety)."""
-    from traceanalyze.safety import is_credential_name
-
-    return isinstance(name, str) and (name.startswith(ENV_PREFIXES) or name in ENV_NAMES) and not \
-        is_credential_name(name)
 
 
 def prepare_env(out_dir: str | os.PathLike, rank: int | None = None) -> dict[str, str]:
@@ -110,9 +98,9 @@ def environment(rank: int | None = None, world_size: int | None = None) -> dict[
 
     Keys: ``traceanalyze_capture`` (format version, 1), ``rank``, ``world_size``, ``backend``, ``hostname``,
     ``pid``, ``time`` (UTC, ISO 8601), ``versions`` (``python``, ``torch``, ``cuda``, ``nccl``, ``cudnn``;
-    None where absent), ``gpus`` (device names), ``env`` (the variables named in :data:`ENV_PREFIXES` /
-    :data:`ENV_NAMES` that are set, never one named like a credential: :func:`env_allowed`). Never raises for a
-    missing GPU or NCCL.
+    None where absent), ``gpus`` (device names), ``env`` (the variables named in
+    :data:`traceanalyze.safety.ENV_PREFIXES` / :data:`~traceanalyze.safety.ENV_NAMES` that are set, never one named
+    like a credential: :func:`traceanalyze.safety.env_allowed`). Never raises for a missing GPU or NCCL.
     """
     import torch
 

@@ -477,9 +477,8 @@ def rule_precision(ev: RunEvidence) -> list[Finding]:
     fp32_us = gemm_per_rank * p.fp32_share_pct / 100
     if ev.mode == "gpu":
         k = GPU_FP32_SPEEDUP_DEFAULT
-        from traceanalyze.metrics.precision import peak_tflops
-
-        hi, lo = peak_tflops(ev.gpu_model, hardware.half_dtype(ev.gpu)), peak_tflops(ev.gpu_model, "fp32")
+        hi, lo = (hardware.peak_tflops(ev.gpu_model, hardware.half_dtype(ev.gpu)),
+                  hardware.peak_tflops(ev.gpu_model, "fp32"))
         if hi and lo:
             k = min(max(hi / lo / 2, 2.0), 8.0)  # half the peak ratio: memory-bound parts gain less
     else:

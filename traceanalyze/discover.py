@@ -1,4 +1,9 @@
-"""Discover: walk the inputs, classify each file, group trace files into runs, and find each trace's rank.
+"""Discover: walk the inputs, say what every file is, group trace files into runs, and find each trace's rank.
+
+What a file is (:func:`classify`), from its name and first :data:`~traceanalyze.names.SNIFF_BYTES`: a Kineto trace,
+a Chakra execution trace (skipped), our own output (ignored), or, by :func:`sniff`, a training log (also a user's
+step-time JSON), NCCL debug output, ``nvidia-smi topo -m`` output, a training config or a capture env file; the
+log parsers (:mod:`traceanalyze.logs`) then read each by its kind.
 
 A *run* is the trace files of one job's ranks plus the logs and system files beside them. Trace files are
 grouped by the folder they sit in. Logs, NCCL debug output, ``nvidia-smi topo -m`` output and configs
@@ -11,10 +16,10 @@ subfolders' logs belong to the same run (Hugging Face: logs in ``run/``, traces 
 folders of one job folder stay two runs.
 
 Rank, in order: ``distributedInfo.rank`` in the trace header; a name such as ``rank3``, ``rank-3``,
-``rank_3``, ``[rank3]``; else the worker name of ``tensorboard_trace_handler`` files
-(``<worker>.<timestamp>.pt.trace.json[.gz]``): the files of one worker are one rank; a single worker is rank 0.
-Several files of one rank are successive profiling windows of that rank (kineto writes one file per active
-window) and are all kept.
+``rank_3``, ``[rank3]`` (:func:`traceanalyze.names.rank_from_name`, shared with the log parsers); else the worker
+name of ``tensorboard_trace_handler`` files (``<worker>.<timestamp>.pt.trace.json[.gz]``): the files of one worker
+are one rank; a single worker is rank 0. Several files of one rank are successive profiling windows of that rank
+(kineto writes one file per active window) and are all kept.
 """
 
 from __future__ import annotations
@@ -23,19 +28,15 @@ import errno
 import os
 import re
 import stat
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from traceanalyze.errors import InputError
+from traceanalyze.names import MAX_WORLD_SIZE, SNIFF_BYTES, is_step_times_json, rank_from_name, worker_name
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 CHAKRA_MARKERS = (".et.json", "_et.json", ".et.", "execution_trace")
-SNIFF_BYTES = 64 << 10
-_RANK_NAME = re.compile(r"(?:^|[^a-z])rank[-_:\s\[]*(\d+)(?P<after>[-_./]\d{1,2}[-_./]\d{1,2})?", re.IGNORECASE)
-# Sane bounds on what a header or a file name says (README, Safety: one implausible header field costs one warning):
-# rank < world size <= 2^20 (no job has a million ranks; larger values are corrupt or hostile, and a loop or a
-# set over them would exhaust memory).
-MAX_WORLD_SIZE = 1 << 20
 # Subfolders a job writes its profiler traces or logs into (tensorboard_trace_handler, HF logging_dir, ...)
 TRACE_SUBFOLDERS = frozenset({"traces", "trace", "profiler", "profile", "profiles", "profiling", "tb", "tensorboard",
                               "logs", "log", "torch_profiler", "pytorch_profiler", "kineto"})
@@ -77,8 +78,6 @@ class Discovery:
 
 def _head(path: Path) -> bytes:
     """First bytes of a file, decompressed when gzip (bounded)."""
-    import zlib
-
     with open(path, "rb") as fh:
         raw = fh.read(SNIFF_BYTES)
     if raw[:2] == b"\x1f\x8b":
@@ -95,6 +94,112 @@ def _is_own_output(head: bytes) -> bool:
     start = head.lstrip()[:400]
     return start.startswith(b'{"traceanalyze_export"') or (
         b'"tool"' in start and re.search(rb'"name":\s*"traceanalyze"', start) is not None)
+
+
+# --------------------------------------------------------------------------------------------------------
+# What a file that is not a trace is (sniff)
+# --------------------------------------------------------------------------------------------------------
+
+_TRAINING_MARKERS = re.compile(
+    r"^\s*(?:\[rank\s*\d+\]:?\s*)?(?:.*?[\s|,])?step\s*[:#=]?\s*\d+\b.*?"
+    r"\b(?:step_time|step time|iter_time|time|dt|elapsed)\s*[:=]?\s*\d+(?:\.\d+)?\s*(?:ms|s|sec)\b"  # console
+    r"|^Step \d+ \| [A-Za-z_]"  # torchtune
+    r"|\[titan\]|- INFO - step:\s*\d+\s+loss:|Training starts at step"  # torchtitan
+    r"|^(?:\[rank: \d+\] )?iter \d+(?: \|)? step \d+:|^Epoch \d+ \| iter \d+ step \d+ \|"  # litgpt
+    r"|^iter \d+: loss [\d.]+, time"  # nanoGPT
+    r"|\{'loss': |Total train batch size|Gradient Accumulation steps =|\*\*\*\*\* Running training"  # HF
+    r"|llamafactory\.|torchtune\.|\"current_steps\":|Unsloth"
+    r"|Recompiling function|FX codegen and compilation took|hit config\.(?:cache_size|recompile)_limit",
+    re.MULTILINE | re.IGNORECASE,
+)
+_NCCL_MARKER = re.compile(r"NCCL INFO|NCCL WARN")
+_TOPO_MARKER = re.compile(
+    r"^\s*GPU0\s.*(?:CPU Affinity|GPU1|NIC0|mlx5_0)"
+    r"|^GPU\d+\s+(?:X|NV\d+|PIX|PXB|PHB|NODE|SYS|SOC)\s"
+    r"|Connection traversing a bonded set of # NVLinks",
+    re.MULTILINE,
+)
+_CONFIG_STRONG = (
+    "gradient_accumulation_steps", "per_device_train_batch_size", "local_batch_size", "global_batch_size",
+    "mixed_precision_param", "data_parallel_shard_degree", "data_parallel_replicate_degree", "cutoff_len",
+    "torch_compile", "finetuning_type", "micro_batch_size", "max_seq_len",
+)  # fmt: skip
+_CONFIG_WEAK = (
+    "batch_size", "dtype", "bf16", "fp16", "compile", "seq_len", "learning_rate", "lr", "model_name_or_path",
+    "num_train_epochs", "epochs", "max_steps_per_epoch", "precision", "devices", "flavor",
+)  # fmt: skip
+_NOT_OURS_SUFFIXES = (
+    ".py", ".sh", ".c", ".cc", ".cpp", ".h", ".cu", ".md", ".rst", ".html", ".htm", ".css", ".js", ".ipynb",
+    ".csv", ".parquet", ".duckdb", ".png", ".jpg", ".svg", ".pdf", ".pt", ".pth", ".bin", ".safetensors",
+    ".whl", ".zip", ".tar",
+)  # fmt: skip
+
+
+def _config_key_hits(text: str, style: str) -> set[str]:
+    """Config-looking keys found in text; style ``yaml`` (``key:``), ``toml`` (``key =``), ``json``."""
+    keys = _CONFIG_STRONG + _CONFIG_WEAK
+    alt = "|".join(sorted(keys, key=len, reverse=True))
+    if style == "json":
+        pat = rf"\"({alt})\"\s*:"
+    elif style == "toml":
+        pat = rf"^\s*({alt})\s*="
+    else:
+        pat = rf"^\s*({alt})\s*:"
+    return {m.group(1) for m in re.finditer(pat, text, re.MULTILINE)}
+
+
+def _looks_like_config(text: str, style: str) -> bool:
+    hits = _config_key_hits(text, style)
+    if style == "toml" and re.search(r"^\[(training|parallelism|compile|model|optimizer)\]", text, re.M):
+        hits.add("section")
+    return bool(hits & set(_CONFIG_STRONG)) or len(hits) >= 2
+
+
+def sniff(path: Path, head: bytes) -> str | None:
+    """Classify a non-trace file from its name and first bytes (the caller reads up to :data:`SNIFF_BYTES`, gunzipped).
+
+    Returns ``"training_log"`` (also for a torchrun log that mixes NCCL INFO lines in, for LLaMA-Factory
+    ``trainer_log.jsonl`` and HF ``trainer_state.json``), ``"nccl_debug"`` (NCCL_DEBUG output alone),
+    ``"topology"`` (``nvidia-smi topo -m``), ``"config"`` (YAML/TOML/JSON whose keys look like a training
+    config; JSON holding ``traceEvents`` or a Chakra ``nodes``/``schema`` pair is never a config), ``"env"``
+    (``env_rank{r}.json`` written by :mod:`traceanalyze.capture`), or None (not ours). Never raises.
+    """
+    path = Path(path)
+    name = path.name.lower()
+    if name.endswith(".gz"):
+        name = name[:-3]
+    if head[:2] == b"\x1f\x8b":
+        try:
+            head = zlib.decompressobj(wbits=31).decompress(head, SNIFF_BYTES)
+        except zlib.error:
+            return None
+    suffix = Path(name).suffix
+    if suffix in _NOT_OURS_SUFFIXES or b"\x00" in head[:8192]:
+        return None
+    text = head.decode("utf-8", errors="replace")
+    if suffix == ".json":
+        if '"traceEvents"' in text or ('"nodes"' in text and '"schema"' in text):
+            return None
+        if is_step_times_json(head):
+            return "training_log"
+        if '"traceanalyze_capture"' in text or re.fullmatch(r"env_rank\d+\.json", name):
+            return "env"
+        if '"log_history"' in text:
+            return "training_log"
+        return "config" if _looks_like_config(text, "json") else None
+    if suffix == ".jsonl":
+        return "training_log" if '"current_steps"' in text else None
+    if suffix in (".yaml", ".yml"):
+        return "config" if _looks_like_config(text, "yaml") else None
+    if suffix == ".toml":
+        return "config" if _looks_like_config(text, "toml") else None
+    if _TRAINING_MARKERS.search(text):
+        return "training_log"
+    if _TOPO_MARKER.search(text):
+        return "topology"
+    if _NCCL_MARKER.search(text):
+        return "nccl_debug"
+    return None
 
 
 def classify(path: Path) -> tuple[str | None, str]:
@@ -121,18 +226,14 @@ def classify(path: Path) -> tuple[str | None, str]:
             return "chakra", "Chakra execution trace (top-level nodes/schema); skipped"
         if not stripped:
             return "trace", ""  # empty or unreadable gzip: ingest reports the exact problem
-        from traceanalyze import logs
-
-        if logs.is_step_times_json(head):
+        if is_step_times_json(head):
             return "training_log", ""  # a user's step-time JSON (an HF callback): read for its step times
         if stripped[:1] in (b"{", b"[") and (len(head) < SNIFF_BYTES or b'"traceanalyze_capture"' in head[:4096]) \
                 and b'"traceEvents"' not in head:
             pass  # small JSON that is not a trace (maybe a config), or capture's env file
         elif stripped[:1] in (b"{", b"["):
             return "trace", ""  # big JSON whose events start later than the sniffed bytes
-    from traceanalyze import logs
-
-    kind = logs.sniff(path, head)
+    kind = sniff(path, head)
     if kind:
         return kind, ""
     if name_is_trace_like(path):
@@ -155,10 +256,40 @@ def discover(inputs: list[str | Path], *, follow_external_symlinks: bool = False
 
     Raises :class:`InputError` when an input path does not exist.
     """
-    files: list[Path] = []
-    skipped: list[tuple[str, str]] = []
-    unreadable: list[str] = []
-    warned: list[str] = []
+    walk = _walk_inputs(inputs, follow_external_symlinks)
+    traces, sidecars, ignored = _classify_files(walk)
+    runs = _trace_runs(traces, [Path(i) for i in inputs if Path(i).is_dir()])
+    _name_runs(runs)
+    _attach_sidecars(runs, sidecars, walk.skipped)
+    runs.sort(key=lambda r: str(r.path))
+    _name_runs(runs)
+    return Discovery(runs=runs, skipped=walk.skipped, unreadable=walk.unreadable, ignored=ignored, warned=walk.warned)
+
+
+@dataclass
+class _Walk:
+    """What walking the inputs found: the files to classify, and the notes on what was skipped (see
+    :class:`Discovery`)."""
+
+    follow_external_symlinks: bool
+    files: list[Path] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    unreadable: list[str] = field(default_factory=list)
+    warned: list[str] = field(default_factory=list)
+
+    def cannot_read(self, path: Path, problem: str) -> None:
+        self.skipped.append((str(path), problem))
+        self.unreadable.append(str(path))
+
+    def external(self, path: Path, what: str, target: str) -> None:
+        self.skipped.append((str(path), _EXTERNAL.format(what=what, target=target)))
+        self.warned.append(str(path))
+
+
+def _walk_inputs(inputs: list[str | Path], follow_external_symlinks: bool) -> _Walk:
+    """Every readable file named or below ``inputs``, in order; raises InputError for an input that does not
+    exist."""
+    walk = _Walk(follow_external_symlinks)
     for inp in inputs:
         p = Path(inp)
         if not p.exists() and not p.is_symlink():
@@ -166,52 +297,64 @@ def discover(inputs: list[str | Path], *, follow_external_symlinks: bool = False
         if not p.is_dir():
             problem = _not_readable(p)
             if problem:
-                skipped.append((str(p), f"{problem}; skipped"))
-                unreadable.append(str(p))
+                walk.cannot_read(p, f"{problem}; skipped")
             else:
-                files.append(p)
+                walk.files.append(p)
             continue
-        top_real = os.path.realpath(p)
-        visited = {top_real}
-        tops = [p]
-        while tops:
-            for root, dirs, names in os.walk(tops.pop(), followlinks=False):
-                keep = []
-                for d in sorted(x for x in dirs if not x.startswith(".")):
-                    full = Path(root) / d
-                    if not full.is_symlink():
-                        keep.append(d)
-                        continue
-                    real = os.path.realpath(full)
-                    if _inside(real, top_real) or not os.path.isdir(real):
-                        continue  # a link within the folder (walked anyway), or a broken one: not followed
-                    if not follow_external_symlinks:
-                        skipped.append((str(full), _EXTERNAL.format(what="folder", target=real)))
-                        warned.append(str(full))
-                    elif real not in visited:  # followed on request, each folder once (no loop)
-                        visited.add(real)
-                        tops.append(full)
-                dirs[:] = keep
-                for n in sorted(names):
-                    if n.startswith("."):
-                        continue
-                    f = Path(root) / n
-                    problem = _not_readable(f)
-                    if problem:
-                        skipped.append((str(f), f"{problem}; skipped"))
-                        unreadable.append(str(f))
-                        continue
-                    if not follow_external_symlinks and f.is_symlink() and not _inside(os.path.realpath(f),
-                                                                                          top_real):
-                        skipped.append((str(f), _EXTERNAL.format(what="file", target=os.path.realpath(f))))
-                        warned.append(str(f))
-                        continue
-                    files.append(f)
+        _walk_folder(p, walk)
+    return walk
 
+
+def _walk_folder(top: Path, walk: _Walk) -> None:
+    """The files below ``top`` (sorted, hidden ones left out); a symlinked folder inside ``top`` is walked anyway,
+    one outside it only when following external symlinks (each folder once, so a loop cannot hang the walk)."""
+    top_real = os.path.realpath(top)
+    visited = {top_real}
+    tops = [top]
+    while tops:
+        for root, dirs, names in os.walk(tops.pop(), followlinks=False):
+            keep = []
+            for d in sorted(x for x in dirs if not x.startswith(".")):
+                full = Path(root) / d
+                if not full.is_symlink():
+                    keep.append(d)
+                    continue
+                real = os.path.realpath(full)
+                if _inside(real, top_real) or not os.path.isdir(real):
+                    continue  # a link within the folder (walked anyway), or a broken one: not followed
+                if not walk.follow_external_symlinks:
+                    walk.external(full, "folder", real)
+                elif real not in visited:  # followed on request, each folder once (no loop)
+                    visited.add(real)
+                    tops.append(full)
+            dirs[:] = keep
+            _take_files(Path(root), names, top_real, walk)
+
+
+def _take_files(root: Path, names: list[str], top_real: str, walk: _Walk) -> None:
+    """The readable, non-hidden files ``names`` of folder ``root``; a symlink leading outside ``top_real`` only when
+    following external symlinks."""
+    for n in sorted(names):
+        if n.startswith("."):
+            continue
+        f = root / n
+        problem = _not_readable(f)
+        if problem:
+            walk.cannot_read(f, f"{problem}; skipped")
+            continue
+        if not walk.follow_external_symlinks and f.is_symlink() and not _inside(os.path.realpath(f), top_real):
+            walk.external(f, "file", os.path.realpath(f))
+            continue
+        walk.files.append(f)
+
+
+def _classify_files(walk: _Walk) -> tuple[dict[Path, list[Path]], list[Sidecar], list[tuple[str, str]]]:
+    """``(trace files by folder, sidecars, ignored)`` of the walked files (:func:`classify`); a file skipped with a
+    note, or unreadable, is added to ``walk``."""
     traces: dict[Path, list[Path]] = {}
     sidecars: list[Sidecar] = []
     ignored: list[tuple[str, str]] = []
-    for f in files:
+    for f in walk.files:
         if f.suffix.lower() in (".duckdb", ".html", ".md", ".wal", ".parquet", ".png", ".svg"):
             ignored.append((str(f), "a report, database or image (an output, not an input)"))
             continue  # our own outputs
@@ -221,20 +364,23 @@ def discover(inputs: list[str | Path], *, follow_external_symlinks: bool = False
         try:
             kind, note = classify(f)
         except InputError as exc:
-            skipped.append((str(f), exc.problem))
-            unreadable.append(str(f))
+            walk.cannot_read(f, exc.problem)
             continue
         if kind == "trace":
             traces.setdefault(f.parent, []).append(f)
         elif kind in ("training_log", "nccl_debug", "topology", "config", "env"):
             sidecars.append(Sidecar(f, kind))
         elif note:
-            skipped.append((str(f), note))
+            walk.skipped.append((str(f), note))
         else:
             ignored.append((str(f), "not a Kineto trace, training log, NCCL output, topology or config"))
+    return traces, sidecars, ignored
 
-    runs = _trace_runs(traces, [Path(i) for i in inputs if Path(i).is_dir()])
-    _name_runs(runs)
+
+def _attach_sidecars(runs: list[Run], sidecars: list[Sidecar], skipped: list[tuple[str, str]]) -> None:
+    """Give each sidecar to the runs in or below its folder, else to the run above it, else (topology, config,
+    NCCL or env) to the only trace run; a training log with no run becomes a log-only run of its folder (appended
+    to ``runs``), an env file with no run is skipped."""
     # training logs first: a folder of logs without traces becomes a log-only run, and the topology or config
     # files above it then attach to it like to a trace run
     order = {"training_log": 0, "nccl_debug": 1, "topology": 2, "config": 3, "env": 4}
@@ -254,9 +400,6 @@ def discover(inputs: list[str | Path], *, follow_external_symlinks: bool = False
             owners = [run]
         for r in owners:
             r.sidecars.append(sc)
-    runs.sort(key=lambda r: str(r.path))
-    _name_runs(runs)
-    return Discovery(runs=runs, skipped=skipped, unreadable=unreadable, ignored=ignored, warned=warned)
 
 
 _EXTERNAL = ("a symlink to a {what} outside the input folder ({target}); not followed: pass "
@@ -339,17 +482,6 @@ def _name_runs(runs: list[Run]) -> None:
             r.name = "/".join(r.path.parts[-2:])
 
 
-def rank_from_name(path: Path | str) -> int | None:
-    """Rank from a file name such as ``rank3.json``, ``trace_rank-3``, ``[rank3]``; None when absent or not
-    plausible: a date or timestamp (``rank_20240501``, ``rank_2024-05-01``, ``rank1700000000``), that is a number
-    of 8 digits or more, at least :data:`MAX_WORLD_SIZE`, or followed by ``-MM-DD``."""
-    m = _RANK_NAME.search(Path(path).name)
-    if not m or m.group("after") or len(m.group(1)) > 7:
-        return None
-    r = int(m.group(1))
-    return r if r < MAX_WORLD_SIZE else None
-
-
 def _plain_int(v: object) -> int | None:
     """An integer field as JSON gives it (a digit string too), else None; never builds a huge int from text."""
     if isinstance(v, int) and not isinstance(v, bool):
@@ -412,19 +544,6 @@ def check_headers(headers: dict[Path, dict]) -> tuple[dict[Path, dict], list[tup
             warnings.append((str(p), f"implausible {' and '.join(bad)}: ignored; the rank is taken from the file "
                                      "name or the worker instead"))
     return out, warnings
-
-
-# tensorboard_trace_handler names each profiling window's file <worker>.<time in ms (or ns)>.pt.trace.json[.gz]
-_WINDOW_NAME = re.compile(r"^(?P<worker>.+?)\.(?P<ts>\d{10,})\.pt\.trace\.json(?:\.gz)?$", re.IGNORECASE)
-
-
-def worker_name(path: Path | str) -> str:
-    """The worker part of a ``tensorboard_trace_handler`` file name: ``worker0.1621401187223.pt.trace.json.gz`` →
-    ``worker0``. Files of one worker that differ only in the timestamp are successive profiling windows of one
-    rank. A name without a timestamp is returned whole."""
-    name = Path(path).name
-    m = _WINDOW_NAME.match(name)
-    return m.group("worker") if m else name
 
 
 def assign_ranks(paths: list[Path], headers: dict[Path, dict]) -> tuple[dict[Path, int], list[str]]:

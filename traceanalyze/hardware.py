@@ -1,9 +1,15 @@
-"""GPU capabilities: which fast math precisions a GPU has, so that advice names only what it supports.
+"""The hardware tables in one place: GPU capabilities, peak TFLOPS, and link bandwidths.
 
-The one table of compute capabilities (:data:`GPU_CAPABILITY`) and what each capability offers
-(:func:`features`). Sources: NVIDIA CUDA C++ Programming Guide, "Compute Capabilities" (tensor cores from
-sm70; bf16 and TF32 tensor-core math from sm80, Ampere; FP8 tensor-core math from sm89, Ada, and sm90, Hopper,
-and later), and NVIDIA's "CUDA GPUs - Compute Capability" list (developer.nvidia.com/cuda-gpus) for the names.
+- GPU capabilities: which fast math precisions a GPU has, so that advice names only what it supports. The one
+  table of compute capabilities (:data:`GPU_CAPABILITY`) and what each capability offers (:func:`features`).
+- Dense peak TFLOPS per GPU and dtype (:data:`PEAK_TFLOPS`, :func:`peak_tflops`), the denominator of MFU.
+- Links: what each ``nvidia-smi topo -m`` cell means (:data:`LINK_DESCRIPTIONS`), the GB/s a link class carries
+  (:data:`EXPECTED_LINK_GBPS`, :func:`expected_link_gbps`) and what a GPU model's own links reach
+  (:data:`GPU_LINK_GBPS`).
+
+Capability sources: NVIDIA CUDA C++ Programming Guide, "Compute Capabilities" (tensor cores from sm70; bf16 and
+TF32 tensor-core math from sm80, Ampere; FP8 tensor-core math from sm89, Ada, and sm90, Hopper, and later), and
+NVIDIA's "CUDA GPUs - Compute Capability" list (developer.nvidia.com/cuda-gpus) for the names.
 
 The GPU of a run comes from the trace's ``deviceProperties`` (``computeMajor``/``computeMinor``, or
 ``major``/``minor`` in the 2021 schema's ``computeProperties``) and its ``name``; when the trace has none, from the
@@ -159,3 +165,105 @@ def grad_compression_hook(gpu: GpuInfo) -> str:
     if gpu.capability is None:
         return "fp16_compress_hook, or bf16_compress_hook on sm80+"
     return "bf16_compress_hook" if features(gpu.capability).bf16 else "fp16_compress_hook"
+
+
+# --------------------------------------------------------------------------------------------------------
+# Peak TFLOPS
+# --------------------------------------------------------------------------------------------------------
+
+# Dense peak TFLOPS per dtype (NVIDIA datasheets; torchtitan get_peak_flops for bf16). Matched by substring.
+PEAK_TFLOPS: list[tuple[str, dict[str, float]]] = [
+    ("H200", {"bf16": 989, "fp16": 989, "tf32": 494, "fp32": 67, "fp8": 1979}),
+    ("H100 PCIe", {"bf16": 756, "fp16": 756, "tf32": 378, "fp32": 51, "fp8": 1513}),
+    ("H100", {"bf16": 989, "fp16": 989, "tf32": 494, "fp32": 67, "fp8": 1979}),
+    ("A100", {"bf16": 312, "fp16": 312, "tf32": 156, "fp32": 19.5}),
+    ("A10", {"bf16": 125, "fp16": 125, "tf32": 62.5, "fp32": 31.2}),
+    ("L4", {"bf16": 121, "fp16": 121, "tf32": 60, "fp32": 30.3}),
+    ("RTX 3090", {"bf16": 71, "fp16": 71, "tf32": 35.6, "fp32": 35.6}),
+    ("V100", {"fp16": 125, "fp32": 15.7}),
+]
+
+
+def peak_tflops(gpu_model: str | None, dtype: str) -> float | None:
+    """Dense peak TFLOPS of ``gpu_model`` for ``dtype`` from :data:`PEAK_TFLOPS`; None when unknown."""
+    if not gpu_model:
+        return None
+    for key, peaks in PEAK_TFLOPS:
+        if key.lower() in gpu_model.lower():
+            return peaks.get(dtype)
+    return None
+
+
+# --------------------------------------------------------------------------------------------------------
+# Links: nvidia-smi topo -m legend and expected bandwidth
+# --------------------------------------------------------------------------------------------------------
+
+#: Meaning of each ``nvidia-smi topo -m`` cell, from the legend nvidia-smi prints under the matrix.
+LINK_DESCRIPTIONS: dict[str, str] = {
+    "X": "Self",
+    "NV#": "Connection traversing a bonded set of # NVLinks",
+    "PIX": "Connection traversing at most a single PCIe bridge",
+    "PXB": "Connection traversing multiple PCIe bridges (without traversing the PCIe Host Bridge)",
+    "PHB": "Connection traversing PCIe as well as a PCIe Host Bridge (typically the CPU)",
+    "NODE": "Connection traversing PCIe as well as the interconnect between PCIe Host Bridges within a NUMA node",
+    "SYS": "Connection traversing PCIe as well as the SMP interconnect between NUMA nodes (e.g., QPI/UPI)",
+    "SOC": "Older nvidia-smi name for SYS (connection crossing the CPU socket interconnect)",
+}
+
+#: NVLink, GB/s per link and direction. NVIDIA: NVLink 2 (V100) 6 links = 300 GB/s, NVLink 3 (A100)
+#: 12 links = 600 GB/s, NVLink 4 (H100/H200 SXM) 18 links = 900 GB/s, each total of both directions, i.e.
+#: 25 GB/s per link per direction. NCCL's own model (``src/graph/topo.h``) is more conservative: 20 GB/s
+#: per link for sm80, 20.6 for sm90, 12 for sm86 (RTX 30xx NVLink bridge).
+NVLINK_GBPS_PER_LINK = 25.0
+
+#: PCIe x16, GB/s per direction achievable in practice, by generation (spec 15.8 / 31.5 / 63 GB/s raw).
+#: NCCL ``src/graph/topo.h`` models a Gen3 x16 link as 12 GB/s (``PCI_BW``).
+PCIE_X16_GBPS: dict[int, float] = {3: 12.0, 4: 24.0, 5: 48.0}
+
+#: Rough expected bandwidth per ``nvidia-smi topo -m`` link class, GB/s **per direction**, for a PCIe Gen4
+#: x16 system (scale with :data:`PCIE_X16_GBPS` for other generations; :func:`expected_link_gbps` does).
+#:
+#: - ``NV`` is *per NVLink*; ``NV#`` means # links, so multiply (``NV12`` -> 300).
+#: - ``PIX``/``PXB``: GPU peer-to-peer through PCIe switches, full PCIe x16 (PCIe spec; NCCL topo.h).
+#: - ``PHB``/``NODE``: the path crosses the CPU's host bridge(s). NCCL often disables P2P across it
+#:   (``NCCL_P2P_LEVEL``; GeForce cards have P2P off), then traffic is staged through host memory (SHM
+#:   transport): two PCIe copies, about half of PCIe x16.
+#: - ``SYS``: also crosses the socket interconnect (QPI/UPI/xGMI); NCCL topo.h models it at 6 (Broadwell
+#:   QPI, ``BDW_QPI_BW``) to 10 (Skylake UPI, ``SKL_QPI_BW``) GB/s; the lower figure is used.
+EXPECTED_LINK_GBPS: dict[str, float] = {
+    "NV": NVLINK_GBPS_PER_LINK,
+    "PIX": PCIE_X16_GBPS[4],
+    "PXB": PCIE_X16_GBPS[4],
+    "PHB": PCIE_X16_GBPS[4] / 2,
+    "NODE": PCIE_X16_GBPS[4] / 2,
+    "SYS": 6.0,
+    "SOC": 6.0,
+}
+
+
+def expected_link_gbps(link: str, pcie_gen: int = 4) -> float | None:
+    """Rough expected GB/s per direction for a link code (``"NV4"``, ``"PIX"``, ``"SYS"``...).
+
+    ``NV#`` gives # × :data:`NVLINK_GBPS_PER_LINK`; PCIe classes scale the Gen4 figure of
+    :data:`EXPECTED_LINK_GBPS` to ``pcie_gen`` (3, 4 or 5); ``SYS`` is not scaled (bound by the socket
+    link). Returns None for ``X`` or an unknown code. Raises ValueError for an unknown PCIe generation.
+    """
+    if pcie_gen not in PCIE_X16_GBPS:
+        raise ValueError(f"unknown PCIe generation {pcie_gen}; known: {sorted(PCIE_X16_GBPS)}")
+    code = link.strip().upper()
+    m = re.fullmatch(r"NV(\d+)", code)
+    if m:
+        return int(m.group(1)) * NVLINK_GBPS_PER_LINK
+    if code in ("SYS", "SOC"):
+        return EXPECTED_LINK_GBPS[code]
+    if code in EXPECTED_LINK_GBPS and code != "NV":
+        return EXPECTED_LINK_GBPS[code] * PCIE_X16_GBPS[pcie_gen] / PCIE_X16_GBPS[4]
+    return None
+
+
+# Per-direction GB/s a GPU's own links reach, by model (NVIDIA: NVLink 2/3/4 total 300/600/900 GB/s per GPU,
+# half each way; PCIe Gen4 x16 ~24 GB/s in practice). Matched by substring of deviceProperties.name.
+GPU_LINK_GBPS = [("H200", 450.0, "NVLink 4"), ("H100 PCIe", 24.0, "PCIe Gen4 x16"), ("H100", 450.0, "NVLink 4"),
+                 ("A100-PCIE", 24.0, "PCIe Gen4 x16"), ("A100", 300.0, "NVLink 3"), ("V100-PCIE", 12.0, "PCIe Gen3"),
+                 ("V100", 150.0, "NVLink 2"), ("A10", 24.0, "PCIe Gen4 x16"), ("L4", 24.0, "PCIe Gen4 x16"),
+                 ("RTX", 24.0, "PCIe Gen4 x16")]

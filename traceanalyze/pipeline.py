@@ -25,14 +25,6 @@ if TYPE_CHECKING:
     from traceanalyze import diagnose, metrics
 # diagnose, metrics (NumPy) and logs are imported where used: a cached re-run needs none of them
 
-# Per-direction GB/s a GPU's own links reach, by model (NVIDIA: NVLink 2/3/4 total 300/600/900 GB/s per GPU,
-# half each way; PCIe Gen4 x16 ~24 GB/s in practice). Matched by substring of deviceProperties.name.
-GPU_LINK_GBPS = [("H200", 450.0, "NVLink 4"), ("H100 PCIe", 24.0, "PCIe Gen4 x16"), ("H100", 450.0, "NVLink 4"),
-                 ("A100-PCIE", 24.0, "PCIe Gen4 x16"), ("A100", 300.0, "NVLink 3"), ("V100-PCIE", 12.0, "PCIe Gen3"),
-                 ("V100", 150.0, "NVLink 2"), ("A10", 24.0, "PCIe Gen4 x16"), ("L4", 24.0, "PCIe Gen4 x16"),
-                 ("RTX", 24.0, "PCIe Gen4 x16")]
-
-
 @dataclass
 class Analysis:
     """Result of :func:`analyze`: the open database and the report model.
@@ -662,14 +654,12 @@ def _expected_link(facts: dict, side: dict, override: float | None) -> dict:
         return {"expected_gbps": override, "source": "--link-bw"}
     topo = side["topology"]
     if topo is not None and topo.links:
-        from traceanalyze import logs
-
         gpus = topo.gpus
         worst = None
         for i, a in enumerate(gpus):
             for b in gpus[i + 1:]:
                 lk = topo.link(a, b)
-                bw = logs.expected_link_gbps(lk) if lk else None
+                bw = hardware.expected_link_gbps(lk) if lk else None
                 if bw is not None and (worst is None or bw < worst[0]):
                     worst = (bw, f"{a}–{b} {lk}")
         if worst:
@@ -685,7 +675,7 @@ def _expected_link(facts: dict, side: dict, override: float | None) -> dict:
             return {"expected_gbps": 12.0, "source": "NCCL SHM (through host memory, PCIe)"}
     gpu = facts.get("gpu_model")
     if gpu:
-        for key, bw, what in GPU_LINK_GBPS:
+        for key, bw, what in hardware.GPU_LINK_GBPS:
             if key.lower() in gpu.lower():
                 return {"expected_gbps": bw, "source": f"{gpu}: {what}, per direction"}
     return {"expected_gbps": None, "source": "unknown: pass --link-bw GB/s"}

@@ -11,6 +11,7 @@
 - :func:`terminal` and :func:`md_text`: input-derived text made inert for a terminal and for CommonMark/GFM.
 - :func:`redact`: credential-like keys (and ``NAME=value`` in strings) removed from what a trace header or an
   environment file holds, before anything is stored.
+- :func:`env_allowed`: the allow-list of environment variables that ``capture`` records and ``logs`` reads back.
 """
 
 from __future__ import annotations
@@ -95,6 +96,23 @@ def is_credential_name(name: object) -> bool:
     """Whether a variable or key name looks like a credential (``*KEY*``, ``*TOKEN*``, ``*SECRET*``,
     ``*PASSWORD*``/``*PASSWD*``, ``*CREDENTIAL*``, any case)."""
     return isinstance(name, str) and _CREDENTIAL.search(name) is not None
+
+
+# The environment variables kept from a process (README, Safety): the ones that change communication, recorded by
+# capture.environment and read back from env_rank{r}.json by logs.parse_env; nothing else is stored or printed.
+ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "GLOO_", "UCX_", "FI_")
+ENV_NAMES = ("CUDA_VISIBLE_DEVICES", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK",
+             "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "OMP_NUM_THREADS", "TORCHELASTIC_RUN_ID",
+             "PYTORCH_CUDA_ALLOC_CONF", "CUDA_DEVICE_MAX_CONNECTIONS", "TORCHINDUCTOR_CACHE_DIR")
+
+
+def env_allowed(name: str) -> bool:
+    """Whether an environment variable is one :func:`traceanalyze.capture.environment` records
+    (:data:`ENV_PREFIXES`, :data:`ENV_NAMES`) and not named like a credential (``*KEY*``, ``*TOKEN*``, ``*SECRET*``,
+    ``*PASSWORD*``, ``*CREDENTIAL*``): the allow-list the analyzer also applies to ``env_rank{r}.json`` (README,
+    Safety)."""
+    return isinstance(name, str) and (name.startswith(ENV_PREFIXES) or name in ENV_NAMES) and not \
+        is_credential_name(name)
 
 
 def redact_text(text: str) -> str:

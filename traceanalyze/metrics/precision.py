@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import duckdb
 
+from traceanalyze.hardware import peak_tflops
 from traceanalyze.metrics.breakdown import kernel_classes
 from traceanalyze.metrics.steps import counted_kernels_sql, counted_op_sql
 
@@ -46,19 +47,6 @@ CPU_GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::
                 "aten::mkldnn_convolution", "aten::cudnn_convolution", "aten::_convolution_mode")
 TYPE_TO_DTYPE = {"float": "fp32", "c10::bfloat16": "bf16", "c10::half": "fp16", "double": "fp64",
                  "c10::float8_e4m3fn": "fp8", "c10::float8_e5m2": "fp8", "signed char": "int8"}
-
-# Dense peak TFLOPS per dtype (NVIDIA datasheets; torchtitan get_peak_flops for bf16). Matched by substring.
-PEAK_TFLOPS: list[tuple[str, dict[str, float]]] = [
-    ("H200", {"bf16": 989, "fp16": 989, "tf32": 494, "fp32": 67, "fp8": 1979}),
-    ("H100 PCIe", {"bf16": 756, "fp16": 756, "tf32": 378, "fp32": 51, "fp8": 1513}),
-    ("H100", {"bf16": 989, "fp16": 989, "tf32": 494, "fp32": 67, "fp8": 1979}),
-    ("A100", {"bf16": 312, "fp16": 312, "tf32": 156, "fp32": 19.5}),
-    ("A10", {"bf16": 125, "fp16": 125, "tf32": 62.5, "fp32": 31.2}),
-    ("L4", {"bf16": 121, "fp16": 121, "tf32": 60, "fp32": 30.3}),
-    ("RTX 3090", {"bf16": 71, "fp16": 71, "tf32": 35.6, "fp32": 35.6}),
-    ("V100", {"fp16": 125, "fp32": 15.7}),
-]
-
 
 def kernel_dtype(name: str) -> tuple[str | None, bool | None]:
     """(math dtype, uses tensor cores) from a kernel name; (None, None) when the name does not tell."""
@@ -84,16 +72,6 @@ def mix_label(dtype: str, tensor_core: bool | None, mode: str = "gpu") -> str:
     if dtype == "fp32":
         return "fp32, tensor cores unknown (TF32 when allowed)"
     return f"{name}, tensor cores unknown"
-
-
-def peak_tflops(gpu_model: str | None, dtype: str) -> float | None:
-    """Dense peak TFLOPS of ``gpu_model`` for ``dtype`` from :data:`PEAK_TFLOPS`; None when unknown."""
-    if not gpu_model:
-        return None
-    for key, peaks in PEAK_TFLOPS:
-        if key.lower() in gpu_model.lower():
-            return peaks.get(dtype)
-    return None
 
 
 def _op_dtype(types_json: str | None) -> str | None:

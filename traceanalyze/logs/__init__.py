@@ -1,0 +1,82 @@
+"""Parsers for the files that sit next to the traces and are not traces.
+
+Training logs (torchtune, torchtitan, litgpt, nanoGPT, Hugging Face Trainer, LLaMA-Factory), NCCL_DEBUG=INFO
+output, ``nvidia-smi topo -m`` output and training configs (torchtune / LLaMA-Factory / litgpt YAML,
+torchtitan TOML, Hugging Face ``TrainingArguments`` JSON) are turned into small dataclasses: per-step
+numbers (:class:`LogStep`), named facts about the run (:class:`Fact`), NCCL transports (:class:`NcclInfo`)
+and the GPU/NIC link matrix (:class:`Topology`).
+
+Modules: :mod:`.model` (the dataclasses), :mod:`.read` (the bounded readers), :mod:`.text` (text logs: one
+dispatcher over the line families of :mod:`.trainers`, :mod:`.hf` and :mod:`.nccl`), :mod:`.hf` (also the
+LLaMA-Factory, ``trainer_state.json`` and step-time JSON files), :mod:`.configs`, :mod:`.topology`, :mod:`.env`.
+What a file is (``training_log``, ``nccl_debug``, ``topology``, ``config``, ``env``) is decided by
+:func:`traceanalyze.discover.sniff`; what a link class carries is in :mod:`traceanalyze.hardware`.
+
+The line formats and their regexes are documented in ``FORMATS.md`` §9 (shared with the project); the
+regexes here extend those and are tested against the real excerpts under ``shared/logs``.
+
+Rules: parsing never raises on odd content (unknown lines are ignored; a malformed structured file gives
+no facts and, where the result has one, a warning); a file that cannot be read raises
+:class:`~traceanalyze.errors.InputError`. Text is decoded as UTF-8 with ``errors="replace"``; ``\\r`` (tqdm
+redraws), ANSI colour codes and tqdm progress bars are stripped. Logs are streamed line by line, so memory
+is bounded by the parsed steps, not by the file.
+
+Standard :class:`Fact` keys (exact names): ``framework``, ``per_device_batch``,
+``gradient_accumulation_steps``, ``global_batch``, ``world_size``, ``num_examples``,
+``total_optimization_steps``, ``trainable_params``, ``precision`` (one of ``fp32``, ``bf16``, ``fp16``,
+``fp8``, ``tf32``), ``compile`` (``true``/``false``), ``learning_rate``, ``seq_len``, ``model_name``,
+``nccl_version``, ``compile_time_s``, ``recompiles``. Extra keys, emitted only when stated:
+``first_step_s`` (torchtitan: seconds from "Training starts" to the first step line), ``data_parallel_size``
+(torchtitan mesh/config), ``n_gpu`` (HF ``_n_gpu`` / LLaMA-Factory ``n_gpu``: GPUs per *process*, 1 under
+DDP, so not a world size), ``train_runtime_s`` (HF end-of-training summary).
+
+Two plain formats users write themselves are read for their step times (framework ``console`` / ``step_times``):
+console lines such as ``[rank0] step 3 loss 2.31 time 637.9ms`` (``step N``, then ``time``/``step_time``/``dt``/
+``elapsed`` and a value in ms or s; a ``[rankN]`` prefix gives the rank), and a step-time JSON such as an HF
+callback writes: a list of ``{"step": 3, "step_time_ms": 637.9}`` records, or an object holding such a list or a
+list of numbers under a ``step_times_ms`` / ``step_times_s`` / ``step_times`` key
+(:func:`traceanalyze.names.is_step_times_json`).
+"""
+
+from __future__ import annotations
+
+from traceanalyze.logs.configs import parse_config
+from traceanalyze.logs.env import parse_env
+from traceanalyze.logs.hf import MAX_STEP_TIMES, parse_llamafactory_jsonl, parse_step_times_json, parse_trainer_state
+from traceanalyze.logs.model import (
+    Fact,
+    LogResult,
+    LogStep,
+    NcclChannel,
+    NcclInfo,
+    TopoLink,
+    Topology,
+    effective_batch,
+    normalize_precision,
+)
+from traceanalyze.logs.read import DEFAULT_MAX_BYTES, MAX_LINE_BYTES, MAX_WHOLE_FILE_BYTES
+from traceanalyze.logs.text import parse_text_log
+from traceanalyze.logs.topology import parse_topology
+
+__all__ = [
+    "DEFAULT_MAX_BYTES",
+    "MAX_LINE_BYTES",
+    "MAX_STEP_TIMES",
+    "MAX_WHOLE_FILE_BYTES",
+    "Fact",
+    "LogResult",
+    "LogStep",
+    "NcclChannel",
+    "NcclInfo",
+    "TopoLink",
+    "Topology",
+    "effective_batch",
+    "normalize_precision",
+    "parse_config",
+    "parse_env",
+    "parse_llamafactory_jsonl",
+    "parse_step_times_json",
+    "parse_text_log",
+    "parse_topology",
+    "parse_trainer_state",
+]
