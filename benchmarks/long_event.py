@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from traceanalyze.ingest import parse_trace
+from traceanalyze.ingest.parse import parse_trace
 
 
 def write(path: Path, mb: int) -> None:

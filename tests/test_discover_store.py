@@ -90,12 +90,12 @@ def test_rerun_reuses_the_database_without_parsing(tmp_path, monkeypatch):
     first = analyze(src, db=db, jobs=1)
     idle = [r["idle_pct"] for r in first.model["runs"][0]["ranks"]]
     first.con.close()
-    import traceanalyze.ingest as ingest
+    from traceanalyze.ingest import parse
 
     def boom(*a, **k):
         raise AssertionError("parsed again")
 
-    monkeypatch.setattr(ingest, "parse_trace", boom)
+    monkeypatch.setattr(parse, "parse_trace", boom)
     second = analyze(src, db=db, jobs=1)
     assert all(f["cached"] for f in second.model["runs"][0]["files"])
     assert [r["idle_pct"] for r in second.model["runs"][0]["ranks"]] == idle

@@ -8,9 +8,10 @@ import json
 import pytest
 
 from tests.conftest import real
-from traceanalyze import ingest, store
+from traceanalyze import store
 from traceanalyze.errors import InputError
-from traceanalyze.ingest import parse_trace
+from traceanalyze.ingest import load, parse
+from traceanalyze.ingest.parse import parse_trace
 
 
 def _kernel(i: int, name: str = "void gemm_kernel<float>(float*)") -> dict:
@@ -63,7 +64,7 @@ def test_bare_array_form(tmp_path):
 def test_strings_with_brackets_quotes_and_escapes(tmp_path, monkeypatch):
     names = ['void f<{lambda(int)#1}>()', 'say "hi" [x]', 'back\\slash\\', 'tab\t}{][', "\\\"}"]
     events = [_kernel(i, n) for i, n in enumerate(names * 50)]
-    monkeypatch.setattr(ingest, "BLOCK_BYTES", 97)  # force many block boundaries inside strings and escapes
+    monkeypatch.setattr(parse, "BLOCK_BYTES", 97)  # force many block boundaries inside strings and escapes
     info, t = parse_trace(_write(tmp_path, _trace(events), gz=True))
     assert t["kernels"].column("name").to_pylist() == names * 50
     assert not info.partial
@@ -134,12 +135,12 @@ def test_gzip_is_inflated_one_block_at_a_time(tmp_path):
     events = [_kernel(i) for i in range(160_000)]
     p = tmp_path / "dense.json.gz"
     p.write_bytes(gzip.compress(json.dumps(_trace(events)).encode(), compresslevel=9))
-    blocks, state = ingest._open_blocks(p, 1 << 40)
+    blocks, state = parse._open_blocks(p, 1 << 40)
     tracemalloc.start()
     sizes = [len(b) for b in blocks]
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
-    assert sum(sizes) > 30 << 20 and max(sizes) <= ingest.BLOCK_BYTES and not state["error"]
+    assert sum(sizes) > 30 << 20 and max(sizes) <= parse.BLOCK_BYTES and not state["error"]
     assert peak < 8 << 20  # a compressed read and a few blocks; holding a read's whole output was ~27 MiB here
 
 
@@ -174,34 +175,32 @@ def _plain_copy(tmp_path, monkeypatch, n_parts: int | None = None):
     plain.parent.mkdir()
     data = gzip.decompress(src.read_bytes())
     plain.write_bytes(data)
-    monkeypatch.setattr(ingest, "SPLIT_MIN_BYTES", 1 << 20)
+    monkeypatch.setattr(parse, "SPLIT_MIN_BYTES", 1 << 20)
     if n_parts:
-        monkeypatch.setattr(store, "PART_BYTES", -(-len(data) // n_parts))
+        monkeypatch.setattr(load, "PART_BYTES", -(-len(data) // n_parts))
     return src, plain, data
 
 
 @pytest.mark.parametrize("case", ["3 ranges, 3 jobs", "7 ranges, 2 jobs", "4 ranges, 1 job", "tail base misread"])
 def test_large_plain_file_split_in_byte_ranges_gives_the_same_rows(tmp_path, monkeypatch, case):
-    from traceanalyze import ingest as ing
-    from traceanalyze import store
     from traceanalyze.pipeline import analyze
 
     src, plain, data = _plain_copy(tmp_path, monkeypatch)
-    points = ing.split_points(plain, 3)
+    points = parse.split_points(plain, 3)
     assert len(points) == 3 and points[0] == 0
     assert all(data[p:p + 1] == b"{" for p in points[1:])  # each part starts at an event
     jobs = 3
     if case == "7 ranges, 2 jobs":  # parts loaded one by one while later ones are parsed
-        monkeypatch.setattr(store, "PART_BYTES", -(-len(data) // 7))
+        monkeypatch.setattr(load, "PART_BYTES", -(-len(data) // 7))
         jobs = 2
     inserts = []
     if case == "4 ranges, 1 job":  # parsed in turn in this process, still committed range by range
-        monkeypatch.setattr(store, "PART_BYTES", -(-len(data) // 4))
+        monkeypatch.setattr(load, "PART_BYTES", -(-len(data) // 4))
         jobs = 1
-        real_insert = store._insert_part
-        monkeypatch.setattr(store, "_insert_part", lambda *a, **k: inserts.append(1) or real_insert(*a, **k))
+        real_insert = load._insert_part
+        monkeypatch.setattr(load, "_insert_part", lambda *a, **k: inserts.append(1) or real_insert(*a, **k))
     if case == "tail base misread":  # the shift applied to early parts is corrected once the last part is read
-        monkeypatch.setattr(ing, "tail_base_time_ns", lambda path, header: 0)
+        monkeypatch.setattr(parse, "tail_base_time_ns", lambda path, header: 0)
     whole = analyze(src, jobs=1)
     inserts.clear()
     parts = analyze(plain.parent, jobs=jobs)
@@ -232,11 +231,10 @@ def test_ipc_output_streams_the_same_rows_in_chunks(tmp_path):
 
 
 def test_interrupted_split_file_is_marked_loading_and_loaded_whole_next_time(tmp_path, monkeypatch):
-    from traceanalyze import store
     from traceanalyze.pipeline import analyze
 
     src, plain, _ = _plain_copy(tmp_path, monkeypatch, n_parts=5)
-    real_insert, calls = store._insert_part, []
+    real_insert, calls = load._insert_part, []
 
     def third_raises(*args, **kw):
         calls.append(1)
@@ -245,10 +243,10 @@ def test_interrupted_split_file_is_marked_loading_and_loaded_whole_next_time(tmp
         return real_insert(*args, **kw)
 
     db = tmp_path / "s.duckdb"
-    monkeypatch.setattr(store, "_insert_part", third_raises)
+    monkeypatch.setattr(load, "_insert_part", third_raises)
     with pytest.raises(KeyboardInterrupt):
         analyze(plain.parent, db=db, jobs=2)
-    monkeypatch.setattr(store, "_insert_part", real_insert)
+    monkeypatch.setattr(load, "_insert_part", real_insert)
     con = store.connect(db)
     assert con.execute("SELECT status FROM files").fetchall() == [("loading",)]
     assert 0 < con.execute("SELECT count(*) FROM kernels").fetchone()[0]  # the first two parts are in
@@ -263,11 +261,10 @@ def test_interrupted_split_file_is_marked_loading_and_loaded_whole_next_time(tmp
 
 
 def test_split_file_with_a_failed_part_is_one_error_and_leaves_no_rows(tmp_path, monkeypatch):
-    from traceanalyze import store
     from traceanalyze.pipeline import analyze
 
     src, plain, _ = _plain_copy(tmp_path, monkeypatch, n_parts=4)
-    monkeypatch.setattr(store, "_parse_one", _third_part_fails)
+    monkeypatch.setattr(load, "_parse_one", _third_part_fails)
     a = analyze(plain.parent, db=tmp_path / "e.duckdb", jobs=2)
     assert a.con.execute("SELECT status, message FROM files").fetchall() == [
         ("error", "an event larger than 64 MiB; the file is corrupt")]
@@ -276,7 +273,7 @@ def test_split_file_with_a_failed_part_is_one_error_and_leaves_no_rows(tmp_path,
     a.con.close()
 
 
-_REAL_PARSE_ONE = store._parse_one
+_REAL_PARSE_ONE = load._parse_one
 
 
 def _third_part_fails(args):  # module level: the parse pool pickles it by name
@@ -291,13 +288,13 @@ def test_load_uses_the_system_allocator_and_puts_the_default_back(tmp_path, monk
     from traceanalyze.pipeline import analyze
 
     seen = []
-    real_insert = store._insert_part
+    real_insert = load._insert_part
 
     def insert(con, items):  # whole files come as a list of (file_id, base, tables), one per file of a batch
         seen.extend((pa.default_memory_pool().backend_name, sorted(tables)) for _, _, tables in items)
         return real_insert(con, items)
 
-    monkeypatch.setattr(store, "_insert_part", insert)
+    monkeypatch.setattr(load, "_insert_part", insert)
     before = pa.default_memory_pool().backend_name
     a = analyze(_write(tmp_path, _trace([_kernel(i) for i in range(50)] + [_op(i) for i in range(50)])), jobs=1)
     assert seen == [("system", ["comm_events", "cpu_ops", "kernels", "threads"])]  # IPC streams, even in-process

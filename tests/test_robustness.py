@@ -27,10 +27,10 @@ from hypothesis import strategies as st
 from markupsafe import escape
 
 from tests.conftest import REAL, real, sample
-from traceanalyze import ingest, store
 from traceanalyze.cli import cli
 from traceanalyze.errors import InputError, TraceanalyzeError
-from traceanalyze.ingest import GPU_CATS, parse_trace
+from traceanalyze.ingest import load, parse
+from traceanalyze.ingest.parse import GPU_CATS, parse_trace
 from traceanalyze.pipeline import analyze, to_json
 from traceanalyze.report import html as report_html
 from traceanalyze.report import render_html, render_markdown
@@ -127,7 +127,7 @@ CASES = {
     "big_json_not_trace": ("rank1.json", lambda p: p.write_text(json.dumps({"a": "x" * 100_000})), "error",
                            "valid JSON but not a trace (no traceEvents array)"),
     "gzip_corrupt": ("rank1.json.gz", _gz_corrupt, "error", "corrupt gzip data (invalid code lengths set)"
-                     if ingest._inflate is zlib else "corrupt gzip data (invalid deflate block found)"),
+                     if parse._inflate is zlib else "corrupt gzip data (invalid deflate block found)"),
     "gzip_cut_in_header": ("rank1.json.gz", lambda p: p.write_bytes(gzip.compress(b'{"traceEvents": []}')[:15]),
                            "error", "gzip stream ends before any event (truncated)"),
     "broken_symlink": ("rank1.json", lambda p: p.symlink_to(p.parent / "gone.json"), "error",
@@ -526,7 +526,7 @@ def test_gzip_bomb_is_bounded_with_a_clear_message(tmp_path):
 
 
 def test_whitespace_bomb_stops_at_the_event_bound(tmp_path, monkeypatch):
-    monkeypatch.setattr(ingest, "MAX_EVENT_BYTES", 1 << 20)
+    monkeypatch.setattr(parse, "MAX_EVENT_BYTES", 1 << 20)
     p = tmp_path / "rank1.json.gz"
     with gzip.open(p, "wb") as fh:
         fh.write(b'{"traceEvents": [{"ph": "X", ' + b" " * (4 << 20))
@@ -653,9 +653,9 @@ def test_interrupted_ingest_leaves_a_usable_database_and_the_rerun_reuses_it(tmp
                                                                              raise_at):
     d = _four_ranks(tmp_path)
     db = tmp_path / "r.duckdb"
-    real_insert = store._insert_part
+    real_insert = load._insert_part
     calls = []
-    monkeypatch.setattr(store, "TRANSACTION_FILES", per_transaction)
+    monkeypatch.setattr(load, "TRANSACTION_FILES", per_transaction)
 
     def third_raises(*args, **kw):  # inside the third file's (or second pair's) open transaction
         calls.append(args[1])
@@ -663,13 +663,13 @@ def test_interrupted_ingest_leaves_a_usable_database_and_the_rerun_reuses_it(tmp
             raise KeyboardInterrupt
         return real_insert(*args, **kw)
 
-    monkeypatch.setattr(store, "_insert_part", third_raises)
+    monkeypatch.setattr(load, "_insert_part", third_raises)
     with pytest.raises(KeyboardInterrupt):
         analyze(d, db=db, jobs=1)
     with duckdb.connect(str(db), read_only=True) as con:
         assert con.execute("SELECT count(*), min(status), max(status) FROM files").fetchone() == (2, "ok", "ok")
         assert con.execute("SELECT count(*) FROM kernels").fetchone() == (80,)
-    monkeypatch.setattr(store, "_insert_part", real_insert)
+    monkeypatch.setattr(load, "_insert_part", real_insert)
     a = analyze(d, db=db, jobs=1)
     assert [f["cached"] for f in a.model["runs"][0]["files"]] == [True, True, False, False]
     assert ranks_of(a.model) == [0, 1, 2, 3]
@@ -679,9 +679,9 @@ def test_interrupted_ingest_leaves_a_usable_database_and_the_rerun_reuses_it(tmp
 
 def test_interrupted_cli_run_says_so_in_one_line(tmp_path, monkeypatch):
     d = _four_ranks(tmp_path)
-    real_insert = store._insert_part
+    real_insert = load._insert_part
     n = [0]
-    monkeypatch.setattr(store, "TRANSACTION_FILES", 1)
+    monkeypatch.setattr(load, "TRANSACTION_FILES", 1)
 
     def second_raises(*args, **kw):
         n[0] += 1
@@ -689,19 +689,19 @@ def test_interrupted_cli_run_says_so_in_one_line(tmp_path, monkeypatch):
             raise KeyboardInterrupt
         return real_insert(*args, **kw)
 
-    monkeypatch.setattr(store, "_insert_part", second_raises)
+    monkeypatch.setattr(load, "_insert_part", second_raises)
     code, _, err = report(d, tmp_path)
     assert code == 130 and err == "traceanalyze: interrupted; files loaded so far stay in the database\n"
-    monkeypatch.setattr(store, "_insert_part", real_insert)
+    monkeypatch.setattr(load, "_insert_part", real_insert)
     code, _, err = report(d, tmp_path)
     assert code == 0 and "wrote" in err
 
 
 KILLER = """
 import os, signal, sys
-from traceanalyze import store
+from traceanalyze.ingest import load
 from traceanalyze.pipeline import analyze
-orig, n = store._insert_part, [0]
+orig, n = load._insert_part, [0]
 def dying(con, *args, **kw):
     n[0] += 1
     if n[0] == 3:  # die inside the third file's transaction, rows half written
@@ -709,8 +709,8 @@ def dying(con, *args, **kw):
         con.execute("INSERT INTO kernels (file_id, name) VALUES (99, 'half')")
         os.kill(os.getpid(), signal.SIGKILL)
     return orig(con, *args, **kw)
-store._insert_part = dying
-store.TRANSACTION_FILES = 1  # a transaction per file, so that the third is the one killed
+load._insert_part = dying
+load.TRANSACTION_FILES = 1  # a transaction per file, so that the third is the one killed
 analyze(sys.argv[1], db=sys.argv[2], jobs=1)
 """
 

@@ -65,8 +65,8 @@ def _foreign(kind: str, path: Path, rnd: random.Random) -> str:
         return "traceanalyze did not create"
     if kind == "other_tool_marker":  # the marker table of another tool
         con = duckdb.connect(str(path))
-        con.execute(f"CREATE TABLE {safety.MARKER_TABLE} (tool VARCHAR, schema_version INTEGER, role VARCHAR)")
-        con.execute(f"INSERT INTO {safety.MARKER_TABLE} VALUES ('othertool', 2, 'report')")
+        con.execute(f"CREATE TABLE {store.MARKER_TABLE} (tool VARCHAR, schema_version INTEGER, role VARCHAR)")
+        con.execute(f"INSERT INTO {store.MARKER_TABLE} VALUES ('othertool', 2, 'report')")
         con.close()
         return "traceanalyze did not create"
     if kind == "catalog":  # a batch catalog passed as --db
@@ -113,15 +113,15 @@ def test_own_databases_carry_the_marker_and_are_reused(tmp_path):
     d = two_ranks(tmp_path)
     db = tmp_path / "r.duckdb"
     assert invoke("report", str(d), "-o", str(tmp_path / "r.html"), "-q")[0] == 0
-    assert safety.db_marker(db) == ("traceanalyze", store.SCHEMA_VERSION, "report")
+    assert store.db_marker(db) == ("traceanalyze", store.SCHEMA_VERSION, "report")
     assert invoke("report", str(d), "-o", str(tmp_path / "r.html"), "-q")[0] == 0  # its own: reused
     archive = tmp_path / "archive"
     archive.mkdir()
     two_ranks(archive, "job1")
     assert invoke("batch", str(archive), "-o", str(tmp_path / "b"), "-j", "1", "-q")[0] == 0
-    assert safety.db_marker(tmp_path / "b" / "catalog.duckdb") == ("traceanalyze", int(batch.CATALOG_VERSION),
+    assert store.db_marker(tmp_path / "b" / "catalog.duckdb") == ("traceanalyze", int(batch.CATALOG_VERSION),
                                                                    "catalog")
-    assert safety.db_marker(tmp_path / "b" / "runs" / "job1" / "report.duckdb")[2] == "report"
+    assert store.db_marker(tmp_path / "b" / "runs" / "job1" / "report.duckdb")[2] == "report"
     # a report database as `export --db` cache: its own role, accepted
     assert invoke("export", str(d), "-o", str(tmp_path / "m.json"), "--db", str(db), "-q")[0] == 0
 
@@ -134,13 +134,13 @@ def test_unmarked_database_of_an_earlier_traceanalyze_is_migrated(tmp_path, old_
     db = tmp_path / "r.duckdb"
     assert invoke("report", str(d), "-o", str(tmp_path / "r.html"), "--json", str(tmp_path / "a.json"))[0] == 0
     con = duckdb.connect(str(db))
-    con.execute(f"DROP TABLE {safety.MARKER_TABLE}")
+    con.execute(f"DROP TABLE {store.MARKER_TABLE}")
     con.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", [str(old_version)])
     con.close()
-    assert safety.db_marker(db) == "legacy-report"
+    assert store.db_marker(db) == "legacy-report"
     code, _, err = invoke("report", str(d), "-o", str(tmp_path / "r.html"), "--json", str(tmp_path / "b.json"))
     assert code == 0, err
-    assert safety.db_marker(db) == ("traceanalyze", store.SCHEMA_VERSION, "report")
+    assert store.db_marker(db) == ("traceanalyze", store.SCHEMA_VERSION, "report")
     con = duckdb.connect(str(db), read_only=True)
     assert con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == (str(store.SCHEMA_VERSION),)
     assert con.execute("SELECT count(*) FROM files").fetchone() == (2,)
@@ -229,7 +229,7 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path, monkeypat
     code, _, err = invoke("report", str(d), "-o", str(out / "r.html"), "-j", "1")
     assert code == 3 and "disk is full" in err and "writing the HTML report" in err and "internal" not in err
     assert (out / "r.html").read_text() == "previous report" and files_under(out) == {"r.html", "r.duckdb"}
-    assert safety.db_marker(out / "r.duckdb")[2] == "report"  # closed cleanly: reused by the next run
+    assert store.db_marker(out / "r.duckdb")[2] == "report"  # closed cleanly: reused by the next run
 
 
 def test_a_failed_export_leaves_no_half_trace(tmp_path, monkeypatch):
@@ -557,8 +557,8 @@ def test_own_outputs_inside_the_input_folder_are_replaced_on_a_rerun(tmp_path):
     assert invoke(*args)[0] == 0
     first = {p.name for p in d.iterdir()}
     assert first == {"rank0.json", "rank1.json", "r.html", "r.json", "r.md", "r.duckdb", "m.json.gz"}
-    assert all(safety.is_own_output(d / n) for n in first - {"rank0.json", "rank1.json"})
-    assert not safety.is_own_output(d / "rank0.json")
+    assert all(safety.is_own_output(d / n, store.is_own_db) for n in first - {"rank0.json", "rank1.json"})
+    assert not safety.is_own_output(d / "rank0.json", store.is_own_db)
     code, _, err = invoke(*args)
     assert code == 0, err
     assert {p.name for p in d.iterdir()} == first

@@ -15,9 +15,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.test_robustness import T0, events, file_warnings, kernel, op, ranks_of, write_trace
-from traceanalyze import discover, ingest, logs, names, safety, store
+from traceanalyze import discover, ingest, logs, names, safety
 from traceanalyze.errors import InputError
-from traceanalyze.ingest import parse_trace
+from traceanalyze.ingest import parse
+from traceanalyze.ingest.parse import parse_trace
 from traceanalyze.pipeline import analyze, to_json
 
 
@@ -137,7 +138,7 @@ def test_one_event_with_a_60_mb_string_is_scanned_once(tmp_path):
     assert tables["cpu_ops"].num_rows == 1001
     assert max(len(n) for n in tables["cpu_ops"].column("name").to_pylist()) == big
     assert info.bytes_read == f.stat().st_size
-    assert info.scanned_bytes <= 2 * info.bytes_read + 4 * ingest.BLOCK_BYTES  # was ~60x before the fix
+    assert info.scanned_bytes <= 2 * info.bytes_read + 4 * parse.BLOCK_BYTES  # was ~60x before the fix
     assert not info.warnings and not info.partial
 
 
@@ -150,7 +151,7 @@ def test_long_events_with_escapes_and_brackets_across_blocks_parse_exactly(tmp_p
     rnd = random.Random(seed)
     pieces = ["\\", '"', "{", "}", "[", "]", "x" * 100, "}, {", '\\"', "\\\\"]
     long_name = "".join(rnd.choice(pieces) for _ in range(250_000))  # ~2.5 MB: several blocks
-    assert len(long_name.encode()) > 4 * ingest.BLOCK_BYTES
+    assert len(long_name.encode()) > 4 * parse.BLOCK_BYTES
     evs = [op(i, name=f"op{i}") for i in range(50)]
     evs.insert(25, op(99, name=long_name))
     text = json.dumps({"traceEvents": evs})
@@ -158,7 +159,7 @@ def test_long_events_with_escapes_and_brackets_across_blocks_parse_exactly(tmp_p
     f.write_text(text)
     info, tables = parse_trace(f)
     assert tables["cpu_ops"].column("name").to_pylist() == [e["name"] for e in evs]
-    assert info.scanned_bytes <= 2 * info.bytes_read + 4 * ingest.BLOCK_BYTES
+    assert info.scanned_bytes <= 2 * info.bytes_read + 4 * parse.BLOCK_BYTES
     at = text.index(json.dumps(long_name)[:40])
     f.write_text(text[: at + len(json.dumps(long_name)) // 2])
     info, tables = parse_trace(f)
@@ -297,7 +298,7 @@ def test_impossible_durations_are_dropped_with_a_counted_warning_row(tmp_path):
 
 
 def test_a_header_cannot_set_the_trace_span(tmp_path):
-    f = write_trace(tmp_path / "rank0.json", 0, 1, events(5), **{ingest.SPAN_KEY: 0.001})
+    f = write_trace(tmp_path / "rank0.json", 0, 1, events(5), **{parse.SPAN_KEY: 0.001})
     a = analyze(f, jobs=1)
     assert a.con.execute("SELECT count(*) FROM kernels").fetchone() == (10,)
     assert not levels(a.model, f)
@@ -402,16 +403,16 @@ def test_a_big_file_changed_at_either_end_gets_another_fingerprint(tmp_path):
     f = tmp_path / "t.json"
     f.write_bytes(b"a" * (3 << 20))
     st = f.stat()
-    before = store.fingerprint(f)
+    before = ingest.fingerprint(f)
     for at in (0, (3 << 20) - 1):
         data = bytearray(f.read_bytes())
         data[at] = ord("b")
         f.write_bytes(bytes(data))
         os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
-        assert store.fingerprint(f) != before
+        assert ingest.fingerprint(f) != before
         f.write_bytes(b"a" * (3 << 20))
         os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
-        assert store.fingerprint(f) == before
+        assert ingest.fingerprint(f) == before
 
 
 def test_rows_of_files_that_left_the_folder_are_deleted(tmp_path):

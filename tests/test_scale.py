@@ -11,8 +11,8 @@ import tracemalloc
 
 import pytest
 
-from traceanalyze import ingest, store
-from traceanalyze.ingest import parse_trace
+from traceanalyze.ingest import load, parse
+from traceanalyze.ingest.parse import parse_trace
 from traceanalyze.pipeline import analyze
 
 
@@ -84,17 +84,17 @@ def test_split_file_with_args_arrays_gives_the_unsplit_rows(tmp_path, monkeypatc
     one.parent.mkdir()
     one.write_bytes(data)
     whole = analyze(one, jobs=1)
-    monkeypatch.setattr(ingest, "SPLIT_MIN_BYTES", 1 << 16)
-    monkeypatch.setattr(store, "PART_BYTES", len(data) // 5 + 1)
+    monkeypatch.setattr(parse, "SPLIT_MIN_BYTES", 1 << 16)
+    monkeypatch.setattr(load, "PART_BYTES", len(data) // 5 + 1)
     wholes = []
-    real_whole = store._FileLoad._parse_whole
-    monkeypatch.setattr(store._FileLoad, "_parse_whole", lambda self: wholes.append(1) or real_whole(self))
+    real_whole = load._FileLoad._parse_whole
+    monkeypatch.setattr(load._FileLoad, "_parse_whole", lambda self: wholes.append(1) or real_whole(self))
     q = "SELECT * EXCLUDE (file_id) FROM {} ORDER BY ALL"
     good = analyze(plain.parent, jobs=2)  # split at the points split_points finds
-    assert len(ingest.split_points(plain, 5)) == 5 and wholes == []
+    assert len(parse.split_points(plain, 5)) == 5 and wholes == []
     bad_points = [0] + [m.start() + 3 for m in re.finditer(rb'\}, \{"ph": "X", "cat": "cpu_op", "name": "fake"', data)
                         ][::1000]
-    monkeypatch.setattr(ingest, "split_points", lambda path, n: bad_points)
+    monkeypatch.setattr(parse, "split_points", lambda path, n: bad_points)
     forced = analyze(plain.parent, jobs=2)  # cut inside args arrays: detected, parsed whole
     assert wholes == [1]
     for t in ("kernels", "cpu_ops", "comm_events", "threads"):
@@ -140,7 +140,7 @@ def test_multi_member_gzip_keeps_its_bounds(tmp_path):
     n = len(data)
     p = tmp_path / "m.json.gz"
     p.write_bytes(_gzip_members(data, [0, n // 2, n]))
-    with pytest.raises(ingest.InputError, match="decompresses to more than"):
+    with pytest.raises(parse.InputError, match="decompresses to more than"):
         parse_trace(p, max_decompressed=n - 100)
     raw = _gzip_members(data, [0, n // 2, n])
     p.write_bytes(raw[: len(raw) - 3000])
@@ -164,7 +164,7 @@ def test_a_reused_worker_does_not_keep_parsed_files(tmp_path):
     tracemalloc.start()
     try:
         for i in range(200):
-            parse_trace(p, out, key="k", chunk_rows=store.WORKER_CHUNK_ROWS)
+            parse_trace(p, out, key="k", chunk_rows=load.WORKER_CHUNK_ROWS)
             if i == 19:
                 gc.collect()
                 after_20 = tracemalloc.get_traced_memory()[0]
@@ -186,11 +186,11 @@ def test_many_files_share_a_transaction_and_give_the_same_rows(tmp_path, monkeyp
         head = {"distributedInfo": {"rank": r, "world_size": 5}, "baseTimeNanoseconds": 10**18 + r}
         (d / f"rank{r}.json").write_text(json.dumps({**head, "traceEvents": ev}))
     calls = []
-    real_insert = store._insert_part
-    monkeypatch.setattr(store, "_insert_part", lambda con, *a: calls.append(len(a[0])) or real_insert(con, *a))
+    real_insert = load._insert_part
+    monkeypatch.setattr(load, "_insert_part", lambda con, *a: calls.append(len(a[0])) or real_insert(con, *a))
     batched = analyze(d, jobs=2)
     assert calls == [5]
-    monkeypatch.setattr(store, "TRANSACTION_FILES", 1)
+    monkeypatch.setattr(load, "TRANSACTION_FILES", 1)
     calls.clear()
     single = analyze(d, jobs=2)
     assert calls == [1] * 5
@@ -205,18 +205,18 @@ def _gz_split_setup(tmp_path, monkeypatch, raw: bytes, n_json: int):
     d = tmp_path / "gz"
     d.mkdir()
     (d / "rank0.json.gz").write_bytes(raw)
-    monkeypatch.setattr(ingest, "SPLIT_MIN_BYTES", 1 << 20)
-    monkeypatch.setattr(store, "PART_BYTES", n_json // 5)
+    monkeypatch.setattr(parse, "SPLIT_MIN_BYTES", 1 << 20)
+    monkeypatch.setattr(load, "PART_BYTES", n_json // 5)
     parts, wholes = [], []
-    real_inflate, real_whole = ingest.inflate_parts, store._FileLoad._parse_whole
+    real_inflate, real_whole = parse.inflate_parts, load._FileLoad._parse_whole
 
     def inflate(*a, **k):
         for name in real_inflate(*a, **k):
             parts.append(name)
             yield name
 
-    monkeypatch.setattr(ingest, "inflate_parts", inflate)
-    monkeypatch.setattr(store._FileLoad, "_parse_whole", lambda self: wholes.append(1) or real_whole(self))
+    monkeypatch.setattr(parse, "inflate_parts", inflate)
+    monkeypatch.setattr(load._FileLoad, "_parse_whole", lambda self: wholes.append(1) or real_whole(self))
     return d, parts, wholes
 
 

@@ -78,7 +78,7 @@ def analyze(inputs: str | Path | list[str | Path], *, baseline: str | Path | lis
 def load(db: str | Path) -> Report:
     """Reopen a report database written by ``traceanalyze report`` (``--db``) or ``analyze(..., db=...)``.
 
-    The database may come from anyone, so it is opened as untrusted (:func:`traceanalyze.safety.open_untrusted`):
+    The database may come from anyone, so it is opened as untrusted (:func:`traceanalyze.store.open_untrusted`):
     read-only, without file-system access (a view over ``read_text('/etc/passwd')`` fails), without extension
     autoload/autoinstall, its configuration locked. The report model is the one stored with the last report.
 
@@ -88,7 +88,7 @@ def load(db: str | Path) -> Report:
     """
     import duckdb
 
-    from traceanalyze.safety import open_untrusted, untrusted_error
+    from traceanalyze.store import open_untrusted, untrusted_error
 
     p = Path(db)
     if not p.is_file():

@@ -37,8 +37,8 @@ Nothing here schedules work itself: the executors do.
 
 Catalog tables (``OUTDIR/catalog.duckdb``; open it with ``traceanalyze sql``):
 
-- ``runs``: one row per run (columns in :data:`CATALOG_DDL`): ``run_id`` (the run's folder relative to
-  ARCHIVE), ``status`` (ok / partial / error) and ``error``, ``date`` (UTC: the first event of the traces,
+- ``runs``: one row per run (columns in :data:`traceanalyze.store.CATALOG_DDL`): ``run_id`` (the run's folder
+  relative to ARCHIVE), ``status`` (ok / partial / error) and ``error``, ``date`` (UTC: the first event of the traces,
   ``baseTimeNanoseconds`` applied, else the folder's mtime; ``date_source`` says which), ``world_size``,
   ``gpu_model``, ``mode``, ``step_time_us``, ``mfu_pct``, the top finding (``top_cause``, ``top_kind``,
   ``top_impact_pct``, ...: the highest-ranked finding of high or medium severity, NULL for a healthy run),
@@ -56,101 +56,29 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
-import multiprocessing as mp
 import os
 import re
 import shutil
 import statistics
 import time
-from collections.abc import Callable, Iterator
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from concurrent.futures.process import BrokenProcessPool
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import duckdb
 
-from traceanalyze import __version__
-from traceanalyze.errors import TraceanalyzeError
+from traceanalyze import __version__, store
+from traceanalyze.errors import TraceanalyzeError, one_line
+from traceanalyze.executors import DaskExecutor, LocalExecutor
 from traceanalyze.report import render_batch_index, render_html
 from traceanalyze.safety import atomic_path, atomic_write_text, check_outputs
+from traceanalyze.store import CATALOG_DDL, CATALOG_VERSION
 
-CATALOG_VERSION = "1"
 REGRESSION_THRESHOLD = 1.2  # step time above this × the group's median of earlier runs is a regression
 _EPOCH_NS = 10**18  # event times above this are epoch ns (after 2001-09-09); below, a trace-relative clock
 
-CATALOG_DDL = f"""
-CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR);
-INSERT OR IGNORE INTO meta VALUES ('catalog_version', '{CATALOG_VERSION}');
-CREATE TABLE IF NOT EXISTS runs (
-    run_id VARCHAR PRIMARY KEY,    -- the run's folder relative to ARCHIVE
-    path VARCHAR,                  -- the run's folder (resolved)
-    slug VARCHAR,                  -- its output folder: OUTDIR/runs/<slug>/
-    status VARCHAR,                -- ok | partial (some trace unreadable or truncated) | error
-    error VARCHAR,                 -- why error (or what was partial)
-    fingerprint VARCHAR,           -- sha256 of the files' paths (in ARCHIVE), sizes, mtimes, version, options
-    n_files INTEGER,               -- trace files + logs/configs
-    trace_bytes BIGINT,            -- trace files' size on disk
-    json_bytes BIGINT,             -- decompressed trace JSON read
-    date TIMESTAMP,                -- UTC: first trace event, else the folder's mtime
-    date_source VARCHAR,           -- trace | mtime
-    name VARCHAR,                  -- run name in its report
-    group_name VARCHAR,            -- model name from logs/configs, else the folder name
-    group_key VARCHAR,             -- group_name + world size: runs that are compared with each other
-    world_size INTEGER, backend VARCHAR, mode VARCHAR, gpu_model VARCHAR,
-    step_time_us DOUBLE,           -- median over ranks of the mean ProfilerStep time
-    mfu_pct DOUBLE,                -- from GEMM FLOPs in the trace, else the logs' median; NULL if unknown
-    verdict VARCHAR,
-    top_cause VARCHAR, top_kind VARCHAR, top_severity VARCHAR, top_impact_pct DOUBLE, top_title VARCHAR,
-    n_findings INTEGER,
-    findings JSON,                 -- every finding of the run, ranked (the report's "findings")
-    report_html VARCHAR, report_json VARCHAR, report_db VARCHAR,   -- relative to OUTDIR
-    analyzed_at TIMESTAMP, analyze_s DOUBLE,
-    regression BOOLEAN,            -- step time > threshold × median of the group's earlier runs
-    regression_ratio DOUBLE,       -- step time / that median
-    regression_median_us DOUBLE,   -- the median of the group's earlier runs
-    regression_reference VARCHAR,  -- run_id of the earlier run compared against (closest to the median)
-    regression_part VARCHAR,       -- the part of the step that grew most (compute, exposed communication, ...)
-    regression_delta_us DOUBLE,    -- step-time difference against the reference
-    regression_cause VARCHAR, regression_kind VARCHAR,
-    regression_finding VARCHAR,    -- title of the finding that explains the difference
-    regression_report VARCHAR,     -- comparison report (relative to OUTDIR)
-    regression_key VARCHAR,        -- fingerprints of run + reference: the comparison is redone when it changes
-    regression_error VARCHAR
-);
-CREATE TABLE IF NOT EXISTS findings (
-    run_id VARCHAR, pos INTEGER,   -- 1 = the run's top finding
-    cause VARCHAR, kind VARCHAR, severity VARCHAR, impact_pct DOUBLE, ranks JSON, title VARCHAR,
-    evidence JSON, recommendation VARCHAR
-);
-CREATE TABLE IF NOT EXISTS rank_metrics (
-    run_id VARCHAR, rank INTEGER, mode VARCHAR, n_files INTEGER,
-    window_us DOUBLE, busy_us DOUBLE, idle_us DOUBLE, compute_us DOUBLE, non_compute_us DOUBLE,
-    idle_pct DOUBLE, compute_pct DOUBLE, non_compute_pct DOUBLE,
-    comm_us DOUBLE, comm_comp_overlap_pct DOUBLE, exposed_comm_us DOUBLE,
-    kernel_compute_us DOUBLE, kernel_comm_us DOUBLE, kernel_memory_us DOUBLE, n_kernels BIGINT,
-    n_steps INTEGER, step_time_us DOUBLE
-);
-CREATE TABLE IF NOT EXISTS batches (
-    started_at TIMESTAMP, seconds DOUBLE, archive VARCHAR, executor VARCHAR, jobs INTEGER,
-    n_runs INTEGER, analyzed INTEGER, unchanged INTEGER, removed INTEGER, errors INTEGER, regressions INTEGER,
-    trace_bytes BIGINT,            -- trace bytes (on disk) of the runs analyzed by this invocation
-    json_bytes BIGINT
-);
-"""
-
-
-
-def _columns(table: str) -> list[str]:
-    """Column names of a table of :data:`CATALOG_DDL`, in order."""
-    body = CATALOG_DDL.split(f"CREATE TABLE IF NOT EXISTS {table} (")[1].split(");")[0]
-    return [c.split()[0] for c in re.sub(r"--[^\n]*", "", body).split(",") if c.strip()]
-
-
-_RUN_COLUMNS = _columns("runs")
-_RANK_COLUMNS = ["rank", "mode", "n_files", "window_us", "busy_us", "idle_us", "compute_us", "non_compute_us",
-                 "idle_pct", "compute_pct", "non_compute_pct", "comm_us", "comm_comp_overlap_pct", "exposed_comm_us",
-                 "kernel_compute_us", "kernel_comm_us", "kernel_memory_us", "n_kernels", "n_steps", "step_time_us"]
+_RUN_COLUMNS = [name for name, _ in store.table_columns(CATALOG_DDL, "runs")]
+_RANK_COLUMNS = [name for name, _ in store.table_columns(CATALOG_DDL, "rank_metrics") if name != "run_id"]
 _FINDING_COLUMNS = ["cause", "kind", "severity", "impact_pct", "ranks", "title", "evidence", "recommendation"]
 _REGRESSION_COLUMNS = [c for c in _RUN_COLUMNS if c.startswith("regression")]
 
@@ -222,7 +150,7 @@ def analyze_run(task: dict) -> dict:
         a = pipeline.analyze(task["files"], db=out / "report.duckdb", jobs=1, link_bw_gbps=task.get("link_bw_gbps"),
                              peak_tflops=task.get("peak_tflops"))
     except Exception as exc:  # a bad run must not stop the batch: its row says why
-        row["error"] = _one_line(exc)
+        row["error"] = one_line(exc)
         row["analyze_s"] = round(time.perf_counter() - t0, 3)
         row["group_key"] = _group_key(row["group_name"], None)
         return result
@@ -275,7 +203,7 @@ def analyze_run(task: dict) -> dict:
             row["status"] = "partial" if problems else "ok"
             row["error"] = "; ".join(_warning_text(w) for w in problems[:3]) or None
     except Exception as exc:
-        row["status"], row["error"] = "error", _one_line(exc)
+        row["status"], row["error"] = "error", one_line(exc)
     finally:
         a.con.close()
     row["group_key"] = _group_key(row["group_name"], row["world_size"])
@@ -309,7 +237,7 @@ def explain_regression(task: dict) -> dict:
         a = pipeline.analyze(task["files"], baseline=task["ref_files"], db=db, jobs=1,
                              link_bw_gbps=task.get("link_bw_gbps"), peak_tflops=task.get("peak_tflops"))
     except Exception as exc:
-        res["regression_error"] = _one_line(exc)
+        res["regression_error"] = one_line(exc)
         return res
     try:
         model = a.model
@@ -336,15 +264,10 @@ def explain_regression(task: dict) -> dict:
             res.update(regression_cause=chosen["cause"], regression_kind=chosen["kind"],
                        regression_finding=chosen["title"])
     except Exception as exc:
-        res["regression_error"] = _one_line(exc)
+        res["regression_error"] = one_line(exc)
     finally:
         a.con.close()
     return res
-
-
-def _one_line(exc: BaseException) -> str:
-    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return msg if isinstance(exc, TraceanalyzeError) else f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
 
 
 def _warning_text(w: dict) -> str:
@@ -370,101 +293,6 @@ def _folder_group_name(run_id: str) -> str:
 
 def _group_key(name: str | None, world_size: int | None) -> str:
     return f"{name or '?'} / {world_size if world_size else '?'} ranks"
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Executors: concurrent.futures processes, or Dask. Both yield (task, result, error) as tasks finish.
-
-class LocalExecutor:
-    """``--jobs`` worker processes (``ProcessPoolExecutor``), one run per process at a time; inline for 1 job.
-
-    A worker that dies (killed for memory, a crash in a native library) breaks the pool: the runs it took down
-    with it are then retried one at a time, each in a fresh process, so only the culprit is reported."""
-
-    name = "local"
-
-    def __init__(self, jobs: int) -> None:
-        self.jobs = max(1, jobs)
-
-    def results(self, fn: Callable[[dict], dict], tasks: list[dict]) -> Iterator[tuple[dict, dict | None, str | None]]:
-        if self.jobs == 1 or len(tasks) <= 1:
-            for t in tasks:
-                try:
-                    yield t, fn(t), None
-                except Exception as exc:
-                    yield t, None, _one_line(exc)
-            return
-        if "forkserver" in mp.get_all_start_methods():
-            ctx = mp.get_context("forkserver")  # not fork: this process holds an open DuckDB (threads)
-            ctx.set_forkserver_preload(["traceanalyze.batch", "traceanalyze.pipeline", "traceanalyze.report"])
-        else:
-            ctx = mp.get_context("spawn")
-        retry: list[dict] = []
-        pool = ProcessPoolExecutor(max_workers=min(self.jobs, len(tasks)), mp_context=ctx)
-        try:
-            futs = {pool.submit(fn, t): t for t in tasks}
-            for fut in as_completed(futs):
-                t = futs[fut]
-                try:
-                    yield t, fut.result(), None
-                except BrokenProcessPool:
-                    retry.append(t)
-                except Exception as exc:
-                    yield t, None, _one_line(exc)
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)
-        for t in retry:
-            with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as solo:
-                try:
-                    yield t, solo.submit(fn, t).result(), None
-                except BrokenProcessPool:
-                    yield t, None, "the worker process died while analyzing this run (out of memory?)"
-                except Exception as exc:
-                    yield t, None, _one_line(exc)
-
-    def close(self) -> None:
-        pass
-
-
-class DaskExecutor:
-    """``dask.distributed``: a ``LocalCluster`` of ``jobs`` single-threaded worker processes, or the cluster
-    whose scheduler is at ``scheduler`` (``tcp://host:8786``)."""
-
-    name = "dask"
-
-    def __init__(self, jobs: int, scheduler: str | None = None, processes: bool = True) -> None:
-        try:
-            from dask.distributed import Client, LocalCluster
-        except ImportError:
-            raise TraceanalyzeError("the dask executor needs Dask: pip install 'traceanalyze[dask]'") from None
-        self.cluster = None
-        try:
-            if scheduler:
-                self.client = Client(scheduler, timeout="30s")
-            else:
-                self.cluster = LocalCluster(n_workers=max(1, jobs), threads_per_worker=1, processes=processes,
-                                            dashboard_address=None)
-                self.client = Client(self.cluster)
-        except OSError as exc:
-            raise TraceanalyzeError(f"cannot reach the Dask scheduler {scheduler or '(local)'}: {exc}") from None
-
-    def results(self, fn: Callable[[dict], dict], tasks: list[dict]) -> Iterator[tuple[dict, dict | None, str | None]]:
-        from dask.distributed import as_completed as dask_completed
-
-        futs = [self.client.submit(fn, t, pure=False) for t in tasks]
-        by_key = {f.key: t for f, t in zip(futs, tasks, strict=True)}
-        for fut in dask_completed(futs):
-            t = by_key[fut.key]
-            try:
-                yield t, fut.result(), None
-            except Exception as exc:  # KilledWorker after Dask's own retries, or a bug
-                yield t, None, _one_line(exc)
-            fut.release()
-
-    def close(self) -> None:
-        self.client.close()
-        if self.cluster is not None:
-            self.cluster.close()
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -519,11 +347,9 @@ def _slug(run_id: str) -> str:
 def open_catalog(path: str | Path, read_only: bool = False) -> duckdb.DuckDBPyConnection:
     """Open (create) the catalog database. Raises :class:`TraceanalyzeError` when it is in use or unusable, and
     :class:`~traceanalyze.errors.UsageError` (file untouched) for a file that is not a traceanalyze batch catalog
-    (:func:`traceanalyze.safety.check_own_db`); an unmarked catalog of an earlier traceanalyze gets the marker."""
-    from traceanalyze.safety import check_own_db
-
+    (:func:`traceanalyze.store.check_own_db`); an unmarked catalog of an earlier traceanalyze gets the marker."""
     if not read_only:
-        check_own_db(path, "catalog")
+        store.check_own_db(path, "catalog")
     try:
         con = duckdb.connect(str(path), read_only=read_only)
     except duckdb.Error as exc:
@@ -533,18 +359,7 @@ def open_catalog(path: str | Path, read_only: bool = False) -> duckdb.DuckDBPyCo
                                     "output folder?)") from None
         raise TraceanalyzeError(f"{path}: cannot open the catalog ({first})") from None
     if not read_only:
-        version = None
-        try:
-            version = con.execute("SELECT value FROM meta WHERE key = 'catalog_version'").fetchone()
-        except duckdb.Error:
-            pass
-        if version is not None and version[0] != CATALOG_VERSION:  # older layout: start over, re-analyze all
-            for t in ("meta", "runs", "findings", "rank_metrics", "batches"):
-                con.execute(f"DROP TABLE IF EXISTS {t}")
-        con.execute(CATALOG_DDL)
-        from traceanalyze.safety import write_marker
-
-        write_marker(con, int(CATALOG_VERSION), "catalog")
+        store.create_catalog(con)
     return con
 
 

@@ -361,7 +361,7 @@ def sql(ctx: click.Context, db: str, query: str, as_csv: bool) -> None:
     """
     import duckdb
 
-    from traceanalyze.safety import open_untrusted, untrusted_error
+    from traceanalyze.store import open_untrusted, untrusted_error
 
     def run() -> None:
         # the database may come from anyone: read-only, no file access, no extensions (README, Safety)
@@ -530,7 +530,7 @@ def _guard(ctx: click.Context, fn) -> None:
 
 def main() -> None:
     """Console-script entry point."""
-    from traceanalyze.store import block_pandas
+    from traceanalyze.ingest import block_pandas
 
     block_pandas()
     cli(prog_name="traceanalyze")

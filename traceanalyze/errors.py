@@ -48,3 +48,10 @@ class EnvironmentFailure(TraceanalyzeError):
         self.code = code
         self.exit_code = EXIT_MEMORY if memory else EXIT_WRITE
         super().__init__(message)
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as one line for a catalog row or a result: a :class:`TraceanalyzeError`'s own first line, any
+    other exception's type and first line (``OSError: ...``)."""
+    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return msg if isinstance(exc, TraceanalyzeError) else f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__

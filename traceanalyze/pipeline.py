@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 import duckdb
 
-from traceanalyze import __version__, hardware, store
+from traceanalyze import __version__, hardware, ingest, store
 from traceanalyze.discover import Discovery, Run, assign_ranks, check_headers, discover, window_grouping
 from traceanalyze.errors import TraceanalyzeError
+from traceanalyze.executors import DaskExecutor
 from traceanalyze.fmt import ranges, rank_spans
 
 if TYPE_CHECKING:
@@ -61,7 +62,7 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
             topology, NCCL transport or GPU model suggest.
         peak_tflops: dense peak TFLOPS of the GPU for MFU; overrides the datasheet table.
         max_decompressed: bound in bytes on what one trace may inflate to (gzip bombs); default
-            :data:`traceanalyze.ingest.DEFAULT_MAX_DECOMPRESSED`. A file over it is an error row, the rest go on.
+            :data:`traceanalyze.ingest.parse.DEFAULT_MAX_DECOMPRESSED`. A file over it is an error row, the rest go on.
         gpu: the GPU when a trace's ``deviceProperties`` do not say (``--gpu``): a name or a compute capability
             (:func:`traceanalyze.hardware.parse_gpu_option`); GPU-dependent advice reads it.
         outputs: (option name, path) of the files the caller will write; checked with ``db`` against every
@@ -70,7 +71,7 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
         follow_external_symlinks: read files and walk folders that symlinks inside an input folder point to
             outside it; without it they are skipped with a warning (:func:`traceanalyze.discover.discover`).
         executor: ``"local"`` (processes here) or ``"dask"``: the per-rank parse runs on a Dask cluster, with the
-            executor of ``traceanalyze batch`` (:class:`traceanalyze.batch.DaskExecutor`, ``jobs`` local workers
+            executor of ``traceanalyze batch`` (:class:`traceanalyze.executors.DaskExecutor`, ``jobs`` local workers
             unless ``scheduler`` is given); the workers write Arrow IPC streams beside ``db`` that this process
             loads, so its memory is bounded by a file's part, not by the traces.
         scheduler: address of a running Dask scheduler (``tcp://host:8786``); implies ``executor="dask"``. Its
@@ -128,22 +129,18 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
         on_total(sum(_size(p) for p in all_paths))
     bound = {} if max_decompressed is None else {"max_decompressed": max_decompressed}
     loaded = {lf.path: lf for lf in _load(con, all_paths, jobs, progress, bound, executor, scheduler, db)}
-    store.forget_files(con, all_paths)  # rows of files that left the folder (README, Safety: never stale)
-    from traceanalyze.sanity import drop_impossible_durations
-
-    for lf in loaded.values():  # once per parse: the count stays in files.message for cached re-runs
-        if not lf.cached and lf.file_id is not None and lf.error is None:
-            drop_impossible_durations(con, lf.file_id, store.file_header(con, lf.file_id))
-    from traceanalyze import diagnose, metrics
+    ingest.forget_files(con, all_paths)  # rows of files that left the folder (README, Safety: never stale)
+    # once per parse: the count stays in files.message for cached re-runs
+    ingest.drop_impossible_durations(con, [lf.file_id for lf in loaded.values()
+                                           if not lf.cached and lf.file_id is not None and lf.error is None])
+    from traceanalyze import diagnose
     from traceanalyze.replay.whatif import apply_to_findings
 
     for t in store.REPORT_TABLES:
         con.execute(f"DELETE FROM {t}")
     con.execute("UPDATE files SET run_id = NULL, rank = NULL, \"window\" = NULL")
-    con.execute(metrics.METRIC_TABLES)
-    from traceanalyze.metrics.idle import IDLE_TABLE
-
-    con.execute(IDLE_TABLE)
+    con.execute(store.METRIC_TABLES)
+    con.execute(store.IDLE_TABLE)
     unreadable, warned = set(disc.unreadable), set(disc.warned)
     warnings: list[dict] = [{"file": f, "message": m,
                              "level": "error" if f in unreadable else "warning" if f in warned else "info"}
@@ -207,20 +204,18 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
 
 def _load(con, paths: list[Path], jobs: int | None, progress, bound: dict, executor: str, scheduler: str | None,
           db) -> list:
-    """:func:`store.load_traces` in local processes, or on a Dask cluster (the executor ``batch`` uses)."""
+    """:func:`ingest.load_traces` in local processes, or on a Dask cluster (the executor ``batch`` uses)."""
     if executor == "local" and not scheduler:
-        return store.load_traces(con, paths, jobs=jobs, progress=progress, **bound)
+        return ingest.load_traces(con, paths, jobs=jobs, progress=progress, **bound)
     if executor not in ("local", "dask"):
         raise TraceanalyzeError(f"unknown executor {executor!r} (local or dask)")
     import os
-
-    from traceanalyze.batch import DaskExecutor
 
     ex = DaskExecutor(jobs or os.cpu_count() or 1, scheduler)
     # with a remote scheduler the workers write where they and this process both see: beside the database
     parts = Path(str(db) + ".parts") if scheduler and db is not None and str(db) != ":memory:" else None
     try:
-        return store.load_traces(con, paths, jobs=jobs, progress=progress, executor=ex, parts_dir=parts, **bound)
+        return ingest.load_traces(con, paths, jobs=jobs, progress=progress, executor=ex, parts_dir=parts, **bound)
     finally:
         ex.close()
         if parts is not None:
@@ -244,7 +239,7 @@ def _check_outputs(disc: Discovery, given: list, db, outputs) -> None:
         inputs += r.traces
         inputs += [s.path for s in r.sidecars]
     inputs += [Path(f) for f, _ in disc.skipped]
-    check_outputs(outs, inputs, [p for p in given if Path(p).is_dir()])
+    check_outputs(outs, inputs, [p for p in given if Path(p).is_dir()], is_own_db=store.is_own_db)
     if db is not None and str(db) != ":memory:":
         Path(db).parent.mkdir(parents=True, exist_ok=True)
 
@@ -252,7 +247,7 @@ def _check_outputs(disc: Discovery, given: list, db, outputs) -> None:
 def _cache_key(disc: Discovery, roles: dict, link_bw: float | None, peak: float | None,
                max_decompressed: int | None = None, gpu: str | None = None, follow: bool = False) -> str:
     """Hash of everything a report depends on: tool version, options, and each input file's path and
-    :func:`store.fingerprint` (size, mtime, content)."""
+    :func:`ingest.fingerprint` (size, mtime, content)."""
     import hashlib
 
     h = hashlib.sha256(f"{__version__}|{link_bw}|{peak}|{max_decompressed}|{gpu}|{follow}".encode())
@@ -260,7 +255,7 @@ def _cache_key(disc: Discovery, roles: dict, link_bw: float | None, peak: float 
         h.update(f"|run {r.path} {roles.get(id(r))}".encode())
         for p in [*r.traces, *(s.path for s in r.sidecars)]:
             try:
-                h.update(f"|{p.resolve()} {store.fingerprint(p)}".encode())  # size, mtime and content
+                h.update(f"|{p.resolve()} {ingest.fingerprint(p)}".encode())  # size, mtime and content
             except OSError:
                 h.update(f"|{p} missing".encode())
     for f, m in disc.skipped:

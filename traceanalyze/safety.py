@@ -1,17 +1,17 @@
 """Safety rails for what traceanalyze writes and prints (README, "Safety"):
 
-- :func:`check_own_db`: ``--db``, the parse cache and the batch catalog change only a DuckDB file that
-  traceanalyze created, recognised by its marker table (:data:`MARKER_TABLE`: tool, schema version, role).
 - :func:`check_outputs`: no output path is an input file (resolved paths, symlinks and hard links count), no two
   outputs share a path, and every output folder is writable; checked before any work.
 - :func:`atomic_write_text` / :func:`atomic_path`: every output goes to a temporary file in its own folder and is
   renamed into place (``os.replace``), so a failure never leaves half a file.
-- :func:`open_untrusted`: a database a user hands in is opened read-only, without file-system access and without
-  extension autoload/autoinstall, its configuration locked.
 - :func:`terminal` and :func:`md_text`: input-derived text made inert for a terminal and for CommonMark/GFM.
 - :func:`redact`: credential-like keys (and ``NAME=value`` in strings) removed from what a trace header or an
   environment file holds, before anything is stored.
 - :func:`env_allowed`: the allow-list of environment variables that ``capture`` records and ``logs`` reads back.
+
+Our DuckDB files (the marker that ``--db``, the parse cache and the batch catalog check, and databases handed in
+by users, opened untrusted) are :mod:`traceanalyze.store`'s: this module imports nothing of the project but its
+errors, so the output checks take store's test for our own databases as an argument.
 """
 
 from __future__ import annotations
@@ -21,21 +21,13 @@ import errno
 import os
 import re
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from traceanalyze.errors import EnvironmentFailure, TraceanalyzeError, UsageError
 
-TOOL = "traceanalyze"
-MARKER_TABLE = "traceanalyze_marker"  # one row: (tool, schema_version, role)
-ROLES = {"report": "report database", "catalog": "batch catalog"}
 # DuckDB's file header: 8 bytes of checksum, then the magic bytes (duckdb storage format, "DUCK" at offset 8)
 _DUCKDB_MAGIC = b"DUCK"
-
-# Set at connect (cannot be changed later with lock_configuration): a crafted view over read_text('/etc/passwd'),
-# read_csv(...), COPY ... TO, ATTACH or an extension install fails with a PermissionException.
-UNTRUSTED_CONFIG = {"enable_external_access": False, "autoload_known_extensions": False,
-                    "autoinstall_known_extensions": False, "lock_configuration": True}
 
 
 # ---- terminal and Markdown text ---------------------------------------------------------------------------------
@@ -154,148 +146,17 @@ def redact(obj: object) -> object:
     return root
 
 
-# ---- databases ----------------------------------------------------------------------------------------------------
-
-def _is_duckdb_file(path: Path) -> bool:
-    with open(path, "rb") as fh:
-        head = fh.read(12)
-    return len(head) == 12 and head[8:12] == _DUCKDB_MAGIC
-
-
-def open_untrusted(path: str | Path, busy: str = ""):
-    """Open a DuckDB database a user hands in: read-only, no file-system access, no extension autoload/install,
-    configuration locked (:data:`UNTRUSTED_CONFIG`). ``busy`` ends the message when another process holds it.
-
-    Raises:
-        TraceanalyzeError: the file cannot be opened (not a DuckDB database, in use, unreadable).
-    """
-    import duckdb
-
-    try:
-        return duckdb.connect(str(path), read_only=True, config=dict(UNTRUSTED_CONFIG))
-    except duckdb.Error as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        if "lock" in first.lower():
-            raise TraceanalyzeError(f"{path}: the database is in use by another traceanalyze run; wait for it to "
-                                    f"finish{busy}") from None
-        raise TraceanalyzeError(f"{path}: cannot open the database ({first})") from None
-
-
-def untrusted_error(path: str | Path, exc: Exception) -> TraceanalyzeError:
-    """The one-line error for a query on an untrusted database that failed (a refused file access named)."""
-    import duckdb
-
-    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    if isinstance(exc, duckdb.PermissionException):
-        return TraceanalyzeError(f"{path}: refused: the database tries to read or write files outside itself "
-                                 f"({first}); databases handed to traceanalyze are opened without file access")
-    return TraceanalyzeError(f"query failed: {first}")
-
-
-def _tables(con) -> set[str]:
-    return {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main' "
-                                      "UNION ALL SELECT view_name FROM duckdb_views() WHERE schema_name = 'main' "
-                                      "AND NOT internal").fetchall()}
-
-
-# The tables an unmarked database written before the marker existed holds: such a file is adopted (migrated).
-_LEGACY = {"report": ({"meta", "files", "kernels", "cpu_ops", "runs", "report_cache"}, "schema_version"),
-           "catalog": ({"meta", "runs", "findings", "rank_metrics", "batches"}, "catalog_version")}
-
-
-def db_marker(path: str | Path) -> tuple[str, int, str] | str | None:
-    """What the database at ``path`` is: ``(tool, schema_version, role)`` from its marker; ``"legacy-report"`` or
-    ``"legacy-catalog"`` for a database of an earlier traceanalyze (its tables and its ``meta`` version key, no
-    marker); None for any other DuckDB database. Reads only (opened as :func:`open_untrusted`)."""
-    import duckdb
-
-    try:
-        con = open_untrusted(path, busy=" or pass a different --db")
-    except TraceanalyzeError as exc:
-        if "different configuration" not in str(exc):
-            raise
-        # this process holds it open already (a Python session that ran analyze on it): share that instance
-        con = duckdb.connect(str(path))
-    try:
-        tables = _tables(con)
-        if MARKER_TABLE in tables:
-            row = con.execute(f"SELECT tool, schema_version, role FROM {MARKER_TABLE} LIMIT 1").fetchone()
-            if row is not None and row[0] == TOOL:
-                return str(row[0]), int(row[1]), str(row[2])
-            return None
-        for role, (need, key) in _LEGACY.items():
-            if need <= tables:
-                if con.execute("SELECT count(*) FROM meta WHERE key = ?", [key]).fetchone()[0]:
-                    return f"legacy-{role}"
-        return None
-    except Exception:  # a view that reads files, a table of another shape: not ours
-        return None
-    finally:
-        con.close()
-
-
-def check_own_db(path: str | Path | None, role: str) -> str:
-    """Refuse, before anything is written, a database path that exists and is not traceanalyze's own of ``role``.
-
-    Returns ``"new"`` (no file yet), ``"own"`` (marked, this role) or ``"legacy"`` (an unmarked database written
-    by an earlier traceanalyze with this role's tables: the caller adds the marker, a migration).
-
-    Raises:
-        UsageError: the path is a folder, not a DuckDB file, a DuckDB database traceanalyze did not create, or
-            one of the other role (a batch catalog passed as ``--db``, a report database as a catalog). The
-            file is not opened for writing, so it stays byte-identical.
-        TraceanalyzeError: the file is in use or unreadable.
-    """
-    if path is None or str(path) == ":memory:":
-        return "new"
-    p = Path(path)
-    if not p.exists() and not p.is_symlink():
-        return "new"
-    what = ROLES[role]
-    if not p.is_file():
-        raise UsageError(f"{p}: not a file; the {what} must be a DuckDB file that traceanalyze creates")
-    try:
-        duck = _is_duckdb_file(p)
-    except OSError as exc:
-        raise TraceanalyzeError(f"{p}: cannot read ({exc.strerror or exc})") from None
-    if not duck:
-        raise UsageError(f"{p}: exists and is not a DuckDB database; traceanalyze writes only databases it "
-                         f"created, so it is left untouched: pass another path for the {what}")
-    mark = db_marker(p)
-    if isinstance(mark, tuple):
-        if mark[2] == role:
-            return "own"
-        raise UsageError(f"{p}: is a traceanalyze {ROLES.get(mark[2], mark[2])}, not a {what}; it is left "
-                         f"untouched: pass another path")
-    if mark == f"legacy-{role}":
-        return "legacy"
-    if isinstance(mark, str):  # legacy database of the other role
-        other = mark.removeprefix("legacy-")
-        raise UsageError(f"{p}: is a traceanalyze {ROLES[other]}, not a {what}; it is left untouched: "
-                         "pass another path")
-    raise UsageError(f"{p}: is a DuckDB database that traceanalyze did not create (no {MARKER_TABLE} table); "
-                     f"it is left untouched: pass another path for the {what}")
-
-
-def write_marker(con, schema_version: int, role: str) -> None:
-    """Create or refresh the marker table of a database traceanalyze writes."""
-    con.execute(f"CREATE TABLE IF NOT EXISTS {MARKER_TABLE} (tool VARCHAR, schema_version INTEGER, role VARCHAR)")
-    row = con.execute(f"SELECT tool, schema_version, role FROM {MARKER_TABLE}").fetchall()
-    if row != [(TOOL, schema_version, role)]:
-        con.execute(f"DELETE FROM {MARKER_TABLE}")
-        con.execute(f"INSERT INTO {MARKER_TABLE} VALUES (?, ?, ?)", [TOOL, schema_version, role])
-
-
 # ---- output paths ---------------------------------------------------------------------------------------------------
 
 def _key(p: Path) -> str:
     return os.path.normcase(os.path.realpath(p))  # realpath does not raise on a symlink loop
 
 
-def is_own_output(path: str | Path) -> bool:
+def is_own_output(path: str | Path, is_own_db: Callable[[Path], bool] | None = None) -> bool:
     """Whether an existing file is one traceanalyze wrote: an HTML report or batch index (its generator meta), a
     JSON report (``"tool": {"name": "traceanalyze"``), a Markdown summary (``## traceanalyze:``), a merged trace
-    (``{"traceanalyze_export"``, gzip or not), or a DuckDB database with the marker (or an earlier one's tables)."""
+    (``{"traceanalyze_export"``, gzip or not), or a DuckDB database that ``is_own_db`` recognises
+    (:func:`traceanalyze.store.is_own_db`: the marker, or an earlier one's tables; without it, no database is)."""
     import gzip
 
     p = Path(path)
@@ -306,7 +167,7 @@ def is_own_output(path: str | Path) -> bool:
             with gzip.open(p, "rb") as fh:
                 head = fh.read(4096)
         if len(head) >= 12 and head[8:12] == _DUCKDB_MAGIC:
-            return db_marker(p) is not None
+            return is_own_db is not None and is_own_db(p)
     except (OSError, EOFError, TraceanalyzeError):
         return False
     return (b'<meta name="generator" content="traceanalyze' in head or head.startswith(b"## traceanalyze:")
@@ -315,7 +176,7 @@ def is_own_output(path: str | Path) -> bool:
 
 
 def check_outputs(outputs: Iterable[tuple[str, str | Path]], inputs: Iterable[str | Path],
-                  input_dirs: Iterable[str | Path] = ()) -> None:
+                  input_dirs: Iterable[str | Path] = (), is_own_db: Callable[[Path], bool] | None = None) -> None:
     """Refuse, before any work, outputs that are inputs or that share a path, and outputs in unwritable folders.
 
     Args:
@@ -323,6 +184,8 @@ def check_outputs(outputs: Iterable[tuple[str, str | Path]], inputs: Iterable[st
         inputs: every file the command reads (traces, logs, sidecars, files looked at and skipped).
         input_dirs: the folders given as inputs: an existing file inside one of them is an input unless
             traceanalyze wrote it (:func:`is_own_output`), whether the analysis reads it or not.
+        is_own_db: recognises the DuckDB databases traceanalyze wrote (:func:`traceanalyze.store.is_own_db`), for
+            :func:`is_own_output`; without it, a database inside an input folder counts as an input.
 
     Raises:
         UsageError: an output is an input (same resolved path, or the same file through a hard link:
@@ -345,7 +208,7 @@ def check_outputs(outputs: Iterable[tuple[str, str | Path]], inputs: Iterable[st
         k = _key(p)
         hit = in_keys.get(k)
         real = os.path.realpath(p)
-        if hit is None and os.path.lexists(p) and not is_own_output(p):
+        if hit is None and os.path.lexists(p) and not is_own_output(p, is_own_db):
             hit = next((Path(d) for d in dirs if os.path.commonpath([d, real]) == d), None)
             if hit is None:
                 hit = _hard_link_in(p, dirs)

@@ -8,7 +8,6 @@
 
 from traceanalyze.metrics.breakdown import (
     MACROS,
-    METRIC_TABLES,
     RankMetrics,
     StepMetrics,
     compute_run_metrics,
@@ -17,5 +16,5 @@ from traceanalyze.metrics.breakdown import (
     top_kernels,
 )
 
-__all__ = ["MACROS", "METRIC_TABLES", "RankMetrics", "StepMetrics", "compute_run_metrics", "run_mode", "save",
+__all__ = ["MACROS", "RankMetrics", "StepMetrics", "compute_run_metrics", "run_mode", "save",
            "top_kernels"]

@@ -42,20 +42,7 @@ from traceanalyze.metrics.steps import step_cutoff_sql, step_set
 # Stored in the database (see store.MACROS) so users can classify rows the same way in their own queries.
 MACROS = store.MACROS
 
-METRIC_TABLES = """
-CREATE OR REPLACE TABLE rank_metrics (
-    run_id INTEGER, rank INTEGER, mode VARCHAR, n_files INTEGER,
-    window_us DOUBLE, busy_us DOUBLE, idle_us DOUBLE, compute_us DOUBLE, non_compute_us DOUBLE,
-    idle_pct DOUBLE, compute_pct DOUBLE, non_compute_pct DOUBLE,
-    comm_us DOUBLE, comm_comp_overlap_pct DOUBLE, exposed_comm_us DOUBLE,
-    kernel_compute_us DOUBLE, kernel_comm_us DOUBLE, kernel_memory_us DOUBLE, n_kernels BIGINT,
-    n_steps INTEGER, step_time_us DOUBLE
-);
-CREATE OR REPLACE TABLE step_metrics (
-    run_id INTEGER, rank INTEGER, step INTEGER, start_ns BIGINT, step_time_us DOUBLE,
-    compute_us DOUBLE, comm_us DOUBLE, exposed_comm_us DOUBLE, idle_us DOUBLE
-);
-"""
+# The tables save() fills are created by the store (traceanalyze.store.METRIC_TABLES), replaced per report.
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -38,18 +38,6 @@ from traceanalyze.store import insert_rows
 
 CONSECUTIVE_KERNEL_DELAY_US = 30.0  # HTA default: a gap below this is "kernel wait"
 
-IDLE_TABLE = """
-CREATE OR REPLACE TABLE idle_breakdown (  -- GPU idle time per rank and stream (HTA get_idle_time_breakdown)
-    run_id INTEGER, rank INTEGER, stream BIGINT,
-    n_kernels BIGINT,              -- kernels, memcpys and memsets counted on the stream
-    idle_us DOUBLE,                -- sum of gaps between consecutive events of the stream
-    host_wait_us DOUBLE,           -- gaps where the launch started after the previous event ended
-    kernel_wait_us DOUBLE,         -- other gaps shorter than 30 us (back-to-back launches)
-    other_us DOUBLE,               -- the remaining gaps (cross-stream waits, syncs, ...)
-    host_wait_pct DOUBLE, kernel_wait_pct DOUBLE, other_pct DOUBLE   -- shares of idle_us (HTA idle_time_ratio)
-);
-"""
-
 _SQL = f"""
 WITH f AS (SELECT file_id, rank FROM files WHERE run_id = $run_id AND status <> 'error'),
 cutoff AS ({step_cutoff_sql("$run_id")}),
@@ -132,6 +120,7 @@ def idle_breakdown(con: duckdb.DuckDBPyConnection, run_id: int,
 
 
 def save(con: duckdb.DuckDBPyConnection, rows: list[IdleRow]) -> None:
-    """Append rows to the ``idle_breakdown`` table (created by :data:`IDLE_TABLE`, replaced per report)."""
+    """Append rows to the ``idle_breakdown`` table (created by :data:`traceanalyze.store.IDLE_TABLE`, replaced per
+    report)."""
     cols = list(IdleRow.__dataclass_fields__)
     insert_rows(con, "idle_breakdown", cols, [[getattr(r, c) for c in cols] for r in rows])

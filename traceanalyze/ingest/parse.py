@@ -8,7 +8,7 @@ A file cut off mid-write (a killed job) yields every complete event before the c
 
 :func:`parse_trace` is a pure function from one file to Arrow tables (in memory, or as Arrow IPC stream files)
 plus a :class:`TraceFile` summary, so ranks can be parsed in parallel processes (or on any engine) and loaded into
-DuckDB by :mod:`traceanalyze.store`.
+DuckDB by :mod:`traceanalyze.ingest.load`. The tables' columns are the store's (:data:`TABLES`).
 
 Timestamps become integer nanoseconds on the trace's own clock: ``ts_ns = round(ts_us * 1000) + base``, where
 ``base`` is ``baseTimeNanoseconds`` for new-schema traces (relative ``ts``) and 0 for old ones (absolute epoch
@@ -29,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from traceanalyze import store
 from traceanalyze.errors import InputError
 from traceanalyze.safety import redact as _redact
 
@@ -135,33 +136,14 @@ _ANY = msgspec.json.Decoder()
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Table layouts (also documented in docs/schema.md). Every table also gets file_id (added by the store).
+# Table layouts: the store's columns (traceanalyze.store.EVENT_COLUMNS, from its DDL; documented in docs/schema.md)
+# as Arrow schemas. Every table also gets file_id (added on loading). Collective metadata lives in its own table:
+# only a few rows in a thousand carry it, and every column of the big event tables costs insert time even when it
+# is all nulls (9 such columns were a third of the load).
 
-COLLECTIVE_FIELDS = [
-    ("collective", pa.string()), ("in_nelems", pa.int64()), ("out_nelems", pa.int64()),
-    ("group_size", pa.int64()), ("comm_dtype", pa.string()), ("pg_name", pa.string()),
-    ("pg_desc", pa.string()), ("pg_ranks", pa.string()), ("seq", pa.int64()),
-]
-KERNEL_SCHEMA = pa.schema([
-    ("cat", pa.string()), ("name", pa.string()), ("device", pa.int64()), ("stream", pa.int64()),
-    ("ts_ns", pa.int64()), ("dur_ns", pa.int64()), ("correlation", pa.int64()), ("external_id", pa.int64()),
-    ("bytes", pa.int64()),
-])
-CPU_OP_SCHEMA = pa.schema([
-    ("cat", pa.string()), ("name", pa.string()), ("pid", pa.int64()), ("tid", pa.int64()),
-    ("ts_ns", pa.int64()), ("dur_ns", pa.int64()), ("external_id", pa.int64()), ("correlation", pa.int64()),
-    ("input_types", pa.string()), ("input_dims", pa.string()), ("kernel_backend", pa.string()),
-])
-# Collective metadata lives in its own table: only a few rows in a thousand carry it, and every column of the
-# big event tables costs insert time even when it is all nulls (9 such columns were a third of the load)
-COMM_SCHEMA = pa.schema([
-    ("source", pa.string()), ("cat", pa.string()), ("name", pa.string()), ("ts_ns", pa.int64()),
-    ("dur_ns", pa.int64()), ("correlation", pa.int64()), ("external_id", pa.int64()), *COLLECTIVE_FIELDS,
-])
-THREAD_SCHEMA = pa.schema([
-    ("pid", pa.int64()), ("tid", pa.int64()), ("kind", pa.string()), ("label", pa.string()),
-])
-TABLES = {"kernels": KERNEL_SCHEMA, "cpu_ops": CPU_OP_SCHEMA, "comm_events": COMM_SCHEMA, "threads": THREAD_SCHEMA}
+_ARROW_TYPES = {"VARCHAR": pa.string(), "BIGINT": pa.int64()}
+TABLES = {t: pa.schema([(name, _ARROW_TYPES[typ]) for name, typ in cols]) for t, cols in store.EVENT_COLUMNS.items()}
+KERNEL_SCHEMA, CPU_OP_SCHEMA, COMM_SCHEMA, THREAD_SCHEMA = (TABLES[t] for t in store.EVENT_TABLES)
 
 
 @dataclass
@@ -206,10 +188,15 @@ def _inflate_detail(exc: Exception) -> str:
     return (text[:1].lower() + text[1:]) or str(exc)
 
 
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
 def _open_blocks(path: Path, max_bytes: int, byte_range: tuple[int, int] | None = None):
     """Yield blocks of decompressed bytes; set ``state['truncated']`` if the compressed stream ends early.
 
-    ``byte_range`` (plain files only) limits the blocks to bytes ``[start, end)`` of the file.
+    ``byte_range`` (plain files only) limits the blocks to bytes ``[start, end)`` of the file. ``state`` also
+    gets ``error`` (a damaged gzip stream, or more than ``max_bytes``: then ``over_bound`` too) and ``trailing``
+    (bytes after the gzip data that are not another member).
     """
     state = {"truncated": False, "error": None}
 
@@ -217,80 +204,107 @@ def _open_blocks(path: Path, max_bytes: int, byte_range: tuple[int, int] | None 
         with open(path, "rb") as fh:
             magic = fh.read(2)
             fh.seek(0)
-            total = 0
-            if byte_range is not None and magic != b"\x1f\x8b":
-                start, end = byte_range
-                fh.seek(start)
-                left = end - start
-                while left > 0:
-                    raw = fh.read(min(BLOCK_BYTES, left))
-                    if not raw:
-                        break
-                    left -= len(raw)
-                    yield raw
-                return
-            if magic == b"\x1f\x8b":
-                # one inflater per gzip member: concatenated members (bgzip, appends, `cat a.gz b.gz`) are one
-                # file, read to the end. The library readers (gzip, isal.igzip) handle members too but buffer a
-                # read's output, so a truncated or damaged stream would lose the events just before the damage.
-                d = _inflate.decompressobj(wbits=31)
-                raw = b""
-                while True:
-                    if not raw:
-                        raw = fh.read(1 << 20)
-                    if not raw:
-                        if not d.eof:
-                            state["truncated"] = True
-                        break
-                    # one block out at a time: 1 MiB of gzip is ~16 MiB of trace JSON, and holding all of it
-                    # before the first yield was half of a parse's memory
-                    tail, raw = raw, b""
-                    while tail:
-                        try:
-                            out = d.decompress(tail, BLOCK_BYTES)
-                        except _inflate.error as exc:
-                            state["error"] = f"corrupt gzip data ({_inflate_detail(exc)})"
-                            return
-                        tail = d.unconsumed_tail
-                        total += len(out)
-                        if total > max_bytes:
-                            state["over_bound"] = True
-                            state["error"] = (f"decompresses to more than {size_text(max_bytes)} (a gzip bomb?); "
-                                              "raise --max-decompressed if this is a real trace")
-                            return
-                        if out:
-                            yield out
-                        if d.eof:
-                            break
-                    if d.eof:
-                        rest = d.unused_data
-                        while len(rest.lstrip(b"\0")) < 2:  # some writers pad the end with zeros
-                            more = fh.read(1 << 20)
-                            if not more:
-                                break
-                            rest = rest.lstrip(b"\0") + more
-                        rest = rest.lstrip(b"\0")
-                        if not rest:
-                            break
-                        if rest[:2] != b"\x1f\x8b":
-                            state["trailing"] = True  # not another member: bytes after the gzip data, ignored
-                            break
-                        d = _inflate.decompressobj(wbits=31)  # the next member
-                        raw = rest
+            if magic == _GZIP_MAGIC:
+                yield from _gzip_blocks(fh, max_bytes, state)
+            elif byte_range is not None:
+                yield from _range_blocks(fh, *byte_range)
             else:
-                while True:
-                    raw = fh.read(BLOCK_BYTES)
-                    if not raw:
-                        break
-                    total += len(raw)
-                    if total > max_bytes:
-                        state["over_bound"] = True
-                        state["error"] = (f"larger than {size_text(max_bytes)}; raise --max-decompressed if "
-                                          "this is a real trace")
-                        return
-                    yield raw
+                yield from _plain_blocks(fh, max_bytes, state)
 
     return gen(), state
+
+
+def _range_blocks(fh, start: int, end: int):
+    """Blocks of bytes ``[start, end)`` of a plain file."""
+    fh.seek(start)
+    left = end - start
+    while left > 0:
+        raw = fh.read(min(BLOCK_BYTES, left))
+        if not raw:
+            break
+        left -= len(raw)
+        yield raw
+
+
+def _plain_blocks(fh, max_bytes: int, state: dict):
+    """Blocks of a plain file, up to ``max_bytes`` (beyond it: ``state['error']``, and no more blocks)."""
+    total = 0
+    while True:
+        raw = fh.read(BLOCK_BYTES)
+        if not raw:
+            break
+        total += len(raw)
+        if total > max_bytes:
+            _over_bound(state, f"larger than {size_text(max_bytes)}")
+            return
+        yield raw
+
+
+def _over_bound(state: dict, what: str) -> None:
+    """A file past the ``--max-decompressed`` bound: it fails (``what`` says how), with no half-read trace."""
+    state["over_bound"] = True
+    state["error"] = f"{what}; raise --max-decompressed if this is a real trace"
+
+
+def _gzip_blocks(fh, max_bytes: int, state: dict):
+    """Blocks of inflated bytes of a gzip file, every member, up to ``max_bytes`` in all.
+
+    One inflater per gzip member: concatenated members (bgzip, appends, `cat a.gz b.gz`) are one file, read to the
+    end. The library readers (gzip, isal.igzip) handle members too but buffer a read's output, so a truncated or
+    damaged stream would lose the events just before the damage.
+    """
+    d = _inflate.decompressobj(wbits=31)
+    raw = b""
+    total = 0
+    while True:
+        if not raw:
+            raw = fh.read(1 << 20)
+        if not raw:
+            if not d.eof:
+                state["truncated"] = True
+            return
+        # one block out at a time: 1 MiB of gzip is ~16 MiB of trace JSON, and holding all of it before the first
+        # yield was half of a parse's memory
+        tail = raw
+        while tail:
+            try:
+                out = d.decompress(tail, BLOCK_BYTES)
+            except _inflate.error as exc:
+                state["error"] = f"corrupt gzip data ({_inflate_detail(exc)})"
+                return
+            tail = d.unconsumed_tail
+            total += len(out)
+            if total > max_bytes:
+                _over_bound(state, f"decompresses to more than {size_text(max_bytes)} (a gzip bomb?)")
+                return
+            if out:
+                yield out
+            if d.eof:
+                break
+        raw = b""
+        if d.eof:
+            raw = _next_member(fh, d.unused_data, state)
+            if raw is None:
+                return
+            d = _inflate.decompressobj(wbits=31)  # the next member
+
+
+def _next_member(fh, rest: bytes, state: dict) -> bytes | None:
+    """After the end of a gzip member (``rest``: the bytes read past it): the bytes that start the next member, or
+    None when the file ends here (zero padding, which some writers add, is skipped) or goes on with bytes that are
+    not gzip (``state['trailing']``: ignored)."""
+    while len(rest.lstrip(b"\0")) < 2:  # some writers pad the end with zeros
+        more = fh.read(1 << 20)
+        if not more:
+            break
+        rest = rest.lstrip(b"\0") + more
+    rest = rest.lstrip(b"\0")
+    if not rest:
+        return None
+    if rest[:2] != _GZIP_MAGIC:
+        state["trailing"] = True  # not another member: bytes after the gzip data, ignored
+        return None
+    return rest
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -514,6 +528,31 @@ class _Columns:
         oob: set[int] = set()  # events holding a number out of range: dropped, counted apart
         ts = _arr([e.ts for e in ev], pa.float64(), oob)
         dur = _arr([e.dur for e in ev], pa.float64(), oob)
+        ok, time_oob = self._valid_times(ev, ts, dur, oob)
+        args = [e.args or _NO_ARGS for e in ev]
+        base, gpu_any, cpu_any = _event_columns(ev, args, kind, gpu, ts, dur, ok, oob)
+        comm = self._comm_table(args, base, gpu, oob)
+        if oob:
+            keep = np.ones(n, dtype=bool)
+            keep[list(oob)] = False
+            self.out_of_range += int(pc.sum(pc.and_(ok, pa.array(~keep))).as_py() or 0) + time_oob
+            ok = pc.and_(ok, pa.array(keep))
+        if gpu_any:
+            self._append("kernels", base, pc.and_(gpu, ok))
+        if cpu_any:
+            self._append("cpu_ops", base, pc.and_(pc.invert(gpu), ok))
+        if comm is not None:
+            t, has = comm
+            t = t.filter(pc.fill_null(pc.and_(ok, has), False))
+            if t.num_rows:
+                self.parts["comm_events"].append(t)
+
+    def _valid_times(self, ev: list, ts: pa.Array, dur: pa.Array, oob: set[int]) -> tuple[pa.Array, int]:
+        """Which events have a usable time: ts and dur present, finite, not negative, ts in range and dur at most
+        :data:`MAX_DUR_US`. The others are counted by reason (``oob``, the positions of numbers out of range so
+        far, are counted apart, as out of range). Returns the mask and the number of events out of range by
+        their ts or dur."""
+        n = len(ev)
         finite = pc.fill_null(pc.and_(pc.is_finite(ts), pc.is_finite(dur)), False)
         neg_dur = pc.fill_null(pc.and_(finite, pc.less(dur, 0.0)), False)
         neg_ts = pc.fill_null(pc.and_(pc.and_(finite, pc.invert(neg_dur)), pc.less(ts, 0.0)), False)
@@ -534,43 +573,7 @@ class _Columns:
         if n_long:  # a CUPTI fault: an end time never written gives durations of years
             self.too_long += n_long
             ok = pc.and_(ok, pc.invert(too_long))
-        args = [e.args or _NO_ARGS for e in ev]
-        base = {
-            "cat": kind,
-            "name": _arr([e.name for e in ev], pa.string()),
-            "ts_ns": _us_to_ns(pc.if_else(ok, ts, 0.0)),
-            "dur_ns": pc.cast(pc.round(pc.multiply(pc.if_else(ok, dur, 0.0), 1000.0)), pa.int64()),
-            "external_id": pc.coalesce(_arr([a.external_id for a in args], pa.int64(), oob),
-                                       _arr([a.external_id_old for a in args], pa.int64(), oob)),
-            "correlation": _arr([a.correlation for a in args], pa.int64(), oob),
-            "pid": _arr([e.pid for e in ev], pa.int64(), oob),
-            "tid": _arr([e.tid for e in ev], pa.int64(), oob),
-        }
-        gpu_any = pc.any(pc.and_(gpu, ok)).as_py()
-        if gpu_any:
-            base["device"] = pc.coalesce(_arr([a.device for a in args], pa.int64(), oob), base["pid"])
-            base["stream"] = pc.coalesce(_arr([a.stream for a in args], pa.int64(), oob), base["tid"])
-            base["bytes"] = _arr([a.nbytes for a in args], pa.int64(), oob)
-        cpu_any = pc.any(pc.and_(pc.invert(gpu), ok)).as_py()
-        if cpu_any:
-            base["input_types"] = _raw_column([a.input_type for a in args])
-            base["input_dims"] = _raw_column([a.input_dims for a in args])
-            base["kernel_backend"] = _arr([a.kernel_backend for a in args], pa.string())
-        comm = self._comm_table(args, base, gpu, oob)
-        if oob:
-            keep = np.ones(n, dtype=bool)
-            keep[list(oob)] = False
-            self.out_of_range += int(pc.sum(pc.and_(ok, pa.array(~keep))).as_py() or 0) + time_oob
-            ok = pc.and_(ok, pa.array(keep))
-        if gpu_any:
-            self._append("kernels", base, pc.and_(gpu, ok))
-        if cpu_any:
-            self._append("cpu_ops", base, pc.and_(pc.invert(gpu), ok))
-        if comm is not None:
-            t, has = comm
-            t = t.filter(pc.fill_null(pc.and_(ok, has), False))
-            if t.num_rows:
-                self.parts["comm_events"].append(t)
+        return ok, time_oob
 
     def _append(self, table: str, cols: dict, mask: pa.Array) -> None:
         schema = TABLES[table]
@@ -612,6 +615,35 @@ class _Columns:
         return out
 
 
+def _event_columns(ev: list, args: list, kind: pa.Array, gpu: pa.Array, ts: pa.Array, dur: pa.Array, ok: pa.Array,
+                   oob: set[int]) -> tuple[dict[str, pa.Array], bool, bool]:
+    """The columns of the kernels and cpu_ops tables for a batch of X events, unfiltered (``ts_ns``/``dur_ns``
+    are 0 where ``ok`` is false); the GPU-only and CPU-only columns only when a kept event needs them. Returns
+    the columns and whether any kept event is a GPU one, and any a CPU one."""
+    base = {
+        "cat": kind,
+        "name": _arr([e.name for e in ev], pa.string()),
+        "ts_ns": _us_to_ns(pc.if_else(ok, ts, 0.0)),
+        "dur_ns": pc.cast(pc.round(pc.multiply(pc.if_else(ok, dur, 0.0), 1000.0)), pa.int64()),
+        "external_id": pc.coalesce(_arr([a.external_id for a in args], pa.int64(), oob),
+                                   _arr([a.external_id_old for a in args], pa.int64(), oob)),
+        "correlation": _arr([a.correlation for a in args], pa.int64(), oob),
+        "pid": _arr([e.pid for e in ev], pa.int64(), oob),
+        "tid": _arr([e.tid for e in ev], pa.int64(), oob),
+    }
+    gpu_any = pc.any(pc.and_(gpu, ok)).as_py()
+    if gpu_any:
+        base["device"] = pc.coalesce(_arr([a.device for a in args], pa.int64(), oob), base["pid"])
+        base["stream"] = pc.coalesce(_arr([a.stream for a in args], pa.int64(), oob), base["tid"])
+        base["bytes"] = _arr([a.nbytes for a in args], pa.int64(), oob)
+    cpu_any = pc.any(pc.and_(pc.invert(gpu), ok)).as_py()
+    if cpu_any:
+        base["input_types"] = _raw_column([a.input_type for a in args])
+        base["input_dims"] = _raw_column([a.input_dims for a in args])
+        base["kernel_backend"] = _arr([a.kernel_backend for a in args], pa.string())
+    return base, gpu_any, cpu_any
+
+
 _KIND_KEYS = pa.array(list(GPU_CATS) + list(CPU_CATS))
 _KIND_VALUES = pa.array(list(GPU_CATS.values()) + [v or "" for v in CPU_CATS.values()])
 _GPU_KINDS = pa.array(sorted(set(GPU_CATS.values())))
@@ -634,7 +666,8 @@ def _raw_column(raws: list) -> pa.Array:
         return pa.array([None if r is None else bytes(r).decode("utf-8", "replace") for r in raws], pa.string())
 
 
-def _header_base_ns(header: dict) -> int:
+def header_base_ns(header: dict) -> int:
+    """``baseTimeNanoseconds`` of a trace header when it is a plausible epoch time in ns, else 0."""
     b = header.get("baseTimeNanoseconds")
     if type(b) is int and 0 <= b < 1 << 62:
         return b
@@ -700,7 +733,7 @@ def tail_base_time_ns(path: str | Path, header: dict) -> int:
     events), else from ``header`` (the keys before the events); 0 when neither has it.
 
     Lets the parts of a split file be shifted to the trace's clock before the last part is parsed; the parse
-    of the last part remains the reference (see :class:`traceanalyze.store._FileLoad`).
+    of the last part remains the reference (see :class:`traceanalyze.ingest.load._FileLoad`).
 
     Raises:
         OSError: the file cannot be read.
@@ -711,8 +744,8 @@ def tail_base_time_ns(path: str | Path, header: dict) -> int:
         tail = fh.read()
     found = list(_TAIL_BASE.finditer(tail))
     if found:
-        return _header_base_ns({"baseTimeNanoseconds": int(found[-1].group(1))})
-    return _header_base_ns(header)
+        return header_base_ns({"baseTimeNanoseconds": int(found[-1].group(1))})
+    return header_base_ns(header)
 
 
 def split_points(path: str | Path, n: int) -> list[int]:
@@ -946,34 +979,76 @@ class _EventStream:
 
 
 def _parse_blocks(path, blocks, state, info: TraceFile, out_dir, key, chunk_rows, part=None):
-    sc = _Scanner()
-    buf = b""  # the header, until the events array opens
-    header_bytes = b""
-    cols = _Columns()
-    writers: dict[str, pa.ipc.RecordBatchStreamWriter] = {}  # table name -> IPC stream in out_dir
-    tables_mem: dict[str, list[pa.Table]] = {n: [] for n in TABLES}
-    ipc_files: dict[str, str] = {}
-    counts: dict[str, int] = dict.fromkeys(TABLES, 0)
-    n_events = 0
-    stream: _EventStream | None = None
+    """Parse one file's (or part's) blocks of bytes into the tables; fill ``info``.
 
-    def flush(final: bool = False) -> None:
-        if not final and len(cols) < chunk_rows:
-            return
-        for name, tbl in cols.tables().items():
-            counts[name] += tbl.num_rows
-            if out_dir is None:
-                tables_mem[name].append(tbl)
+    Returns the IPC stream files (table name -> path) when ``out_dir`` is given, else the tables. ``part`` is
+    ``(starts at an event, ends before one)`` for a part of a split file (see :func:`parse_trace`).
+    """
+    cols = _Columns()
+    sink = _TableSink(out_dir, key)
+    decode = _RunDecoder(info, cols, sink, chunk_rows)
+    mid_start, cut_end = part or (False, False)
+    try:
+        stream = _read_events(path, blocks, info, decode, mid_start)
+    except InputError:
+        sink.close()
+        raise
+    _check_end(path, state, stream, info, decode.n_events, sink, cut_end, part)
+    cols.convert()  # the last batch, so that its dropped events are counted below
+    _note_dropped(info, cols)
+    info.scanned_bytes = stream.scanned
+    _finish_header(info, cols.span_us)
+    decode.flush(final=True)
+    sink.close()
+    info.counts = sink.counts
+    return sink.result()
+
+
+class _TableSink:
+    """Where a parse's rows go: one Arrow IPC stream per table in ``out_dir`` (``{key}.{table}.arrow``, written
+    chunk by chunk), or, without ``out_dir``, tables kept in memory. Counts the rows per table."""
+
+    def __init__(self, out_dir, key: str) -> None:
+        self.out_dir, self.key = out_dir, key
+        self.writers: dict[str, pa.ipc.RecordBatchStreamWriter] = {}  # table name -> IPC stream in out_dir
+        self.files: dict[str, str] = {}
+        self.mem: dict[str, list[pa.Table]] = {n: [] for n in TABLES}
+        self.counts: dict[str, int] = dict.fromkeys(TABLES, 0)
+
+    def write(self, tables: dict[str, pa.Table]) -> None:
+        for name, tbl in tables.items():
+            self.counts[name] += tbl.num_rows
+            if self.out_dir is None:
+                self.mem[name].append(tbl)
                 continue
-            w = writers.get(name)
+            w = self.writers.get(name)
             if w is None:
-                f = str(Path(out_dir) / f"{key}.{name}.arrow")
-                w = writers[name] = pa.ipc.new_stream(f, TABLES[name])
-                ipc_files[name] = f
+                f = str(Path(self.out_dir) / f"{self.key}.{name}.arrow")
+                w = self.writers[name] = pa.ipc.new_stream(f, TABLES[name])
+                self.files[name] = f
             w.write_table(tbl)
 
-    def decode(parts: list, strict: bool) -> bool:
-        nonlocal n_events
+    def close(self) -> None:
+        for w in self.writers.values():
+            w.close()
+
+    def result(self) -> dict[str, str] | dict[str, pa.Table]:
+        if self.out_dir is not None:
+            return self.files
+        return {n: pa.concat_tables(ts) if ts else TABLES[n].empty_table() for n, ts in self.mem.items()}
+
+
+class _RunDecoder:
+    """Decodes runs of complete events (the ``decode`` of :class:`_EventStream`) into ``cols``, and writes the
+    rows out every ``chunk_rows`` rows. Counts the events decoded."""
+
+    def __init__(self, info: TraceFile, cols: _Columns, sink: _TableSink, chunk_rows: int) -> None:
+        self.info, self.cols, self.sink, self.chunk_rows = info, cols, sink, chunk_rows
+        self.n_events = 0
+
+    def __call__(self, parts: list, strict: bool) -> bool:
+        """Decode the concatenated ``parts`` as complete events. With ``strict``, a run that does not decode is
+        refused (False: the cut was not between two events); without, its events are decoded one by one."""
         doc = b"".join([b"[", *parts, b"]"])  # the one copy of these bytes
         head = doc[1:65].lstrip()
         if head.startswith(b","):  # a run that starts after a comma: rare, copy again without it
@@ -986,72 +1061,95 @@ def _parse_blocks(path, blocks, state, info: TraceFile, out_dir, key, chunk_rows
         except (msgspec.ValidationError, RecursionError):  # odd types, a number out of range, deep nesting
             if strict:  # msgspec stops at the odd type, before it has seen the whole run: the cut is not proven
                 return False
-            events = _decode_one_by_one(bytes(body), info)  # keep what can be kept, event by event
+            events = _decode_one_by_one(bytes(body), self.info)  # keep what can be kept, event by event
         except _BAD_JSON:
             if strict:
                 return False
-            events = _decode_one_by_one(bytes(body), info)
-        n_events += len(events)
-        cols.add(events)
-        flush()
+            events = _decode_one_by_one(bytes(body), self.info)
+        self.n_events += len(events)
+        self.cols.add(events)
+        self.flush()
         return True
 
-    mid_start, cut_end = part or (False, False)
-    if mid_start:  # a later part of a split file: it starts at an event, inside the events array
-        stream = _EventStream(2, decode)
-    first = True
-    try:
-        for blk in blocks:
-            info.bytes_read += len(blk)
-            if stream is not None:
-                stream.feed(blk, path)
-                continue
-            if first:
-                first = False
-                if blk[:3] == b"\xef\xbb\xbf":
-                    blk = blk[3:]
-                if blk.lstrip()[:1] not in (b"{", b"["):
-                    raise InputError(path, "not JSON (does not start with '{' or '[')")
-            start = len(buf)
-            buf += blk
-            key_at = _EVENTS_KEY_OPEN.search(buf)
-            if key_at is not None and start == 0:
-                # usual layout: the key comes early; scan only the header before it, not the whole block
-                sc_head = _Scanner()
-                hpos, hchars, hdepth = sc_head.scan(buf[: key_at.end()], 0)
-                if hdepth.size and hdepth[-1] == 2 and hchars[-1] == 91 and not sc_head.in_string:
-                    header_bytes = buf[: int(hpos[-1])]
-                    sc.events_depth = 2
-                    info.header = _decode_header(path, header_bytes)
-                    stream = _EventStream(2, decode)
-                    stream.feed(buf[key_at.end():], path)
-                    buf = b""
-                    continue
-            pos, chars, depth = sc.scan(buf, start)
-            opened = _find_events_array(buf, pos, chars, depth) if pos.size else None
-            if opened is None:
-                if sc.depth <= 0 and (depth <= 0).any():
-                    raise InputError(path, "valid JSON but not a trace (no traceEvents array)")
-                if len(buf) > MAX_EVENT_BYTES:
-                    raise InputError(path, f"no traceEvents array in the first {MAX_EVENT_BYTES >> 20} MiB")
-                continue
-            idx, sc.events_depth = opened
-            header_bytes = buf[: pos[idx]]
-            info.header = _decode_header(path, header_bytes)
-            stream = _EventStream(sc.events_depth, decode)
-            stream.feed(buf[int(pos[idx]) + 1:], path)
-            buf = b""
-        if stream is not None:
-            stream.finish(path)
-    except InputError:
-        for w in writers.values():
-            w.close()
-        raise
+    def flush(self, final: bool = False) -> None:
+        """Write the rows held out, once there are ``chunk_rows`` of them (all of them when ``final``)."""
+        if not final and len(self.cols) < self.chunk_rows:
+            return
+        self.sink.write(self.cols.tables())
 
+
+def _read_events(path, blocks, info: TraceFile, decode: _RunDecoder, mid_start: bool) -> _EventStream | None:
+    """Read the blocks: the header until the events array opens (decoded into ``info.header``), then every event
+    through an :class:`_EventStream`, which is returned (None when no events array was found).
+
+    ``mid_start``: a later part of a split file, which starts at an event, inside the events array.
+
+    Raises:
+        InputError: not JSON, or JSON without a ``traceEvents`` array in its first :data:`MAX_EVENT_BYTES`.
+    """
+    stream = _EventStream(2, decode) if mid_start else None
+    sc = _Scanner()
+    buf = b""  # the header, until the events array opens
+    first = True
+    for blk in blocks:
+        info.bytes_read += len(blk)
+        if stream is not None:
+            stream.feed(blk, path)
+            continue
+        if first:
+            first = False
+            if blk[:3] == b"\xef\xbb\xbf":
+                blk = blk[3:]
+            if blk.lstrip()[:1] not in (b"{", b"["):
+                raise InputError(path, "not JSON (does not start with '{' or '[')")
+        start = len(buf)
+        buf += blk
+        stream = _open_events(path, buf, start, sc, info, decode)
+        if stream is not None:
+            buf = b""  # the header is decoded: let its bytes go
+    if stream is not None:
+        stream.finish(path)
+    return stream
+
+
+def _open_events(path, buf: bytes, start: int, sc: _Scanner, info: TraceFile, decode: _RunDecoder
+                 ) -> _EventStream | None:
+    """Look for the opening of the events array in the header bytes read so far (``buf``, of which
+    ``buf[start:]`` is new). When found, decode the header and return the event stream, fed with the bytes after
+    the ``[``; else None (read on)."""
+    key_at = _EVENTS_KEY_OPEN.search(buf)
+    if key_at is not None and start == 0:
+        # usual layout: the key comes early; scan only the header before it, not the whole block
+        sc_head = _Scanner()
+        hpos, hchars, hdepth = sc_head.scan(buf[: key_at.end()], 0)
+        if hdepth.size and hdepth[-1] == 2 and hchars[-1] == 91 and not sc_head.in_string:
+            sc.events_depth = 2
+            info.header = _decode_header(path, buf[: int(hpos[-1])])
+            stream = _EventStream(2, decode)
+            stream.feed(buf[key_at.end():], path)
+            return stream
+    pos, chars, depth = sc.scan(buf, start)
+    opened = _find_events_array(buf, pos, chars, depth) if pos.size else None
+    if opened is None:
+        if sc.depth <= 0 and (depth <= 0).any():
+            raise InputError(path, "valid JSON but not a trace (no traceEvents array)")
+        if len(buf) > MAX_EVENT_BYTES:
+            raise InputError(path, f"no traceEvents array in the first {MAX_EVENT_BYTES >> 20} MiB")
+        return None
+    idx, sc.events_depth = opened
+    info.header = _decode_header(path, buf[: pos[idx]])
+    stream = _EventStream(sc.events_depth, decode)
+    stream.feed(buf[int(pos[idx]) + 1:], path)
+    return stream
+
+
+def _check_end(path, state: dict, stream: _EventStream | None, info: TraceFile, n_events: int, sink: _TableSink,
+               cut_end: bool, part) -> None:
+    """How the input ended: a read error or no events array is an :class:`InputError` (the file fails); an early
+    end after some events makes it partial, with a warning; the keys after the events array join the header."""
     if state["error"]:
         if stream is None or n_events == 0 or state.get("over_bound"):  # over the bound: no half-read trace
-            for w in writers.values():
-                w.close()
+            sink.close()
             raise InputError(path, state["error"])
         info.partial = True
         info.warnings.append(f"{state['error']}; read {n_events} events before it")
@@ -1078,7 +1176,11 @@ def _parse_blocks(path, blocks, state, info: TraceFile, out_dir, key, chunk_rows
         _merge_tail(path, stream.tail, info)
     if n_events == 0 and not info.partial and part is None:
         info.warnings.append("the trace holds no events")
-    cols.convert()  # the last batch, so that its dropped events are counted below
+
+
+def _note_dropped(info: TraceFile, cols: _Columns) -> None:
+    """The events dropped while decoding and converting: counted in ``info.skipped_events``, one warning per
+    reason and file (not per chunk)."""
     if cols.out_of_range:  # one count for the class, whichever decoder met the number
         info.skipped_events += cols.out_of_range
         info.dropped["out_of_range"] = info.dropped.get("out_of_range", 0) + cols.out_of_range
@@ -1095,19 +1197,16 @@ def _parse_blocks(path, blocks, state, info: TraceFile, out_dir, key, chunk_rows
         info.skipped_events += cols.too_long
         info.warnings.append(f"{cols.too_long} events longer than 1 day dropped (a known CUPTI timestamp fault: "
                              "an end time never recorded)")
-    info.scanned_bytes = stream.scanned
+
+
+def _finish_header(info: TraceFile, span_us: float | None) -> None:
+    """The header as stored: the recording's span under :data:`SPAN_KEY` (only ours: a file cannot set it),
+    secrets redacted, and ``info.base_time_ns`` read from it."""
     info.header.pop(SPAN_KEY, None)  # only ours: a file cannot set it
-    if cols.span_us is not None:  # kept with the header (stored as is): sanity.drop_impossible_durations reads it
-        info.header[SPAN_KEY] = cols.span_us
+    if span_us is not None:  # kept with the header (stored as is): load.drop_impossible_durations reads it
+        info.header[SPAN_KEY] = span_us
     info.header = _redact(info.header)  # before anything is stored (README, Safety: no secrets in reports)
-    info.base_time_ns = _header_base_ns(info.header)
-    flush(final=True)
-    for w in writers.values():
-        w.close()
-    info.counts = counts
-    if out_dir is not None:
-        return ipc_files
-    return {n: pa.concat_tables(ts) if ts else TABLES[n].empty_table() for n, ts in tables_mem.items()}
+    info.base_time_ns = header_base_ns(info.header)
 
 
 def _find_events_array(buf: bytes, pos, chars, depth) -> tuple[int, int] | None:

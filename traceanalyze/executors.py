@@ -1,0 +1,111 @@
+"""Executors: where many independent tasks run, yielding ``(task, result, error)`` as each one finishes.
+
+Two are built in: :class:`LocalExecutor` (``concurrent.futures`` worker processes) and :class:`DaskExecutor`
+(``dask.distributed``: a local cluster, or a real one at a scheduler's address). ``traceanalyze batch`` runs one
+run per task on either; the parse of the trace files (:func:`traceanalyze.ingest.load_traces`) runs one file or
+part per task on a :class:`DaskExecutor`. A task that fails yields its error as one line, never an exception,
+so one bad task never stops the others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from traceanalyze.errors import TraceanalyzeError, one_line
+
+
+class LocalExecutor:
+    """``--jobs`` worker processes (``ProcessPoolExecutor``), one run per process at a time; inline for 1 job.
+
+    A worker that dies (killed for memory, a crash in a native library) breaks the pool: the runs it took down
+    with it are then retried one at a time, each in a fresh process, so only the culprit is reported."""
+
+    name = "local"
+
+    def __init__(self, jobs: int) -> None:
+        self.jobs = max(1, jobs)
+
+    def results(self, fn: Callable[[dict], dict], tasks: list[dict]) -> Iterator[tuple[dict, dict | None, str | None]]:
+        if self.jobs == 1 or len(tasks) <= 1:
+            for t in tasks:
+                try:
+                    yield t, fn(t), None
+                except Exception as exc:
+                    yield t, None, one_line(exc)
+            return
+        # multiprocessing (~20 ms to import) only when a pool starts: importing this module costs nothing
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+        from concurrent.futures.process import BrokenProcessPool
+
+        if "forkserver" in mp.get_all_start_methods():
+            ctx = mp.get_context("forkserver")  # not fork: this process holds an open DuckDB (threads)
+            ctx.set_forkserver_preload(["traceanalyze.batch", "traceanalyze.pipeline", "traceanalyze.report"])
+        else:
+            ctx = mp.get_context("spawn")
+        retry: list[dict] = []
+        pool = ProcessPoolExecutor(max_workers=min(self.jobs, len(tasks)), mp_context=ctx)
+        try:
+            futs = {pool.submit(fn, t): t for t in tasks}
+            for fut in as_completed(futs):
+                t = futs[fut]
+                try:
+                    yield t, fut.result(), None
+                except BrokenProcessPool:
+                    retry.append(t)
+                except Exception as exc:
+                    yield t, None, one_line(exc)
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+        for t in retry:
+            with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as solo:
+                try:
+                    yield t, solo.submit(fn, t).result(), None
+                except BrokenProcessPool:
+                    yield t, None, "the worker process died while analyzing this run (out of memory?)"
+                except Exception as exc:
+                    yield t, None, one_line(exc)
+
+    def close(self) -> None:
+        pass
+
+
+class DaskExecutor:
+    """``dask.distributed``: a ``LocalCluster`` of ``jobs`` single-threaded worker processes, or the cluster
+    whose scheduler is at ``scheduler`` (``tcp://host:8786``)."""
+
+    name = "dask"
+
+    def __init__(self, jobs: int, scheduler: str | None = None, processes: bool = True) -> None:
+        try:
+            from dask.distributed import Client, LocalCluster
+        except ImportError:
+            raise TraceanalyzeError("the dask executor needs Dask: pip install 'traceanalyze[dask]'") from None
+        self.cluster = None
+        try:
+            if scheduler:
+                self.client = Client(scheduler, timeout="30s")
+            else:
+                self.cluster = LocalCluster(n_workers=max(1, jobs), threads_per_worker=1, processes=processes,
+                                            dashboard_address=None)
+                self.client = Client(self.cluster)
+        except OSError as exc:
+            raise TraceanalyzeError(f"cannot reach the Dask scheduler {scheduler or '(local)'}: {exc}") from None
+
+    def results(self, fn: Callable[[dict], dict], tasks: list[dict]) -> Iterator[tuple[dict, dict | None, str | None]]:
+        from dask.distributed import as_completed as dask_completed
+
+        futs = [self.client.submit(fn, t, pure=False) for t in tasks]
+        by_key = {f.key: t for f, t in zip(futs, tasks, strict=True)}
+        for fut in dask_completed(futs):
+            t = by_key[fut.key]
+            try:
+                yield t, fut.result(), None
+            except Exception as exc:  # KilledWorker after Dask's own retries, or a bug
+                yield t, None, one_line(exc)
+            fut.release()
+
+    def close(self) -> None:
+        self.client.close()
+        if self.cluster is not None:
+            self.cluster.close()

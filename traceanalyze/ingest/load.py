@@ -1,0 +1,782 @@
+"""Load: parse trace files (:mod:`.parse`) in worker processes and load their rows into the store.
+
+Re-running on unchanged files does not parse them again: a file whose resolved path, size, mtime and content
+fingerprint (:func:`fingerprint`) match a row of ``files`` keeps its rows; rows of files no longer among the
+inputs are deleted (:func:`forget_files`). Files are loaded in transactions of up to :data:`TRANSACTION_FILES`
+files (a split file's parts one by one), so an interrupted ingest leaves every committed file usable; the files of
+the open transaction are parsed again by the next run.
+
+Impossible durations (README, Safety): at parse time an event with a negative duration or a negative timestamp, or
+longer than one day, is dropped and counted. Once a trace file is loaded, a GPU kernel, memcpy or CPU op longer
+than its rank's trace span is dropped too (:func:`drop_impossible_durations`).
+
+:mod:`.parse` (NumPy, PyArrow, msgspec) is imported only where files are parsed or loaded: a cached report never
+parses, and does not pay for those imports.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import hashlib
+import importlib.abc
+import itertools
+import json
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import duckdb
+
+from traceanalyze import store
+from traceanalyze.errors import InputError
+
+if TYPE_CHECKING:
+    from traceanalyze.ingest.parse import TraceFile
+
+WORKER_CHUNK_ROWS = 1 << 13  # rows a parse worker holds before writing them out
+PART_BYTES = 128 << 20  # a plain-JSON file over SPLIT_MIN_BYTES is parsed in byte ranges of about this size
+INGEST_MEMORY_LIMIT = "64MB"  # DuckDB's buffer pool while trace files are loaded (see load_traces)
+# Whole files share a transaction, up to this many files or TRANSACTION_ROWS rows: a COMMIT syncs to disk, and one
+# per file was 21.8 s of a 47 s report on 1,024 small ranks. The rows bound keeps a transaction's memory bounded.
+TRANSACTION_FILES = 64
+TRANSACTION_ROWS = 2_000_000
+
+CacheKey = tuple[str, int, int]  # a file's cache key: resolved path, size, mtime (ns)
+
+
+@dataclass
+class LoadedFile:
+    """One trace file's place in the store after :func:`load_traces`."""
+
+    path: Path
+    file_id: int | None
+    cached: bool
+    info: TraceFile | None
+    error: str | None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The parse cache
+
+def _stat_key(path: Path) -> CacheKey:
+    st = path.stat()
+    return str(path.resolve()), st.st_size, st.st_mtime_ns
+
+
+FINGERPRINT_BLOCK = 64 << 10  # bytes hashed at each end of a file
+FINGERPRINT_WHOLE = 1 << 20  # files up to this size are hashed whole
+
+
+def fingerprint(path: Path) -> str:
+    """A content fingerprint of one file: SHA-256 over its size, mtime (ns) and bytes: the whole file up to
+    :data:`FINGERPRINT_WHOLE`, else its first and last :data:`FINGERPRINT_BLOCK` (64 KiB each). A file rewritten
+    with the same size and mtime restored (``cp -p``, ``touch -r``, a clock step) still differs at either end: a
+    trace's header and its final events and metadata. Raises OSError when the file cannot be read."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        h.update(f"{st.st_size} {st.st_mtime_ns}|".encode())
+        if st.st_size <= FINGERPRINT_WHOLE:
+            h.update(fh.read(FINGERPRINT_WHOLE + 1))
+        else:
+            h.update(fh.read(FINGERPRINT_BLOCK))
+            fh.seek(-FINGERPRINT_BLOCK, os.SEEK_END)
+            h.update(fh.read(FINGERPRINT_BLOCK))
+    return h.hexdigest()
+
+
+def forget_files(con: duckdb.DuckDBPyConnection, keep: Iterable[Path]) -> int:
+    """Delete the ``files`` rows, and their events, of every file that is not in ``keep`` (the trace files of
+    this report): files that left the folder (or another folder's, in a shared ``--db``) are never reused, and
+    their rows no longer travel with the database. Returns the number of files forgotten."""
+    kept = []
+    for p in keep:
+        try:
+            kept.append(str(Path(p).resolve()))
+        except OSError:
+            continue
+    gone = [r[0] for r in con.execute("SELECT file_id FROM files WHERE path NOT IN (SELECT unnest(?::VARCHAR[]))",
+                                      [kept]).fetchall()]
+    if gone:
+        con.execute("BEGIN TRANSACTION")
+        try:
+            for t in (*store.EVENT_TABLES, "files"):
+                con.execute(f"DELETE FROM {t} WHERE file_id IN (SELECT unnest(?::INTEGER[]))", [gone])
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+    return len(gone)
+
+
+def _cached_files(con: duckdb.DuckDBPyConnection, paths: list[Path], progress: Callable[[int], None] | None,
+                  ) -> tuple[dict[Path, LoadedFile], list[tuple[Path, CacheKey]], dict[str, str], dict[Path, Path]]:
+    """Look every path up in the parse cache.
+
+    Returns ``(done, todo, prints, alias)``: the files that need no parse (cached, or unreadable: an error), the
+    ``(path, key)`` of those to parse, each resolved path's content fingerprint (stored once the file is loaded),
+    and the paths that name a file given already under another name (a link: parsed and stored once).
+    """
+    done: dict[Path, LoadedFile] = {}
+    todo: list[tuple[Path, CacheKey]] = []
+    prints: dict[str, str] = {}  # resolved path -> content fingerprint, stored once the file is loaded
+    first: dict[str, Path] = {}  # resolved path -> the first of the given paths that names it
+    alias: dict[Path, Path] = {}
+    for p in paths:
+        try:
+            key = _stat_key(p)
+            prints[key[0]] = fingerprint(p)
+        except OSError as exc:
+            done[p] = LoadedFile(p, None, False, None, f"cannot read ({exc.strerror or exc})")
+            continue
+        if first.setdefault(key[0], p) != p:  # one file under two names (a link): parsed and stored once
+            alias[p] = first[key[0]]
+            continue
+        row = con.execute("SELECT file_id, status, message FROM files WHERE path = ? AND size_bytes = ? "
+                          "AND mtime_ns = ? AND fingerprint = ?", [*key, prints[key[0]]]).fetchone()
+        if row is not None and row[1] in ("ok", "partial"):
+            done[p] = LoadedFile(p, row[0], True, None, None)
+            if progress:
+                progress(key[1])
+        else:
+            todo.append((p, key))
+    return done, todo, prints, alias
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Parse workers
+
+class _NoPandas(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "pandas":
+            raise ImportError("pandas is not imported by the traceanalyze command line")
+        return None
+
+
+def block_pandas() -> None:
+    """Make ``import pandas`` fail in this process unless it is already imported.
+
+    pyarrow imports pandas, when installed, on its first array conversion: 0.2 s and ~50 MB in the main process
+    and in each parse worker. The command line never builds a DataFrame, so it calls this first; the Python
+    API does not (users' pandas must keep working).
+    """
+    if "pandas" not in sys.modules and not _pandas_blocked():
+        sys.meta_path.insert(0, _NoPandas())
+
+
+def _pandas_blocked() -> bool:
+    return any(isinstance(f, _NoPandas) for f in sys.meta_path)
+
+
+def _worker_init(no_pandas: bool) -> None:
+    if no_pandas:  # as in the parent; matters where workers start fresh (spawn, forkserver) instead of forking
+        block_pandas()
+    import pyarrow as pa
+
+    # mimalloc (pyarrow's default) keeps what a parse freed: ~35 MB more per worker, for no speed we can measure
+    pa.set_memory_pool(pa.system_memory_pool())
+
+
+def _parse_one(args: tuple) -> tuple[str, TraceFile | None, dict | None, str | None]:
+    """Parse one file or one byte range of it, in a worker or here; return (path, summary, tables, error).
+
+    ``tables`` maps table name to an Arrow IPC stream in ``out_dir``, written chunk by chunk, which DuckDB then
+    reads a chunk at a time: memory bounded on both sides whatever the file's size, and cheaper than pickling
+    the columns through a pipe. In this process too (one file, ``-j 1``) it is ~40 MB less than building the
+    file's tables in memory, at the same speed.
+    """
+    from traceanalyze.ingest import parse  # NumPy, PyArrow, msgspec: only where files are parsed
+
+    path, out_dir, key, max_decompressed, byte_range = args[:5]
+    part = args[5] if len(args) > 5 else None  # a part file inflated from a .gz (see _work_items)
+    gc.disable()  # millions of short-lived objects; collection passes only cost time here
+    try:
+        info, tables = parse.parse_trace(path, out_dir, key=key, max_decompressed=max_decompressed,
+                                         byte_range=byte_range, chunk_rows=WORKER_CHUNK_ROWS, part=part)
+        return path, info, tables, None
+    except InputError as exc:
+        return path, None, None, exc.problem
+    except MemoryError:
+        return path, None, None, "ran out of memory while parsing"
+    except Exception as exc:  # a bug or an unforeseen input must not stop the other ranks
+        return path, None, None, f"could not be parsed ({type(exc).__name__}: {exc})"
+    finally:
+        gc.enable()
+
+
+def _parse_task(task: tuple[int, tuple]) -> tuple:
+    """:func:`_parse_one` of an ``(index, task)`` pair, for executors that return results as they finish."""
+    return _parse_one(task[1])
+
+
+def _in_order(results):
+    """``(task, result, error)`` of ``(index, task)`` pairs as an executor finishes them -> the results in task
+    order, so that the parts of a file arrive together; only results that wait for an earlier one are held."""
+    held: dict[int, tuple] = {}
+    nxt = 0
+    for task, res, err in results:
+        held[task[0]] = res if res is not None else (task[1][0], None, None, f"could not be parsed ({err})")
+        while nxt in held:
+            yield held.pop(nxt)
+            nxt += 1
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Loading
+
+def load_traces(con: duckdb.DuckDBPyConnection, paths: Iterable[Path], *, jobs: int | None = None,
+                progress: Callable[[int], None] | None = None,
+                max_decompressed: int = 64 << 30, executor=None, parts_dir: str | Path | None = None
+                ) -> list[LoadedFile]:
+    """Parse the trace files not already in the store (cache key: resolved path, size, mtime and
+    :func:`fingerprint`) and load them.
+
+    Files are parsed into Arrow IPC streams, in ``jobs`` processes (default: the CPU count, at most the number of
+    files; in this process when that is one). This process loads each file in its own transaction as soon as it
+    is parsed, while the others are still being parsed. A plain-JSON file over :data:`.parse.SPLIT_MIN_BYTES` is
+    parsed in byte ranges of about :data:`PART_BYTES`, committed one by one (see :class:`_FileLoad`). While
+    loading, DuckDB runs one thread with a buffer pool of :data:`INGEST_MEMORY_LIMIT`. ``progress`` is called with
+    each file's size in bytes as it finishes. Returns one :class:`LoadedFile` per path, in input order; a file that
+    failed has ``error`` set and no rows.
+
+    A ``.gz`` file that inflates to more than :data:`.parse.SPLIT_MIN_BYTES` is inflated here (ISA-L, every
+    member) into part files cut before an event (:func:`.parse.inflate_parts`), which the processes parse like
+    the byte ranges of a plain file; a stream that turns out damaged or truncated is parsed whole instead, which
+    reports it.
+
+    ``executor`` (an object with ``results(fn, tasks)``, as :class:`traceanalyze.executors.DaskExecutor`) parses
+    the files there instead of in local processes: the workers write Arrow IPC streams into ``parts_dir`` (a
+    folder that they and this process both see, default a temporary folder), which this process loads as above.
+    """
+    paths = list(paths)
+    out, todo, prints, alias = _cached_files(con, paths, progress)
+    if todo:
+        with _loading(con, parts_dir) as tmp:
+            n_cpu = max(1, jobs or os.cpu_count() or 1)
+            plan = _Plan(keys={str(p): (p, k) for p, k in todo})
+            items = _work_items(todo, tmp, max_decompressed, n_cpu, plan)
+            results, pool = _start_parsing(items, n_cpu, executor)
+            try:
+                _load_results(con, results, plan, prints, out, progress, (tmp, max_decompressed))
+            finally:
+                if pool is not None:
+                    pool.shutdown(cancel_futures=True)
+    return [out[alias.get(p, p)] for p in paths]
+
+
+@contextlib.contextmanager
+def _loading(con: duckdb.DuckDBPyConnection, parts_dir: str | Path | None) -> Iterator[str]:
+    """A temporary folder for the parsers' output (in ``parts_dir`` when given), and the settings of this process
+    while it loads; the folder is removed and the settings put back at the end."""
+    import pyarrow as pa
+
+    if parts_dir is not None:
+        Path(parts_dir).mkdir(parents=True, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix="traceanalyze-", dir=parts_dir)
+    # DuckDB keeps every block it just wrote in its buffer pool (~12 MB per 47 MB trace); they are on disk
+    # already, so a low limit while loading only lets them go, and the analysis re-reads what it needs
+    con.execute(f"SET memory_limit = '{INGEST_MEMORY_LIMIT}'")
+    # the parse workers use every core meanwhile: a second DuckDB thread only adds hand-off cost (-25 % CPU)
+    con.execute("SET threads = 1")
+    # the system allocator for Arrow while loading, as in the workers (see _worker_init): the IPC chunks read
+    # here and a parse in this process (one file, -j 1) leave less behind (-15 to -20 MB); put back after
+    arrow_pool = pa.default_memory_pool()
+    pa.set_memory_pool(pa.system_memory_pool())
+    try:
+        yield tmp
+    finally:
+        pa.set_memory_pool(arrow_pool)
+        con.execute("RESET memory_limit")
+        con.execute("RESET threads")
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@dataclass
+class _Plan:
+    """The parse tasks of one load, as far as they are made (:func:`_work_items` fills it as it goes)."""
+
+    keys: dict[str, tuple[Path, CacheKey]]  # file -> (the path as given, its cache key)
+    n_parts: dict[str, int] = field(default_factory=dict)  # file -> its number of parse tasks
+    origin: dict[str, str] = field(default_factory=dict)  # part file inflated from a .gz -> that .gz
+    whole: dict[str, str | None] = field(default_factory=dict)  # .gz split into part files -> its last part
+    # (None: parse it whole)
+
+
+def _work_items(todo: list[tuple[Path, CacheKey]], tmp: str, max_decompressed: int, n_cpu: int, plan: _Plan):
+    """The parse tasks ``(path, out_dir, key, max_decompressed, byte_range[, part])``, file by file, parts of a file
+    in order; fills ``plan`` (parts per file; the part files of a .gz inflated into parts)."""
+    from traceanalyze.ingest import parse  # NumPy, PyArrow, msgspec: only where files are parsed
+
+    for i, (p, k) in enumerate(todo):
+        est = 0
+        if n_cpu > 1 and k[1] >= parse.SPLIT_MIN_BYTES >> 6:
+            with open(p, "rb") as fh:
+                if fh.read(2) == b"\x1f\x8b":
+                    est = parse.gzip_json_size(p)
+        if est >= parse.SPLIT_MIN_BYTES:
+            yield from _gz_part_items(p, i, est, tmp, max_decompressed, n_cpu, plan)
+            continue
+        # a big plain-JSON file is cut into byte ranges at event boundaries: more ranges than processes, so that
+        # the first ones are loaded while the others are still being parsed, and each range is committed alone
+        # (with one process too: memory stays bounded by a range)
+        n_ranges = max(n_cpu, -(-k[1] // PART_BYTES))
+        points = parse.split_points(p, n_ranges) if n_ranges > 1 else [0]
+        ends = points[1:] + [k[1]]
+        plan.n_parts[str(p)] = len(points)
+        for j, (a, b) in enumerate(zip(points, ends, strict=True)):
+            yield (str(p), tmp, f"f{i}p{j}", max_decompressed, None if len(points) == 1 else (a, b))
+
+
+def _gz_part_items(p: Path, i: int, est: int, tmp: str, max_decompressed: int, n_cpu: int, plan: _Plan):
+    """The parse tasks of a big ``.gz`` file (``est`` bytes of JSON): it is inflated into part files, each
+    yielded as soon as the next one has started (a part's task says whether it starts and ends at an event)."""
+    from traceanalyze.ingest import parse
+
+    n = max(n_cpu, -(-est // PART_BYTES))
+    state: dict = {}
+    # inflating far past what the gzip trailer says is a bomb: stop, and let the whole parse report it
+    bound = min(max_decompressed, 2 * est + (256 << 20))
+    prev, j = None, 0
+    for j, name in enumerate(parse.inflate_parts(p, tmp, f"f{i}g", -(-est // n), bound, state)):
+        plan.origin[name] = str(p)
+        if prev is not None:
+            yield (prev, tmp, f"f{i}p{j - 1}", max_decompressed, None, (j > 1, True))
+        prev = name
+    if prev is not None:
+        yield (prev, tmp, f"f{i}p{j}", max_decompressed, None, (j > 0, False))
+    plan.n_parts[str(p)] = j + 1
+    plan.whole[str(p)] = prev if state.get("clean") else None
+
+
+def _start_parsing(items: Iterator[tuple], n_cpu: int, executor) -> tuple[Iterable[tuple], object | None]:
+    """Start parsing the tasks: on ``executor``, in a pool of up to ``n_cpu`` processes, or here when there is
+    only one task. Returns the results (``_parse_one``'s, in task order) and the pool to shut down, if any."""
+    head = list(itertools.islice(items, n_cpu))  # one task (one small file): parsed here, no pool
+    work = itertools.chain(head, items)
+    n_jobs = max(1, min(n_cpu, len(head)))
+    if executor is not None:
+        return _in_order(executor.results(_parse_task, list(enumerate(work)))), None
+    if n_jobs == 1:
+        return map(_parse_one, work), None
+    from concurrent.futures import ProcessPoolExecutor  # multiprocessing: not for one file or a re-run
+
+    pool = ProcessPoolExecutor(max_workers=n_jobs, initializer=_worker_init, initargs=(_pandas_blocked(),))
+    futures = [pool.submit(_parse_one, w) for w in work]  # a .gz is inflated meanwhile, part by part
+    return (f.result() for f in futures), pool
+
+
+def _load_results(con: duckdb.DuckDBPyConnection, results: Iterable[tuple], plan: _Plan, prints: dict[str, str],
+                  out: dict[Path, LoadedFile], progress: Callable[[int], None] | None,
+                  whole: tuple[str, int]) -> None:
+    """Load the parse results as they arrive (in task order: the parts of a file together): whole files in
+    batches (:class:`_Batch`), split files part by part (:class:`_FileLoad`). Fills ``out``."""
+    batch = _Batch(con, prints)
+    load: _FileLoad | None = None
+    try:
+        for path_s, info, tables, err in results:
+            part_file = path_s if path_s in plan.origin else None
+            path_s = plan.origin.get(path_s, path_s)
+            p, key = plan.keys[path_s]
+            if plan.n_parts[path_s] == 1 and path_s not in plan.whole:
+                out[p] = batch.add(p, key, info, tables, err)
+                if progress:
+                    progress(key[1])
+                continue
+            if load is None:
+                batch.commit()  # a split file commits part by part: no batch open meanwhile
+                load = _FileLoad(con, p, key, plan.n_parts[path_s], whole)
+                if path_s in plan.whole:
+                    load.tail = plan.whole[path_s]
+                    load.force_whole = plan.whole[path_s] is None
+            load.add(info, tables, err)
+            if part_file is not None:
+                Path(part_file).unlink(missing_ok=True)
+            if load.done:
+                out[p] = load.finish()
+                load = None
+                con.execute("UPDATE files SET fingerprint = ? WHERE path = ?", [prints[key[0]], key[0]])
+                if progress:
+                    progress(key[1])
+        batch.commit()
+    except BaseException:
+        if load is not None:
+            load.abort()
+        batch.abort()
+        raise
+
+
+def _join_parts(parts: list[tuple[TraceFile | None, str | None]]) -> tuple[TraceFile | None, str | None]:
+    """One summary for a file parsed in byte ranges, from each part's (summary, error): the first part's header
+    plus the keys after the events (``baseTimeNanoseconds``) that the last part read; counts and warnings of all
+    parts."""
+    from traceanalyze.ingest import parse
+
+    errs = [e for _, e in parts if e]
+    if errs or len(parts) == 1:
+        return (None, errs[0]) if errs else (parts[0][0], None)
+    infos = [i for i, _ in parts]
+    first, last = infos[0], infos[-1]
+    first.header = {**first.header, **last.header}
+    first.base_time_ns = parse.header_base_ns(first.header)
+    first.partial = last.partial
+    first.bytes_read = sum(i.bytes_read for i in infos)
+    first.skipped_events = sum(i.skipped_events for i in infos)
+    first.warnings = [w for i in infos for w in i.warnings]
+    first.counts = {k: sum(i.counts.get(k, 0) for i in infos) for k in first.counts}
+    return first, None
+
+
+def _delete_tmp(tables: dict | None) -> None:
+    """Delete a parse's temporary IPC streams (table name -> file)."""
+    for f in (tables or {}).values():
+        Path(f).unlink(missing_ok=True)
+
+
+class _Batch:
+    """Whole (unsplit) trace files loaded into the store, many per transaction.
+
+    Up to :data:`TRANSACTION_FILES` files or :data:`TRANSACTION_ROWS` rows share one transaction, and each of its
+    tables is filled by one ``INSERT`` that reads the files' Arrow IPC streams one after another: per file, the main
+    process only reads its summary. A file loaded again (changed on disk, or left ``loading`` by an interrupted run)
+    has its old rows deleted in the same transaction.
+    """
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, prints: dict[str, str]) -> None:
+        self.con = con
+        self.prints = prints  # resolved path -> content fingerprint (:func:`fingerprint`), stored with the file
+        self.items: list[tuple[int, int, dict]] = []  # (file_id, base_time_ns, table -> IPC stream) to insert
+        self.rows: list[list] = []  # files rows
+        self.old: list[int] = []  # file_ids whose rows go
+        self.n_rows = 0
+        self.next_id: int | None = None
+        self.old_ids: dict[str, int] | None = None
+
+    def add(self, path: Path, key: CacheKey, info: TraceFile | None, tables: dict | None,
+            err: str | None) -> LoadedFile:
+        if self.next_id is None:
+            con = self.con
+            # fetchall: DuckDB 2 keeps a half-read result open, which blocks register() below
+            self.old_ids = dict(con.execute("SELECT path, file_id FROM files").fetchall())
+            self.next_id = con.execute("SELECT coalesce(max(file_id), 0) + 1 FROM files").fetchall()[0][0]
+        old = self.old_ids.pop(key[0], None)
+        if old is not None:
+            self.old.append(old)
+        file_id = self.next_id
+        self.next_id += 1
+        resolved, size, mtime = key
+        if info is None:
+            self.rows.append([file_id, resolved, size, mtime, "error", err] + [None] * 5 + [self.prints.get(resolved)])
+        else:
+            self.rows.append([file_id, resolved, size, mtime, "partial" if info.partial else "ok",
+                              "; ".join(info.warnings) or None, info.bytes_read, int(info.base_time_ns),
+                              json.dumps(info.header, default=str), info.counts.get("kernels", 0),
+                              info.counts.get("cpu_ops", 0), self.prints.get(resolved)])
+            self.items.append((file_id, int(info.base_time_ns), tables))
+            self.n_rows += sum(info.counts.values())
+        if len(self.rows) >= TRANSACTION_FILES or self.n_rows >= TRANSACTION_ROWS:
+            self.commit()
+        return LoadedFile(path, file_id, False, info, err)
+
+    def commit(self) -> None:
+        """Insert the files held so far in one transaction; their temporary streams are deleted."""
+        if not self.rows:
+            return
+        con = self.con
+        con.execute("BEGIN TRANSACTION")
+        try:
+            if self.old:
+                for t in (*store.EVENT_TABLES, "files"):
+                    con.execute(f"DELETE FROM {t} WHERE file_id IN (SELECT unnest(?))", [self.old])
+            if self.items:
+                _insert_part(con, self.items)
+            store.insert_rows(con, "files", ["file_id", "path", "size_bytes", "mtime_ns", "status", "message",
+                                             "bytes_read", "base_time_ns", "header", "n_kernels", "n_cpu_ops",
+                                             "fingerprint"], self.rows)
+            con.execute("COMMIT")
+        except BaseException:
+            self.abort()
+            raise
+        finally:
+            self._clear()
+
+    def _clear(self) -> None:
+        for _, _, tables in self.items:
+            _delete_tmp(tables)
+        self.items, self.rows, self.old, self.n_rows = [], [], [], 0
+        self.next_id = None  # asked again: a split file between two batches takes the next id
+
+    def abort(self) -> None:
+        try:
+            self.con.execute("ROLLBACK")
+        except duckdb.Error:
+            pass  # no transaction open
+        self._clear()
+
+
+class _FileLoad:
+    """One trace file loaded into the store, a part (byte range) at a time as the parts arrive.
+
+    A file parsed in one piece is loaded in one transaction. A file cut into byte ranges is loaded part by part
+    while the later parts are still being parsed, one transaction per part: DuckDB holds a transaction's rows in
+    memory until it commits, so one transaction for a multi-GB file would need memory in proportion to the file.
+    Its ``files`` row says ``loading`` until the last part is in; such a file is never a cache hit, and its rows
+    are deleted when it is loaded again (an interrupted run) or when a part fails.
+
+    ``baseTimeNanoseconds`` often follows the events, so the parts are shifted by the value read from the file's
+    tail beforehand (:func:`.parse.tail_base_time_ns`) and corrected at the end in the rare case the parsed
+    header says otherwise.
+    """
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, path: Path, key: CacheKey, n_parts: int,
+                 whole: tuple[str, int] | None = None) -> None:
+        self.con, self.path, self.key, self.n_parts = con, path, key, n_parts
+        self.whole = whole  # (temporary folder, max_decompressed) for parsing the file whole after a bad split
+        self.tail: str | None = None  # a .gz inflated into parts: the last part, whose end holds the tail keys
+        self.force_whole = False  # a .gz whose inflation into parts did not end cleanly: parse it whole
+        self.parts: list[tuple[TraceFile | None, str | None]] = []  # (summary, error) per part; rows go at once
+        self.base: int | None = None  # the shift applied to the parts inserted so far
+        self.split = n_parts > 1
+        self.file_id = self._begin()
+
+    @property
+    def done(self) -> bool:
+        return len(self.parts) == self.n_parts
+
+    def _begin(self) -> int:
+        con = self.con
+        con.execute("BEGIN TRANSACTION")
+        # fetchall: DuckDB 2 keeps a half-read result open, which blocks register() below
+        old = next(iter(con.execute("SELECT file_id FROM files WHERE path = ?", [self.key[0]]).fetchall()), None)
+        if old is not None:
+            self._delete_rows(old[0])
+            con.execute("DELETE FROM files WHERE file_id = ?", [old[0]])
+        file_id = con.execute("SELECT coalesce(max(file_id), 0) + 1 FROM files").fetchall()[0][0]
+        if self.split:
+            con.execute("INSERT INTO files (file_id, path, size_bytes, mtime_ns, status) "
+                        "VALUES (?, ?, ?, ?, 'loading')", [file_id, *self.key])
+            con.execute("COMMIT")
+        return file_id
+
+    def _delete_rows(self, file_id: int) -> None:
+        for t in store.EVENT_TABLES:
+            self.con.execute(f"DELETE FROM {t} WHERE file_id = ?", [file_id])
+
+    def _split_broken(self) -> bool:
+        return self.force_whole or any(i is not None and not i.split_ok for i, _ in self.parts)
+
+    def add(self, info: TraceFile | None, tables: dict | None, err: str | None) -> None:
+        self.parts.append((info, err))
+        if info is None or any(e for _, e in self.parts) or self._split_broken():
+            _delete_tmp(tables)
+            return  # the file fails, or is parsed whole at the end: nothing more is inserted
+        if self.base is None:
+            if not self.split:
+                self.base = int(info.base_time_ns)
+            else:
+                from traceanalyze.ingest import parse
+
+                self.base = parse.tail_base_time_ns(self.tail or self.path, info.header)
+        if self.split:
+            self.con.execute("BEGIN TRANSACTION")
+        try:
+            _insert_part(self.con, self.file_id, self.base, tables)
+            if self.split:
+                self.con.execute("COMMIT")
+        except BaseException:
+            if self.split:
+                self.abort()
+            raise
+        finally:  # a part's temporary files go at once: a 10 GB trace would otherwise pile up GBs of them
+            _delete_tmp(tables)
+
+    def _parse_whole(self) -> None:
+        """A part did not end between two events (guarantee 7): drop the parts' rows and parse the file in one
+        piece in this process, so that its rows are exactly those of an unsplit parse."""
+        tmp, max_decompressed = self.whole or (tempfile.gettempdir(), 64 << 30)
+        self.con.execute("BEGIN TRANSACTION")
+        try:
+            self._delete_rows(self.file_id)
+            self.con.execute("COMMIT")
+        except BaseException:
+            self.abort()
+            raise
+        _, info, tables, err = _parse_one((str(self.path), tmp, f"whole{self.file_id}", max_decompressed, None))
+        self.parts, self.split, self.base, self.tail, self.force_whole = [], True, None, None, False
+        self.n_parts = 1
+        self.add(info, tables, err)
+
+    def finish(self) -> LoadedFile:
+        if self._split_broken():
+            self._parse_whole()
+        info, err = _join_parts(self.parts)
+        if self.split:
+            self.con.execute("BEGIN TRANSACTION")
+        try:
+            if info is None:
+                self._write_error(err)
+            else:
+                self._write_done(info)
+            self.con.execute("COMMIT")
+        except BaseException:
+            self.abort()
+            raise
+        return LoadedFile(self.path, self.file_id, False, info, err)
+
+    def _write_error(self, err: str | None) -> None:
+        """The file failed: its rows go, and its ``files`` row says why."""
+        con = self.con
+        if self.split:
+            self._delete_rows(self.file_id)
+            con.execute("DELETE FROM files WHERE file_id = ?", [self.file_id])
+        else:
+            con.execute("ROLLBACK")  # drop what was inserted
+            con.execute("BEGIN TRANSACTION")
+        con.execute("INSERT INTO files (file_id, path, size_bytes, mtime_ns, status, message) "
+                    "VALUES (?, ?, ?, ?, 'error', ?)", [self.file_id, *self.key, err])
+
+    def _write_done(self, info: TraceFile) -> None:
+        """All parts are in: shift them if the parsed ``baseTimeNanoseconds`` differs from the one they were
+        inserted with, and write the file's ``files`` row (in place of the ``loading`` one)."""
+        con = self.con
+        resolved, size, mtime = self.key
+        base = int(info.base_time_ns)
+        if self.base is not None and base != self.base:
+            for t, cols in store.EVENT_COLUMNS.items():
+                if any(name == "ts_ns" for name, _ in cols):
+                    con.execute(f"UPDATE {t} SET ts_ns = ts_ns + ? WHERE file_id = ?", [base - self.base, self.file_id])
+        con.execute("DELETE FROM files WHERE file_id = ?", [self.file_id])  # the 'loading' row, if any
+        con.execute(
+            "INSERT INTO files (file_id, path, size_bytes, mtime_ns, status, message, bytes_read, "
+            "base_time_ns, header, n_kernels, n_cpu_ops) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [self.file_id, resolved, size, mtime, "partial" if info.partial else "ok",
+             "; ".join(info.warnings) or None, info.bytes_read, base,
+             json.dumps(info.header, default=str), info.counts.get("kernels", 0),
+             info.counts.get("cpu_ops", 0)])
+
+    def abort(self) -> None:
+        try:
+            self.con.execute("ROLLBACK")
+        except duckdb.Error:
+            pass  # no transaction open
+
+
+def _insert_part(con: duckdb.DuckDBPyConnection, file_id, base: int = 0, tables: dict | None = None) -> None:
+    """Insert parsed parts from the Arrow IPC streams their parsers wrote.
+
+    Either one part (``file_id``, ``base``, ``tables``: table name -> stream file) or, with ``file_id`` a list of
+    ``(file_id, base_time_ns, tables)``, many files with one ``INSERT`` per table: DuckDB reads the streams one
+    after another, a chunk at a time, with each row's ``file_id`` and ``ts_ns + base`` added on the way.
+    """
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from traceanalyze.ingest import parse  # not at module level: a cached report never parses
+
+    items = file_id if isinstance(file_id, list) else [(file_id, base, tables)]
+    for t, schema in parse.TABLES.items():
+        names = ", ".join(f'"{c}"' for c in schema.names)
+        out_schema = pa.schema([("file_id", pa.int32()), *schema])
+        ts_at = schema.names.index("ts_ns") if "ts_ns" in schema.names else None
+
+        def batches(t=t, ts_at=ts_at, out_schema=out_schema):
+            for fid, shift, files in items:
+                with pa.OSFile(files[t]) as fh:
+                    for b in pa.ipc.open_stream(fh):
+                        if not b.num_rows:
+                            continue
+                        cols = b.columns
+                        if ts_at is not None and shift:
+                            cols[ts_at] = pc.add(cols[ts_at], shift)
+                        yield pa.RecordBatch.from_arrays([pa.array(np.full(b.num_rows, fid, np.int32)), *cols],
+                                                         schema=out_schema)
+
+        con.register("_incoming", pa.RecordBatchReader.from_batches(out_schema, batches()))  # read a chunk at a time
+        try:
+            con.execute(f"INSERT INTO {t} (file_id, {names}) SELECT file_id, {names} FROM _incoming")
+        finally:
+            con.unregister("_incoming")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Impossible durations
+
+SPAN_CHECKED = ("kernels", "cpu_ops")  # the tables whose events must fit in the trace span
+
+
+def drop_impossible_durations(con: duckdb.DuckDBPyConnection, file_ids: Iterable[int]) -> int:
+    """Delete the kernels and CPU ops of newly loaded files that are longer than their file's trace span (and
+    their ``comm_events`` copies); note each file's count in its ``files.message`` and lower its
+    ``n_kernels``/``n_cpu_ops``.
+
+    The span is the profiler's own recording, the ``"cat": "Trace"`` event (``PyTorch Profiler (0)``) that
+    kineto writes into every trace, kept by the parser under :data:`.parse.SPAN_KEY` in the file's header.
+    Nothing recorded in a window can last longer than the window; such durations come from end times never
+    written (a CUPTI fault) or from edited files. A trace without that event (hand-made or converted) is only
+    checked at parse time. The count goes into the file's ``message``, so every report on the database, cached or
+    not, shows the warning row. Call it once per parse of a file (for the files just loaded, not cached ones).
+
+    The events are counted for all the files at once (one query per table); only files with events to drop are
+    changed, each in its own transaction. Returns the number of events dropped (0 when no header holds a span).
+    Raises duckdb.Error on a database failure.
+    """
+    ids = list(dict.fromkeys(file_ids))
+    if not ids:  # nothing parsed (a cached run): .parse is not imported
+        return 0
+    spans = _trace_spans(con, ids)
+    if not spans:
+        return 0
+    span_ns = {fid: int(round(span_us * 1000)) for fid, span_us in spans.items()}
+    counts: dict[int, dict[str, int]] = {fid: dict.fromkeys(SPAN_CHECKED, 0) for fid in span_ns}
+    for t in SPAN_CHECKED:
+        for fid, n in con.execute(
+                f"SELECT file_id, count(*) FROM {t} JOIN (SELECT unnest(?::INTEGER[]) AS file_id, "
+                "unnest(?::BIGINT[]) AS span_ns) USING (file_id) WHERE dur_ns > span_ns GROUP BY file_id",
+                [list(span_ns), list(span_ns.values())]).fetchall():
+            counts[fid][t] = n
+    dropped = 0
+    for fid, n_by_table in counts.items():
+        n = sum(n_by_table.values())
+        if n:
+            _drop_longer(con, fid, span_ns[fid], spans[fid], n_by_table)
+            dropped += n
+    return dropped
+
+
+def _trace_spans(con: duckdb.DuckDBPyConnection, file_ids: list[int]) -> dict[int, float]:
+    """file_id -> the trace span (µs) its stored header holds, for the files whose header holds a valid one."""
+    from traceanalyze.ingest import parse
+
+    spans: dict[int, float] = {}
+    for fid, text in con.execute("SELECT file_id, header FROM files WHERE file_id IN (SELECT unnest(?::INTEGER[]))",
+                                 [file_ids]).fetchall():
+        span_us = store.header_dict(text).get(parse.SPAN_KEY)
+        if isinstance(span_us, (int, float)) and not isinstance(span_us, bool) and span_us > 0:
+            spans[fid] = span_us
+    return spans
+
+
+def _drop_longer(con: duckdb.DuckDBPyConnection, file_id: int, span_ns: int, span_us: float,
+                 counts: dict[str, int]) -> None:
+    """Delete one file's events longer than its span (``counts`` of them per table) and note it in its row."""
+    n = sum(counts.values())
+    con.execute("BEGIN TRANSACTION")
+    try:
+        for t in (*SPAN_CHECKED, "comm_events"):
+            con.execute(f"DELETE FROM {t} WHERE file_id = ? AND dur_ns > ?", [file_id, span_ns])
+        what = (f"{n} kernel{'s' if n != 1 else ''} or op{'s' if n != 1 else ''} longer than the rank's trace span "
+                f"({span_us / 1e6:.6g} s, the profiler's recording) dropped from the metrics "
+                f"({counts['kernels']} GPU, {counts['cpu_ops']} CPU): impossible durations")
+        con.execute("UPDATE files SET message = concat_ws('; ', message, ?), n_kernels = n_kernels - ?, "
+                    "n_cpu_ops = n_cpu_ops - ? WHERE file_id = ?", [what, counts["kernels"], counts["cpu_ops"],
+                                                                     file_id])
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
