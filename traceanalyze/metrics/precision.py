@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 
 import duckdb
 
+from traceanalyze.metrics._sql import counted_kernels_sql, counted_op_sql
 from traceanalyze.metrics.breakdown import kernel_classes
-from traceanalyze.metrics.steps import counted_kernels_sql, counted_op_sql
 
 # (regex searched in the kernel name, dtype, tensor core). First match wins; order matters.
 KERNEL_DTYPE_RULES: list[tuple[str, str, bool | None]] = [
@@ -44,8 +44,17 @@ GEMM_KERNEL = re.compile(
 ELEMENTWISE_EXCLUDE = re.compile(r"elementwise|reduce_kernel|splitKreduce|memcpy|memset|nccl", re.IGNORECASE)
 CPU_GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_addmm_activation",
                 "aten::mkldnn_convolution", "aten::cudnn_convolution", "aten::_convolution_mode")
+# Dtype names: the ``Input type`` of an op (c10 names, lower-cased) -> math dtype; any spelling (records, NCCL
+# kernel names, c10) -> bytes per element.
 TYPE_TO_DTYPE = {"float": "fp32", "c10::bfloat16": "bf16", "c10::half": "fp16", "double": "fp64",
                  "c10::float8_e4m3fn": "fp8", "c10::float8_e5m2": "fp8", "signed char": "int8"}
+DTYPE_BYTES = {
+    "float": 4, "float32": 4, "f32": 4, "int": 4, "int32": 4, "i32": 4, "u32": 4, "uint32": 4,
+    "bfloat16": 2, "c10::bfloat16": 2, "bf16": 2, "__nv_bfloat16": 2, "half": 2, "c10::half": 2, "f16": 2,
+    "float16": 2, "double": 8, "float64": 8, "f64": 8, "long": 8, "long int": 8, "int64": 8, "i64": 8,
+    "u64": 8, "int8": 1, "int8_t": 1, "i8": 1, "u8": 1, "uint8": 1, "unsigned char": 1, "char": 1, "byte": 1,
+    "bool": 1, "f8e4m3": 1, "f8e5m2": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
+}
 
 # Dense peak TFLOPS per dtype (NVIDIA datasheets; torchtitan get_peak_flops for bf16). Matched by substring.
 PEAK_TFLOPS: list[tuple[str, dict[str, float]]] = [
@@ -96,16 +105,40 @@ def peak_tflops(gpu_model: str | None, dtype: str) -> float | None:
     return None
 
 
-def _op_dtype(types_json: str | None) -> str | None:
+def input_types(types_json: str | None) -> list:
+    """A cpu_op's ``Input type`` list from its JSON text (``'["float", "c10::BFloat16"]'``); [] when absent, not
+    JSON or not a list. Items are as recorded (strings, or ``""`` for a non-tensor argument)."""
     if not types_json:
-        return None
+        return []
     try:
         t = json.loads(types_json)
     except ValueError:
-        return None
-    for x in t if isinstance(t, list) else []:
+        return []
+    return t if isinstance(t, list) else []
+
+
+def op_dtype(types_json: str | None) -> str | None:
+    """Math dtype (:data:`TYPE_TO_DTYPE`: ``fp32``, ``bf16``, ...) of an op from its ``Input type`` JSON: the first
+    input of a known type; None when none is."""
+    for x in input_types(types_json):
         if isinstance(x, str) and x.lower() in TYPE_TO_DTYPE:
             return TYPE_TO_DTYPE[x.lower()]
+    return None
+
+
+def dtype_bytes(dtype: str | None) -> int | None:
+    """Bytes per element of a dtype name as a record or kernel name spells it (:data:`DTYPE_BYTES`:
+    ``c10::BFloat16``, ``bf16``, ``float``, ...); None when unknown."""
+    if not dtype:
+        return None
+    return DTYPE_BYTES.get(dtype.strip().lower())
+
+
+def first_input_bytes(types_json: str | None) -> int | None:
+    """Bytes per element of an op's first input, from its ``Input type`` JSON; None when unknown."""
+    t = input_types(types_json)
+    if t and isinstance(t[0], str):
+        return dtype_bytes(t[0])
     return None
 
 
@@ -173,7 +206,7 @@ def analyze_precision(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, gp
         for name, dur, types, _op in rows:
             dt, tc = kernel_dtype(name)
             if dt is None:
-                dt = _op_dtype(types) or "unknown"
+                dt = op_dtype(types) or "unknown"
                 tc = None if dt in ("unknown", "fp32") else True
                 if dt == "fp32":
                     tc = None  # fp32 inputs may still run as TF32 when allowed; the name does not say
@@ -198,7 +231,7 @@ def analyze_precision(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, gp
               AND (c.name IN {CPU_GEMM_OPS!r} OR (c.name LIKE 'aten::_scaled_dot_product%attention%'))
               AND {counted_op_sql("c", "$1")}""", [run_id]).fetchall()
         for _name, types, _dims, dur in rows:
-            dt = _op_dtype(types) or "unknown"
+            dt = op_dtype(types) or "unknown"
             acc[(dt, False)] = acc.get((dt, False), 0.0) + dur
         res.source = "Input type of aten matrix ops on the training thread"
         fr = [(n, d, t, dur) for n, t, d, dur in rows]

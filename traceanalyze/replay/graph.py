@@ -36,16 +36,7 @@ from dataclasses import dataclass, field
 import duckdb
 import numpy as np
 
-from traceanalyze.metrics.collectives import (
-    _apply,
-    _dtype_bytes,
-    _first_dtype_bytes,
-    _int_column,
-    _kernel_dtype,
-    _numel,
-    busbw_factor,
-    normalize_collective,
-)
+from traceanalyze.metrics.collectives import busbw_factor, collective_calls, communication_kernels, int_column
 from traceanalyze.metrics.host import COMPILE_RANGE_NAMES
 
 KINDS = ("host", "kernel", "memcpy", "memset", "collective", "step_begin", "step_end")
@@ -269,7 +260,7 @@ def build(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_size: in
                          AND (c.input_types LIKE '["float"%' OR c.input_types LIKE '[''float''%')) m
                  ON m.file_id = k.file_id AND m.external_id = k.external_id
             WHERE f.run_id = $1 AND f.rank IS NOT NULL AND k.cat IN ('kernel', 'gpu_memcpy', 'gpu_memset')""",
-                   [run_id, list(MATMUL_OPS), _comm_kernels(con, run_id)])
+                   [run_id, list(MATMUL_OPS), communication_kernels(con, run_id)])
         cat = np.asarray(k["catc"], np.int64)
         kind = np.where(np.asarray(k["comm"], bool), K_COLL,
                         np.where(cat == 1, K_MEMCPY, np.where(cat == 2, K_MEMSET, K_KERNEL)))
@@ -284,8 +275,8 @@ def build(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_size: in
     n_st = st["step"].size
     parts.append(dict(rank=np.concatenate([st["rank"], st["rank"]]).astype(np.int64),
                       rk=np.zeros(2 * n_st, np.int64),
-                      a=np.concatenate([_int_column(st["pid"])[0]] * 2),
-                      b=np.concatenate([_int_column(st["tid"])[0]] * 2),
+                      a=np.concatenate([int_column(st["pid"])[0]] * 2),
+                      b=np.concatenate([int_column(st["tid"])[0]] * 2),
                       kind=np.concatenate([np.full(n_st, K_BEGIN), np.full(n_st, K_END)]),
                       ts=np.concatenate([st["start_ns"], st["end_ns"]]).astype(np.int64),
                       dur=np.zeros(2 * n_st, np.int64),
@@ -491,7 +482,7 @@ def _unique_rows(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _thread_codes(fid, pid, tid) -> np.ndarray:
-    keys = np.stack([np.asarray(fid, np.int64), _int_column(pid)[0], _int_column(tid)[0]], axis=1)
+    keys = np.stack([np.asarray(fid, np.int64), int_column(pid)[0], int_column(tid)[0]], axis=1)
     if keys.size == 0:
         return np.zeros(0, np.int64)
     return _unique_rows(keys)[1]
@@ -532,7 +523,7 @@ def _categories(con, run_id, mode, origin, off_ns, world, uniq, res, rk, kind, f
                [run_id, names_compile, mode != "gpu", list(MATMUL_OPS)])
     lookup = {tuple(u): i for i, u in enumerate(uniq.tolist())}
     r_res = np.array([lookup.get((int(a), 0, int(b), int(c)), -1) for a, b, c in zip(
-        r["rank"].tolist(), _int_column(r["pid"])[0].tolist(), _int_column(r["tid"])[0].tolist(), strict=True)],
+        r["rank"].tolist(), int_column(r["pid"])[0].tolist(), int_column(r["tid"])[0].tolist(), strict=True)],
         dtype=np.int64)
     r_rank = np.asarray(r["rank"], np.int64)
     shift = origin + off_ns[np.clip(r_rank, 0, world)]
@@ -575,47 +566,21 @@ def _categories(con, run_id, mode, origin, off_ns, world, uniq, res, rk, kind, f
     return cover, gap_cover, label
 
 
-def _comm_kernels(con, run_id: int) -> list[str]:
-    """Names of the run's communication kernels (the ``kernel_class`` macro once per distinct name)."""
-    from traceanalyze.metrics.breakdown import kernel_classes
-
-    return [k for k, c in kernel_classes(con, run_id).items() if c == "communication"]
-
-
 def _collective_meta(con, run_id: int, mode: str) -> dict[str, np.ndarray]:
-    """Per collective call (file, start): normalised name, bytes, process group, Seq, group ranks."""
-    if mode == "gpu":
-        m = _fetch(con, """SELECT k.file_id, k.ts_ns, k.name, coalesce(nullif(m.collective, ''), k.name) AS coll,
-                   m.in_nelems, m.out_nelems, m.comm_dtype, m.pg_name, m.seq, m.pg_ranks, m.group_size
-            FROM kernels k JOIN files f USING (file_id)
-            LEFT JOIN comm_events m ON m.file_id = k.file_id AND m.source = 'kernels' AND m.ts_ns = k.ts_ns
-                 AND m.name = k.name AND m.correlation IS NOT DISTINCT FROM k.correlation
-            WHERE f.run_id = ? AND f.rank IS NOT NULL AND k.cat = 'kernel' AND k.name IN (SELECT unnest(?))""",
-                   [run_id, _comm_kernels(con, run_id)])
-        op = _apply(m["coll"].tolist(), normalize_collective, object)
-        inn, has_in = _int_column(m["in_nelems"])
-        outn, has_out = _int_column(m["out_nelems"])
-        use_out = ((op == "all_gather") & has_out & (outn != 0)) | ~has_in
-        nel = np.where(use_out, outn, inn)
-        by_dtype = _apply(m["comm_dtype"].tolist(), lambda dt: _dtype_bytes(dt) or 0, np.int64)
-        by_name = _apply(m["name"].tolist(), lambda x: _dtype_bytes(_kernel_dtype(x)) or 0, np.int64)
-        nbytes = nel * np.where(by_dtype > 0, by_dtype, by_name)
-        seq, has_seq = _int_column(m["seq"])
-        pg = np.asarray(m["pg_name"], dtype=object)
-        pg_ranks = np.asarray(m["pg_ranks"], dtype=object)
+    """Per collective call (file, start): normalised name, bytes, process group, Seq, group ranks
+    (:func:`traceanalyze.metrics.collectives.collective_calls`; CPU runs carry no process group)."""
+    calls = collective_calls(con, run_id, mode, groups=mode == "gpu")
+    n = calls.op.size
+    if calls.groups is not None:
+        seq, has_seq = int_column(calls.groups["seq"])
+        pg = np.asarray(calls.groups["pg_name"], dtype=object)
+        pg_ranks = np.asarray(calls.groups["pg_ranks"], dtype=object)
     else:
-        m = _fetch(con, """SELECT c.file_id, c.ts_ns, c.name, c.input_dims, c.input_types
-            FROM cpu_ops c JOIN files f USING (file_id)
-            WHERE f.run_id = ? AND f.rank IS NOT NULL AND c.cat = 'user_annotation' AND c.name LIKE 'gloo:%'""",
-                   [run_id])
-        op = _apply(m["name"].tolist(), normalize_collective, object)
-        nel = _apply(m["input_dims"].tolist(), lambda d: _numel(d) or 0, np.int64)
-        nbytes = nel * _apply(m["input_types"].tolist(), lambda t: _first_dtype_bytes(t) or 0, np.int64)
-        seq, has_seq = np.zeros(op.size, np.int64), np.zeros(op.size, bool)
-        pg = np.full(op.size, None, dtype=object)
-        pg_ranks = np.full(op.size, None, dtype=object)
-    return {"fid": np.asarray(m["file_id"], np.int64), "ts": np.asarray(m["ts_ns"], np.int64), "op": op,
-            "bytes": nbytes.astype(np.int64), "seq": seq, "has_seq": has_seq, "pg": pg, "pg_ranks": pg_ranks}
+        seq, has_seq = np.zeros(n, np.int64), np.zeros(n, bool)
+        pg = np.full(n, None, dtype=object)
+        pg_ranks = np.full(n, None, dtype=object)
+    return {"fid": calls.file_id, "ts": calls.start, "op": calls.op, "bytes": calls.nbytes.astype(np.int64),
+            "seq": seq, "has_seq": has_seq, "pg": pg, "pg_ranks": pg_ranks}
 
 
 def _group_median(group: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
