@@ -37,7 +37,7 @@ import duckdb
 import numpy as np
 
 from traceanalyze import store
-from traceanalyze.metrics._sql import counted_kernels_sql, training_thread_sql
+from traceanalyze.metrics._sql import counted_kernels_sql, training_thread_sql  # the latter: export's too
 from traceanalyze.metrics.steps import median, step_set
 
 # Stored in the database (see store.MACROS) so users can classify rows the same way in their own queries.

@@ -21,7 +21,6 @@ is the one the others wait for.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -31,7 +30,7 @@ import duckdb
 import numpy as np
 
 from traceanalyze.metrics.breakdown import clip, kernel_classes, length
-from traceanalyze.metrics.precision import dtype_bytes, first_input_bytes
+from traceanalyze.metrics.precision import dtype_bytes, first_input_bytes, record_json
 
 _OPS = {  # normalised collective name -> busbw factor as a function of n
     "all_reduce": lambda n: 2 * (n - 1) / n,
@@ -222,12 +221,7 @@ def int_column(col: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def numel(dims_json: str | None) -> int | None:
     """Elements of the first tensor in an ``Input Dims`` JSON list (``[[132992]]`` -> 132992)."""
-    if not dims_json:
-        return None
-    try:
-        d = json.loads(dims_json)
-    except ValueError:
-        return None
+    d = record_json(dims_json)
     while isinstance(d, list) and d and isinstance(d[0], list):
         if all(isinstance(x, int) for x in d[0]):
             d = d[0]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 import duckdb
 
@@ -105,15 +106,20 @@ def peak_tflops(gpu_model: str | None, dtype: str) -> float | None:
     return None
 
 
+def record_json(text: str | None) -> Any:
+    """A JSON column of a cpu_op (``input_types``, ``input_dims``) read back; None when absent or not JSON."""
+    if not text:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
 def input_types(types_json: str | None) -> list:
     """A cpu_op's ``Input type`` list from its JSON text (``'["float", "c10::BFloat16"]'``); [] when absent, not
     JSON or not a list. Items are as recorded (strings, or ``""`` for a non-tensor argument)."""
-    if not types_json:
-        return []
-    try:
-        t = json.loads(types_json)
-    except ValueError:
-        return []
+    t = record_json(types_json)
     return t if isinstance(t, list) else []
 
 
@@ -145,11 +151,8 @@ def first_input_bytes(types_json: str | None) -> int | None:
 def gemm_flops(op: str, dims_json: str | None) -> float | None:
     """FLOPs of one ``aten::mm`` ([[M,K],[K,N]]), ``addmm`` ([[N],[M,K],[K,N]]) or ``bmm`` ([[B,M,K],[B,K,N]])
     call: 2·(B·)M·N·K. None when the shapes are missing or do not fit."""
-    if not dims_json:
-        return None
-    try:
-        d = json.loads(dims_json)
-    except ValueError:
+    d = record_json(dims_json)
+    if d is None:
         return None
     try:
         if op in ("aten::mm",):
