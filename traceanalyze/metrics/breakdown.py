@@ -235,7 +235,7 @@ def _intervals(con, sql: str, params: list) -> dict[tuple[int, int], dict[str, t
 # Kernels counted by the breakdown, with the profiler-step filter (see the module docstring and .steps).
 _GPU_INTERVALS_SQL = f"""
 SELECT f.rank, f."window", kernel_class(k.cat, k.name) AS klass, k.ts_ns, k.ts_ns + k.dur_ns AS end_ns
-FROM ({counted_kernels_sql("$1", "k.cat <> 'gpu_user_annotation'")}) k JOIN files f USING (file_id)
+FROM ({counted_kernels_sql("$1", "k.cat <> 'gpu_user_annotation'", few=False)}) k JOIN files f USING (file_id)
 """
 
 # CPU mode: every op that is compute or communication (compute is then narrowed to the training thread).

@@ -72,7 +72,7 @@ def step_set(con: duckdb.DuckDBPyConnection, run_id: int, *, counted_only: bool 
 
 def median(values: Iterable[float]) -> float | None:
     """The median (:func:`statistics.median`: the mean of the two middle values for an even count) as a float;
-    None for no values. Every step time of the package is this median."""
+    None for no values. The step times (of the run, a rank, a window, the replay) are this median."""
     v = list(values)
     return float(statistics.median(v)) if v else None
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from dataclasses import dataclass, field
 
 import duckdb
@@ -174,8 +175,6 @@ def _fetch(con, sql: str, params: list) -> dict[str, np.ndarray]:
 def _fetch_arrow(con, sql: str, params: list) -> dict:
     """Columns of a query: ``name`` as an Arrow string array (no Python object per row: 500k names cost
     seconds as objects), the others as NumPy arrays with NULL read as 0."""
-    import warnings
-
     import pyarrow as pa
 
     with warnings.catch_warnings():  # the copy DuckDB warns about is far cheaper than one Python object per row
