@@ -28,7 +28,7 @@ from traceanalyze import hardware
 from traceanalyze.hardware import GpuInfo
 from traceanalyze.metrics.collectives import CollectiveAnalysis
 from traceanalyze.metrics.host import CompileStats, LaunchStats, LoaderStats
-from traceanalyze.metrics.precision import PrecisionMix, peak_tflops
+from traceanalyze.metrics.precision import PrecisionMix
 from traceanalyze.replay.whatif import CPU_BF16_SPEEDUP  # the speed-up the what-if replay assumes at most
 
 HIGH, MEDIUM = 25.0, 10.0  # impact % thresholds for severity
@@ -481,6 +481,8 @@ def rule_precision(ev: RunEvidence) -> list[Finding]:
     fp32_us = gemm_per_rank * p.fp32_share_pct / 100
     if ev.mode == "gpu":
         k = GPU_FP32_SPEEDUP_DEFAULT
+        from traceanalyze.metrics.precision import peak_tflops
+
         hi, lo = peak_tflops(ev.gpu_model, hardware.half_dtype(ev.gpu)), peak_tflops(ev.gpu_model, "fp32")
         if hi and lo:
             k = min(max(hi / lo / 2, 2.0), 8.0)  # half the peak ratio: memory-bound parts gain less
