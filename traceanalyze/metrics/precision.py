@@ -106,6 +106,15 @@ def peak_tflops(gpu_model: str | None, dtype: str) -> float | None:
     return None
 
 
+def _op_dtype(types_json: str | None) -> str | None:
+    """Math dtype (:data:`TYPE_TO_DTYPE`: ``fp32``, ``bf16``, ...) of an op from its ``Input type`` JSON: the first
+    input of a known type; None when none is."""
+    for x in input_types(types_json):
+        if isinstance(x, str) and x.lower() in TYPE_TO_DTYPE:
+            return TYPE_TO_DTYPE[x.lower()]
+    return None
+
+
 def record_json(text: str | None) -> Any:
     """A JSON column of a cpu_op (``input_types``, ``input_dims``) read back; None when absent or not JSON."""
     if not text:
@@ -121,15 +130,6 @@ def input_types(types_json: str | None) -> list:
     JSON or not a list. Items are as recorded (strings, or ``""`` for a non-tensor argument)."""
     t = record_json(types_json)
     return t if isinstance(t, list) else []
-
-
-def op_dtype(types_json: str | None) -> str | None:
-    """Math dtype (:data:`TYPE_TO_DTYPE`: ``fp32``, ``bf16``, ...) of an op from its ``Input type`` JSON: the first
-    input of a known type; None when none is."""
-    for x in input_types(types_json):
-        if isinstance(x, str) and x.lower() in TYPE_TO_DTYPE:
-            return TYPE_TO_DTYPE[x.lower()]
-    return None
 
 
 def dtype_bytes(dtype: str | None) -> int | None:
@@ -209,7 +209,7 @@ def analyze_precision(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, gp
         for name, dur, types, _op in rows:
             dt, tc = kernel_dtype(name)
             if dt is None:
-                dt = op_dtype(types) or "unknown"
+                dt = _op_dtype(types) or "unknown"
                 tc = None if dt in ("unknown", "fp32") else True
                 if dt == "fp32":
                     tc = None  # fp32 inputs may still run as TF32 when allowed; the name does not say
@@ -234,7 +234,7 @@ def analyze_precision(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, gp
               AND (c.name IN {CPU_GEMM_OPS!r} OR (c.name LIKE 'aten::_scaled_dot_product%attention%'))
               AND {counted_op_sql("c", "$1")}""", [run_id]).fetchall()
         for _name, types, _dims, dur in rows:
-            dt = op_dtype(types) or "unknown"
+            dt = _op_dtype(types) or "unknown"
             acc[(dt, False)] = acc.get((dt, False), 0.0) + dur
         res.source = "Input type of aten matrix ops on the training thread"
         fr = [(n, d, t, dur) for n, t, d, dur in rows]
