@@ -19,6 +19,7 @@ thresholds are module constants so they read as configuration.
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import asdict, dataclass, field
 from dataclasses import replace as dataclasses_replace
@@ -29,6 +30,7 @@ from traceanalyze.hardware import GpuInfo
 from traceanalyze.metrics.collectives import CollectiveAnalysis
 from traceanalyze.metrics.host import CompileStats, LaunchStats, LoaderStats
 from traceanalyze.metrics.precision import PrecisionMix
+from traceanalyze.replay.whatif import CPU_BF16_SPEEDUP  # the speed-up the what-if replay assumes at most
 
 HIGH, MEDIUM = 25.0, 10.0  # impact % thresholds for severity
 MIN_EXPOSED_COMM_PCT = 10.0  # exposed transfer share of step worth a finding
@@ -39,7 +41,6 @@ COMPILE_HORIZON_STEPS = 1000  # job length assumed when logs do not state total_
 MIN_LOADER_PCT = 10.0
 IDLE_RANK_PCT = 80.0
 GPU_FP32_SPEEDUP_DEFAULT = 4.0  # bf16 tensor cores vs fp32 CUDA cores, conservative (peaks differ 8-16x)
-CPU_BF16_SPEEDUP = 2.0  # bf16 halves bytes moved; CPUs with AMX/AVX512-BF16 gain more
 CPU_PRECISION_TICKET_PCT = 20.0  # CPU bf16 gain (an assumed speedup the trace cannot confirm) worth a ticket
 NOISE_SIGMAS = 2.0  # a CPU precision gain per step must exceed this many standard deviations of the step times
 MIN_UNTRACED_WAIT_PCT = 10.0  # share of the step the traced ranks wait for untraced ones worth an inconclusive verdict
@@ -721,6 +722,48 @@ def rank_findings(fs: list[Finding]) -> list[Finding]:
     """Sort by severity then impact, highest first."""
     order = {"high": 0, "medium": 1, "low": 2}
     return sorted(fs, key=lambda f: (order[f.severity], -f.impact_pct))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Impact from the what-if replay (traceanalyze.replay.whatif)
+
+# finding kind -> the what-if scenario that removes its cause
+KIND_TO_SCENARIO = {"straggler": "no_straggler", "idle_rank": "no_straggler", "slow_collectives": "ideal_interconnect",
+                    "topology": "ideal_interconnect", "exposed_communication": "ideal_interconnect",
+                    "fp32_matmul": "bf16_matmul", "autocast_missing": "bf16_matmul", "compile_overhead": "no_compile",
+                    "recompiles": "no_compile", "dataloader": "no_dataloader_wait",
+                    "launch_bound": "no_launch_overhead"}
+# One-time costs: their rule spreads them over an assumed job length, while no_compile prices the profiled
+# steps (the compile step included); the two are not the same share, so these findings keep the rule's figure.
+AMORTIZED_KINDS = frozenset({"compile_overhead", "recompiles"})
+
+
+def apply_to_findings(findings: list[Finding], whatifs: list[dict] | None, mode: str | None = None) -> list[Finding]:
+    """Set each finding's ``impact_pct`` from the what-if that removes its cause (:data:`KIND_TO_SCENARIO`) and its
+    severity from that impact (:func:`severity`), except that a finding its rule judged not worth a ticket
+    (severity low: within the run's noise, or an assumed gain the trace cannot confirm) stays low; findings without
+    a what-if keep the rule's estimate. On a CPU run (``mode="cpu"``) the bf16 speed-up is assumed, not known for
+    that CPU, so a precision finding priced below :data:`CPU_PRECISION_TICKET_PCT` is low, and never high. Returns
+    the findings ranked by severity, then impact (:func:`rank_findings`). ``whatifs``: the run model's ``whatif``
+    rows (:func:`traceanalyze.replay.whatif.replay_run`). The rules decide which causes exist; the replay decides
+    what each costs."""
+    by = {w["scenario"]: w for w in whatifs or []}
+    for f in findings:
+        if f.kind in AMORTIZED_KINDS:
+            continue
+        w = by.get(KIND_TO_SCENARIO.get(f.kind, ""))
+        if w is None or not w.get("reliable", False):
+            continue
+        impact = max(0.0, float(w["saving_pct"]))
+        if math.isfinite(impact):
+            f.impact_pct = round(impact, 1)
+            if f.severity != "low":  # the rules decide what is worth a ticket; the replay, what it costs
+                f.severity = severity(impact)
+                if mode == "cpu" and w["scenario"] == "bf16_matmul":
+                    f.severity = "low" if impact < CPU_PRECISION_TICKET_PCT else "medium"
+            f.evidence = [*f.evidence, f"impact from the what-if replay ({w['scenario']}): predicted step time "
+                                       f"{w['predicted_step_time_us'] / 1e3:.2f} ms, {impact:.1f}% saved"]
+    return rank_findings(findings)
 
 
 # ---------------------------------------------------------------------------------------------------------

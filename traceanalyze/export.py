@@ -38,6 +38,10 @@ import numpy as np
 
 from traceanalyze import __version__
 from traceanalyze.errors import TraceanalyzeError
+from traceanalyze.metrics.breakdown import training_thread_sql, union
+from traceanalyze.metrics.collectives import analyze_collectives
+from traceanalyze.metrics.host import compile_intervals
+from traceanalyze.metrics.where import host_gaps
 from traceanalyze.safety import atomic_path
 
 DEFAULT_MAX_EVENTS = 2_000_000
@@ -78,8 +82,6 @@ def _run_row(con: duckdb.DuckDBPyConnection, run: str | int | None) -> tuple[int
 
 def clock_offsets_ns(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_size: int | None) -> dict[int, int]:
     """rank -> clock offset (ns) against the lowest rank, from matched collective ends (0 when none match)."""
-    from traceanalyze.metrics.collectives import analyze_collectives
-
     coll = analyze_collectives(con, run_id, mode, world_size)
     return {int(r): int(round(us * 1e3)) for r, us in coll.clock_offsets_us.items()}
 
@@ -107,26 +109,22 @@ def _subtract(a_s: np.ndarray, a_e: np.ndarray, b_s: np.ndarray, b_e: np.ndarray
 
 
 def _exposed_comm(con, run_id: int, mode: str) -> dict[int, list[tuple[int, int]]]:
-    """rank -> exposed communication intervals (ns, own clock): ∪comm − ∪compute, per profiling window."""
-    from traceanalyze.metrics.breakdown import union
-
+    """rank -> exposed communication intervals (ns, own clock): ∪comm − ∪compute, per profiling window. CPU mode:
+    compute is the training thread's (:func:`traceanalyze.metrics.breakdown.training_thread_sql`) when one holds
+    profiler steps, else every thread's."""
     if mode == "gpu":
         sql = """
             SELECT f.rank, f.file_id, kernel_class(k.cat, k.name) AS klass, k.ts_ns AS s, k.ts_ns + k.dur_ns AS e
             FROM kernels k JOIN files f USING (file_id)
             WHERE f.run_id = ? AND k.cat <> 'gpu_user_annotation' AND kernel_class(k.cat, k.name) <> 'memory'"""
     else:
-        sql = """
-            WITH main AS (
-                SELECT file_id, arg_max(tid, n) AS tid FROM (
-                    SELECT c.file_id, c.tid, count(*) AS n FROM cpu_ops c JOIN files f USING (file_id)
-                    WHERE f.run_id = ? AND profiler_step(c.cat, c.name) IS NOT NULL GROUP BY ALL) GROUP BY file_id)
+        sql = f"""
+            WITH main AS (SELECT file_id, tid FROM ({training_thread_sql("$1")}) WHERE steps > 0)
             SELECT f.rank, f.file_id, cpu_op_class(c.cat, c.name) AS klass, c.ts_ns AS s, c.ts_ns + c.dur_ns AS e
             FROM cpu_ops c JOIN files f USING (file_id) LEFT JOIN main m ON m.file_id = c.file_id
-            WHERE f.run_id = ? AND (cpu_op_class(c.cat, c.name) = 'communication'
+            WHERE f.run_id = $1 AND (cpu_op_class(c.cat, c.name) = 'communication'
                   OR (cpu_op_class(c.cat, c.name) = 'compute' AND (m.tid IS NULL OR c.tid = m.tid)))"""
-    params = [run_id] if mode == "gpu" else [run_id, run_id]
-    res = con.execute(sql, params).fetchnumpy()
+    res = con.execute(sql, [run_id]).fetchnumpy()
     out: dict[int, list[tuple[int, int]]] = {}
     if not len(res["rank"]):
         return out
@@ -148,20 +146,10 @@ def _exposed_comm(con, run_id: int, mode: str) -> dict[int, list[tuple[int, int]
 
 
 def _compile_ranges(con, run_id: int) -> dict[int, list[tuple[int, int]]]:
-    from traceanalyze.metrics.breakdown import union
-    from traceanalyze.metrics.host import COMPILE_RANGE_NAMES
-
-    names = list(COMPILE_RANGE_NAMES) + [f"{n} (dynamo_timed)" for n in COMPILE_RANGE_NAMES]
-    rows = con.execute("""
-        SELECT f.rank, c.ts_ns, c.ts_ns + c.dur_ns FROM cpu_ops c JOIN files f USING (file_id)
-        WHERE f.run_id = ? AND c.cat = 'cpu_op' AND list_contains(?, c.name)""", [run_id, names]).fetchall()
-    per: dict[int, list[tuple[int, int]]] = {}
-    for r, s, e in rows:
-        per.setdefault(r, []).append((s, e))
+    """rank -> the union of its torch.compile ranges (ns, own clock)."""
     out = {}
-    for r, iv in per.items():
-        a = np.array(iv, dtype=np.int64)
-        us, ue = union(a[:, 0], a[:, 1])
+    for r, (s, e) in compile_intervals(con, run_id).items():
+        us, ue = union(s, e)
         out[r] = list(zip(us.tolist(), ue.tolist(), strict=True))
     return out
 
@@ -180,8 +168,6 @@ def _finding_events(con, run_id: int, mode: str) -> list[tuple[int, int, int, st
     out: list[tuple[int, int, int, str, dict]] = []
 
     if "straggler" in by_kind:  # where the straggler loses time: its largest host gaps, not its whole steps
-        from traceanalyze.metrics.where import host_gaps
-
         title, rk, cause = by_kind["straggler"]
         gaps, per_step = host_gaps(con, run_id, rk, top=STRAGGLER_GAPS)
         for r, gs in gaps.items():
@@ -213,32 +199,33 @@ def _fmt_us(ns: int) -> float:
     return round(ns / 1e3, 3)
 
 
-def export_trace(con: duckdb.DuckDBPyConnection, out_path: str | Path, *, run: str | int | None = None,
-                 max_events: int = DEFAULT_MAX_EVENTS) -> ExportResult:
-    """Write one merged, clock-aligned Chrome/Perfetto trace of a run's ranks (module docstring).
+class _Budget:
+    """The events still allowed under ``max_events``, and how many of each class were kept and dropped."""
 
-    Args:
-        con: a report database (after :func:`traceanalyze.pipeline.analyze`, or opened from a ``--db`` file).
-        out_path: ``*.json`` or ``*.json.gz`` (gzip); parent folders are created.
-        run: run name or id (default: the first subject run with traces).
-        max_events: bound on the number of events written (metadata events not counted).
+    def __init__(self, max_events: int) -> None:
+        self.left = max_events
+        self.kept: dict[str, int] = {}
+        self.dropped: dict[str, int] = {}
 
-    Returns:
-        :class:`ExportResult`.
+    def fit(self, cls: str, total: int) -> int | None:
+        """How many of ``total`` events of a class fit; None = all. Records kept/dropped."""
+        n = min(total, self.left)
+        self.left -= n
+        self.kept[cls] = n
+        if n < total:
+            self.dropped[cls] = total - n
+            return n
+        return None
 
-    Raises:
-        TraceanalyzeError: no run with traces in the database, an unknown ``run``, or ``max_events`` < 1.
-        OSError: the file cannot be written.
-    """
-    if max_events < 1:
-        raise TraceanalyzeError("--max-events must be at least 1")
-    run_id, run_name, mode, world = _run_row(con, run)
-    offsets = clock_offsets_ns(con, run_id, mode, world)
-    files = con.execute("SELECT file_id, rank FROM files WHERE run_id = ? AND status <> 'error' ORDER BY rank",
-                        [run_id]).fetchall()
-    ranks = sorted({r for _, r in files})
-    off_sql = "(SELECT * FROM (VALUES " + ", ".join(f"({r}, {offsets.get(r, 0)})" for r in ranks) + ") t(rank, off))"
-    origin = con.execute(f"""
+
+def _offsets_sql(offsets: dict[int, int], ranks: list[int]) -> str:
+    """A table expression ``(rank, off)``: each rank's clock offset (ns) to subtract."""
+    return "(SELECT * FROM (VALUES " + ", ".join(f"({r}, {offsets.get(r, 0)})" for r in ranks) + ") t(rank, off))"
+
+
+def _aligned_origin(con: duckdb.DuckDBPyConnection, run_id: int, off_sql: str) -> int:
+    """The run's earliest event on the aligned clock (ns): ``ts`` 0 of the export."""
+    return con.execute(f"""
         SELECT min(t) FROM (
             SELECT min(k.ts_ns - o.off) AS t FROM kernels k JOIN files f USING (file_id) JOIN {off_sql} o USING (rank)
             WHERE f.run_id = $1
@@ -246,27 +233,11 @@ def export_trace(con: duckdb.DuckDBPyConnection, out_path: str | Path, *, run: s
             SELECT min(c.ts_ns - o.off) FROM cpu_ops c JOIN files f USING (file_id) JOIN {off_sql} o USING (rank)
             WHERE f.run_id = $1 AND c.cat IN ('cpu_op', 'user_annotation'))""", [run_id]).fetchone()[0] or 0
 
-    budget = max_events
-    kept: dict[str, int] = {}
-    dropped: dict[str, int] = {}
 
-    def fit(cls: str, total: int) -> int | None:
-        """How many of ``total`` events of a class fit; None = all. Records kept/dropped."""
-        nonlocal budget
-        n = min(total, budget)
-        budget -= n
-        kept[cls] = n
-        if n < total:
-            dropped[cls] = total - n
-            return n
-        return None
-
-    findings = _finding_events(con, run_id, mode)
-    findings.sort(key=lambda x: x[2] - x[1], reverse=True)
-    lim = fit("findings", len(findings))
-    findings = findings[:lim] if lim is not None else findings
-
-    queries = {
+def _event_queries(off_sql: str) -> dict[str, str]:
+    """Class -> SQL of its events (``rank, pid, tid, device, stream, cat, name, ts`` (aligned ns), ``dur, external_id,
+    correlation``), in the order classes take the event budget: annotations, kernels, top-level CPU ops."""
+    return {
         "annotations": f"""
             SELECT f.rank, c.pid, c.tid, NULL::BIGINT AS device, NULL::BIGINT AS stream, c.cat, c.name,
                    c.ts_ns - o.off AS ts, c.dur_ns AS dur, c.external_id, c.correlation
@@ -294,68 +265,118 @@ def export_trace(con: duckdb.DuckDBPyConnection, out_path: str | Path, *, run: s
                    dur_ns AS dur, external_id, correlation
             FROM ops WHERE prev_end IS NULL OR ts_ns >= prev_end""",
     }
-    out_path = Path(out_path)
-    opener = gzip.open if out_path.name.endswith(".gz") else open
-    n_written = 0
-    thread_names = _thread_names(con, run_id)
-    seen_threads: set[tuple[int, int]] = set()
-    # written beside the target and renamed into place: an error or a full disk never leaves half a trace
-    with atomic_path(out_path) as tmp_path, opener(tmp_path, "wt", encoding="utf-8") as fh:
-        # the first key marks the file as ours, so discovery skips it if it is written beside the traces
-        fh.write('{"traceanalyze_export": ' + json.dumps(__version__) + ', "displayTimeUnit": "ms", "traceEvents": [\n')
-        first = True
 
-        def emit(ev: dict) -> None:
-            nonlocal first
-            fh.write(("" if first else ",\n") + json.dumps(ev, ensure_ascii=False, allow_nan=False))
-            first = False
 
+class _EventWriter:
+    """Writes the ``traceEvents`` array to ``fh``, one event at a time; a thread's name goes out before its first
+    event (GPU streams as ``GPU d stream s``, CPU threads as the trace names them)."""
+
+    def __init__(self, fh, thread_names: dict[tuple[int, int], str]) -> None:
+        self.fh = fh
+        self.thread_names = thread_names
+        self.seen_threads: set[tuple[int, int]] = set()
+        self.first = True
+
+    def emit(self, ev: dict) -> None:
+        self.fh.write(("" if self.first else ",\n") + json.dumps(ev, ensure_ascii=False, allow_nan=False))
+        self.first = False
+
+    def process_names(self, ranks: list[int]) -> None:
+        """One process per rank, sorted by rank, with the findings thread first."""
+        emit = self.emit
         for r in ranks:
             emit({"ph": "M", "name": "process_name", "pid": r, "tid": 0, "args": {"name": f"rank {r}"}})
             emit({"ph": "M", "name": "process_sort_index", "pid": r, "tid": 0, "args": {"sort_index": r}})
             emit({"ph": "M", "name": "thread_name", "pid": r, "tid": FINDINGS_TID, "args": {"name": FINDINGS_THREAD}})
             emit({"ph": "M", "name": "thread_sort_index", "pid": r, "tid": FINDINGS_TID, "args": {"sort_index": -1}})
-        for r, s, e, name, args in findings:
-            emit({"ph": "X", "cat": "traceanalyze", "name": name, "pid": r, "tid": FINDINGS_TID,
-                  "ts": _fmt_us(s - offsets.get(r, 0) - origin), "dur": _fmt_us(e - s), "args": args})
-            n_written += 1
 
-        for cls, sql in queries.items():
+    def events(self, cur: duckdb.DuckDBPyConnection, origin: int) -> int:
+        """Write the rows of an :func:`_event_queries` cursor as complete events; returns how many."""
+        emit, seen_threads, thread_names = self.emit, self.seen_threads, self.thread_names
+        n = 0
+        while True:
+            rows = cur.fetchmany(50_000)
+            if not rows:
+                return n
+            for rank, _pid, tid, device, stream, cat, name, ts, dur, ext, corr in rows:
+                if stream is not None:
+                    dev = device if device is not None and device >= 0 else 0
+                    t = GPU_TID_BASE + dev * 100_000 + (stream if stream >= 0 else 99_999)
+                    label = f"GPU {dev} stream {stream}"
+                else:
+                    t = int(tid) if tid is not None else 0
+                    label = thread_names.get((rank, t)) or f"thread {t}"
+                if (rank, t) not in seen_threads:
+                    seen_threads.add((rank, t))
+                    emit({"ph": "M", "name": "thread_name", "pid": rank, "tid": t, "args": {"name": label}})
+                args = {}
+                if ext is not None:
+                    args["External id"] = ext
+                if corr is not None:
+                    args["correlation"] = corr
+                if stream is not None:
+                    args["stream"] = stream
+                emit({"ph": "X", "cat": cat, "name": name, "pid": rank, "tid": t,
+                      "ts": _fmt_us(ts - origin), "dur": _fmt_us(dur), "args": args})
+                n += 1
+
+
+def export_trace(con: duckdb.DuckDBPyConnection, out_path: str | Path, *, run: str | int | None = None,
+                 max_events: int = DEFAULT_MAX_EVENTS) -> ExportResult:
+    """Write one merged, clock-aligned Chrome/Perfetto trace of a run's ranks (module docstring).
+
+    Args:
+        con: a report database (after :func:`traceanalyze.pipeline.analyze`, or opened from a ``--db`` file).
+        out_path: ``*.json`` or ``*.json.gz`` (gzip); parent folders are created.
+        run: run name or id (default: the first subject run with traces).
+        max_events: bound on the number of events written (metadata events not counted).
+
+    Returns:
+        :class:`ExportResult`.
+
+    Raises:
+        TraceanalyzeError: no run with traces in the database, an unknown ``run``, or ``max_events`` < 1.
+        OSError: the file cannot be written.
+    """
+    if max_events < 1:
+        raise TraceanalyzeError("--max-events must be at least 1")
+    run_id, run_name, mode, world = _run_row(con, run)
+    offsets = clock_offsets_ns(con, run_id, mode, world)
+    files = con.execute("SELECT file_id, rank FROM files WHERE run_id = ? AND status <> 'error' ORDER BY rank",
+                        [run_id]).fetchall()
+    ranks = sorted({r for _, r in files})
+    off_sql = _offsets_sql(offsets, ranks)
+    origin = _aligned_origin(con, run_id, off_sql)
+    budget = _Budget(max_events)
+    findings = _finding_events(con, run_id, mode)
+    findings.sort(key=lambda x: x[2] - x[1], reverse=True)
+    lim = budget.fit("findings", len(findings))
+    findings = findings[:lim] if lim is not None else findings
+    out_path = Path(out_path)
+    opener = gzip.open if out_path.name.endswith(".gz") else open
+    n_written = 0
+    thread_names = _thread_names(con, run_id)
+    # written beside the target and renamed into place: an error or a full disk never leaves half a trace
+    with atomic_path(out_path) as tmp_path, opener(tmp_path, "wt", encoding="utf-8") as fh:
+        # the first key marks the file as ours, so discovery skips it if it is written beside the traces
+        fh.write('{"traceanalyze_export": ' + json.dumps(__version__) + ', "displayTimeUnit": "ms", "traceEvents": [\n')
+        w = _EventWriter(fh, thread_names)
+        w.process_names(ranks)
+        for r, s, e, name, args in findings:
+            w.emit({"ph": "X", "cat": "traceanalyze", "name": name, "pid": r, "tid": FINDINGS_TID,
+                    "ts": _fmt_us(s - offsets.get(r, 0) - origin), "dur": _fmt_us(e - s), "args": args})
+            n_written += 1
+        for cls, sql in _event_queries(off_sql).items():
             total = con.execute(f"SELECT count(*) FROM ({sql})", [run_id]).fetchone()[0]
-            lim = fit(cls, total)
+            lim = budget.fit(cls, total)
             q = sql if lim is None else f"SELECT * FROM ({sql}) ORDER BY dur DESC LIMIT {int(lim)}"
-            cur = con.execute(q, [run_id])
-            while True:
-                rows = cur.fetchmany(50_000)
-                if not rows:
-                    break
-                for rank, _pid, tid, device, stream, cat, name, ts, dur, ext, corr in rows:
-                    if stream is not None:
-                        dev = device if device is not None and device >= 0 else 0
-                        t = GPU_TID_BASE + dev * 100_000 + (stream if stream >= 0 else 99_999)
-                        label = f"GPU {dev} stream {stream}"
-                    else:
-                        t = int(tid) if tid is not None else 0
-                        label = thread_names.get((rank, t)) or f"thread {t}"
-                    if (rank, t) not in seen_threads:
-                        seen_threads.add((rank, t))
-                        emit({"ph": "M", "name": "thread_name", "pid": rank, "tid": t, "args": {"name": label}})
-                    args = {}
-                    if ext is not None:
-                        args["External id"] = ext
-                    if corr is not None:
-                        args["correlation"] = corr
-                    if stream is not None:
-                        args["stream"] = stream
-                    emit({"ph": "X", "cat": cat, "name": name, "pid": rank, "tid": t,
-                          "ts": _fmt_us(ts - origin), "dur": _fmt_us(dur), "args": args})
-                    n_written += 1
+            n_written += w.events(con.execute(q, [run_id]), origin)
         meta = {"tool": "traceanalyze", "run": run_name, "mode": mode, "ranks": ranks,
                 "clock_offsets_us": {str(r): round(o / 1e3, 3) for r, o in offsets.items()},
-                "origin_ns": int(origin), "kept": kept, "dropped": dropped}
+                "origin_ns": int(origin), "kept": budget.kept, "dropped": budget.dropped}
         fh.write("\n], \"otherData\": " + json.dumps(meta) + "}\n")
-    return ExportResult(path=out_path, run=run_name, ranks=ranks, n_events=n_written, kept=kept, dropped=dropped,
-                        clock_offsets_us={r: round(o / 1e3, 3) for r, o in offsets.items()})
+    return ExportResult(path=out_path, run=run_name, ranks=ranks, n_events=n_written, kept=budget.kept,
+                        dropped=budget.dropped, clock_offsets_us={r: round(o / 1e3, 3) for r, o in offsets.items()})
 
 
 def _thread_names(con, run_id: int) -> dict[tuple[int, int], str]:

@@ -134,7 +134,6 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
     ingest.drop_impossible_durations(con, [lf.file_id for lf in loaded.values()
                                            if not lf.cached and lf.file_id is not None and lf.error is None])
     from traceanalyze import diagnose
-    from traceanalyze.replay.whatif import apply_to_findings
 
     for t in store.REPORT_TABLES:
         con.execute(f"DELETE FROM {t}")
@@ -156,7 +155,7 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
         warnings.extend(run_warnings)
         findings = diagnose.diagnose(ev)
         # impact from the what-if replay
-        findings = apply_to_findings(findings, run_model.get("whatif"), run_model.get("mode"))
+        findings = diagnose.apply_to_findings(findings, run_model.get("whatif"), run_model.get("mode"))
         run_model["findings"] = diagnose.to_dicts(findings)
         if run_model["steps"] and run_model["mode"] in ("gpu", "cpu"):
             run_model["timeline"] = _timeline(con, run_id, run_model, ev, findings)
@@ -303,10 +302,8 @@ def _comparison_pair(runs_model: list[dict], evidence) -> tuple[int, int] | None
 def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: float | None = None,
                peak_tflops: float | None = None, gpu_option: str | None = None, max_decompressed: int | None = None
                ) -> tuple[dict, list[dict], diagnose.RunEvidence]:
-    import numpy as np
-
     from traceanalyze import diagnose, metrics
-    from traceanalyze.metrics import idle
+    from traceanalyze.metrics import idle, steps
     from traceanalyze.metrics.collectives import CollectiveSummary, analyze_collectives
     from traceanalyze.metrics.host import compile_stats, launch_stats, loader_stats
     from traceanalyze.metrics.precision import analyze_precision
@@ -435,11 +432,9 @@ def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: floa
     # the run's step time: median over the counted steps of the longest rank's duration (metrics.steps)
     # ... the compile step (torch.compile in the first step) shown apart: it is no steady step (diagnose)
     compile_step = diagnose.compile_step_of(steps_model, comp)
-    longest: dict[int, float] = {}
-    for st in step_rows:
-        longest[st.step] = max(longest.get(st.step, 0.0), st.step_time_us)
+    longest = steps.longest_per_step((st.step, st.step_time_us) for st in step_rows)
     compile_step_us = longest.pop(compile_step, None)
-    step_time = float(np.median(list(longest.values()))) if longest else None
+    step_time = steps.median(longest.values())
     world = facts["world_size"]
     if not good:  # log-only: what the logs say, else NCCL's communicator size, else the ranks that logged
         ws_fact = side["facts"].get("world_size")

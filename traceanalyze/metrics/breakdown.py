@@ -37,7 +37,8 @@ import duckdb
 import numpy as np
 
 from traceanalyze import store
-from traceanalyze.metrics.steps import step_cutoff_sql, step_set
+from traceanalyze.metrics._sql import counted_kernels_sql, training_thread_sql  # the latter: export's too
+from traceanalyze.metrics.steps import median, step_set
 
 # Stored in the database (see store.MACROS) so users can classify rows the same way in their own queries.
 MACROS = store.MACROS
@@ -220,17 +221,16 @@ def _intervals(con, sql: str, params: list) -> dict[tuple[int, int], dict[str, t
 
 # Kernels counted by the breakdown, with the profiler-step filter (see the module docstring and .steps).
 _GPU_INTERVALS_SQL = f"""
-WITH f AS (SELECT file_id, rank, "window" FROM files WHERE run_id = $1),
-cutoff AS ({step_cutoff_sql("$1")}),
-launched AS (
-    SELECT DISTINCT c.file_id, c.correlation FROM cpu_ops c JOIN cutoff l USING (file_id)
-    WHERE c.correlation IS NOT NULL AND c.cat IN ('cuda_runtime', 'cuda_driver') AND c.ts_ns < l.cutoff_ns)
 SELECT f.rank, f."window", kernel_class(k.cat, k.name) AS klass, k.ts_ns, k.ts_ns + k.dur_ns AS end_ns
-FROM kernels k JOIN f USING (file_id)
-LEFT JOIN cutoff c ON c.file_id = k.file_id
-LEFT JOIN launched l ON l.file_id = k.file_id AND l.correlation = k.correlation
-WHERE k.cat <> 'gpu_user_annotation' AND (c.file_id IS NULL OR l.file_id IS NOT NULL)
+FROM ({counted_kernels_sql("$1", "k.cat <> 'gpu_user_annotation'", few=False)}) k JOIN files f USING (file_id)
 """
+
+# CPU mode: every op that is compute or communication (compute is then narrowed to the training thread).
+_CPU_INTERVALS_SQL = """
+SELECT f.rank, f."window", cpu_op_class(c.cat, c.name) AS klass, c.ts_ns, c.ts_ns + c.dur_ns AS end_ns,
+       c.pid, c.tid
+FROM cpu_ops c JOIN files f USING (file_id)
+WHERE f.run_id = ? AND cpu_op_class(c.cat, c.name) <> 'other'"""
 
 
 def _steps(con, run_id: int) -> dict[int, list[tuple[int, int, int, int]]]:
@@ -241,18 +241,22 @@ def _steps(con, run_id: int) -> dict[int, list[tuple[int, int, int, int]]]:
     return out
 
 
-def _cpu_training_thread(con, run_id: int) -> dict[tuple[int, int], tuple[int, int]]:
-    """(rank, window) -> (pid, tid) of the training thread (holds ProfilerStep#, else most aten:: time)."""
-    rows = con.execute("""
-        SELECT f.rank, f."window", c.pid, c.tid,
-               count(*) FILTER (WHERE profiler_step(c.cat, c.name) IS NOT NULL) AS steps,
-               sum(c.dur_ns) FILTER (WHERE c.name LIKE 'aten::%') AS aten_ns
-        FROM cpu_ops c JOIN files f USING (file_id) WHERE f.run_id = ?
-        GROUP BY ALL ORDER BY 1, 2, steps DESC, aten_ns DESC NULLS LAST""", [run_id]).fetchall()
-    out = {}
-    for r, w, pid, tid, _, _ in rows:
-        out.setdefault((r, w), (pid, tid))
-    return out
+def _training_threads(con, run_id: int) -> dict[tuple[int, int], tuple[int, int]]:
+    """(rank, window) -> (pid, tid) of the training thread (:func:`._sql.training_thread_sql`)."""
+    rows = con.execute(f"""
+        SELECT f.rank, f."window", t.pid, t.tid FROM ({training_thread_sql("$1")}) t JOIN files f USING (file_id)
+        """, [run_id]).fetchall()
+    return {(r, w): (pid, tid) for r, w, pid, tid in rows}
+
+
+def _window_intervals(con, run_id: int, mode: str) -> dict[tuple[int, int], dict[str, tuple[np.ndarray,
+                                                                                             np.ndarray]]]:
+    """The intervals each (rank, window) counts (:func:`_intervals`): GPU mode the counted kernels, CPU mode the
+    ops, with compute narrowed to the training thread."""
+    if mode == "gpu":
+        return _intervals(con, _GPU_INTERVALS_SQL, [run_id])
+    threads = _training_threads(con, run_id)
+    return _restrict_cpu_compute(con, run_id, _intervals(con, _CPU_INTERVALS_SQL, [run_id]), threads)
 
 
 def compute_run_metrics(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[list[RankMetrics],
@@ -265,16 +269,7 @@ def compute_run_metrics(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[li
     mode = run_mode(con, run_id)
     files = con.execute("SELECT rank, \"window\", path FROM files WHERE run_id = ? AND status <> 'error' "
                         "ORDER BY rank, \"window\"", [run_id]).fetchall()
-    if mode == "gpu":
-        iv = _intervals(con, _GPU_INTERVALS_SQL, [run_id])
-    else:
-        threads = _cpu_training_thread(con, run_id)
-        iv = _intervals(con, """
-            SELECT f.rank, f."window", cpu_op_class(c.cat, c.name) AS klass, c.ts_ns, c.ts_ns + c.dur_ns AS end_ns,
-                   c.pid, c.tid
-            FROM cpu_ops c JOIN files f USING (file_id)
-            WHERE f.run_id = ? AND cpu_op_class(c.cat, c.name) <> 'other'""", [run_id])
-        iv = _restrict_cpu_compute(con, run_id, iv, threads)
+    iv = _window_intervals(con, run_id, mode)
     steps = _steps(con, run_id)
 
     by_rank: dict[int, list[str]] = {}
@@ -289,58 +284,86 @@ def compute_run_metrics(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[li
         total = Breakdown()
         ks: dict[str, float] = {"n": 0}
         win_rows: list[dict] = []
+        rsteps: list[StepMetrics] = []
         for w in sorted(windows[r]):
             d = iv.get((r, w))
             if not d:
                 continue
-            if mode == "gpu":  # summed (not merged) kernel time per class, of the kernels the breakdown counts
-                ks["n"] += int(d["all"][0].size)
-                for cls in _CLASSES:
-                    ks[cls] = ks.get(cls, 0.0) + float((d[cls][1] - d[cls][0]).sum()) / 1e3
-            comm_iv = d["communication"]
-            compute_iv = d["compute"]
             if mode == "gpu":
-                win = (int(d["all"][0].min()), int(d["all"][1].max()))
-                all_iv = d["all"]
-            else:
-                st = [s for s in steps.get(r, []) if s[1] == w]  # counted steps: no partial edge step
-                if st:
-                    win = (min(s[2] for s in st), max(s[3] for s in st))
-                else:
-                    win = (int(d["all"][0].min()), int(d["all"][1].max()))
-                all_iv = (np.concatenate((compute_iv[0], comm_iv[0])), np.concatenate((compute_iv[1], comm_iv[1])))
-            wb = breakdown(win, all_iv, compute_iv, comm_iv)
+                _add_kernel_sums(ks, d)
+            wb, wsteps = _window_breakdown(run_id, r, w, mode, d, steps.get(r, []))
             total.add(wb)
-            wsteps = []
-            for step, sw, s, e in steps.get(r, []):
-                if sw != w:
-                    continue
-                b = breakdown((s, e), all_iv, compute_iv, comm_iv)
-                wsteps.append(StepMetrics(run_id, r, step, s, (e - s) / 1e3, b.compute_us, b.comm_us,
-                                          b.exposed_comm_us, b.idle_us))
-            step_rows.extend(wsteps)
-            win_rows.append({
-                "window": w, "file": paths.get((r, w)), "n_steps": len(wsteps),
-                "steps": f"{wsteps[0].step}–{wsteps[-1].step}" if wsteps else None,
-                "step_time_us": float(np.median([s.step_time_us for s in wsteps])) if wsteps else None,
-                "window_us": wb.window_us, "idle_pct": _pct(wb.idle_us, wb.window_us),
-                "compute_pct": _pct(wb.compute_us, wb.window_us),
-                "non_compute_pct": _pct(wb.non_compute_us, wb.window_us), "exposed_comm_us": wb.exposed_comm_us})
-        rsteps = [s for s in step_rows if s.rank == r]
-        rank_rows.append(RankMetrics(
-            run_id=run_id, rank=r, mode=mode, n_files=len(by_rank[r]),
-            window_us=total.window_us, busy_us=total.busy_us, idle_us=total.idle_us,
-            compute_us=total.compute_us, non_compute_us=total.non_compute_us,
-            idle_pct=_pct(total.idle_us, total.window_us), compute_pct=_pct(total.compute_us, total.window_us),
-            non_compute_pct=_pct(total.non_compute_us, total.window_us),
-            comm_us=total.comm_us, comm_comp_overlap_pct=_pct(total.overlap_us, total.comm_us),
-            exposed_comm_us=total.exposed_comm_us,
-            kernel_compute_us=ks.get("compute", 0.0), kernel_comm_us=ks.get("communication", 0.0),
-            kernel_memory_us=ks.get("memory", 0.0), n_kernels=int(ks.get("n", 0)),
-            n_steps=len(rsteps),
-            step_time_us=float(np.median([s.step_time_us for s in rsteps])) if rsteps else None,
-            files=by_rank[r], windows=win_rows))
+            rsteps.extend(wsteps)
+            win_rows.append(_window_row(w, paths.get((r, w)), wb, wsteps))
+        step_rows.extend(rsteps)
+        rank_rows.append(_rank_row(run_id, r, mode, by_rank[r], total, ks, rsteps, win_rows))
     return rank_rows, step_rows
+
+
+def _add_kernel_sums(ks: dict[str, float], d: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
+    """Add one window's summed (not merged) kernel time per class (µs) and kernel count (``n``) to ``ks``: the
+    kernels the breakdown counts."""
+    ks["n"] += int(d["all"][0].size)
+    for cls in _CLASSES:
+        ks[cls] = ks.get(cls, 0.0) + float((d[cls][1] - d[cls][0]).sum()) / 1e3
+
+
+def _window_breakdown(run_id: int, rank: int, window: int, mode: str, d: dict[str, tuple[np.ndarray, np.ndarray]],
+                      rank_steps: list[tuple[int, int, int, int]]) -> tuple[Breakdown, list[StepMetrics]]:
+    """The breakdown of one profiling window of a rank, and of each of its counted steps.
+
+    The window is the span of the kernels (GPU), else of the counted steps (CPU: no partial edge step), else of
+    the ops; in CPU mode busy time is the union of compute and communication ops.
+    """
+    comm_iv = d["communication"]
+    compute_iv = d["compute"]
+    if mode == "gpu":
+        win = (int(d["all"][0].min()), int(d["all"][1].max()))
+        all_iv = d["all"]
+    else:
+        st = [s for s in rank_steps if s[1] == window]  # counted steps: no partial edge step
+        if st:
+            win = (min(s[2] for s in st), max(s[3] for s in st))
+        else:
+            win = (int(d["all"][0].min()), int(d["all"][1].max()))
+        all_iv = (np.concatenate((compute_iv[0], comm_iv[0])), np.concatenate((compute_iv[1], comm_iv[1])))
+    wb = breakdown(win, all_iv, compute_iv, comm_iv)
+    wsteps = []
+    for step, sw, s, e in rank_steps:
+        if sw != window:
+            continue
+        b = breakdown((s, e), all_iv, compute_iv, comm_iv)
+        wsteps.append(StepMetrics(run_id, rank, step, s, (e - s) / 1e3, b.compute_us, b.comm_us,
+                                  b.exposed_comm_us, b.idle_us))
+    return wb, wsteps
+
+
+def _window_row(window: int, path: str | None, wb: Breakdown, wsteps: list[StepMetrics]) -> dict:
+    """One entry of ``RankMetrics.windows``."""
+    return {
+        "window": window, "file": path, "n_steps": len(wsteps),
+        "steps": f"{wsteps[0].step}–{wsteps[-1].step}" if wsteps else None,
+        "step_time_us": median(s.step_time_us for s in wsteps),
+        "window_us": wb.window_us, "idle_pct": _pct(wb.idle_us, wb.window_us),
+        "compute_pct": _pct(wb.compute_us, wb.window_us),
+        "non_compute_pct": _pct(wb.non_compute_us, wb.window_us), "exposed_comm_us": wb.exposed_comm_us}
+
+
+def _rank_row(run_id: int, rank: int, mode: str, files: list[str], total: Breakdown, ks: dict[str, float],
+              rsteps: list[StepMetrics], win_rows: list[dict]) -> RankMetrics:
+    """A rank's :class:`RankMetrics` from its windows' summed breakdown, kernel sums and counted steps."""
+    return RankMetrics(
+        run_id=run_id, rank=rank, mode=mode, n_files=len(files),
+        window_us=total.window_us, busy_us=total.busy_us, idle_us=total.idle_us,
+        compute_us=total.compute_us, non_compute_us=total.non_compute_us,
+        idle_pct=_pct(total.idle_us, total.window_us), compute_pct=_pct(total.compute_us, total.window_us),
+        non_compute_pct=_pct(total.non_compute_us, total.window_us),
+        comm_us=total.comm_us, comm_comp_overlap_pct=_pct(total.overlap_us, total.comm_us),
+        exposed_comm_us=total.exposed_comm_us,
+        kernel_compute_us=ks.get("compute", 0.0), kernel_comm_us=ks.get("communication", 0.0),
+        kernel_memory_us=ks.get("memory", 0.0), n_kernels=int(ks.get("n", 0)),
+        n_steps=len(rsteps), step_time_us=median(s.step_time_us for s in rsteps),
+        files=files, windows=win_rows)
 
 
 def _restrict_cpu_compute(con, run_id, iv, threads):

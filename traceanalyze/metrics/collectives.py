@@ -21,7 +21,6 @@ is the one the others wait for.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -31,14 +30,7 @@ import duckdb
 import numpy as np
 
 from traceanalyze.metrics.breakdown import clip, kernel_classes, length
-
-DTYPE_BYTES = {
-    "float": 4, "float32": 4, "f32": 4, "int": 4, "int32": 4, "i32": 4, "u32": 4, "uint32": 4,
-    "bfloat16": 2, "c10::bfloat16": 2, "bf16": 2, "__nv_bfloat16": 2, "half": 2, "c10::half": 2, "f16": 2,
-    "float16": 2, "double": 8, "float64": 8, "f64": 8, "long": 8, "long int": 8, "int64": 8, "i64": 8,
-    "u64": 8, "int8": 1, "int8_t": 1, "i8": 1, "u8": 1, "uint8": 1, "unsigned char": 1, "char": 1, "byte": 1,
-    "bool": 1, "f8e4m3": 1, "f8e5m2": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
-}
+from traceanalyze.metrics.precision import dtype_bytes, first_input_bytes, record_json
 
 _OPS = {  # normalised collective name -> busbw factor as a function of n
     "all_reduce": lambda n: 2 * (n - 1) / n,
@@ -75,13 +67,7 @@ def busbw_factor(collective: str, n: int) -> float:
     return f(n) if f else 1.0
 
 
-def _dtype_bytes(dtype: str | None) -> int | None:
-    if not dtype:
-        return None
-    return DTYPE_BYTES.get(dtype.strip().lower())
-
-
-def _kernel_dtype(name: str) -> str | None:
+def nccl_kernel_dtype(name: str) -> str | None:
     """Element type from an NCCL kernel name: ``..._Sum_float(`` or ``..._Sum_bf16_RING_LL``."""
     m = re.search(r"_(?:Sum|Prod|Max|Min|Avg|PreMulSum|SumPostDiv)_([A-Za-z0-9_]+?)(?:_RING|_TREE|_NVLS|_COLLNET|\(|$)",
                   name)
@@ -92,12 +78,14 @@ def _kernel_dtype(name: str) -> str | None:
 class Calls:
     """The collective calls of one run as NumPy columns of equal length, sorted by rank, then start.
 
-    ``rank``, ``nelems``, ``nbytes``, ``group_size``, ``start``, ``end``: int64 (times in ns); ``op``: the
-    normalised name (object array of str). ``nelems``/``nbytes`` are 0 where ``has_nelems``/``has_bytes`` is
-    False (not known); ``group_size`` is 0 when not known.
+    ``rank``, ``file_id``, ``nelems``, ``nbytes``, ``group_size``, ``start``, ``end``: int64 (times in ns); ``op``:
+    the normalised name (object array of str). ``nelems``/``nbytes`` are 0 where ``has_nelems``/``has_bytes`` is
+    False (not known); ``group_size`` is 0 when not known. ``groups`` (only when asked for, GPU mode) holds the
+    records' ``pg_name``, ``seq`` and ``pg_ranks`` columns as fetched.
     """
 
     rank: np.ndarray
+    file_id: np.ndarray
     op: np.ndarray
     nelems: np.ndarray
     has_nelems: np.ndarray
@@ -106,6 +94,7 @@ class Calls:
     group_size: np.ndarray
     start: np.ndarray
     end: np.ndarray
+    groups: dict[str, np.ndarray] | None = None
 
 
 @dataclass
@@ -139,76 +128,100 @@ class CollectiveAnalysis:
     per_step_wait_us: dict[tuple[int, int], float] = field(default_factory=dict)  # (rank, step) -> wait
 
 
-def _calls(con: duckdb.DuckDBPyConnection, run_id: int, mode: str) -> Calls:
-    """The run's collective calls: NCCL/RCCL kernels (GPU mode) or ``gloo:*`` ranges (CPU mode)."""
+def communication_kernels(con: duckdb.DuckDBPyConnection, run_id: int) -> list[str]:
+    """Names of the run's communication kernels (the ``kernel_class`` macro once per distinct name)."""
+    return [name for name, klass in kernel_classes(con, run_id).items() if klass == "communication"]
+
+
+# A collective call with what its record says: GPU mode an NCCL/RCCL kernel and its comm_events row (matched on
+# file, start, name and correlation); CPU mode a gloo:* range. Parameters: the run id, then (GPU) the names of the
+# communication kernels; {groups} adds the process-group columns.
+_GPU_CALLS_SQL = """
+    SELECT f.rank, k.file_id, k.name, coalesce(nullif(m.collective, ''), k.name) AS coll, m.in_nelems,
+           m.out_nelems, m.comm_dtype, m.group_size, {groups}k.ts_ns, k.ts_ns + k.dur_ns AS end_ns
+    FROM kernels k JOIN files f USING (file_id)
+    LEFT JOIN comm_events m ON m.file_id = k.file_id AND m.source = 'kernels' AND m.ts_ns = k.ts_ns
+         AND m.name = k.name AND m.correlation IS NOT DISTINCT FROM k.correlation
+    WHERE f.run_id = ? AND f.rank IS NOT NULL AND k.cat = 'kernel' AND k.name IN (SELECT unnest(?))
+    ORDER BY f.rank, k.ts_ns"""
+_GPU_GROUP_COLUMNS = "m.pg_name, m.seq, m.pg_ranks, "
+_CPU_CALLS_SQL = """
+    SELECT f.rank, c.file_id, c.name, c.input_dims, c.input_types, c.ts_ns, c.ts_ns + c.dur_ns AS end_ns
+    FROM cpu_ops c JOIN files f USING (file_id)
+    WHERE f.run_id = ? AND f.rank IS NOT NULL AND c.cat = 'user_annotation' AND c.name LIKE 'gloo:%'
+    ORDER BY f.rank, c.ts_ns"""
+
+
+def collective_calls(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, *,
+                     groups: bool = False) -> Calls:
+    """The run's collective calls (:class:`Calls`): NCCL/RCCL kernels (GPU mode) or ``gloo:*`` ranges (CPU mode).
+
+    Message size: GPU mode, the record's element count (all_gather: the gathered output, the full buffer; other
+    operations their input, else the output) times the element size of the record's dtype, else of the dtype in
+    the kernel name (``..._Sum_bf16_...``); CPU mode, the first input tensor's ``Input Dims`` and ``Input type``.
+    ``groups`` also fetches the process-group columns (GPU mode).
+    """
     if mode == "gpu":
-        comm = [name for name, klass in kernel_classes(con, run_id).items() if klass == "communication"]
-        res = con.execute("""
-            SELECT f.rank, k.name, coalesce(nullif(m.collective, ''), k.name) AS coll, m.in_nelems, m.out_nelems,
-                   m.comm_dtype, m.group_size, k.ts_ns, k.ts_ns + k.dur_ns AS end_ns
-            FROM kernels k JOIN files f USING (file_id)
-            LEFT JOIN comm_events m ON m.file_id = k.file_id AND m.source = 'kernels' AND m.ts_ns = k.ts_ns
-                 AND m.name = k.name AND m.correlation IS NOT DISTINCT FROM k.correlation
-            WHERE f.run_id = ? AND k.cat = 'kernel' AND k.name IN (SELECT unnest(?))
-            ORDER BY f.rank, k.ts_ns""", [run_id, comm]).fetchnumpy()
+        sql = _GPU_CALLS_SQL.format(groups=_GPU_GROUP_COLUMNS if groups else "")
+        res = con.execute(sql, [run_id, communication_kernels(con, run_id)]).fetchnumpy()
         # the string helpers run once per distinct value: thousands of calls share a handful of names
-        op = _apply(res["coll"].tolist(), normalize_collective, object)
-        inn, has_in = _int_column(res["in_nelems"])
-        outn, has_out = _int_column(res["out_nelems"])
-        # all_gather counts the gathered output (the full buffer); other ops their input, else the output
-        use_out = ((op == "all_gather") & has_out & (outn != 0)) | ~has_in
-        nelems = np.where(use_out, outn, inn)
-        has_nelems = np.where(use_out, has_out, has_in)
-        # element size: the record's dtype, else the one in the kernel name (..._Sum_bf16_...); 0 when unknown
-        by_dtype = _apply(res["comm_dtype"].tolist(), lambda dt: _dtype_bytes(dt) or 0, np.int64)
-        by_name = _apply(res["name"].tolist(), lambda n: _dtype_bytes(_kernel_dtype(n)) or 0, np.int64)
-        size = np.where(by_dtype > 0, by_dtype, by_name)
-        group_size = _int_column(res["group_size"])[0]
+        op = apply_distinct(res["coll"].tolist(), normalize_collective, object)
+        nelems, has_nelems, size = _gpu_message_sizes(res, op)
+        group_size = int_column(res["group_size"])[0]
+        group_cols = {c: res[c] for c in ("pg_name", "seq", "pg_ranks")} if groups else None
     else:
-        res = con.execute("""
-            SELECT f.rank, c.name, c.input_dims, c.input_types, c.ts_ns, c.ts_ns + c.dur_ns AS end_ns
-            FROM cpu_ops c JOIN files f USING (file_id)
-            WHERE f.run_id = ? AND c.cat = 'user_annotation' AND c.name LIKE 'gloo:%'
-            ORDER BY f.rank, c.ts_ns""", [run_id]).fetchnumpy()
-        op = _apply(res["name"].tolist(), normalize_collective, object)
-        dims, code = _factorize(res["input_dims"].tolist())
-        numel = [_numel(d) for d in dims]
-        has_nelems = np.array([n is not None for n in numel], dtype=bool)[code]
-        nelems = np.array([n or 0 for n in numel], dtype=np.int64)[code]
-        size = _apply(res["input_types"].tolist(), lambda t: _first_dtype_bytes(t) or 0, np.int64)
+        res = con.execute(_CPU_CALLS_SQL, [run_id]).fetchnumpy()
+        op = apply_distinct(res["name"].tolist(), normalize_collective, object)
+        dims, code = factorize(res["input_dims"].tolist())
+        n = [numel(d) for d in dims]
+        has_nelems = np.array([x is not None for x in n], dtype=bool)[code]
+        nelems = np.array([x or 0 for x in n], dtype=np.int64)[code]
+        size = apply_distinct(res["input_types"].tolist(), lambda t: first_input_bytes(t) or 0, np.int64)
         group_size = np.zeros(op.size, dtype=np.int64)
+        group_cols = None
     has_bytes = has_nelems & (size > 0)
-    return Calls(rank=np.asarray(res["rank"], dtype=np.int64), op=op, nelems=nelems, has_nelems=has_nelems,
-                 nbytes=np.where(has_bytes, nelems * size, 0), has_bytes=has_bytes, group_size=group_size,
-                 start=np.asarray(res["ts_ns"], dtype=np.int64), end=np.asarray(res["end_ns"], dtype=np.int64))
+    # nelems * size is int64: a corrupt element count near 2^63 would wrap silently (left as is, see issue 17)
+    return Calls(rank=np.asarray(res["rank"], dtype=np.int64), file_id=np.asarray(res["file_id"], dtype=np.int64),
+                 op=op, nelems=nelems, has_nelems=has_nelems, nbytes=np.where(has_bytes, nelems * size, 0),
+                 has_bytes=has_bytes, group_size=group_size, start=np.asarray(res["ts_ns"], dtype=np.int64),
+                 end=np.asarray(res["end_ns"], dtype=np.int64), groups=group_cols)
 
 
-def _factorize(values: Iterable) -> tuple[list, np.ndarray]:
+def _gpu_message_sizes(res: dict[str, np.ndarray], op: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(elements, elements known, bytes per element or 0) of each NCCL call (:func:`collective_calls`)."""
+    inn, has_in = int_column(res["in_nelems"])
+    outn, has_out = int_column(res["out_nelems"])
+    # all_gather counts the gathered output (the full buffer); other ops their input, else the output
+    use_out = ((op == "all_gather") & has_out & (outn != 0)) | ~has_in
+    nelems = np.where(use_out, outn, inn)
+    has_nelems = np.where(use_out, has_out, has_in)
+    # element size: the record's dtype, else the one in the kernel name (..._Sum_bf16_...); 0 when unknown
+    by_dtype = apply_distinct(res["comm_dtype"].tolist(), lambda dt: dtype_bytes(dt) or 0, np.int64)
+    by_name = apply_distinct(res["name"].tolist(), lambda n: dtype_bytes(nccl_kernel_dtype(n)) or 0, np.int64)
+    return nelems, has_nelems, np.where(by_dtype > 0, by_dtype, by_name)
+
+
+def factorize(values: Iterable) -> tuple[list, np.ndarray]:
     """(the distinct values in order of first appearance, each value's index into that list as int64)."""
     index: dict = {}
     codes = [index.setdefault(v, len(index)) for v in values]
     return list(index), np.array(codes, dtype=np.int64)
 
 
-def _apply(values: list, fn: Callable[[Any], Any], dtype: type) -> np.ndarray:
+def apply_distinct(values: list, fn: Callable[[Any], Any], dtype: type) -> np.ndarray:
     """``fn`` of each value as a NumPy array of ``dtype``, calling ``fn`` once per distinct value."""
-    distinct, codes = _factorize(values)
+    distinct, codes = factorize(values)
     return np.array([fn(v) for v in distinct], dtype=dtype)[codes] if distinct else np.array([], dtype=dtype)
 
 
-def _int_column(col: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def int_column(col: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(values with NULL read as 0, not-NULL mask) of an integer column from ``fetchnumpy``."""
     return np.ma.filled(col, 0).astype(np.int64), ~np.ma.getmaskarray(col)
 
 
-def _numel(dims_json: str | None) -> int | None:
+def numel(dims_json: str | None) -> int | None:
     """Elements of the first tensor in an ``Input Dims`` JSON list (``[[132992]]`` -> 132992)."""
-    if not dims_json:
-        return None
-    try:
-        d = json.loads(dims_json)
-    except ValueError:
-        return None
+    d = record_json(dims_json)
     while isinstance(d, list) and d and isinstance(d[0], list):
         if all(isinstance(x, int) for x in d[0]):
             d = d[0]
@@ -219,40 +232,38 @@ def _numel(dims_json: str | None) -> int | None:
     return None
 
 
-def _first_dtype_bytes(types_json: str | None) -> int | None:
-    if not types_json:
-        return None
-    try:
-        t = json.loads(types_json)
-    except ValueError:
-        return None
-    if isinstance(t, list) and t and isinstance(t[0], str):
-        return _dtype_bytes(t[0])
-    return None
+@dataclass
+class _Matches:
+    """Calls matched across ranks (:func:`analyze_collectives`): the n-th call of one (op, size) key on every rank.
 
-
-def analyze_collectives(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_size: int | None,
-                        steps: dict[int, list[tuple[int, int, int]]] | None = None) -> CollectiveAnalysis:
-    """Match collective calls across the run's ranks and split their time into wait and transfer.
-
-    Args:
-        con: the store. run_id: the run. mode: ``"gpu"`` or ``"cpu"`` (see :mod:`.breakdown`).
-        world_size: ranks in the job, for the busbw factor when calls carry no ``Group size``.
-        steps: rank -> [(step, start_ns, end_ns)], to attribute wait to profiler steps.
-
-    Returns:
-        :class:`CollectiveAnalysis`; with a single rank present nothing can be matched (``matched`` False)
-        and transfer is the call's own duration, an upper bound.
+    Per call: ``col`` its rank's column (into ``ranks``, sorted: column 0 is the reference rank), ``key`` its index
+    into ``keys`` (numbered in order of first appearance), ``in_match`` whether it is in a match and ``match`` (for
+    those) the match's row. Per key: ``n_occ`` its matches (0: unmatched) and ``first_match`` its first row.
+    ``order`` sorts the calls by key and column, start order kept. ``starts``/``ends``: (matches, ranks) ns;
+    ``ref``: per match, the reference rank's call.
     """
-    calls = _calls(con, run_id, mode)
-    res = CollectiveAnalysis(mode=mode, matched=False)
-    if not calls.start.size:
-        return res
+
+    ranks: np.ndarray
+    col: np.ndarray
+    keys: list
+    key: np.ndarray
+    order: np.ndarray
+    in_match: np.ndarray
+    match: np.ndarray
+    n_occ: np.ndarray
+    first_match: np.ndarray
+    starts: np.ndarray
+    ends: np.ndarray
+    ref: np.ndarray
+
+
+def _match_calls(calls: Calls) -> _Matches:
+    """Pair the n-th call of each (op, size) key across ranks, in start order (module docstring)."""
     ranks = np.unique(calls.rank)  # sorted: ranks[0] is the reference
     n_ranks = len(ranks)
     col = np.searchsorted(ranks, calls.rank)  # each call's rank as a column index
     # key (op, nelems), numbered in order of first appearance (the order summaries keep on ties)
-    keys, key = _factorize(zip(calls.op.tolist(), calls.has_nelems.tolist(), calls.nelems.tolist(), strict=True))
+    keys, key = factorize(zip(calls.op.tolist(), calls.has_nelems.tolist(), calls.nelems.tolist(), strict=True))
     n_keys = len(keys)
     # occurrence: the call is the occ-th of its key on its rank (a stable sort keeps start order)
     order = np.lexsort((col, key))
@@ -273,58 +284,114 @@ def analyze_collectives(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, 
     ends[match, col[in_match]] = calls.end[in_match]
     ref = np.zeros(n_match, dtype=np.int64)  # index of the reference rank's call of each match
     ref[match[col[in_match] == 0]] = np.flatnonzero(in_match & (col == 0))
+    return _Matches(ranks=ranks, col=col, keys=keys, key=key, order=order, in_match=in_match, match=match,
+                    n_occ=n_occ, first_match=first_match, starts=starts, ends=ends, ref=ref)
 
-    offsets = np.array([float(np.median(ends[:, i] - ends[:, 0])) if n_match else 0.0 for i in range(n_ranks)])
+
+def analyze_collectives(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_size: int | None,
+                        steps: dict[int, list[tuple[int, int, int]]] | None = None) -> CollectiveAnalysis:
+    """Match collective calls across the run's ranks and split their time into wait and transfer.
+
+    Args:
+        con: the store. run_id: the run. mode: ``"gpu"`` or ``"cpu"`` (see :mod:`.breakdown`).
+        world_size: ranks in the job, for the busbw factor when calls carry no ``Group size``.
+        steps: rank -> [(step, start_ns, end_ns)], to attribute wait to profiler steps.
+
+    Returns:
+        :class:`CollectiveAnalysis`; with a single rank present nothing can be matched (``matched`` False)
+        and transfer is the call's own duration, an upper bound.
+    """
+    calls = collective_calls(con, run_id, mode)
+    res = CollectiveAnalysis(mode=mode, matched=False)
+    if not calls.start.size:
+        return res
+    m = _match_calls(calls)
+    ranks, n_ranks, n_match = m.ranks, len(m.ranks), m.starts.shape[0]
+    offsets = np.array([float(np.median(m.ends[:, i] - m.ends[:, 0])) if n_match else 0.0 for i in range(n_ranks)])
     res.clock_offsets_us = {int(r): round(float(o) / 1e3, 3) for r, o in zip(ranks, offsets, strict=True)}
     res.matched = n_match > 0
     res.n_matched_calls = n_match
-    durs = ends - starts
+    durs = m.ends - m.starts
     transfer = durs.min(axis=1)
-    last = np.argmax(starts - offsets, axis=1)  # arrival = start minus clock offset; ties: the lower rank
+    last = np.argmax(m.starts - offsets, axis=1)  # arrival = start minus clock offset; ties: the lower rank
     res.last_arrivals = {int(ranks[i]): int(n) for i, n in enumerate(np.bincount(last, minlength=n_ranks)) if n}
-
-    # transfer per rank: a matched call counts its match's transfer, a call of an unmatched key its own duration
-    # (an upper bound). Added one by one in key, then start order (cumsum; np.sum pairs), as earlier versions did,
-    # so the float totals stay the same.
-    counted = in_match | (n_occ == 0)[key]
-    t_ns = calls.end - calls.start
-    t_ns[in_match] = transfer[match]
-    for i, r in enumerate(ranks):
-        mine = order[(col[order] == i) & counted[order]]
-        if mine.size:
-            res.transfer_us[int(r)] = float(np.cumsum(t_ns[mine] / 1e3)[-1])
+    res.transfer_us = _transfer_per_rank(calls, m, transfer)
     if n_match:
-        # concurrent calls (DDP buckets on separate threads) wait at the same time: count wall time, not the sum
-        for i, r in enumerate(ranks):
-            w_s, w_e = starts[:, i], ends[:, i] - transfer  # the wait: the head of the call, before the last rank
-            res.wait_us[int(r)] = length(w_s, w_e) / 1e3
-            for step, s, e in (steps or {}).get(int(r), []):
-                cs, ce = clip(w_s, w_e, s, e)
-                res.per_step_wait_us[(int(r), step)] = length(cs, ce) / 1e3
+        res.wait_us, res.per_step_wait_us = _wait_per_rank(m, transfer, steps or {})
+    agg = _per_key(calls, m, transfer, durs, world_size)
+    res.summaries = [_summary(a, n_ranks) for a in sorted(agg, key=lambda a: -a["t"])]
+    res.total_bytes, res.busbw_gbps = _total_busbw(calls, m, transfer, agg, world_size)
+    return res
 
-    agg = []  # per matched key, in key order
-    for k in np.flatnonzero(n_occ):
-        rows = slice(first_match[k], first_match[k] + n_occ[k])
-        r0 = ref[first_match[k]]  # the reference rank's first call of the key
-        agg.append({"op": keys[k][0], "n": int(n_occ[k]), "t": float(transfer[rows].sum()),
+
+def _transfer_per_rank(calls: Calls, m: _Matches, transfer: np.ndarray) -> dict[int, float]:
+    """Rank -> transfer time (µs): a matched call counts its match's transfer, a call of an unmatched key its own
+    duration (an upper bound). Added one by one in key, then start order (cumsum; np.sum pairs), as earlier
+    versions did, so the float totals stay the same."""
+    counted = m.in_match | (m.n_occ == 0)[m.key]
+    t_ns = calls.end - calls.start
+    t_ns[m.in_match] = transfer[m.match]
+    out: dict[int, float] = {}
+    for i, r in enumerate(m.ranks):
+        mine = m.order[(m.col[m.order] == i) & counted[m.order]]
+        if mine.size:
+            out[int(r)] = float(np.cumsum(t_ns[mine] / 1e3)[-1])
+    return out
+
+
+def _wait_per_rank(m: _Matches, transfer: np.ndarray, steps: dict[int, list[tuple[int, int, int]]]
+                   ) -> tuple[dict[int, float], dict[tuple[int, int], float]]:
+    """(rank -> wait µs, (rank, step) -> wait µs). Concurrent calls (DDP buckets on separate threads) wait at the
+    same time: wall time counts, not the sum."""
+    wait: dict[int, float] = {}
+    per_step: dict[tuple[int, int], float] = {}
+    for i, r in enumerate(m.ranks):
+        w_s, w_e = m.starts[:, i], m.ends[:, i] - transfer  # the wait: the head of the call, before the last rank
+        wait[int(r)] = length(w_s, w_e) / 1e3
+        for step, s, e in steps.get(int(r), []):
+            cs, ce = clip(w_s, w_e, s, e)
+            per_step[(int(r), step)] = length(cs, ce) / 1e3
+    return wait, per_step
+
+
+def _per_key(calls: Calls, m: _Matches, transfer: np.ndarray, durs: np.ndarray, world_size: int | None
+             ) -> list[dict]:
+    """Per matched key, in key order: op, matches ``n``, summed transfer ``t`` and wait ``w`` (ns), the message
+    ``bytes`` (the reference rank's first call) and the ``group`` size for the busbw factor."""
+    n_ranks = len(m.ranks)
+    agg = []
+    for k in np.flatnonzero(m.n_occ):
+        rows = slice(m.first_match[k], m.first_match[k] + m.n_occ[k])
+        r0 = m.ref[m.first_match[k]]  # the reference rank's first call of the key
+        agg.append({"op": m.keys[k][0], "n": int(m.n_occ[k]), "t": float(transfer[rows].sum()),
                     "w": float((durs[rows].sum(axis=1) - transfer[rows] * n_ranks).sum()),
                     "bytes": int(calls.nbytes[r0]) if calls.has_bytes[r0] else None,
                     "group": int(calls.group_size[r0]) or world_size or n_ranks})
-    for a in sorted(agg, key=lambda a: -a["t"]):
-        t_us = a["t"] / a["n"] / 1e3
-        alg = a["bytes"] / (a["t"] / a["n"] / 1e9) / 1e9 if a["bytes"] and a["t"] > 0 else None
-        res.summaries.append(CollectiveSummary(
-            collective=a["op"], size_bytes=a["bytes"], count=a["n"], n_ranks=n_ranks, transfer_us=round(t_us, 3),
-            wait_us=round(a["w"] / a["n"] / n_ranks / 1e3, 3),
-            algbw_gbps=round(alg, 4) if alg is not None else None,
-            busbw_gbps=round(alg * busbw_factor(a["op"], a["group"]), 4) if alg is not None else None))
-    # sized calls: the reference rank's call has bytes, the transfer took time, and it is not a barrier
+    return agg
+
+
+def _summary(a: dict, n_ranks: int) -> CollectiveSummary:
+    """One key's :class:`CollectiveSummary` from its :func:`_per_key` sums: means per call (and rank)."""
+    t_us = a["t"] / a["n"] / 1e3
+    alg = a["bytes"] / (a["t"] / a["n"] / 1e9) / 1e9 if a["bytes"] and a["t"] > 0 else None
+    return CollectiveSummary(
+        collective=a["op"], size_bytes=a["bytes"], count=a["n"], n_ranks=n_ranks, transfer_us=round(t_us, 3),
+        wait_us=round(a["w"] / a["n"] / n_ranks / 1e3, 3),
+        algbw_gbps=round(alg, 4) if alg is not None else None,
+        busbw_gbps=round(alg * busbw_factor(a["op"], a["group"]), 4) if alg is not None else None)
+
+
+def _total_busbw(calls: Calls, m: _Matches, transfer: np.ndarray, agg: list[dict], world_size: int | None
+                 ) -> tuple[int, float | None]:
+    """(bytes of the sized calls, their busbw in GB/s or None). Sized: the reference rank's call has bytes, the
+    transfer took time, and it is not a barrier. busbw weights each call by its transfer time and takes the
+    factor of the operation with the most transfer time."""
+    ref = m.ref
     sized = calls.has_bytes[ref] & (calls.nbytes[ref] != 0) & (transfer > 0) & (calls.op[ref] != "barrier")
     total_t = float(transfer[sized].sum())
-    res.total_bytes = int(calls.nbytes[ref][sized].sum())
-    if total_t > 0:
-        group = world_size or n_ranks
-        # busbw of all sized calls together, weighting each by its transfer time (factor of the dominant op)
-        main_op = max(agg, key=lambda a: a["t"])["op"]
-        res.busbw_gbps = round(res.total_bytes / (total_t / 1e9) / 1e9 * busbw_factor(main_op, group), 4)
-    return res
+    total_bytes = int(calls.nbytes[ref][sized].sum())
+    if total_t <= 0:
+        return total_bytes, None
+    group = world_size or len(m.ranks)
+    main_op = max(agg, key=lambda a: a["t"])["op"]
+    return total_bytes, round(total_bytes / (total_t / 1e9) / 1e9 * busbw_factor(main_op, group), 4)

@@ -26,6 +26,8 @@ COMPILE_RANGE_NAMES = (
     "_compile.compile_inner", "compile_fx_inner", "create_aot_dispatcher_function", "bytecode_tracing",
     "compile_attempt_0", "fx_codegen_and_compile", "async_compile.wait", "compile_file",
 )
+# the names as traced, and as torch._dynamo's dynamo_timed records them
+COMPILE_RANGES = (*COMPILE_RANGE_NAMES, *(f"{n} (dynamo_timed)" for n in COMPILE_RANGE_NAMES))
 _REGION = re.compile(r"Torch-Compiled Region: (\d+)/(\d+)")
 _COMPILE_ID = re.compile(r"compile_id=(\d+)/(\d+)")
 
@@ -60,19 +62,28 @@ class LaunchStats:
     launch_us_per_step: float | None = None
 
 
-def compile_stats(con: duckdb.DuckDBPyConnection, run_id: int) -> CompileStats:
-    """Compile time per rank, frames/recompiles, and first vs steady step time (module docstring)."""
-    res = CompileStats()
-    names = [*COMPILE_RANGE_NAMES, *(f"{n} (dynamo_timed)" for n in COMPILE_RANGE_NAMES)]
+def compile_intervals(con: duckdb.DuckDBPyConnection, run_id: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Rank -> (starts, ends) in ns of its torch.compile ranges (:data:`COMPILE_RANGES` ``cpu_op`` rows, on the
+    rank's clock, overlapping), ranks in the order the rows come."""
     rows = con.execute("""
         SELECT f.rank, c.ts_ns, c.ts_ns + c.dur_ns FROM cpu_ops c JOIN files f USING (file_id)
-        WHERE f.run_id = ? AND c.cat = 'cpu_op' AND c.name IN (SELECT unnest(?))""", [run_id, names]).fetchall()
+        WHERE f.run_id = ? AND c.cat = 'cpu_op' AND c.name IN (SELECT unnest(?))""",
+                       [run_id, list(COMPILE_RANGES)]).fetchall()
     per: dict[int, list[tuple[int, int]]] = {}
     for r, s, e in rows:
         per.setdefault(r, []).append((s, e))
+    out = {}
     for r, iv in per.items():
         a = np.array(iv, dtype=np.int64)
-        res.compile_us[r] = length(a[:, 0], a[:, 1]) / 1e3
+        out[r] = (a[:, 0], a[:, 1])
+    return out
+
+
+def compile_stats(con: duckdb.DuckDBPyConnection, run_id: int) -> CompileStats:
+    """Compile time per rank, frames/recompiles, and first vs steady step time (module docstring)."""
+    res = CompileStats()
+    for r, (s, e) in compile_intervals(con, run_id).items():
+        res.compile_us[r] = length(s, e) / 1e3
     ids = set()
     regions = 0
     for (name,) in con.execute("""

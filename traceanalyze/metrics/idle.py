@@ -33,26 +33,20 @@ from dataclasses import asdict, dataclass
 
 import duckdb
 
-from traceanalyze.metrics.steps import step_cutoff_sql
+from traceanalyze.metrics._sql import counted_kernels_with_launch_sql
 from traceanalyze.store import insert_rows
 
 CONSECUTIVE_KERNEL_DELAY_US = 30.0  # HTA default: a gap below this is "kernel wait"
 
+# GPU work on a stream: the events whose gaps are classified
+_EVENTS = "k.cat IN ('kernel', 'gpu_memcpy', 'gpu_memset') AND k.stream IS NOT NULL AND k.stream <> -1"
+
 _SQL = f"""
 WITH f AS (SELECT file_id, rank FROM files WHERE run_id = $run_id AND status <> 'error'),
-cutoff AS ({step_cutoff_sql("$run_id")}),
-launch AS (
-    SELECT c.file_id, c.correlation, min(c.ts_ns) AS launch_ns FROM cpu_ops c JOIN f USING (file_id)
-    WHERE c.correlation IS NOT NULL AND c.correlation >= 0 AND c.cat IN ('cuda_runtime', 'cuda_driver')
-    GROUP BY ALL),
 ev AS (
-    SELECT f.rank, k.file_id, k.stream, k.ts_ns, k.ts_ns + k.dur_ns AS end_ns, l.launch_ns,
+    SELECT f.rank, k.file_id, k.stream, k.ts_ns, k.ts_ns + k.dur_ns AS end_ns, k.launch_ns,
            lag(k.ts_ns + k.dur_ns) OVER w AS prev_end
-    FROM kernels k JOIN f USING (file_id)
-    LEFT JOIN launch l ON l.file_id = k.file_id AND l.correlation = k.correlation
-    LEFT JOIN cutoff s ON s.file_id = k.file_id
-    WHERE k.cat IN ('kernel', 'gpu_memcpy', 'gpu_memset') AND k.stream IS NOT NULL AND k.stream <> -1
-      AND (s.file_id IS NULL OR (l.launch_ns IS NOT NULL AND l.launch_ns < s.cutoff_ns))
+    FROM ({counted_kernels_with_launch_sql("$run_id", _EVENTS)}) k JOIN f USING (file_id)
     WINDOW w AS (PARTITION BY k.file_id, k.stream ORDER BY k.ts_ns, k.dur_ns)),
 cls AS (
     SELECT rank, stream, ts_ns - prev_end AS gap,

@@ -22,12 +22,13 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 import duckdb
 
 from traceanalyze.hardware import peak_tflops
+from traceanalyze.metrics._sql import counted_kernels_sql, counted_op_sql
 from traceanalyze.metrics.breakdown import kernel_classes
-from traceanalyze.metrics.steps import counted_kernels_sql, counted_op_sql
 
 # (regex searched in the kernel name, dtype, tensor core). First match wins; order matters.
 KERNEL_DTYPE_RULES: list[tuple[str, str, bool | None]] = [
@@ -45,8 +46,17 @@ GEMM_KERNEL = re.compile(
 ELEMENTWISE_EXCLUDE = re.compile(r"elementwise|reduce_kernel|splitKreduce|memcpy|memset|nccl", re.IGNORECASE)
 CPU_GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_addmm_activation",
                 "aten::mkldnn_convolution", "aten::cudnn_convolution", "aten::_convolution_mode")
+# Dtype names: the ``Input type`` of an op (c10 names, lower-cased) -> math dtype; any spelling (records, NCCL
+# kernel names, c10) -> bytes per element.
 TYPE_TO_DTYPE = {"float": "fp32", "c10::bfloat16": "bf16", "c10::half": "fp16", "double": "fp64",
                  "c10::float8_e4m3fn": "fp8", "c10::float8_e5m2": "fp8", "signed char": "int8"}
+DTYPE_BYTES = {
+    "float": 4, "float32": 4, "f32": 4, "int": 4, "int32": 4, "i32": 4, "u32": 4, "uint32": 4,
+    "bfloat16": 2, "c10::bfloat16": 2, "bf16": 2, "__nv_bfloat16": 2, "half": 2, "c10::half": 2, "f16": 2,
+    "float16": 2, "double": 8, "float64": 8, "f64": 8, "long": 8, "long int": 8, "int64": 8, "i64": 8,
+    "u64": 8, "int8": 1, "int8_t": 1, "i8": 1, "u8": 1, "uint8": 1, "unsigned char": 1, "char": 1, "byte": 1,
+    "bool": 1, "f8e4m3": 1, "f8e5m2": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
+}
 
 def kernel_dtype(name: str) -> tuple[str | None, bool | None]:
     """(math dtype, uses tensor cores) from a kernel name; (None, None) when the name does not tell."""
@@ -75,26 +85,52 @@ def mix_label(dtype: str, tensor_core: bool | None, mode: str = "gpu") -> str:
 
 
 def _op_dtype(types_json: str | None) -> str | None:
-    if not types_json:
-        return None
-    try:
-        t = json.loads(types_json)
-    except ValueError:
-        return None
-    for x in t if isinstance(t, list) else []:
+    """Math dtype (:data:`TYPE_TO_DTYPE`: ``fp32``, ``bf16``, ...) of an op from its ``Input type`` JSON: the first
+    input of a known type; None when none is."""
+    for x in input_types(types_json):
         if isinstance(x, str) and x.lower() in TYPE_TO_DTYPE:
             return TYPE_TO_DTYPE[x.lower()]
+    return None
+
+
+def record_json(text: str | None) -> Any:
+    """A JSON column of a cpu_op (``input_types``, ``input_dims``) read back; None when absent or not JSON."""
+    if not text:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def input_types(types_json: str | None) -> list:
+    """A cpu_op's ``Input type`` list from its JSON text (``'["float", "c10::BFloat16"]'``); [] when absent, not
+    JSON or not a list. Items are as recorded (strings, or ``""`` for a non-tensor argument)."""
+    t = record_json(types_json)
+    return t if isinstance(t, list) else []
+
+
+def dtype_bytes(dtype: str | None) -> int | None:
+    """Bytes per element of a dtype name as a record or kernel name spells it (:data:`DTYPE_BYTES`:
+    ``c10::BFloat16``, ``bf16``, ``float``, ...); None when unknown."""
+    if not dtype:
+        return None
+    return DTYPE_BYTES.get(dtype.strip().lower())
+
+
+def first_input_bytes(types_json: str | None) -> int | None:
+    """Bytes per element of an op's first input, from its ``Input type`` JSON; None when unknown."""
+    t = input_types(types_json)
+    if t and isinstance(t[0], str):
+        return dtype_bytes(t[0])
     return None
 
 
 def gemm_flops(op: str, dims_json: str | None) -> float | None:
     """FLOPs of one ``aten::mm`` ([[M,K],[K,N]]), ``addmm`` ([[N],[M,K],[K,N]]) or ``bmm`` ([[B,M,K],[B,K,N]])
     call: 2·(B·)M·N·K. None when the shapes are missing or do not fit."""
-    if not dims_json:
-        return None
-    try:
-        d = json.loads(dims_json)
-    except ValueError:
+    d = record_json(dims_json)
+    if d is None:
         return None
     try:
         if op in ("aten::mm",):

@@ -22,12 +22,13 @@ hosts can skew it); a rank's step time is the median of its own counted steps.
 
 The kernels the temporal breakdown and the idle-time breakdown count follow rule 1 as HTA does: those launched
 (``cuda_runtime``/``cuda_driver`` row with the kernel's ``correlation``) before the start of the window's last
-step (:func:`step_cutoff_sql`).
+step (:func:`traceanalyze.metrics._sql.step_cutoff_sql`, with the other SQL fragments of this filter).
 """
 
 from __future__ import annotations
 
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import duckdb
@@ -36,37 +37,6 @@ from traceanalyze import store
 
 # The SQL lives in the store (store.STEP_MACROS: installed with every database, and importable without NumPy)
 STEP_MACROS = store.STEP_MACROS
-
-
-def step_cutoff_sql(run_param: str = "$1") -> str:
-    """SQL of ``(file_id, cutoff_ns)``: per window with two or more steps, the start of its last step (rule 1 of
-    the module docstring). Kernels launched at or after it are left out of the breakdowns; a window without a
-    row keeps every kernel. ``run_param`` is the SQL expression of the run id (a parameter)."""
-    return f"SELECT file_id, start_ns AS cutoff_ns FROM profiler_steps({run_param}) WHERE window_edge"
-
-
-def counted_kernels_sql(run_param: str = "$1", kernel_where: str = "TRUE") -> str:
-    """SQL of the run's ``kernels`` rows (all columns) that the breakdowns count: every kernel of a window without
-    a cutoff, else those launched before it (:func:`step_cutoff_sql`). ``run_param`` as there; ``kernel_where``
-    (a condition on ``k``) narrows the kernels before their launches are looked up, which is much cheaper than
-    filtering the result."""
-    return f"""WITH cut AS ({step_cutoff_sql(run_param)}),
-    kk AS (SELECT k.* FROM kernels k JOIN files f ON f.file_id = k.file_id AND f.run_id = {run_param}
-           WHERE {kernel_where}),
-    launched AS (SELECT DISTINCT r.file_id, r.correlation FROM cpu_ops r JOIN cut c USING (file_id)
-                 WHERE r.correlation IN (SELECT correlation FROM kk) AND r.cat IN ('cuda_runtime', 'cuda_driver')
-                   AND r.ts_ns < c.cutoff_ns)
-    SELECT kk.* FROM kk LEFT JOIN cut c ON c.file_id = kk.file_id
-    LEFT JOIN launched l ON l.file_id = kk.file_id AND l.correlation = kk.correlation
-    WHERE c.file_id IS NULL OR l.file_id IS NOT NULL"""
-
-
-def counted_op_sql(alias: str = "c", run_param: str = "$1") -> str:
-    """SQL condition on a ``cpu_ops`` row ``alias``: it starts inside a counted step of its file and thread, or
-    the run has no profiler step at all (then every op counts)."""
-    return (f"(NOT EXISTS (SELECT 1 FROM profiler_steps({run_param})) OR EXISTS (SELECT 1 FROM "
-            f"profiler_steps({run_param}) s WHERE s.counted AND s.file_id = {alias}.file_id AND s.pid = {alias}.pid "
-            f"AND s.tid = {alias}.tid AND {alias}.ts_ns >= s.start_ns AND {alias}.ts_ns < s.end_ns))")
 
 
 @dataclass
@@ -100,23 +70,35 @@ def step_set(con: duckdb.DuckDBPyConnection, run_id: int, *, counted_only: bool 
     return [ProfilerStep(int(r), int(w), int(s), int(a), int(b), p, t) for r, w, s, a, b, p, t in rows]
 
 
+def median(values: Iterable[float]) -> float | None:
+    """The median (:func:`statistics.median`: the mean of the two middle values for an even count) as a float;
+    None for no values. The step times (of the run, a rank, a window, the replay) are this median."""
+    v = list(values)
+    return float(statistics.median(v)) if v else None
+
+
+def longest_per_step(durations: Iterable[tuple[int, float]]) -> dict[int, float]:
+    """Step number -> the longest of its ``(step, duration)`` pairs (the slowest rank's duration of that step), in
+    order of first appearance."""
+    longest: dict[int, float] = {}
+    for step, d in durations:
+        longest[step] = max(longest.get(step, 0.0), d)
+    return longest
+
+
 def run_step_time_us(steps: list[ProfilerStep]) -> float | None:
     """The run's step time (µs): median over step numbers of the longest duration of that step over the ranks.
 
     Two windows of one rank never share a step number (the profiler counts steps across windows), so each step
     number is one training step. None without steps.
     """
-    longest: dict[int, float] = {}
-    for s in steps:
-        longest[s.step] = max(longest.get(s.step, 0.0), s.duration_us)
-    return float(statistics.median(longest.values())) if longest else None
+    return median(longest_per_step((s.step, s.duration_us) for s in steps).values())
 
 
 def rank_step_time_us(steps: list[ProfilerStep], rank: int) -> float | None:
     """Median duration (µs) of ``rank``'s steps in ``steps``; None when it has none."""
-    d = [s.duration_us for s in steps if s.rank == rank]
-    return float(statistics.median(d)) if d else None
+    return median(s.duration_us for s in steps if s.rank == rank)
 
 
-__all__ = ["STEP_MACROS", "ProfilerStep", "counted_kernels_sql", "counted_op_sql", "rank_step_time_us",
-           "run_step_time_us", "step_cutoff_sql", "step_set"]
+__all__ = ["STEP_MACROS", "ProfilerStep", "longest_per_step", "median", "rank_step_time_us", "run_step_time_us",
+           "step_set"]

@@ -23,6 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import duckdb
+import numpy as np
+
+from traceanalyze.metrics._sql import counted_kernels_sql
 
 MAX_TIMELINE_LANES = 32  # lanes drawn; beyond, the outliers first, then evenly spread ranks
 MIN_SEGMENT_FRAC = 0.002  # segments shorter than this share of the lane's step merge into their neighbour
@@ -60,8 +63,6 @@ def op_time_per_step(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, lim
     if not n_steps:
         return {}
     if mode == "gpu":
-        from traceanalyze.metrics.steps import counted_kernels_sql
-
         sql = (f"SELECT f.rank, k.name, sum(k.dur_ns) / 1e3 AS us FROM ({counted_kernels_sql('$1')}) k "
                "JOIN files f USING (file_id) WHERE k.cat = 'kernel' GROUP BY ALL")
     else:
@@ -185,8 +186,6 @@ def _segments(ivs: list[tuple[int, int, int]], s0: int, s1: int) -> list[tuple[s
         cuts.add(min(max(b, s0), s1))
     pts = sorted(cuts)
     # the best class covering each elementary slice: a sweep over starts/ends per class
-    import numpy as np
-
     p = np.array(pts, dtype=np.int64)
     level = np.zeros(len(p) - 1, dtype=np.int8)
     for cls in (2, 1):

@@ -31,22 +31,14 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from dataclasses import dataclass, field
 
 import duckdb
 import numpy as np
 
-from traceanalyze.metrics.collectives import (
-    _apply,
-    _dtype_bytes,
-    _first_dtype_bytes,
-    _int_column,
-    _kernel_dtype,
-    _numel,
-    busbw_factor,
-    normalize_collective,
-)
-from traceanalyze.metrics.host import COMPILE_RANGE_NAMES
+from traceanalyze.metrics.collectives import busbw_factor, collective_calls, communication_kernels, int_column
+from traceanalyze.metrics.host import COMPILE_RANGES
 
 KINDS = ("host", "kernel", "memcpy", "memset", "collective", "step_begin", "step_end")
 K_HOST, K_KERNEL, K_MEMCPY, K_MEMSET, K_COLL, K_BEGIN, K_END = range(7)
@@ -183,8 +175,6 @@ def _fetch(con, sql: str, params: list) -> dict[str, np.ndarray]:
 def _fetch_arrow(con, sql: str, params: list) -> dict:
     """Columns of a query: ``name`` as an Arrow string array (no Python object per row: 500k names cost
     seconds as objects), the others as NumPy arrays with NULL read as 0."""
-    import warnings
-
     import pyarrow as pa
 
     with warnings.catch_warnings():  # the copy DuckDB warns about is far cheaper than one Python object per row
@@ -200,6 +190,100 @@ def _fetch_arrow(con, sql: str, params: list) -> dict:
     return out
 
 
+@dataclass
+class _RunClock:
+    """The run's files, ranks and clocks, as every part of :func:`build` reads them.
+
+    ``origin``: the run's first CPU timestamp (ns); ``off_ns``: per rank 0..``world``, its clock offset (ns);
+    ``fid``/``fid_rank``: the run's file ids (sorted) and each one's rank.
+    """
+
+    run_id: int
+    mode: str
+    ranks: list[int]
+    world: int
+    origin: int
+    off_ns: np.ndarray
+    fid: np.ndarray
+    fid_rank: np.ndarray
+
+    def rank_of(self, fids: np.ndarray) -> np.ndarray:
+        """The rank of each file id (int64 array)."""
+        return self.fid_rank[np.searchsorted(self.fid, fids)] if fids.size else np.zeros(0, np.int64)
+
+    def rel_ns(self, ts: np.ndarray, rank: np.ndarray) -> np.ndarray:
+        """Timestamps (ns, the rank's clock) as ns since the run's start on the reference clock."""
+        return ts - self.origin - self.off_ns[np.clip(rank, 0, self.world)]
+
+
+def _run_clock(con, run_id: int, mode: str, world_size: int | None, clock_offsets_us: dict | None) -> _RunClock:
+    offs = {int(k): float(v) for k, v in (clock_offsets_us or {}).items()}
+    files = _fetch(con, "SELECT file_id, rank FROM files WHERE run_id = ? AND rank IS NOT NULL ORDER BY file_id",
+                   [run_id])
+    file_rank = dict(zip(files["file_id"].tolist(), files["rank"].tolist(), strict=True))
+    ranks = sorted(set(file_rank.values()))
+    world = max(world_size or 0, (max(ranks) + 1) if ranks else 0)
+    origin = con.execute("SELECT min(ts_ns) FROM cpu_ops JOIN files USING (file_id) WHERE run_id = ?",
+                         [run_id]).fetchone()[0] or 0
+    fid = np.array(sorted(file_rank), dtype=np.int64)
+    fid_rank = np.array([file_rank[f] for f in fid.tolist()], dtype=np.int64)
+    off_ns = np.array([int(offs.get(r, 0.0) * 1e3) for r in range(world + 1)], dtype=np.int64)
+    return _RunClock(run_id=run_id, mode=mode, ranks=ranks, world=world, origin=origin, off_ns=off_ns, fid=fid,
+                     fid_rank=fid_rank)
+
+
+@dataclass
+class _Tasks:
+    """Every task of the run in resource order (the graph's task ids), as :func:`_order_tasks` sorts them.
+
+    ``cols``: the source columns (``rank``, ``rk`` (0 host, 1 stream, 2 gloo thread), ``a``/``b`` (pid/tid or
+    device/stream), ``kind``, ``ts``/``dur`` (ns), ``corr``, ``fid``, ``ext`` (fp32 GEMM flag, or a marker's step),
+    ``flag`` (:data:`_FLAG`)). ``uniq``: the resources' keys (rank, rk, a, b), ``res`` each task's index into them;
+    ``rel``: start in ns since the run's start; ``start``/``dur``/``end``/``gap`` in µs; ``first``: the first task
+    of its resource.
+    """
+
+    cols: dict[str, np.ndarray]
+    names: object
+    name_code: np.ndarray
+    uniq: np.ndarray
+    res: np.ndarray
+    res_names: list[str]
+    rk: np.ndarray
+    rel: np.ndarray
+    start: np.ndarray
+    dur: np.ndarray
+    end: np.ndarray
+    first: np.ndarray
+    gap: np.ndarray
+
+    @property
+    def n(self) -> int:
+        return int(self.start.size)
+
+    @property
+    def kind(self) -> np.ndarray:
+        return self.cols["kind"]
+
+    @property
+    def rank(self) -> np.ndarray:
+        return self.cols["rank"]
+
+
+class _Edges:
+    """The explicit edges as they are found (:data:`DEP_TYPES` codes), in order."""
+
+    def __init__(self) -> None:
+        self.lists: tuple[list, list, list, list, list] = ([], [], [], [], [])
+
+    def extend(self, src, dst, from_end, off, etype) -> None:
+        _extend(*self.lists, src, dst, from_end, off, etype)
+
+    def arrays(self) -> list[np.ndarray]:
+        """(src, dst, from_end, offset, type) arrays."""
+        return [np.concatenate(x) if x else np.zeros(0) for x in self.lists]
+
+
 def build(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_size: int | None,
           clock_offsets_us: dict | None = None) -> Graph:
     """Build the run's graph from the store (module docstring); nothing is written (see :func:`save`).
@@ -211,92 +295,128 @@ def build(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_size: in
         world_size: ranks in the job (a collective whose group reaches a rank not in the folder is incomplete).
         clock_offsets_us: rank -> offset (µs) to subtract from its times (``metrics.collectives``), or None.
     """
+    rc = _run_clock(con, run_id, mode, world_size, clock_offsets_us)
+    parts = [_host_tasks(con, rc)]
+    if mode == "gpu":
+        parts.append(_device_tasks(con, rc))
+    st = _fetch(con, "SELECT file_id, rank, step, start_ns, end_ns, pid, tid, counted FROM profiler_steps(?)",
+                [run_id])
+    parts.append(_marker_tasks(st))
+    t = _order_tasks(parts, rc)
+    step, steps = _step_markers(t, st)
+    edges = _Edges()
+    anchor, cg, cd = t.start.copy(), t.gap.copy(), t.dur.copy()
+    dev = np.flatnonzero(t.rk == 1)
+    _launch_edges(t, dev, edges, anchor, cg)
+    if mode != "gpu":
+        _gloo_issue_edges(con, rc, t, edges, anchor, cg)
+    if steps:
+        step = _steps_by_anchor(t, steps, anchor, step)
+    missing: list[str] = []
+    if mode == "gpu":
+        _sync_edges(t, dev, edges, cd)
+        missing.append("cross-stream event waits (cuda_sync \"Stream Wait Event\" rows are not read from the traces;"
+                       " streams are ordered only by their launches)")
+    _wait_edges(t, mode, edges, cg)
+    dep = edges.arrays()
+    # categories: host time under dataloader / compile / optimizer ranges and fp32 matmuls (CPU runs)
+    cover, gap_cover, gap_label = _categories(con, rc, t)
+    g = Graph(run_id=run_id, mode=mode, ranks=rc.ranks, world_size=rc.world, res_names=t.res_names, rank=t.rank,
+              res=t.res, kind=t.kind, name=t.names, name_code=t.name_code, step=step, start=t.start, dur=t.dur,
+              gap=t.gap, first=t.first, chain_gap=cg, chain_dur=cd, gap_label=gap_label, cover=cover,
+              gap_cover=gap_cover, dep_src=dep[0].astype(np.int64), dep_dst=dep[1].astype(np.int64),
+              dep_end=dep[2].astype(bool), dep_off=dep[3].astype(float), dep_type=dep[4].astype(np.int64),
+              inst=np.full(t.n, -1, np.int64), inst_transfer=np.zeros(0), inst_complete=np.zeros(0, bool),
+              inst_coll=[], inst_bytes=np.zeros(0, np.int64), inst_n=np.zeros(0, np.int64), inst_matched_by=[],
+              steps=steps, missing_edges=missing)
+    _match_collectives(con, g, rc, t.cols)
+    return g
+
+
+def _host_tasks(con, rc: _RunClock) -> dict:
+    """Task columns of the host tasks: the runtime calls (GPU runs), else each thread's top-level ops with the
+    ``gloo:*`` ranges as collectives on their own threads."""
     import pyarrow as pa
 
-    offs = {int(k): float(v) for k, v in (clock_offsets_us or {}).items()}
-    files = _fetch(con, "SELECT file_id, rank FROM files WHERE run_id = ? AND rank IS NOT NULL ORDER BY file_id",
-                   [run_id])
-    file_rank = dict(zip(files["file_id"].tolist(), files["rank"].tolist(), strict=True))
-    ranks = sorted(set(file_rank.values()))
-    world = max(world_size or 0, (max(ranks) + 1) if ranks else 0)
-    origin = con.execute("SELECT min(ts_ns) FROM cpu_ops JOIN files USING (file_id) WHERE run_id = ?",
-                         [run_id]).fetchone()[0] or 0
-    fid_arr = np.array(sorted(file_rank), dtype=np.int64)
-    rank_of_fid = np.array([file_rank[f] for f in fid_arr.tolist()], dtype=np.int64)
-
-    def rank_of(fids: np.ndarray) -> np.ndarray:
-        return rank_of_fid[np.searchsorted(fid_arr, fids)] if fids.size else np.zeros(0, np.int64)
-
-    off_ns = np.array([int(offs.get(r, 0.0) * 1e3) for r in range(world + 1)], dtype=np.int64)
-    parts: list[dict] = []  # task columns by source
-    run = [run_id]
-    # --- host tasks
-    if mode == "gpu":
+    args = _flag_args([rc.run_id])
+    if rc.mode == "gpu":
         h = _fetch_arrow(con, f"""SELECT c.file_id, c.pid, c.tid, c.ts_ns, c.dur_ns, c.correlation, c.name, {_FLAG}
             FROM cpu_ops c JOIN files f USING (file_id)
-            WHERE f.run_id = $1 AND f.rank IS NOT NULL AND c.cat IN ('cuda_runtime', 'cuda_driver')""", _flag_args(run))
+            WHERE f.run_id = $1 AND f.rank IS NOT NULL AND c.cat IN ('cuda_runtime', 'cuda_driver')""", args)
     else:
         h = _fetch_arrow(con, f"""SELECT c.file_id, c.pid, c.tid, c.ts_ns, c.dur_ns, c.correlation, c.name, {_FLAG}
             FROM cpu_ops c JOIN files f USING (file_id)
             WHERE f.run_id = $1 AND f.rank IS NOT NULL AND c.cat IN ('cpu_op', 'user_annotation')
               AND profiler_step(c.cat, c.name) IS NULL
-            ORDER BY c.file_id, c.pid, c.tid, c.ts_ns, c.dur_ns DESC""", _flag_args(run))
+            ORDER BY c.file_id, c.pid, c.tid, c.ts_ns, c.dur_ns DESC""", args)
         # top-level ops of each thread: those that start after every earlier op of the thread ended
         thr = _thread_codes(h["file_id"], h["pid"], h["tid"])
-        ts = np.asarray(h["ts_ns"], np.int64) - origin
+        ts = np.asarray(h["ts_ns"], np.int64) - rc.origin
         end = ts + np.asarray(h["dur_ns"], np.int64)
         top = ts >= _seg_cummax_excl(np.clip(end, 0, (1 << _T_SHIFT) - 1), thr)
         h = {k: (v.filter(pa.array(top)) if k == "name" else v[top]) for k, v in h.items()}
-    h_rank = rank_of(np.asarray(h["file_id"], np.int64))
-    h_name = h["name"]
-    h_flag = np.asarray(h["flag"], np.int64)
-    h_coll = (h_flag == 3) & (mode != "gpu")
-    parts.append(dict(rank=h_rank, rk=np.where(h_coll, 2, 0), a=np.asarray(h["pid"], np.int64),
-                      b=np.asarray(h["tid"], np.int64), kind=np.where(h_coll, K_COLL, K_HOST),
-                      ts=np.asarray(h["ts_ns"], np.int64), dur=np.asarray(h["dur_ns"], np.int64), name=h_name,
-                      corr=np.asarray(h["correlation"], np.int64), fid=np.asarray(h["file_id"], np.int64),
-                      ext=np.zeros(h_flag.size, np.int64), flag=h_flag))
-    # --- device tasks
-    if mode == "gpu":
-        k = _fetch_arrow(con, f"""SELECT k.file_id, CASE k.cat WHEN 'gpu_memcpy' THEN 1 WHEN 'gpu_memset' THEN 2
-                   ELSE 0 END AS catc, k.name, k.device, k.stream, k.ts_ns, k.dur_ns, k.correlation,
-                   k.cat = 'kernel' AND k.name IN (SELECT unnest($3)) AS comm,
-                   CASE WHEN m.file_id IS NOT NULL AND k.cat = 'kernel'
-                        THEN regexp_matches(k.name, '{GEMM_KERNEL.pattern}') ELSE FALSE END AS fp32_gemm
-            FROM kernels k JOIN files f USING (file_id)
-            LEFT JOIN (SELECT DISTINCT c.file_id, c.external_id FROM cpu_ops c JOIN files f2 USING (file_id)
-                       WHERE f2.run_id = $1 AND c.name IN (SELECT unnest($2))
-                         AND (c.input_types LIKE '["float"%' OR c.input_types LIKE '[''float''%')) m
-                 ON m.file_id = k.file_id AND m.external_id = k.external_id
-            WHERE f.run_id = $1 AND f.rank IS NOT NULL AND k.cat IN ('kernel', 'gpu_memcpy', 'gpu_memset')""",
-                   [run_id, list(MATMUL_OPS), _comm_kernels(con, run_id)])
-        cat = np.asarray(k["catc"], np.int64)
-        kind = np.where(np.asarray(k["comm"], bool), K_COLL,
-                        np.where(cat == 1, K_MEMCPY, np.where(cat == 2, K_MEMSET, K_KERNEL)))
-        parts.append(dict(rank=rank_of(np.asarray(k["file_id"], np.int64)), rk=np.ones(cat.size, np.int64),
-                          a=np.asarray(k["device"], np.int64), b=np.asarray(k["stream"], np.int64), kind=kind,
-                          ts=np.asarray(k["ts_ns"], np.int64), dur=np.asarray(k["dur_ns"], np.int64),
-                          name=k["name"], corr=np.asarray(k["correlation"], np.int64),
-                          fid=np.asarray(k["file_id"], np.int64), ext=np.asarray(k["fp32_gemm"], np.int64),
-                          flag=np.zeros(cat.size, np.int64)))
-    # --- step markers
-    st = _fetch(con, "SELECT file_id, rank, step, start_ns, end_ns, pid, tid, counted FROM profiler_steps(?)", run)
+    flag = np.asarray(h["flag"], np.int64)
+    coll = (flag == 3) & (rc.mode != "gpu")
+    return dict(rank=rc.rank_of(np.asarray(h["file_id"], np.int64)), rk=np.where(coll, 2, 0),
+                a=np.asarray(h["pid"], np.int64), b=np.asarray(h["tid"], np.int64), kind=np.where(coll, K_COLL, K_HOST),
+                ts=np.asarray(h["ts_ns"], np.int64), dur=np.asarray(h["dur_ns"], np.int64), name=h["name"],
+                corr=np.asarray(h["correlation"], np.int64), fid=np.asarray(h["file_id"], np.int64),
+                ext=np.zeros(flag.size, np.int64), flag=flag)
+
+
+def _device_tasks(con, rc: _RunClock) -> dict:
+    """Task columns of the GPU runs' kernels, memcpys and memsets; NCCL kernels are collectives, and ``ext`` marks
+    the GEMM kernels launched by an fp32 matmul op."""
+    k = _fetch_arrow(con, f"""SELECT k.file_id, CASE k.cat WHEN 'gpu_memcpy' THEN 1 WHEN 'gpu_memset' THEN 2
+               ELSE 0 END AS catc, k.name, k.device, k.stream, k.ts_ns, k.dur_ns, k.correlation,
+               k.cat = 'kernel' AND k.name IN (SELECT unnest($3)) AS comm,
+               CASE WHEN m.file_id IS NOT NULL AND k.cat = 'kernel'
+                    THEN regexp_matches(k.name, '{GEMM_KERNEL.pattern}') ELSE FALSE END AS fp32_gemm
+        FROM kernels k JOIN files f USING (file_id)
+        LEFT JOIN (SELECT DISTINCT c.file_id, c.external_id FROM cpu_ops c JOIN files f2 USING (file_id)
+                   WHERE f2.run_id = $1 AND c.name IN (SELECT unnest($2))
+                     AND (c.input_types LIKE '["float"%' OR c.input_types LIKE '[''float''%')) m
+             ON m.file_id = k.file_id AND m.external_id = k.external_id
+        WHERE f.run_id = $1 AND f.rank IS NOT NULL AND k.cat IN ('kernel', 'gpu_memcpy', 'gpu_memset')""",
+                     [rc.run_id, list(MATMUL_OPS), communication_kernels(con, rc.run_id)])
+    cat = np.asarray(k["catc"], np.int64)
+    kind = np.where(np.asarray(k["comm"], bool), K_COLL,
+                    np.where(cat == 1, K_MEMCPY, np.where(cat == 2, K_MEMSET, K_KERNEL)))
+    return dict(rank=rc.rank_of(np.asarray(k["file_id"], np.int64)), rk=np.ones(cat.size, np.int64),
+                a=np.asarray(k["device"], np.int64), b=np.asarray(k["stream"], np.int64), kind=kind,
+                ts=np.asarray(k["ts_ns"], np.int64), dur=np.asarray(k["dur_ns"], np.int64),
+                name=k["name"], corr=np.asarray(k["correlation"], np.int64),
+                fid=np.asarray(k["file_id"], np.int64), ext=np.asarray(k["fp32_gemm"], np.int64),
+                flag=np.zeros(cat.size, np.int64))
+
+
+def _marker_tasks(st: dict[str, np.ndarray]) -> dict:
+    """Task columns of the step markers: a begin and an end marker per ``ProfilerStep#N`` (``st``: the
+    ``profiler_steps`` rows), on the step's thread; ``ext`` holds the step number."""
+    import pyarrow as pa
+
     n_st = st["step"].size
-    parts.append(dict(rank=np.concatenate([st["rank"], st["rank"]]).astype(np.int64),
-                      rk=np.zeros(2 * n_st, np.int64),
-                      a=np.concatenate([_int_column(st["pid"])[0]] * 2),
-                      b=np.concatenate([_int_column(st["tid"])[0]] * 2),
-                      kind=np.concatenate([np.full(n_st, K_BEGIN), np.full(n_st, K_END)]),
-                      ts=np.concatenate([st["start_ns"], st["end_ns"]]).astype(np.int64),
-                      dur=np.zeros(2 * n_st, np.int64),
-                      name=pa.array([f"ProfilerStep#{s}" for s in st["step"].tolist()] * 2, pa.string()),
-                      corr=np.zeros(2 * n_st, np.int64), fid=np.concatenate([st["file_id"]] * 2).astype(np.int64),
-                      ext=np.concatenate([st["step"]] * 2).astype(np.int64), flag=np.zeros(2 * n_st, np.int64)))
+    return dict(rank=np.concatenate([st["rank"], st["rank"]]).astype(np.int64),
+                rk=np.zeros(2 * n_st, np.int64),
+                a=np.concatenate([int_column(st["pid"])[0]] * 2),
+                b=np.concatenate([int_column(st["tid"])[0]] * 2),
+                kind=np.concatenate([np.full(n_st, K_BEGIN), np.full(n_st, K_END)]),
+                ts=np.concatenate([st["start_ns"], st["end_ns"]]).astype(np.int64),
+                dur=np.zeros(2 * n_st, np.int64),
+                name=pa.array([f"ProfilerStep#{s}" for s in st["step"].tolist()] * 2, pa.string()),
+                corr=np.zeros(2 * n_st, np.int64), fid=np.concatenate([st["file_id"]] * 2).astype(np.int64),
+                ext=np.concatenate([st["step"]] * 2).astype(np.int64), flag=np.zeros(2 * n_st, np.int64))
+
+
+def _order_tasks(parts: list[dict], rc: _RunClock) -> _Tasks:
+    """All tasks in resource order: by resource (rank, host|stream|comm, pid|device, tid|stream; comm = the gloo
+    threads), then start; at one start an end marker, then a begin marker, then the longest task first."""
+    import pyarrow as pa
+
     names = pa.concat_arrays([p.pop("name") for p in parts])
     cols = {c: np.concatenate([p[c] for p in parts]) for c in parts[0]}
     n = cols["ts"].size
-    rel = cols["ts"] - origin - off_ns[np.clip(cols["rank"], 0, world)]
-    # resources: (rank, host|stream|comm, pid|device, tid|stream); comm = the gloo threads
+    rel = rc.rel_ns(cols["ts"], cols["rank"])
     is_coll_host = (cols["kind"] == K_COLL) & (cols["rk"] == 2)
     rk = np.where(is_coll_host, 2, cols["rk"])
     res_keys = np.stack([cols["rank"], rk, cols["a"], cols["b"]], axis=1) if n else np.zeros((0, 4), np.int64)
@@ -317,162 +437,168 @@ def build(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_size: in
     gap = np.zeros(n)
     gap[1:] = start[1:] - end[:-1]
     gap[first] = 0.0
-    kind = cols["kind"]
-    rank = cols["rank"]
-    # --- steps: each task in the step (of its rank) that its anchor time falls in; markers carry their own
-    step = np.full(n, -1, dtype=np.int64)
+    return _Tasks(cols=cols, names=names, name_code=name_code, uniq=uniq, res=res, res_names=res_names, rk=rk,
+                  rel=rel, start=start, dur=dur, end=end, first=first, gap=gap)
+
+
+def _step_markers(t: _Tasks, st: dict[str, np.ndarray]) -> tuple[np.ndarray, list[tuple[int, int, int, int, bool]]]:
+    """(per task: the step of each marker, -1 elsewhere; the steps as (rank, step, begin task, end task, counted))."""
+    kind, rank, fid = t.kind, t.rank, t.cols["fid"]
+    step = np.full(t.n, -1, dtype=np.int64)
     is_marker = (kind == K_BEGIN) | (kind == K_END)
-    step[is_marker] = cols["ext"][is_marker]
+    step[is_marker] = t.cols["ext"][is_marker]
     steps: list[tuple[int, int, int, int, bool]] = []
-    b_idx = np.flatnonzero(kind == K_BEGIN)
-    e_idx = np.flatnonzero(kind == K_END)
-    e_by = {(int(rank[i]), int(step[i]), int(cols["fid"][i])): int(i) for i in e_idx}
+    e_by = {(int(rank[i]), int(step[i]), int(fid[i])): int(i) for i in np.flatnonzero(kind == K_END)}
     counted = {(int(r), int(s), int(f)): bool(c) for r, s, f, c in zip(
         st["rank"].tolist(), st["step"].tolist(), st["file_id"].tolist(), st["counted"].tolist(), strict=True)}
-    for i in b_idx.tolist():
-        key = (int(rank[i]), int(step[i]), int(cols["fid"][i]))
+    for i in np.flatnonzero(kind == K_BEGIN).tolist():
+        key = (int(rank[i]), int(step[i]), int(fid[i]))
         if key in e_by:
             steps.append((key[0], key[1], i, e_by[key], counted.get(key, False)))
-    # launch: device task <- runtime call of the same file and correlation
-    dev = np.flatnonzero(rk == 1)
-    host_rt = np.flatnonzero((rk == 0) & (kind == K_HOST) & (cols["corr"] > 0))
-    dep_src, dep_dst, dep_end, dep_off, dep_type = [], [], [], [], []
-    anchor = start.copy()
-    cg = gap.copy()
-    cd = dur.copy()
-    if dev.size and host_rt.size:
-        hk = (cols["fid"][host_rt] << 40) + cols["corr"][host_rt]
-        o = np.argsort(hk, kind="stable")
-        hk, hsrc = hk[o], host_rt[o]
-        dk = (cols["fid"][dev] << 40) + cols["corr"][dev]
-        j = np.clip(np.searchsorted(hk, dk), 0, max(hk.size - 1, 0))
-        ok = (hk[j] == dk) & (cols["corr"][dev] > 0)
-        d, s = dev[ok], hsrc[j[ok]]
-        _add_launch(d, s, start, end, first, cg, dep_src, dep_dst, dep_end, dep_off, dep_type)
-        anchor[d] = start[s]
-    # gloo: collective <- the top-level task holding the latest c10d::* call at or before its start
-    if mode != "gpu":
-        coll = np.flatnonzero(kind == K_COLL)
-        c10 = _fetch(con, """SELECT c.file_id, c.pid, c.tid, c.ts_ns FROM cpu_ops c JOIN files f USING (file_id)
-            WHERE f.run_id = ? AND f.rank IS NOT NULL AND c.name LIKE 'c10d::%' AND c.name NOT LIKE 'c10d::wait%'
-            ORDER BY c.ts_ns""", run)
-        if coll.size and c10["ts_ns"].size:
-            c_rank = rank_of(np.asarray(c10["file_id"], np.int64))
-            c_rel = np.asarray(c10["ts_ns"], np.int64) - origin - off_ns[np.clip(c_rank, 0, world)]
-            # the c10d call's host resource, then the task of that resource containing it
-            lookup = {tuple(r): i for i, r in enumerate(uniq.tolist())}
-            c_res = np.array([lookup.get((int(r), 0, int(p), int(t)), -1) for r, p, t in zip(
-                c_rank.tolist(), c10["pid"].tolist(), c10["tid"].tolist(), strict=True)], dtype=np.int64)
-            keep = c_res >= 0
-            c_rank, c_rel, c_res = c_rank[keep], c_rel[keep], c_res[keep]
-            # per rank: latest c10d call at or before each collective's start
-            rk_key = (c_rank << _T_SHIFT) + np.clip(c_rel, 0, None)
-            o = np.argsort(rk_key, kind="stable")
-            rk_key, c_rel_s, c_res_s = rk_key[o], c_rel[o], c_res[o]
-            q = (rank[coll] << _T_SHIFT) + np.clip(rel[coll], 0, None)
-            j = np.searchsorted(rk_key, q, side="right") - 1
-            ok = (j >= 0) & ((rk_key[np.clip(j, 0, None)] >> _T_SHIFT) == rank[coll])
-            coll, j = coll[ok], j[ok]
-            issue_rel, issue_res = c_rel_s[j], c_res_s[j]
-            task_key = (res.astype(np.int64) << _T_SHIFT) + np.clip(rel, 0, None)
-            t = np.searchsorted(task_key, (issue_res << _T_SHIFT) + np.clip(issue_rel, 0, None), side="right") - 1
-            ok = (t >= 0) & (res[np.clip(t, 0, None)] == issue_res)
-            d, s, issue = coll[ok], t[ok], issue_rel[ok] / 1e3
-            _add_launch(d, s, start, end, first, cg, dep_src, dep_dst, dep_end, dep_off, dep_type, issue=issue)
-            anchor[d] = issue
-    # steps by anchor time, per rank
-    if steps:
-        sb = np.array([(r, start[b], start[e], s) for r, s, b, e, _ in steps])
-        o = np.lexsort((sb[:, 1], sb[:, 0]))
-        sb = sb[o]
-        key_s = sb[:, 0] * 1e12 + sb[:, 1]
-        q = rank * 1e12 + anchor
-        j = np.searchsorted(key_s, q, side="right") - 1
-        jc = np.clip(j, 0, None)
-        inside = (j >= 0) & (sb[jc, 0] == rank) & (anchor < sb[jc, 2])
-        step = np.where(is_marker, step, np.where(inside, sb[jc, 3].astype(np.int64), -1))
-    # GPU->CPU syncs: the task after a blocking call waits for the last device task that ended before it returned
-    missing: list[str] = []
-    if mode == "gpu":
-        sync = np.flatnonzero((kind == K_HOST) & (cols["flag"] == 1))
-        sync = sync[(sync + 1 < n)]
-        sync = sync[res[sync + 1] == res[sync]]
-        if sync.size and dev.size:
-            dkey = (rank[dev] << _T_SHIFT) + np.clip((end[dev] * 1e3).astype(np.int64), 0, None)
-            o = np.argsort(dkey, kind="stable")
-            dkey, dsorted = dkey[o], dev[o]
-            q = (rank[sync] << _T_SHIFT) + np.clip((end[sync] * 1e3).astype(np.int64) + 1000, 0, None)
-            j = np.searchsorted(dkey, q, side="right") - 1
-            ok = (j >= 0) & ((dkey[np.clip(j, 0, None)] >> _T_SHIFT) == rank[sync])
-            s_call, src = sync[ok], dsorted[j[ok]]
-            blocked = np.clip(end[src] - start[s_call], 0, dur[s_call])
-            cd[s_call] = dur[s_call] - blocked
-            nxt = s_call + 1
-            off = start[nxt] - end[src]
-            _extend(dep_src, dep_dst, dep_end, dep_off, dep_type, src, nxt, True, off, 1)
-            # the stream a synchronize waits for is not in the trace without cuda_sync rows: every stream of the
-            # rank, each through its last task that ended before the call returned, with the same return latency
-            for r_id in np.unique(res[dev]).tolist():
-                lo_i = int(np.searchsorted(res, r_id))
-                hi_i = int(np.searchsorted(res, r_id, side="right"))
-                ends = np.maximum.accumulate(end[lo_i:hi_i])
-                mine = rank[s_call] == rank[lo_i]
-                jj = np.searchsorted(ends, end[s_call] + 1.0, side="right") - 1
-                ok2 = mine & (jj >= 0)
-                other = lo_i + jj[ok2]
-                keep = other != src[ok2]
-                _extend(dep_src, dep_dst, dep_end, dep_off, dep_type, other[keep], nxt[ok2][keep], True,
-                        off[ok2][keep], 1)
-        missing.append("cross-stream event waits (cuda_sync \"Stream Wait Event\" rows are not read from the traces;"
-                       " streams are ordered only by their launches)")
-    # waits: a long host gap that ends after another thread's task or a collective of the rank ended late in it
+    return step, steps
+
+
+def _launch_edges(t: _Tasks, dev: np.ndarray, edges: _Edges, anchor: np.ndarray, cg: np.ndarray) -> None:
+    """Launch edges: device task <- the runtime call of the same file and correlation; the device task's anchor
+    becomes its launch time."""
+    cols = t.cols
+    host_rt = np.flatnonzero((t.rk == 0) & (t.kind == K_HOST) & (cols["corr"] > 0))
+    if not (dev.size and host_rt.size):
+        return
+    hk = (cols["fid"][host_rt] << 40) + cols["corr"][host_rt]
+    o = np.argsort(hk, kind="stable")
+    hk, hsrc = hk[o], host_rt[o]
+    dk = (cols["fid"][dev] << 40) + cols["corr"][dev]
+    j = np.clip(np.searchsorted(hk, dk), 0, max(hk.size - 1, 0))
+    ok = (hk[j] == dk) & (cols["corr"][dev] > 0)
+    d, s = dev[ok], hsrc[j[ok]]
+    _add_launch(d, s, t.start, t.end, t.first, cg, *edges.lists)
+    anchor[d] = t.start[s]
+
+
+def _gloo_issue_edges(con, rc: _RunClock, t: _Tasks, edges: _Edges, anchor: np.ndarray, cg: np.ndarray) -> None:
+    """CPU runs: gloo collective <- the top-level task holding the latest ``c10d::*`` call (of the rank) at or
+    before its start; the collective's anchor becomes that call's start."""
+    rank, res, rel = t.rank, t.res, t.rel
+    coll = np.flatnonzero(t.kind == K_COLL)
+    c10 = _fetch(con, """SELECT c.file_id, c.pid, c.tid, c.ts_ns FROM cpu_ops c JOIN files f USING (file_id)
+        WHERE f.run_id = ? AND f.rank IS NOT NULL AND c.name LIKE 'c10d::%' AND c.name NOT LIKE 'c10d::wait%'
+        ORDER BY c.ts_ns""", [rc.run_id])
+    if not (coll.size and c10["ts_ns"].size):
+        return
+    c_rank = rc.rank_of(np.asarray(c10["file_id"], np.int64))
+    c_rel = rc.rel_ns(np.asarray(c10["ts_ns"], np.int64), c_rank)
+    # the c10d call's host resource, then the task of that resource containing it
+    lookup = {tuple(r): i for i, r in enumerate(t.uniq.tolist())}
+    c_res = np.array([lookup.get((int(r), 0, int(p), int(th)), -1) for r, p, th in zip(
+        c_rank.tolist(), c10["pid"].tolist(), c10["tid"].tolist(), strict=True)], dtype=np.int64)
+    keep = c_res >= 0
+    c_rank, c_rel, c_res = c_rank[keep], c_rel[keep], c_res[keep]
+    # per rank: latest c10d call at or before each collective's start
+    rk_key = (c_rank << _T_SHIFT) + np.clip(c_rel, 0, None)
+    o = np.argsort(rk_key, kind="stable")
+    rk_key, c_rel_s, c_res_s = rk_key[o], c_rel[o], c_res[o]
+    q = (rank[coll] << _T_SHIFT) + np.clip(rel[coll], 0, None)
+    j = np.searchsorted(rk_key, q, side="right") - 1
+    ok = (j >= 0) & ((rk_key[np.clip(j, 0, None)] >> _T_SHIFT) == rank[coll])
+    coll, j = coll[ok], j[ok]
+    issue_rel, issue_res = c_rel_s[j], c_res_s[j]
+    task_key = (res.astype(np.int64) << _T_SHIFT) + np.clip(rel, 0, None)
+    task = np.searchsorted(task_key, (issue_res << _T_SHIFT) + np.clip(issue_rel, 0, None), side="right") - 1
+    ok = (task >= 0) & (res[np.clip(task, 0, None)] == issue_res)
+    d, s, issue = coll[ok], task[ok], issue_rel[ok] / 1e3
+    _add_launch(d, s, t.start, t.end, t.first, cg, *edges.lists, issue=issue)
+    anchor[d] = issue
+
+
+def _steps_by_anchor(t: _Tasks, steps: list[tuple[int, int, int, int, bool]], anchor: np.ndarray,
+                     step: np.ndarray) -> np.ndarray:
+    """Each task's step: the step (of its rank) that its anchor time (a device task's launch) falls in; markers
+    keep their own, tasks in no step get -1."""
+    rank = t.rank
+    is_marker = (t.kind == K_BEGIN) | (t.kind == K_END)
+    sb = np.array([(r, t.start[b], t.start[e], s) for r, s, b, e, _ in steps])
+    o = np.lexsort((sb[:, 1], sb[:, 0]))
+    sb = sb[o]
+    key_s = sb[:, 0] * 1e12 + sb[:, 1]
+    q = rank * 1e12 + anchor
+    j = np.searchsorted(key_s, q, side="right") - 1
+    jc = np.clip(j, 0, None)
+    inside = (j >= 0) & (sb[jc, 0] == rank) & (anchor < sb[jc, 2])
+    return np.where(is_marker, step, np.where(inside, sb[jc, 3].astype(np.int64), -1))
+
+
+def _sync_edges(t: _Tasks, dev: np.ndarray, edges: _Edges, cd: np.ndarray) -> None:
+    """GPU->CPU syncs: the task after a blocking call waits for the last device task that ended before the call
+    returned (the call's blocked part leaves its chain duration ``cd``)."""
+    rank, res, start, end, dur = t.rank, t.res, t.start, t.end, t.dur
+    sync = np.flatnonzero((t.kind == K_HOST) & (t.cols["flag"] == 1))
+    sync = sync[(sync + 1 < t.n)]
+    sync = sync[res[sync + 1] == res[sync]]
+    if not (sync.size and dev.size):
+        return
+    dkey = (rank[dev] << _T_SHIFT) + np.clip((end[dev] * 1e3).astype(np.int64), 0, None)
+    o = np.argsort(dkey, kind="stable")
+    dkey, dsorted = dkey[o], dev[o]
+    q = (rank[sync] << _T_SHIFT) + np.clip((end[sync] * 1e3).astype(np.int64) + 1000, 0, None)
+    j = np.searchsorted(dkey, q, side="right") - 1
+    ok = (j >= 0) & ((dkey[np.clip(j, 0, None)] >> _T_SHIFT) == rank[sync])
+    s_call, src = sync[ok], dsorted[j[ok]]
+    blocked = np.clip(end[src] - start[s_call], 0, dur[s_call])
+    cd[s_call] = dur[s_call] - blocked
+    nxt = s_call + 1
+    off = start[nxt] - end[src]
+    edges.extend(src, nxt, True, off, 1)
+    # the stream a synchronize waits for is not in the trace without cuda_sync rows: every stream of the
+    # rank, each through its last task that ended before the call returned, with the same return latency
+    for r_id in np.unique(res[dev]).tolist():
+        lo_i = int(np.searchsorted(res, r_id))
+        hi_i = int(np.searchsorted(res, r_id, side="right"))
+        ends = np.maximum.accumulate(end[lo_i:hi_i])
+        mine = rank[s_call] == rank[lo_i]
+        jj = np.searchsorted(ends, end[s_call] + 1.0, side="right") - 1
+        ok2 = mine & (jj >= 0)
+        other = lo_i + jj[ok2]
+        keep = other != src[ok2]
+        edges.extend(other[keep], nxt[ok2][keep], True, off[ok2][keep], 1)
+
+
+def _wait_edges(t: _Tasks, mode: str, edges: _Edges, cg: np.ndarray) -> None:
+    """Waits: a host gap of ≥ :data:`WAIT_GAP_US` that ends after another thread's task or a collective of the rank
+    ended in its last three quarters waits for it (``inter_thread`` / ``collective_wait``); the gap's head leaves
+    the chain gap ``cg``."""
+    rank, res, kind, rk, start, end, gap = t.rank, t.res, t.kind, t.rk, t.start, t.end, t.gap
     hostres = (rk == 0) & (kind != K_BEGIN)
-    w = np.flatnonzero(hostres & ~first & (gap >= WAIT_GAP_US))
+    w = np.flatnonzero(hostres & ~t.first & (gap >= WAIT_GAP_US))
     # CPU runs: only collectives (their threads' other tasks are not tied to the step's thread by any edge, so a
     # wait on them would pin it to measured times); GPU runs: other launching threads too (autograd's)
     cand = np.flatnonzero((((rk == 0) & (kind == K_HOST)) if mode == "gpu" else False) | (kind == K_COLL))
-    if w.size and cand.size:
-        ckey = (rank[cand] << _T_SHIFT) + np.clip((end[cand] * 1e3).astype(np.int64), 0, None)
-        o = np.argsort(ckey, kind="stable")
-        ckey, csorted = ckey[o], cand[o]
-        q = (rank[w] << _T_SHIFT) + np.clip((start[w] * 1e3).astype(np.int64), 0, None)
-        # the candidate whose end is nearest the gap's end: the last one before it, or (a gloo range ends after
-        # its completion callbacks, which run on the waiting thread) the first one after it, if already running
-        j = np.searchsorted(ckey, q, side="right") - 1
-        lo = end[w - 1] + WAIT_TAIL * gap[w]
-        best_src = np.full(w.size, -1, np.int64)
-        best_dist = np.full(w.size, np.inf)
-        for jj in (j, j + 1):
-            jc = np.clip(jj, 0, ckey.size - 1)
-            src = csorted[jc]
-            ok = ((jj >= 0) & (jj < ckey.size) & ((ckey[jc] >> _T_SHIFT) == rank[w]) & (end[src] > lo)
-                  & (res[src] != res[w]) & (start[src] < start[w]))
-            if mode == "gpu":
-                ok &= end[src] <= start[w]
-            dist = np.abs(start[w] - end[src])
-            better = ok & (dist < best_dist)
-            best_src[better], best_dist[better] = src[better], dist[better]
-        ok = best_src >= 0
-        src = best_src
-        d, s = w[ok], src[ok]
-        cg[d] = np.clip(start[d] - end[s], 0, None)
-        _extend(dep_src, dep_dst, dep_end, dep_off, dep_type, s, d, True, start[d] - end[s],
-                np.where(kind[s] == K_COLL, 3, 2))
-    dep = [np.concatenate(x) if x else np.zeros(0) for x in (dep_src, dep_dst, dep_end, dep_off, dep_type)]
-    # categories: host time under dataloader / compile / optimizer ranges and fp32 matmuls (CPU runs)
-    cover, gap_cover, gap_label = _categories(con, run_id, mode, origin, off_ns, world, uniq, res, rk, kind,
-                                              cols["flag"], start, end, gap, first, cols["ext"])
-    g = Graph(run_id=run_id, mode=mode, ranks=ranks, world_size=world, res_names=res_names, rank=rank,
-              res=res, kind=kind, name=names, name_code=name_code, step=step, start=start, dur=dur, gap=gap,
-              first=first, chain_gap=cg,
-              chain_dur=cd, gap_label=gap_label, cover=cover, gap_cover=gap_cover,
-              dep_src=dep[0].astype(np.int64), dep_dst=dep[1].astype(np.int64), dep_end=dep[2].astype(bool),
-              dep_off=dep[3].astype(float), dep_type=dep[4].astype(np.int64), inst=np.full(n, -1, np.int64),
-              inst_transfer=np.zeros(0), inst_complete=np.zeros(0, bool), inst_coll=[],
-              inst_bytes=np.zeros(0, np.int64), inst_n=np.zeros(0, np.int64), inst_matched_by=[], steps=steps,
-              missing_edges=missing)
-    _match_collectives(con, g, run_id, mode, origin, off_ns, cols)
-    return g
+    if not (w.size and cand.size):
+        return
+    ckey = (rank[cand] << _T_SHIFT) + np.clip((end[cand] * 1e3).astype(np.int64), 0, None)
+    o = np.argsort(ckey, kind="stable")
+    ckey, csorted = ckey[o], cand[o]
+    q = (rank[w] << _T_SHIFT) + np.clip((start[w] * 1e3).astype(np.int64), 0, None)
+    # the candidate whose end is nearest the gap's end: the last one before it, or (a gloo range ends after
+    # its completion callbacks, which run on the waiting thread) the first one after it, if already running
+    j = np.searchsorted(ckey, q, side="right") - 1
+    lo = end[w - 1] + WAIT_TAIL * gap[w]
+    best_src = np.full(w.size, -1, np.int64)
+    best_dist = np.full(w.size, np.inf)
+    for jj in (j, j + 1):
+        jc = np.clip(jj, 0, ckey.size - 1)
+        src = csorted[jc]
+        ok = ((jj >= 0) & (jj < ckey.size) & ((ckey[jc] >> _T_SHIFT) == rank[w]) & (end[src] > lo)
+              & (res[src] != res[w]) & (start[src] < start[w]))
+        if mode == "gpu":
+            ok &= end[src] <= start[w]
+        dist = np.abs(start[w] - end[src])
+        better = ok & (dist < best_dist)
+        best_src[better], best_dist[better] = src[better], dist[better]
+    ok = best_src >= 0
+    d, s = w[ok], best_src[ok]
+    cg[d] = np.clip(start[d] - end[s], 0, None)
+    edges.extend(s, d, True, start[d] - end[s], np.where(kind[s] == K_COLL, 3, 2))
 
 
 def _unique_rows(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -491,7 +617,7 @@ def _unique_rows(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _thread_codes(fid, pid, tid) -> np.ndarray:
-    keys = np.stack([np.asarray(fid, np.int64), _int_column(pid)[0], _int_column(tid)[0]], axis=1)
+    keys = np.stack([np.asarray(fid, np.int64), int_column(pid)[0], int_column(tid)[0]], axis=1)
     if keys.size == 0:
         return np.zeros(0, np.int64)
     return _unique_rows(keys)[1]
@@ -516,11 +642,13 @@ def _add_launch(d, s, start, end, first, cg, *deps, issue=None) -> None:
     _extend(*deps, s, d, False, off, 0)
 
 
-def _categories(con, run_id, mode, origin, off_ns, world, uniq, res, rk, kind, flag, start, end, gap, first,
-                ext):
-    """µs of each host task and of the gap before it under each category (module docstring)."""
+def _categories(con, rc: _RunClock, t: _Tasks) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], np.ndarray]:
+    """µs of each host task and of the gap before it under each category (module docstring), and each gap's label.
+    """
+    run_id, mode, origin, off_ns, world = rc.run_id, rc.mode, rc.origin, rc.off_ns, rc.world
+    uniq, res, rk, kind, flag, ext = t.uniq, t.res, t.rk, t.kind, t.cols["flag"], t.cols["ext"]
+    start, end, gap, first = t.start, t.end, t.gap, t.first
     n = start.size
-    names_compile = [*COMPILE_RANGE_NAMES, *(f"{c} (dynamo_timed)" for c in COMPILE_RANGE_NAMES)]
     r = _fetch(con, """SELECT f.rank, c.pid, c.tid, c.ts_ns, c.ts_ns + c.dur_ns AS end_ns,
                CASE WHEN is_dataloader_op(c.name) THEN 0 WHEN c.name IN (SELECT unnest($2)) THEN 1
                     WHEN c.name LIKE 'Optimizer.%' THEN 2 ELSE 4 END AS cat
@@ -529,10 +657,10 @@ def _categories(con, run_id, mode, origin, off_ns, world, uniq, res, rk, kind, f
           AND (is_dataloader_op(c.name) OR c.name IN (SELECT unnest($2)) OR c.name LIKE 'Optimizer.%'
                OR ($3 AND c.name IN (SELECT unnest($4))
                    AND (c.input_types LIKE '["float"%' OR c.input_types LIKE '[''float''%')))""",
-               [run_id, names_compile, mode != "gpu", list(MATMUL_OPS)])
+               [run_id, list(COMPILE_RANGES), mode != "gpu", list(MATMUL_OPS)])
     lookup = {tuple(u): i for i, u in enumerate(uniq.tolist())}
     r_res = np.array([lookup.get((int(a), 0, int(b), int(c)), -1) for a, b, c in zip(
-        r["rank"].tolist(), _int_column(r["pid"])[0].tolist(), _int_column(r["tid"])[0].tolist(), strict=True)],
+        r["rank"].tolist(), int_column(r["pid"])[0].tolist(), int_column(r["tid"])[0].tolist(), strict=True)],
         dtype=np.int64)
     r_rank = np.asarray(r["rank"], np.int64)
     shift = origin + off_ns[np.clip(r_rank, 0, world)]
@@ -575,47 +703,21 @@ def _categories(con, run_id, mode, origin, off_ns, world, uniq, res, rk, kind, f
     return cover, gap_cover, label
 
 
-def _comm_kernels(con, run_id: int) -> list[str]:
-    """Names of the run's communication kernels (the ``kernel_class`` macro once per distinct name)."""
-    from traceanalyze.metrics.breakdown import kernel_classes
-
-    return [k for k, c in kernel_classes(con, run_id).items() if c == "communication"]
-
-
 def _collective_meta(con, run_id: int, mode: str) -> dict[str, np.ndarray]:
-    """Per collective call (file, start): normalised name, bytes, process group, Seq, group ranks."""
-    if mode == "gpu":
-        m = _fetch(con, """SELECT k.file_id, k.ts_ns, k.name, coalesce(nullif(m.collective, ''), k.name) AS coll,
-                   m.in_nelems, m.out_nelems, m.comm_dtype, m.pg_name, m.seq, m.pg_ranks, m.group_size
-            FROM kernels k JOIN files f USING (file_id)
-            LEFT JOIN comm_events m ON m.file_id = k.file_id AND m.source = 'kernels' AND m.ts_ns = k.ts_ns
-                 AND m.name = k.name AND m.correlation IS NOT DISTINCT FROM k.correlation
-            WHERE f.run_id = ? AND f.rank IS NOT NULL AND k.cat = 'kernel' AND k.name IN (SELECT unnest(?))""",
-                   [run_id, _comm_kernels(con, run_id)])
-        op = _apply(m["coll"].tolist(), normalize_collective, object)
-        inn, has_in = _int_column(m["in_nelems"])
-        outn, has_out = _int_column(m["out_nelems"])
-        use_out = ((op == "all_gather") & has_out & (outn != 0)) | ~has_in
-        nel = np.where(use_out, outn, inn)
-        by_dtype = _apply(m["comm_dtype"].tolist(), lambda dt: _dtype_bytes(dt) or 0, np.int64)
-        by_name = _apply(m["name"].tolist(), lambda x: _dtype_bytes(_kernel_dtype(x)) or 0, np.int64)
-        nbytes = nel * np.where(by_dtype > 0, by_dtype, by_name)
-        seq, has_seq = _int_column(m["seq"])
-        pg = np.asarray(m["pg_name"], dtype=object)
-        pg_ranks = np.asarray(m["pg_ranks"], dtype=object)
+    """Per collective call (file, start): normalised name, bytes, process group, Seq, group ranks
+    (:func:`traceanalyze.metrics.collectives.collective_calls`; CPU runs carry no process group)."""
+    calls = collective_calls(con, run_id, mode, groups=mode == "gpu")
+    n = calls.op.size
+    if calls.groups is not None:
+        seq, has_seq = int_column(calls.groups["seq"])
+        pg = np.asarray(calls.groups["pg_name"], dtype=object)
+        pg_ranks = np.asarray(calls.groups["pg_ranks"], dtype=object)
     else:
-        m = _fetch(con, """SELECT c.file_id, c.ts_ns, c.name, c.input_dims, c.input_types
-            FROM cpu_ops c JOIN files f USING (file_id)
-            WHERE f.run_id = ? AND f.rank IS NOT NULL AND c.cat = 'user_annotation' AND c.name LIKE 'gloo:%'""",
-                   [run_id])
-        op = _apply(m["name"].tolist(), normalize_collective, object)
-        nel = _apply(m["input_dims"].tolist(), lambda d: _numel(d) or 0, np.int64)
-        nbytes = nel * _apply(m["input_types"].tolist(), lambda t: _first_dtype_bytes(t) or 0, np.int64)
-        seq, has_seq = np.zeros(op.size, np.int64), np.zeros(op.size, bool)
-        pg = np.full(op.size, None, dtype=object)
-        pg_ranks = np.full(op.size, None, dtype=object)
-    return {"fid": np.asarray(m["file_id"], np.int64), "ts": np.asarray(m["ts_ns"], np.int64), "op": op,
-            "bytes": nbytes.astype(np.int64), "seq": seq, "has_seq": has_seq, "pg": pg, "pg_ranks": pg_ranks}
+        seq, has_seq = np.zeros(n, np.int64), np.zeros(n, bool)
+        pg = np.full(n, None, dtype=object)
+        pg_ranks = np.full(n, None, dtype=object)
+    return {"fid": calls.file_id, "ts": calls.start, "op": calls.op, "bytes": calls.nbytes.astype(np.int64),
+            "seq": seq, "has_seq": has_seq, "pg": pg, "pg_ranks": pg_ranks}
 
 
 def _group_median(group: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
@@ -644,12 +746,36 @@ def _group_ranks(text) -> list[int] | None:
     return None  # truncated at 30 entries by kineto, or absent: the run's world size then
 
 
-def _match_collectives(con, g: Graph, run_id: int, mode: str, origin: int, off_ns: np.ndarray, cols) -> None:
+def _match_collectives(con, g: Graph, rc: _RunClock, cols: dict[str, np.ndarray]) -> None:
     """Instances across ranks (module docstring): fills ``g.inst*``, drops incomplete ones from the rendezvous."""
     tasks = np.flatnonzero(g.kind == K_COLL)
     if tasks.size == 0:
         return
-    meta = _collective_meta(con, run_id, mode)
+    meta = _task_meta(_collective_meta(con, rc.run_id, rc.mode), cols, tasks, rc.origin)
+    use_seq = bool(meta["has_seq"].all())
+    rank = g.rank[tasks]
+    start, end = g.start[tasks], g.start[tasks] + g.dur[tasks]
+    inst, n_inst = _instances(rank, g.step[tasks], start, meta["pg"], meta["seq"], use_seq)
+    complete, coll_name, inst_bytes, inst_n, reasons = _check_instances(g, rank, inst, n_inst, meta)
+    g.inst[tasks] = inst
+    g.inst_all = g.inst.copy()
+    g.inst_transfer = _instance_transfer(inst, n_inst, complete, start, end)
+    g.inst_complete, g.inst_coll = complete, coll_name
+    g.inst_bytes, g.inst_n = inst_bytes, inst_n
+    g.inst_matched_by = ["process group and Seq" if use_seq else "per-step ordinal"] * n_inst
+    # incomplete instances keep their measured durations: no rendezvous
+    inc = ~complete[inst]
+    g.inst[tasks[inc]] = -1
+    n_inc = int((~complete).sum())
+    if n_inc:
+        g.unmatched.append(_unmatched_note(reasons, n_inc, n_inst))
+        g.partial = reasons["peers"] > 0
+
+
+def _task_meta(meta: dict[str, np.ndarray], cols: dict[str, np.ndarray], tasks: np.ndarray, origin: int
+               ) -> dict[str, np.ndarray]:
+    """Per collective task, its call's :func:`_collective_meta` (looked up by file and start; defaults where none
+    matches): ``op``, ``bytes``, ``seq``, ``has_seq``, ``pg`` ("" for none) and ``pg_ranks``."""
     mkey = np.array([(f, t) for f, t in zip(meta["fid"].tolist(), meta["ts"].tolist(), strict=True)],
                     dtype=np.int64).reshape(-1, 2)
     order = np.lexsort((mkey[:, 1], mkey[:, 0])) if mkey.size else np.zeros(0, np.int64)
@@ -664,16 +790,19 @@ def _match_collectives(con, g: Graph, run_id: int, mode: str, origin: int, off_n
         v = np.asarray(meta[name])[mi] if found else np.full(tasks.size, default)
         return np.where(hit, v, default)
 
-    op = col("op", "unknown")
-    nbytes = col("bytes", 0).astype(np.int64)
-    seq = col("seq", 0).astype(np.int64)
-    has_seq = col("has_seq", False).astype(bool)
-    pg = np.array([p if p else "" for p in col("pg", None).tolist()], dtype=object)
-    pg_ranks = col("pg_ranks", None)
-    rank, step = g.rank[tasks], g.step[tasks]
-    use_seq = bool(has_seq.all())
-    o = np.lexsort((g.start[tasks], step, pg, rank))
-    keys: list[tuple] = [None] * tasks.size  # type: ignore[list-item]
+    return {"op": col("op", "unknown"), "bytes": col("bytes", 0).astype(np.int64),
+            "seq": col("seq", 0).astype(np.int64), "has_seq": col("has_seq", False).astype(bool),
+            "pg": np.array([p if p else "" for p in col("pg", None).tolist()], dtype=object),
+            "pg_ranks": col("pg_ranks", None)}
+
+
+def _instances(rank: np.ndarray, step: np.ndarray, start: np.ndarray, pg: np.ndarray, seq: np.ndarray,
+               use_seq: bool) -> tuple[np.ndarray, int]:
+    """(per collective task, its instance; the number of instances): calls of one (process group, Seq), else the
+    n-th call of a process group in one profiler step on each rank. Instances are numbered in order of first
+    appearance among the tasks."""
+    o = np.lexsort((start, step, pg, rank))
+    keys: list[tuple] = [None] * rank.size  # type: ignore[list-item]
     ordinal: dict[tuple, int] = {}
     for i in o.tolist():
         if use_seq:
@@ -684,7 +813,15 @@ def _match_collectives(con, g: Graph, run_id: int, mode: str, origin: int, off_n
             keys[i] = ("ord", pg[i], int(step[i]), ordinal[k])
     inst_of: dict[tuple, int] = {}
     inst = np.array([inst_of.setdefault(k, len(inst_of)) for k in keys], dtype=np.int64)
-    n_inst = len(inst_of)
+    return inst, len(inst_of)
+
+
+def _check_instances(g: Graph, rank: np.ndarray, inst: np.ndarray, n_inst: int, meta: dict[str, np.ndarray]
+                     ) -> tuple[np.ndarray, list[str], np.ndarray, np.ndarray, dict[str, int]]:
+    """(complete, name, bytes, group size) per instance and the count of incomplete ones by reason. Complete: one
+    call on each rank of its group, every one in the folder, not a send/recv, name and bytes alike (TraceLens
+    ``strict_metadata_check``)."""
+    op, nbytes, pg_ranks = meta["op"], meta["bytes"], meta["pg_ranks"]
     present = set(g.ranks)
     complete = np.ones(n_inst, dtype=bool)
     coll_name: list[str] = [""] * n_inst
@@ -694,7 +831,6 @@ def _match_collectives(con, g: Graph, run_id: int, mode: str, origin: int, off_n
     for i, m in enumerate(inst.tolist()):
         by_inst.setdefault(m, []).append(i)
     reasons = {"peers": 0, "mismatch": 0, "duplicate": 0, "p2p": 0}
-    start, end = g.start[tasks], g.start[tasks] + g.dur[tasks]
     for m, members in by_inst.items():
         rs = [int(rank[i]) for i in members]
         expected = _group_ranks(pg_ranks[members[0]]) or list(range(g.world_size))
@@ -713,36 +849,34 @@ def _match_collectives(con, g: Graph, run_id: int, mode: str, origin: int, off_n
         elif len({(str(op[i]), int(nbytes[i])) for i in members}) > 1:
             complete[m] = False
             reasons["mismatch"] += 1
-    # transfer = median over participants of (end − latest start); incomplete: median measured duration
+    return complete, coll_name, inst_bytes, inst_n, reasons
+
+
+def _instance_transfer(inst: np.ndarray, n_inst: int, complete: np.ndarray, start: np.ndarray, end: np.ndarray
+                       ) -> np.ndarray:
+    """Per instance (µs): the median over participants of (end − latest start); an incomplete instance, the median
+    measured duration; the shortest duration where the median is not positive."""
     latest = np.full(n_inst, -np.inf)
     np.maximum.at(latest, inst, start)
     after = np.where(complete[inst], end - latest[inst], end - start)
     med = _group_median(inst, after, n_inst)
     shortest = np.full(n_inst, np.inf)
     np.minimum.at(shortest, inst, end - start)
-    transfer = np.where(med > 0, med, shortest)
-    g.inst[tasks] = inst
-    g.inst_all = g.inst.copy()
-    g.inst_transfer, g.inst_complete, g.inst_coll = transfer, complete, coll_name
-    g.inst_bytes, g.inst_n = inst_bytes, inst_n
-    g.inst_matched_by = ["process group and Seq" if use_seq else "per-step ordinal"] * n_inst
-    # incomplete instances keep their measured durations: no rendezvous
-    inc = ~complete[inst]
-    g.inst[tasks[inc]] = -1
-    n_inc = int((~complete).sum())
-    if n_inc:
-        why = []
-        if reasons["peers"]:
-            why.append(f"{reasons['peers']} whose peers are not all in the folder")
-        if reasons["mismatch"]:
-            why.append(f"{reasons['mismatch']} whose name or size differ across ranks (the per-step order slipped)")
-        if reasons["duplicate"]:
-            why.append(f"{reasons['duplicate']} matched twice on one rank")
-        if reasons["p2p"]:
-            why.append(f"{reasons['p2p']} point-to-point send/recv (pairing by peer is not implemented)")
-        g.unmatched.append(f"{n_inc} of {n_inst} collective instances kept their measured duration: "
-                           + "; ".join(why))
-        g.partial = reasons["peers"] > 0
+    return np.where(med > 0, med, shortest)
+
+
+def _unmatched_note(reasons: dict[str, int], n_inc: int, n_inst: int) -> str:
+    """The replay's note on the instances that kept their measured duration, by reason."""
+    why = []
+    if reasons["peers"]:
+        why.append(f"{reasons['peers']} whose peers are not all in the folder")
+    if reasons["mismatch"]:
+        why.append(f"{reasons['mismatch']} whose name or size differ across ranks (the per-step order slipped)")
+    if reasons["duplicate"]:
+        why.append(f"{reasons['duplicate']} matched twice on one rank")
+    if reasons["p2p"]:
+        why.append(f"{reasons['p2p']} point-to-point send/recv (pairing by peer is not implemented)")
+    return f"{n_inc} of {n_inst} collective instances kept their measured duration: " + "; ".join(why)
 
 
 def save(con: duckdb.DuckDBPyConnection, g: Graph) -> None:

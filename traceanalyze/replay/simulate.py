@@ -41,6 +41,33 @@ class Replay:
         return {(r, s): float(self.start[e] - self.start[b]) for r, s, b, e, _ in g.steps}
 
 
+@dataclass
+class _Plan:
+    """What every pass of :func:`replay` reads: the tasks' durations ``d`` and chain gaps ``cg`` (µs), the chain
+    offsets ``c`` along each resource and the ``floor`` below every time, the start ``r0`` of the pinned first
+    tasks, the collective tasks ``ct`` with their instances ``ci`` (and each one's previous task and first flag),
+    the explicit edges grouped by destination (``udst``: the destinations, ``ustart``/``ustop``: each one's slice
+    of ``dsrc``/``dend``/``doff``) and the resource slices in pass order (:func:`_resource_slices`)."""
+
+    d: np.ndarray
+    cg: np.ndarray
+    c: np.ndarray
+    floor: float
+    r0: np.ndarray
+    ct: np.ndarray
+    ci: np.ndarray
+    prev_ct: np.ndarray
+    ct_first: np.ndarray
+    dsrc: np.ndarray
+    ddst: np.ndarray
+    dend: np.ndarray
+    doff: np.ndarray
+    udst: np.ndarray
+    ustart: np.ndarray
+    ustop: np.ndarray
+    segs: list[tuple[int, int, int, int, int, int]]
+
+
 def replay(g: Graph, dur: np.ndarray | None = None, gap: np.ndarray | None = None,
            transfer: np.ndarray | None = None, keep_binding: bool = False) -> Replay:
     """Replay ``g`` with the given per-task durations and chain gaps (µs; default the measured ones) and per-instance
@@ -51,9 +78,39 @@ def replay(g: Graph, dur: np.ndarray | None = None, gap: np.ndarray | None = Non
         start, -1 for none) for :func:`critical_path`.
     """
     n = g.start.size
+    tr = g.inst_transfer if transfer is None else transfer
+    p = _plan(g, dur, gap, tr)
+    s = np.full(n, UNKNOWN)
+    e = s.copy()
+    ready = np.full(p.ct.size, UNKNOWN)
+    m_ready = np.full(tr.size, UNKNOWN)
+    converged = False
+    passes = 0
+    for passes in range(1, MAX_PASSES + 1):  # noqa: B007
+        before = s.copy()
+        _pass(p, s, e, ready, m_ready)
+        if p.ct.size:
+            m_ready = np.full(tr.size, UNKNOWN)
+            np.maximum.at(m_ready, p.ci, ready)
+        moved = float(np.max(np.abs(s - before))) if n else 0.0
+        if passes > 1 and moved < TOLERANCE_US:
+            converged = True
+            break
+    s = np.where(s <= UNKNOWN / 2, -np.inf, s)
+    e = np.where(s == -np.inf, -np.inf, e)
+    out = Replay(start=s, end=e, passes=passes, converged=converged)
+    if keep_binding:
+        out.binding = _binding(g, s, e, p.d, p.cg, p.ct, p.ci, p.dsrc, p.ddst, p.dend,  # type: ignore[attr-defined]
+                               p.doff)
+    return out
+
+
+def _plan(g: Graph, dur: np.ndarray | None, gap: np.ndarray | None, tr: np.ndarray) -> _Plan:
+    """The fixed part of a replay (:class:`_Plan`): durations with each complete collective at its transfer time,
+    the chain offsets, the pinned starts, the edges by destination and the resource slices."""
+    n = g.start.size
     d = (g.chain_dur if dur is None else dur).astype(float).copy()
     cg = (g.chain_gap if gap is None else gap).astype(float)
-    tr = g.inst_transfer if transfer is None else transfer
     ct = np.flatnonzero(g.inst >= 0)
     ci = g.inst[ct]
     d[ct] = tr[ci]
@@ -77,12 +134,17 @@ def replay(g: Graph, dur: np.ndarray | None = None, gap: np.ndarray | None = Non
     dsrc, ddst, dend, doff = g.dep_src[o], g.dep_dst[o], g.dep_end[o], g.dep_off[o]
     udst, ustart = np.unique(ddst, return_index=True) if ddst.size else (np.zeros(0, np.int64), np.zeros(0, np.int64))
     ustop = np.append(ustart[1:], ddst.size).astype(np.int64)
-    n_inst = tr.size
-    prev_ct = np.clip(ct - 1, 0, None)
-    ct_first = first[ct]
-    # resources in the order their edges mostly run (host threads launch onto gloo threads and streams), each a
-    # slice of the task arrays with its slice of edges and collective tasks: a pass sees this pass's launches
-    bounds = np.append(np.flatnonzero(first), n).astype(np.int64)
+    return _Plan(d=d, cg=cg, c=c, floor=floor, r0=r0, ct=ct, ci=ci, prev_ct=np.clip(ct - 1, 0, None),
+                 ct_first=first[ct], dsrc=dsrc, ddst=ddst, dend=dend, doff=doff, udst=udst, ustart=ustart,
+                 ustop=ustop, segs=_resource_slices(g, udst, ct))
+
+
+def _resource_slices(g: Graph, udst: np.ndarray, ct: np.ndarray) -> list[tuple[int, int, int, int, int, int]]:
+    """Resources in the order their edges mostly run (host threads launch onto gloo threads and streams), each a
+    slice ``(lo, hi)`` of the task arrays with its slices of edge destinations and collective tasks: a pass sees
+    this pass's launches."""
+    n = g.start.size
+    bounds = np.append(np.flatnonzero(g.first), n).astype(np.int64)
     prefix = [g.res_names[int(g.res[b])].split(":")[0] for b in bounds[:-1]]
     rank_of = {"host": 0, "comm": 1, "stream": 2}
     segs = []
@@ -91,47 +153,35 @@ def replay(g: Graph, dur: np.ndarray | None = None, gap: np.ndarray | None = Non
         ua, ub = int(np.searchsorted(udst, lo)), int(np.searchsorted(udst, hi))
         ca, cb = int(np.searchsorted(ct, lo)), int(np.searchsorted(ct, hi))
         segs.append((lo, hi, ua, ub, ca, cb))
-    s = np.full(n, UNKNOWN)
-    e = s.copy()
-    ready = np.full(ct.size, UNKNOWN)
-    m_ready = np.full(n_inst, UNKNOWN)
-    converged = False
-    passes = 0
-    for passes in range(1, MAX_PASSES + 1):  # noqa: B007
-        before = s.copy()
-        for lo, hi, ua, ub, ca, cb in segs:
-            r = r0[lo:hi].copy()
-            if ub > ua:
-                da, db = int(ustart[ua]), int(ustop[ub - 1])
-                src, off = dsrc[da:db], doff[da:db]
-                vals = np.where(dend[da:db], e[src], s[src]) + off
-                idx = udst[ua:ub] - lo
-                r[idx] = np.maximum(r[idx], np.maximum.reduceat(vals, ustart[ua:ub] - da))
-            if cb > ca:
-                cidx = ct[ca:cb] - lo
-                r_dep = r[cidx].copy()
-                r[cidx] = np.maximum(r_dep, m_ready[ci[ca:cb]])
-            cc = c[lo:hi]
-            run = np.maximum.accumulate(np.maximum(r - cc, floor))
-            new_s = np.where(run <= floor, UNKNOWN, run + cc)
-            s[lo:hi] = new_s
-            e[lo:hi] = new_s + d[lo:hi]
-            if cb > ca:
-                pc = prev_ct[ca:cb]
-                ready[ca:cb] = np.maximum(np.where(ct_first[ca:cb], UNKNOWN, e[pc] + cg[ct[ca:cb]]), r_dep)
-        if ct.size:
-            m_ready = np.full(n_inst, UNKNOWN)
-            np.maximum.at(m_ready, ci, ready)
-        moved = float(np.max(np.abs(s - before))) if n else 0.0
-        if passes > 1 and moved < TOLERANCE_US:
-            converged = True
-            break
-    s = np.where(s <= UNKNOWN / 2, -np.inf, s)
-    e = np.where(s == -np.inf, -np.inf, e)
-    out = Replay(start=s, end=e, passes=passes, converged=converged)
-    if keep_binding:
-        out.binding = _binding(g, s, e, d, cg, ct, ci, dsrc, ddst, dend, doff)  # type: ignore[attr-defined]
-    return out
+    return segs
+
+
+def _pass(p: _Plan, s: np.ndarray, e: np.ndarray, ready: np.ndarray, m_ready: np.ndarray) -> None:
+    """One pass over the resources: each task's start from its chain and its predecessors' current times, in
+    place in ``s``/``e``; ``ready``: each collective task's ready time, for its instance's rendezvous."""
+    r0, c, d, cg, floor, ct, ci = p.r0, p.c, p.d, p.cg, p.floor, p.ct, p.ci
+    dsrc, dend, doff, udst, ustart, ustop = p.dsrc, p.dend, p.doff, p.udst, p.ustart, p.ustop
+    prev_ct, ct_first = p.prev_ct, p.ct_first
+    for lo, hi, ua, ub, ca, cb in p.segs:
+        r = r0[lo:hi].copy()
+        if ub > ua:
+            da, db = int(ustart[ua]), int(ustop[ub - 1])
+            src, off = dsrc[da:db], doff[da:db]
+            vals = np.where(dend[da:db], e[src], s[src]) + off
+            idx = udst[ua:ub] - lo
+            r[idx] = np.maximum(r[idx], np.maximum.reduceat(vals, ustart[ua:ub] - da))
+        if cb > ca:
+            cidx = ct[ca:cb] - lo
+            r_dep = r[cidx].copy()
+            r[cidx] = np.maximum(r_dep, m_ready[ci[ca:cb]])
+        cc = c[lo:hi]
+        run = np.maximum.accumulate(np.maximum(r - cc, floor))
+        new_s = np.where(run <= floor, UNKNOWN, run + cc)
+        s[lo:hi] = new_s
+        e[lo:hi] = new_s + d[lo:hi]
+        if cb > ca:
+            pc = prev_ct[ca:cb]
+            ready[ca:cb] = np.maximum(np.where(ct_first[ca:cb], UNKNOWN, e[pc] + cg[ct[ca:cb]]), r_dep)
 
 
 def _binding(g: Graph, s, e, d, cg, ct, ci, dsrc, ddst, dend, doff) -> np.ndarray:

@@ -1,5 +1,6 @@
 """What-ifs: each one rewrites task durations, gaps or transfer times and replays the graph; the findings' impact
-comes from them (:func:`apply_to_findings`). Design: ``shared/WHATIF.md`` §6, ``docs/replay.md``.
+comes from them (:func:`traceanalyze.diagnose.apply_to_findings`). Design: ``shared/WHATIF.md`` §6,
+``docs/replay.md``.
 
 Step times follow the one step definition (:mod:`traceanalyze.metrics.steps`): a step's time is the longest
 duration of that ``ProfilerStep#N`` over the ranks; the run's step time is the median over the counted steps.
@@ -10,13 +11,13 @@ graph), then the median over steps; ``saving_pct`` = 100 × (measured − predic
 
 from __future__ import annotations
 
-import math
-import statistics
 from collections.abc import Callable
 
 import duckdb
 import numpy as np
 
+from traceanalyze import store
+from traceanalyze.metrics.steps import longest_per_step, median
 from traceanalyze.replay import graph as gr
 from traceanalyze.replay import simulate
 
@@ -26,21 +27,13 @@ CAUSES = {"no_straggler": "imbalance: straggler ranks", "ideal_interconnect": "i
           "bf16_matmul": "precision: fp32 matrix math", "no_dataloader_wait": "config: data-loader wait",
           "no_compile": "config: torch.compile time", "no_launch_overhead": "config: kernel-launch overhead",
           "all": "every fix above together"}
-# finding kind (traceanalyze.diagnose) -> the what-if that removes its cause
-KIND_TO_SCENARIO = {"straggler": "no_straggler", "idle_rank": "no_straggler", "slow_collectives": "ideal_interconnect",
-                    "topology": "ideal_interconnect", "exposed_communication": "ideal_interconnect",
-                    "fp32_matmul": "bf16_matmul", "autocast_missing": "bf16_matmul", "compile_overhead": "no_compile",
-                    "recompiles": "no_compile", "dataloader": "no_dataloader_wait",
-                    "launch_bound": "no_launch_overhead"}
-# One-time costs: their rule spreads them over an assumed job length, while no_compile prices the profiled
-# steps (the compile step included); the two are not the same share, so these findings keep the rule's figure.
-AMORTIZED_KINDS = frozenset({"compile_overhead", "recompiles"})
 UNRELIABLE_ERROR_PCT = 5.0  # replay error above which the what-ifs are marked unreliable (straggler paper §3.3)
 # bf16 over fp32 matrix-math speed-up (low, mid, high). GPUs: bf16 tensor cores vs TF32 (2x) up to fp32 CUDA
-# cores (8-16x on sm80/sm90 datasheets); CPUs without AMX: half the bytes moved, conversions eat part of it
-# (up to diagnose.CPU_BF16_SPEEDUP = 2x).
+# cores (8-16x on sm80/sm90 datasheets); CPUs without AMX: half the bytes moved, conversions eat part of it, up to
+# CPU_BF16_SPEEDUP (the speed-up the precision rule of traceanalyze.diagnose assumes).
+CPU_BF16_SPEEDUP = 2.0  # bf16 halves bytes moved; CPUs with AMX/AVX512-BF16 gain more
 BF16_SPEEDUP_GPU = (2.0, 4.0, 8.0)
-BF16_SPEEDUP_CPU = (1.25, 1.5, 2.0)
+BF16_SPEEDUP_CPU = (1.25, 1.5, CPU_BF16_SPEEDUP)
 CAST_SHARE = 0.1  # cast (aten::_to_copy) cost added, as a share of the matrix-math time saved
 STRAGGLER_EXCESS_PCT = 25.0  # a rank working this much longer per step than the median rank is a straggler
 # (4 gloo ranks on 2 cores differ by up to ~20 % from scheduling alone: sample_traces/healthy)
@@ -181,16 +174,9 @@ def _assumptions(scenario: str, ctx: dict, g: gr.Graph) -> str:
     return "every applicable rewrite at once; savings do not add up"
 
 
-def _run_time(per_step: dict[int, float]) -> float | None:
-    return float(statistics.median(per_step.values())) if per_step else None
-
-
 def _longest(times: dict[tuple[int, int], float], counted: set[tuple[int, int]]) -> dict[int, float]:
-    out: dict[int, float] = {}
-    for (r, s), t in times.items():
-        if (r, s) in counted:
-            out[s] = max(out.get(s, 0.0), t)
-    return out
+    """Step -> its longest time over the ranks, of the counted (rank, step) times."""
+    return longest_per_step((s, t) for (r, s), t in times.items() if (r, s) in counted)
 
 
 def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_size: int | None,
@@ -209,28 +195,11 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_siz
     counted = {(r, s) for r, s, _, _, c in g.steps if c}
     base_t = base.step_times(g)
     m_long, b_long = _longest(measured, counted), _longest(base_t, counted)
-    m_run, b_run = _run_time(m_long), _run_time(b_long)
+    m_run, b_run = median(m_long.values()), median(b_long.values())
     if m_run is None or b_run is None:
         return {}, [], {}
     err = abs(b_run - m_run) / m_run * 100 if m_run else 0.0
-    ranks = []
-    for r in g.ranks:
-        ms = [measured[k] for k in sorted(counted) if k[0] == r]
-        bs = [base_t[k] for k in sorted(counted) if k[0] == r]
-        if ms:
-            ranks.append({"rank": r, "measured_step_time_us": round(statistics.median(ms), 3),
-                          "replayed_step_time_us": round(statistics.median(bs), 3),
-                          "error_pct": round(abs(statistics.median(bs) - statistics.median(ms))
-                                             / statistics.median(ms) * 100, 2)})
-    reliable = err <= UNRELIABLE_ERROR_PCT and base.converged
-    replay_model = {
-        "measured_step_time_us": round(m_run, 3), "replayed_step_time_us": round(b_run, 3),
-        "error_pct": round(err, 2), "ranks": ranks, "unmatched": list(g.unmatched),
-        "missing_edges": list(g.missing_edges), "partial": g.partial, "collective_instances": g.n_instances,
-        "tasks": int(g.start.size), "edges": int(g.dep_src.size), "passes": base.passes,
-        "converged": base.converged, "reliable": reliable}
-    if not base.converged:
-        replay_model["unmatched"].append(f"the replay did not settle in {base.passes} passes")
+    replay_model = _replay_model(g, base, measured, base_t, counted, m_run, b_run, err)
     ctx = {"link_gbps": link_gbps, "link_source": link_source or "expected link",
            "bf16": BF16_SPEEDUP_GPU if mode == "gpu" else BF16_SPEEDUP_CPU}
     results = [[run_id, "replay", r, s, measured[(r, s)], base_t[(r, s)]] for r, s in sorted(measured)]
@@ -243,7 +212,7 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_siz
         t = rp.step_times(g)
         w_long = _longest(t, counted)
         per_step = {s: m_long[s] - (b_long[s] - w_long[s]) for s in m_long}
-        return _run_time(per_step) or m_run, t
+        return median(per_step.values()) or m_run, t
 
     for sc in [*applicable, *(["all"] if len(applicable) > 1 else [])]:
         if sc == "all":
@@ -254,11 +223,7 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_siz
             arrs = REWRITES[sc](g, d0, cg0, tr0, ctx)
         pred, t = predict(arrs)
         results += [[run_id, sc, r, s, measured[(r, s)], t[(r, s)]] for r, s in sorted(measured)]
-        row = {"scenario": sc, "cause": CAUSES[sc], "predicted_step_time_us": round(pred, 3),
-               "saving_pct": round(100 * (m_run - pred) / m_run, 2), "saving_us": round(m_run - pred, 3),
-               "assumptions": _assumptions(sc, ctx, g),
-               "confidence": {"replay_error_pct": round(err, 2), "collective_instances": g.n_instances},
-               "reliable": reliable}
+        row = _whatif_row(g, sc, ctx, pred, m_run, err, replay_model["reliable"])
         if sc == "bf16_matmul":
             lo_hi = [predict(_rw_bf16(g, d0, cg0, tr0, ctx, speedup=x))[0] for x in (ctx["bf16"][0], ctx["bf16"][2])]
             row["range_us"] = [round(min(lo_hi), 3), round(max(lo_hi), 3)]
@@ -266,10 +231,39 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_siz
                                        round(100 * (m_run - min(lo_hi)) / m_run, 2)]
         if row["saving_us"] >= MIN_SAVING_US or sc == "all":
             whatif.append(row)
-    from traceanalyze import store
-
     store.insert_rows(con, "sim_result", None, results)
     return replay_model, whatif, _picture(g, base, measured, counted, m_long)
+
+
+def _replay_model(g: gr.Graph, base: simulate.Replay, measured: dict, base_t: dict, counted: set, m_run: float,
+                  b_run: float, err: float) -> dict:
+    """The JSON contract's ``replay``: the replay's fidelity against the measured step times, run and ranks."""
+    ranks = []
+    for r in g.ranks:
+        ms = [measured[k] for k in sorted(counted) if k[0] == r]
+        bs = [base_t[k] for k in sorted(counted) if k[0] == r]
+        if ms:
+            ranks.append({"rank": r, "measured_step_time_us": round(median(ms), 3),
+                          "replayed_step_time_us": round(median(bs), 3),
+                          "error_pct": round(abs(median(bs) - median(ms)) / median(ms) * 100, 2)})
+    replay_model = {
+        "measured_step_time_us": round(m_run, 3), "replayed_step_time_us": round(b_run, 3),
+        "error_pct": round(err, 2), "ranks": ranks, "unmatched": list(g.unmatched),
+        "missing_edges": list(g.missing_edges), "partial": g.partial, "collective_instances": g.n_instances,
+        "tasks": int(g.start.size), "edges": int(g.dep_src.size), "passes": base.passes,
+        "converged": base.converged, "reliable": err <= UNRELIABLE_ERROR_PCT and base.converged}
+    if not base.converged:
+        replay_model["unmatched"].append(f"the replay did not settle in {base.passes} passes")
+    return replay_model
+
+
+def _whatif_row(g: gr.Graph, sc: str, ctx: dict, pred: float, m_run: float, err: float, reliable: bool) -> dict:
+    """One row of the JSON contract's ``whatif``: the scenario's predicted step time and saving."""
+    return {"scenario": sc, "cause": CAUSES[sc], "predicted_step_time_us": round(pred, 3),
+            "saving_pct": round(100 * (m_run - pred) / m_run, 2), "saving_us": round(m_run - pred, 3),
+            "assumptions": _assumptions(sc, ctx, g),
+            "confidence": {"replay_error_pct": round(err, 2), "collective_instances": g.n_instances},
+            "reliable": reliable}
 
 
 LANE_SEGMENTS = 400  # segments drawn per rank lane at most (the longest kept)
@@ -351,33 +345,4 @@ def _picture(g: gr.Graph, rp: simulate.Replay, measured, counted, m_long) -> dic
     return {"step": step, "span_us": span, "lanes": lanes, "slowest_rank": slow}
 
 
-def apply_to_findings(findings: list, whatifs: list[dict], mode: str | None = None) -> list:
-    """Set each finding's ``impact_pct`` from the what-if that removes its cause (:data:`KIND_TO_SCENARIO`) and its
-    severity from that impact (``diagnose.severity``), except that a finding its rule judged not worth a ticket
-    (severity low: within the run's noise, or an assumed gain the trace cannot confirm) stays low; findings without
-    a what-if keep the rule's estimate. On a CPU run (``mode="cpu"``) the bf16 speed-up is assumed, not known for
-    that CPU, so a precision finding priced below ``diagnose.CPU_PRECISION_TICKET_PCT`` is low, and never high. Returns
-    the findings ranked by severity, then impact (``diagnose.rank_findings``). The rules decide which causes
-    exist; the replay decides what each costs."""
-    from traceanalyze import diagnose
-
-    by = {w["scenario"]: w for w in whatifs or []}
-    for f in findings:
-        if f.kind in AMORTIZED_KINDS:
-            continue
-        w = by.get(KIND_TO_SCENARIO.get(f.kind, ""))
-        if w is None or not w.get("reliable", False):
-            continue
-        impact = max(0.0, float(w["saving_pct"]))
-        if math.isfinite(impact):
-            f.impact_pct = round(impact, 1)
-            if f.severity != "low":  # the rules decide what is worth a ticket; the replay, what it costs
-                f.severity = diagnose.severity(impact)
-                if mode == "cpu" and w["scenario"] == "bf16_matmul":
-                    f.severity = "low" if impact < diagnose.CPU_PRECISION_TICKET_PCT else "medium"
-            f.evidence = [*f.evidence, f"impact from the what-if replay ({w['scenario']}): predicted step time "
-                                       f"{w['predicted_step_time_us'] / 1e3:.2f} ms, {impact:.1f}% saved"]
-    return diagnose.rank_findings(findings)
-
-
-__all__ = ["CAUSES", "KIND_TO_SCENARIO", "SCENARIOS", "apply_to_findings", "replay_run"]
+__all__ = ["CAUSES", "CPU_BF16_SPEEDUP", "SCENARIOS", "replay_run"]
