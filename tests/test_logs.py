@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import shared
 from traceanalyze import discover, hardware, logs, names
 from traceanalyze.errors import InputError
 from traceanalyze.logs import configs
@@ -41,7 +42,7 @@ def _shared_sections(name: str, tmp_path: Path) -> list[Path]:
     """Each '# SOURCE' block of a shared excerpt file as its own file (one log per file, as in a run)."""
     src = SHARED_LOGS / name
     if not src.is_file():
-        pytest.skip(f"shared log excerpts not available ({src})")
+        shared(f"logs/{name}")
     parts = re.split(r"^# SOURCE.*\n", src.read_text(), flags=re.M)[1:]
     out = []
     for i, part in enumerate(parts, 1):
@@ -752,7 +753,7 @@ def test_shared_unsloth_banner(tmp_path: Path) -> None:
 def test_shared_nccl_debug() -> None:
     src = SHARED_LOGS / "nccl_debug.txt"
     if not src.is_file():
-        pytest.skip("shared log excerpts not available")
+        shared("logs/nccl_debug.txt")
     assert _sniff(src) == "nccl_debug"
     n = logs.parse_text_log(src).nccl
     assert [c.detail for c in n.channels] == [

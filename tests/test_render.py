@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from markupsafe import escape
 
+from tests.conftest import shared
 from traceanalyze import fmt
 from traceanalyze.pipeline import analyze
 from traceanalyze.report import charts, render_html, render_markdown
@@ -31,8 +32,7 @@ W3_NS = {"http://www.w3.org/2000/svg", "http://www.w3.org/1999/xlink"}
 
 @pytest.fixture(scope="module")
 def trace_filter_model() -> dict:
-    if not TRACE_FILTER.is_dir():
-        pytest.skip(f"{TRACE_FILTER} not present (shared traces live beside the checkout)")
+    shared("traces/real/hta/trace_filter")
     a = analyze(TRACE_FILTER)
     a.con.close()
     return a.model

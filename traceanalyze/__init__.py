@@ -7,7 +7,7 @@ Python API (loaded on first use, so ``import traceanalyze`` stays light)::
     a.ranks; a.findings; a.sql("SELECT ...")
 """
 
-__version__ = "0.1.0"
+from traceanalyze.version import __version__
 
 _API = ("analyze", "load", "Report")
 __all__ = ["Report", "__version__", "analyze", "load"]

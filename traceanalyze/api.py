@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 from traceanalyze import pipeline
 from traceanalyze.errors import TraceanalyzeError
 from traceanalyze.report import render_html, render_markdown
-from traceanalyze.safety import atomic_write_text
+from traceanalyze.safety import atomic_write_text, check_outputs
+from traceanalyze.store import open_untrusted, untrusted_error
 
 if TYPE_CHECKING:
     import duckdb
@@ -87,8 +88,6 @@ def load(db: str | Path) -> Report:
             report, holds no stored report, or tries to read files outside itself.
     """
     import duckdb
-
-    from traceanalyze.store import open_untrusted, untrusted_error
 
     p = Path(db)
     if not p.is_file():
@@ -253,8 +252,6 @@ class Report:
     def _check_output(self, name: str, path: str | Path) -> None:
         """Refuse an output that is one of the report's inputs (traces, sidecars) or its database (README, Safety:
         outputs never equal inputs). Raises UsageError."""
-        from traceanalyze.safety import check_outputs
-
         inputs = [e["path"] for r in self.model.get("runs") or [] for key in ("files", "sidecars")
                   for e in r.get(key) or [] if isinstance(e, dict) and e.get("path")]
         check_outputs([(name, path)], inputs + ([self.db_path] if self.db_path else []))

@@ -67,14 +67,16 @@ from pathlib import Path
 
 import duckdb
 
-from traceanalyze import __version__, store
-from traceanalyze.errors import TraceanalyzeError, one_line
+from traceanalyze import pipeline, store
+from traceanalyze.discover import discover
+from traceanalyze.errors import TraceanalyzeError, UsageError, one_line
 from traceanalyze.executors import DaskExecutor, LocalExecutor
+from traceanalyze.limits import REGRESSION_THRESHOLD
 from traceanalyze.report import render_batch_index, render_html
 from traceanalyze.safety import atomic_path, atomic_write_text, check_outputs
 from traceanalyze.store import CATALOG_DDL, CATALOG_VERSION
+from traceanalyze.version import __version__
 
-REGRESSION_THRESHOLD = 1.2  # step time above this × the group's median of earlier runs is a regression
 _EPOCH_NS = 10**18  # event times above this are epoch ns (after 2001-09-09); below, a trace-relative clock
 
 _RUN_COLUMNS = [name for name, _ in store.table_columns(CATALOG_DDL, "runs")]
@@ -133,8 +135,6 @@ def analyze_run(task: dict) -> dict:
         ``{"run": catalog row (dict), "findings": [dict], "rank_metrics": [dict]}``. Never raises for a bad
         run: the row then has ``status = "error"`` and the message.
     """
-    from traceanalyze import pipeline
-
     t0 = time.perf_counter()
     out = Path(task["outdir"]) / "runs" / task["slug"]
     out.mkdir(parents=True, exist_ok=True)
@@ -155,53 +155,7 @@ def analyze_run(task: dict) -> dict:
         row["group_key"] = _group_key(row["group_name"], None)
         return result
     try:
-        model = a.model
-        run = next((r for r in model["runs"] if r.get("role") == "subject"), model["runs"][0])
-        atomic_write_text(out / "report.json", pipeline.to_json(model))
-        row["report_json"] = f"{rel}/report.json"
-        atomic_write_text(out / "report.html", render_html(model))
-        row["report_html"], row["report_db"] = f"{rel}/report.html", f"{rel}/report.duckdb"
-        rid = run["run_id"]
-        first_ns, json_bytes = a.con.execute(
-            "WITH f AS (SELECT file_id FROM files WHERE run_id = $1) "
-            "SELECT least((SELECT min(ts_ns) FROM cpu_ops WHERE file_id IN (SELECT file_id FROM f)), "
-            "(SELECT min(ts_ns) FROM kernels WHERE file_id IN (SELECT file_id FROM f))), "
-            "(SELECT sum(bytes_read) FROM files WHERE run_id = $1)", [rid]).fetchone()
-        row["json_bytes"] = int(json_bytes or 0)
-        if first_ns is not None and first_ns > _EPOCH_NS:
-            row["date"] = _dt.datetime.fromtimestamp(first_ns / 1e9, _dt.timezone.utc).replace(tzinfo=None)
-            row["date_source"] = "trace"
-        facts = run.get("log_facts") or {}
-        if facts.get("model_name"):
-            row["group_name"] = str(facts["model_name"][0])
-        findings = model.get("findings") or []
-        top = next((f for f in findings if f.get("severity") in ("high", "medium")), None)
-        mfu = (run.get("precision") or {}).get("mfu_pct")
-        if mfu is None:
-            mfu = a.con.execute("SELECT median(mfu_pct) FROM log_steps WHERE run_id = ?", [rid]).fetchone()[0]
-        row.update(name=run.get("name"), world_size=run.get("world_size"), backend=run.get("backend"),
-                   mode=run.get("mode"), gpu_model=run.get("gpu_model"), step_time_us=run.get("step_time_us"),
-                   mfu_pct=mfu, verdict=model.get("verdict"), n_findings=len(findings),
-                   findings=json.dumps(findings, default=str))
-        if top is not None:
-            row.update(top_cause=top["cause"], top_kind=top["kind"], top_severity=top["severity"],
-                       top_impact_pct=top["impact_pct"], top_title=top["title"])
-        cols = [d[0] for d in a.con.execute("SELECT * FROM rank_metrics LIMIT 0").description]
-        for vals in a.con.execute("SELECT * FROM rank_metrics WHERE run_id = ? ORDER BY rank", [rid]).fetchall():
-            d = dict(zip(cols, vals, strict=True))
-            result["rank_metrics"].append({c: d.get(c) for c in _RANK_COLUMNS})
-        result["findings"] = [{c: (json.dumps(f.get(c)) if c in ("ranks", "evidence") else f.get(c))
-                               for c in _FINDING_COLUMNS} for f in findings]
-        problems = [w for w in model.get("warnings") or [] if w.get("level") in ("error", "partial")]
-        usable = any((r.get("window_us") or 0) > 0 for r in run.get("ranks") or []) or run.get("log_steps")
-        if not usable:
-            row["status"] = "error"
-            row["error"] = "nothing could be analyzed: " + ("; ".join(_warning_text(w) for w in problems[:3])
-                                                             or "no rank has any activity and no log has steps")
-            result["rank_metrics"] = []  # empty ranks: nothing to compare with other runs
-        else:
-            row["status"] = "partial" if problems else "ok"
-            row["error"] = "; ".join(_warning_text(w) for w in problems[:3]) or None
+        _fill_row(a, row, result, out, rel)
     except Exception as exc:
         row["status"], row["error"] = "error", one_line(exc)
     finally:
@@ -209,6 +163,57 @@ def analyze_run(task: dict) -> dict:
     row["group_key"] = _group_key(row["group_name"], row["world_size"])
     row["analyze_s"] = round(time.perf_counter() - t0, 3)
     return result
+
+
+def _fill_row(a, row: dict, result: dict, out: Path, rel: str) -> None:
+    """Write one analyzed run's report files and fill its catalog row, rank metrics and findings."""
+    model = a.model
+    run = next((r for r in model["runs"] if r.get("role") == "subject"), model["runs"][0])
+    atomic_write_text(out / "report.json", pipeline.to_json(model))
+    row["report_json"] = f"{rel}/report.json"
+    atomic_write_text(out / "report.html", render_html(model))
+    row["report_html"], row["report_db"] = f"{rel}/report.html", f"{rel}/report.duckdb"
+    rid = run["run_id"]
+    first_ns, json_bytes = a.con.execute(
+        "WITH f AS (SELECT file_id FROM files WHERE run_id = $1) "
+        "SELECT least((SELECT min(ts_ns) FROM cpu_ops WHERE file_id IN (SELECT file_id FROM f)), "
+        "(SELECT min(ts_ns) FROM kernels WHERE file_id IN (SELECT file_id FROM f))), "
+        "(SELECT sum(bytes_read) FROM files WHERE run_id = $1)", [rid]).fetchone()
+    row["json_bytes"] = int(json_bytes or 0)
+    if first_ns is not None and first_ns > _EPOCH_NS:
+        row["date"] = _dt.datetime.fromtimestamp(first_ns / 1e9, _dt.timezone.utc).replace(tzinfo=None)
+        row["date_source"] = "trace"
+    facts = run.get("log_facts") or {}
+    if facts.get("model_name"):
+        row["group_name"] = str(facts["model_name"][0])
+    findings = model.get("findings") or []
+    top = next((f for f in findings if f.get("severity") in ("high", "medium")), None)
+    mfu = (run.get("precision") or {}).get("mfu_pct")
+    if mfu is None:
+        mfu = a.con.execute("SELECT median(mfu_pct) FROM log_steps WHERE run_id = ?", [rid]).fetchone()[0]
+    row.update(name=run.get("name"), world_size=run.get("world_size"), backend=run.get("backend"),
+               mode=run.get("mode"), gpu_model=run.get("gpu_model"), step_time_us=run.get("step_time_us"),
+               mfu_pct=mfu, verdict=model.get("verdict"), n_findings=len(findings),
+               findings=json.dumps(findings, default=str))
+    if top is not None:
+        row.update(top_cause=top["cause"], top_kind=top["kind"], top_severity=top["severity"],
+                   top_impact_pct=top["impact_pct"], top_title=top["title"])
+    cols = [d[0] for d in a.con.execute("SELECT * FROM rank_metrics LIMIT 0").description]
+    for vals in a.con.execute("SELECT * FROM rank_metrics WHERE run_id = ? ORDER BY rank", [rid]).fetchall():
+        d = dict(zip(cols, vals, strict=True))
+        result["rank_metrics"].append({c: d.get(c) for c in _RANK_COLUMNS})
+    result["findings"] = [{c: (json.dumps(f.get(c)) if c in ("ranks", "evidence") else f.get(c))
+                           for c in _FINDING_COLUMNS} for f in findings]
+    problems = [w for w in model.get("warnings") or [] if w.get("level") in ("error", "partial")]
+    usable = any((r.get("window_us") or 0) > 0 for r in run.get("ranks") or []) or run.get("log_steps")
+    if not usable:
+        row["status"] = "error"
+        row["error"] = "nothing could be analyzed: " + ("; ".join(_warning_text(w) for w in problems[:3])
+                                                         or "no rank has any activity and no log has steps")
+        result["rank_metrics"] = []  # empty ranks: nothing to compare with other runs
+    else:
+        row["status"] = "partial" if problems else "ok"
+        row["error"] = "; ".join(_warning_text(w) for w in problems[:3]) or None
 
 
 def explain_regression(task: dict) -> dict:
@@ -222,8 +227,6 @@ def explain_regression(task: dict) -> dict:
         The ``regression_*`` columns of the run's catalog row that the comparison fills (part, delta, cause,
         kind, finding, report, key, error). Never raises.
     """
-    from traceanalyze import pipeline
-
     out = Path(task["outdir"]) / "runs" / task["slug"]
     res = {"regression_key": task["regression_key"], "regression_part": None, "regression_delta_us": None,
            "regression_cause": None, "regression_kind": None, "regression_finding": None,
@@ -301,8 +304,6 @@ def _group_key(name: str | None, world_size: int | None) -> str:
 def find_runs(archive: str | Path) -> list[dict]:
     """Every run under ``archive``: ``{"run_id", "path", "files", "traces", "n_files", "trace_bytes",
     "stat"}``, where ``stat`` lists ``(path, size, mtime_ns)`` of each file (the incremental key)."""
-    from traceanalyze.discover import discover
-
     root = Path(archive)
     disc = discover([root])
     rroot = root.resolve()
@@ -404,12 +405,8 @@ def run_batch(archive: str | Path, outdir: str | Path, *, jobs: int | None = Non
     check_outputs([("catalog", outdir / "catalog.duckdb"), ("index", outdir / "index.html")],
                   [f for s in specs for f in s["files"]], [archive])
     if outdir.resolve() == archive.resolve():
-        from traceanalyze.errors import UsageError
-
         raise UsageError(f"-o {outdir}: is the archive itself; write the batch output to another folder")
     if archive.resolve().is_relative_to(outdir.resolve()):
-        from traceanalyze.errors import UsageError
-
         # runs that leave the archive have their output folders removed: never where the archive lies
         raise UsageError(f"-o {outdir}: holds the archive {archive}; write the batch output to another folder")
     outdir.mkdir(parents=True, exist_ok=True)
@@ -427,39 +424,7 @@ def _run(con, archive, outdir, specs, options, jobs, executor_name, scheduler, t
     known = {r[0]: (r[1], r[2], r[3]) for r in
              con.execute("SELECT run_id, fingerprint, slug, report_html FROM runs").fetchall()}
     res = BatchResult(outdir=outdir, catalog=outdir / "catalog.duckdb", index=outdir / "index.html", runs=[])
-    current = {s["run_id"] for s in specs}
-    # runs gone from the archive: out of the catalog, their outputs removed
-    for run_id, (_, slug, _) in known.items():
-        if run_id not in current:
-            _delete_run(con, run_id)
-            target = (outdir / "runs" / slug) if slug else None
-            if target is not None and target.is_dir() and target.resolve().parent == (outdir / "runs").resolve():
-                shutil.rmtree(target, ignore_errors=True)
-            res.removed.append(run_id)
-    # compared case-folded: runs/RUN and runs/run are one folder on a case-insensitive file system
-    taken = {v[1].casefold() for k, v in known.items() if k in current and v[1]}
-    tasks = []
-    for s in specs:
-        fp = _fingerprint(s, options)
-        s["fingerprint"] = fp
-        old = known.get(s["run_id"])
-        if old is not None and old[1]:
-            s["slug"] = old[1]
-        else:
-            slug = _slug(s["run_id"])
-            if slug.casefold() in taken:
-                slug = f"{slug}-{hashlib.sha1(s['run_id'].encode()).hexdigest()[:8]}"
-            s["slug"] = slug
-            taken.add(slug.casefold())
-        fresh = (old is not None and old[0] == fp and not force
-                 and (old[2] is None or (outdir / old[2]).exists()))
-        if fresh:
-            res.unchanged.append(s["run_id"])
-            con.execute("UPDATE runs SET path = ? WHERE run_id = ?", [s["path"], s["run_id"]])
-            continue
-        tasks.append({"run_id": s["run_id"], "slug": s["slug"], "path": s["path"], "files": s["files"],
-                      "outdir": str(outdir.resolve()), "fingerprint": fp, "n_files": s["n_files"],
-                      "trace_bytes": s["trace_bytes"], **options})
+    tasks = _tasks(con, known, res, outdir, specs, options, force)
     tasks.sort(key=lambda t: -t["trace_bytes"])  # biggest first: the long runs do not finish last
     ex = None
     try:
@@ -506,6 +471,45 @@ def _run(con, archive, outdir, specs, options, jobs, executor_name, scheduler, t
                  len(res.analyzed), len(res.unchanged), len(res.removed), len(res.errors), len(res.regressions),
                  res.trace_bytes, res.json_bytes])
     return res
+
+
+def _tasks(con, known: dict, res: BatchResult, outdir: Path, specs: list[dict], options: dict, force: bool
+           ) -> list[dict]:
+    """Drop the runs gone from the archive, keep the unchanged ones; return the tasks of the runs to analyze."""
+    current = {s["run_id"] for s in specs}
+    # runs gone from the archive: out of the catalog, their outputs removed
+    for run_id, (_, slug, _) in known.items():
+        if run_id not in current:
+            _delete_run(con, run_id)
+            target = (outdir / "runs" / slug) if slug else None
+            if target is not None and target.is_dir() and target.resolve().parent == (outdir / "runs").resolve():
+                shutil.rmtree(target, ignore_errors=True)
+            res.removed.append(run_id)
+    # compared case-folded: runs/RUN and runs/run are one folder on a case-insensitive file system
+    taken = {v[1].casefold() for k, v in known.items() if k in current and v[1]}
+    tasks = []
+    for s in specs:
+        fp = _fingerprint(s, options)
+        s["fingerprint"] = fp
+        old = known.get(s["run_id"])
+        if old is not None and old[1]:
+            s["slug"] = old[1]
+        else:
+            slug = _slug(s["run_id"])
+            if slug.casefold() in taken:
+                slug = f"{slug}-{hashlib.sha1(s['run_id'].encode()).hexdigest()[:8]}"
+            s["slug"] = slug
+            taken.add(slug.casefold())
+        fresh = (old is not None and old[0] == fp and not force
+                 and (old[2] is None or (outdir / old[2]).exists()))
+        if fresh:
+            res.unchanged.append(s["run_id"])
+            con.execute("UPDATE runs SET path = ? WHERE run_id = ?", [s["path"], s["run_id"]])
+            continue
+        tasks.append({"run_id": s["run_id"], "slug": s["slug"], "path": s["path"], "files": s["files"],
+                      "outdir": str(outdir.resolve()), "fingerprint": fp, "n_files": s["n_files"],
+                      "trace_bytes": s["trace_bytes"], **options})
+    return tasks
 
 
 def _executor(name: str, jobs: int, scheduler: str | None, processes: bool):

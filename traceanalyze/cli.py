@@ -22,7 +22,8 @@ from pathlib import Path
 
 import click
 
-from traceanalyze import __version__
+from traceanalyze.api import load
+from traceanalyze.batch import run_batch
 from traceanalyze.errors import (
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
@@ -32,8 +33,13 @@ from traceanalyze.errors import (
     TraceanalyzeError,
 )
 from traceanalyze.fmt import ranges
+from traceanalyze.ingest import block_pandas
+from traceanalyze.limits import DEFAULT_MAX_EVENTS, REGRESSION_THRESHOLD
+from traceanalyze.pipeline import analyze, to_json
 from traceanalyze.report import render_html, render_markdown
-from traceanalyze.safety import atomic_write_text, terminal, terminal_block
+from traceanalyze.safety import atomic_write_text, check_outputs, terminal, terminal_block
+from traceanalyze.store import open_untrusted, untrusted_error
+from traceanalyze.version import __version__
 
 
 def _slug(paths: tuple[str, ...]) -> str:
@@ -207,8 +213,6 @@ def report(ctx: click.Context, paths: tuple[str, ...], output: str | None, json_
         traceanalyze report ./traces --export merged.json.gz
         traceanalyze report ./traces --fail-on high     # CI: exit 3 on a high-severity finding
     """
-    from traceanalyze.pipeline import analyze
-
     def run() -> None:
         _stage(ctx, "checking the output paths")
         slug = _slug(paths)
@@ -260,8 +264,6 @@ def report(ctx: click.Context, paths: tuple[str, ...], output: str | None, json_
 def _write_report(ctx: click.Context, a, out: Path | None, fmt: str, json_path: str | None, md_path: str | None,
                   export_path: str | None) -> None:
     """Write the outputs of ``report``, each to a temporary file renamed into place, recording the stage."""
-    from traceanalyze.pipeline import to_json
-
     model = a.model
     if fmt == "json":
         _stage(ctx, f"writing the JSON report {out or '(stdout)'}")
@@ -294,7 +296,7 @@ def _write_report(ctx: click.Context, a, out: Path | None, fmt: str, json_path: 
 @click.option("--db", type=click.Path(dir_okay=False), help="DuckDB file to use as a parse cache (default: in "
               "memory). A PATH ending in .duckdb is read as an existing report database instead of traces.")
 @click.option("--run", "run_name", help="Run to export (default: the first subject run).")
-@click.option("--max-events", type=click.IntRange(min=1), default=2_000_000, show_default=True,
+@click.option("--max-events", type=click.IntRange(min=1), default=DEFAULT_MAX_EVENTS, show_default=True,
               help="Bound on events written: findings and annotations first, then kernels, then top-level ops.")
 @click.option("-j", "--jobs", type=click.IntRange(1, 256), help="Parallel parse processes (default: CPUs).")
 @click.option("-q", "--quiet", is_flag=True, help="No summary line.")
@@ -315,16 +317,11 @@ def export(ctx: click.Context, paths: tuple[str, ...], output: str, db: str | No
 
         _stage(ctx, "checking the output paths")
         if len(paths) == 1 and paths[0].endswith(".duckdb") and Path(paths[0]).is_file():
-            from traceanalyze.api import load
-            from traceanalyze.safety import check_outputs
-
             check_outputs([("-o", output)], [paths[0]])
             _stage(ctx, f"reading the report database {paths[0]}")
             rep = load(paths[0])
             con = rep.con
         else:
-            from traceanalyze.pipeline import analyze
-
             _stage(ctx, "reading and analyzing the traces")
             con = analyze(list(paths), db=db, jobs=jobs, outputs=[("-o", output)]).con
         try:
@@ -360,8 +357,6 @@ def sql(ctx: click.Context, db: str, query: str, as_csv: bool) -> None:
         traceanalyze sql traceanalyze-traces.duckdb "SELECT rank, idle_pct FROM rank_metrics"
     """
     import duckdb
-
-    from traceanalyze.store import open_untrusted, untrusted_error
 
     def run() -> None:
         # the database may come from anyone: read-only, no file access, no extensions (README, Safety)
@@ -406,7 +401,8 @@ def sql(ctx: click.Context, db: str, query: str, as_csv: bool) -> None:
               help="local: processes on this machine; dask: a Dask cluster (pip install 'traceanalyze[dask]').")
 @click.option("--scheduler", metavar="tcp://HOST:8786", help="Dask scheduler of a running cluster (implies "
               "--executor dask; workers must see ARCHIVE and OUTPUT at the same paths).")
-@click.option("--threshold", type=click.FloatRange(min=1, min_open=True), default=1.2, show_default=True,
+@click.option("--threshold", type=click.FloatRange(min=1, min_open=True), default=REGRESSION_THRESHOLD,
+              show_default=True,
               help="Flag a run whose step time exceeds this × the median of its group's earlier runs.")
 @click.option("--force", is_flag=True, help="Analyze every run again, changed or not.")
 @click.option("--link-bw", type=click.FloatRange(min=0, min_open=True), metavar="GB/s",
@@ -429,7 +425,6 @@ def batch(ctx: click.Context, archive: str, outdir: str, jobs: int | None, execu
         traceanalyze batch /archive/traces -o /reports/archive
         traceanalyze sql /reports/archive/catalog.duckdb "SELECT run_id, step_time_us, top_cause FROM runs"
     """
-    from traceanalyze.batch import run_batch
 
     def run() -> None:
         _stage(ctx, "analyzing the runs")
@@ -530,8 +525,6 @@ def _guard(ctx: click.Context, fn) -> None:
 
 def main() -> None:
     """Console-script entry point."""
-    from traceanalyze.ingest import block_pandas
-
     block_pandas()
     cli(prog_name="traceanalyze")
 

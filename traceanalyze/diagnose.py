@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from dataclasses import replace as dataclasses_replace
 
 from traceanalyze import hardware
+from traceanalyze.findings import Finding
 from traceanalyze.fmt import ranges, short_name
 from traceanalyze.hardware import GpuInfo
 from traceanalyze.metrics.collectives import CollectiveAnalysis
@@ -54,22 +55,6 @@ IDLE_EXPLAINERS = ("slow_collectives", "topology", "untraced_ranks", "straggler"
 CPU_PRECISION_ADVICE = ("on a CPU with AMX or AVX512-BF16 (lscpu | grep -E 'amx|avx512_bf16'), run the step under "
                         "torch.autocast('cpu', dtype=torch.bfloat16) (bf16: true / --bf16 in a trainer config); "
                         "without them bf16 matmuls are emulated and can be slower than fp32: keep fp32 there")
-
-
-@dataclass
-class Finding:
-    """One cause of slowness with its evidence (see the module docstring for the fields)."""
-
-    cause: str
-    kind: str
-    severity: str
-    impact_pct: float
-    ranks: list[int]
-    title: str
-    evidence: list[str]
-    recommendation: str
-    run: str = ""
-    assumption: str = ""  # what the impact rests on that the inputs do not state (shown in the verdict)
 
 
 @dataclass
@@ -823,7 +808,7 @@ def compare(subject: RunEvidence, baseline: RunEvidence, subject_findings: list[
         return d
 
     ps, pb = parts(subject), parts(baseline)
-    kinds_of = {"compute": ("fp32_matmul", "no_tensor_cores", "autocast_missing", "straggler", "uneven_work"),
+    kinds_of = {"compute": ("fp32_matmul", "autocast_missing", "straggler"),
                 "exposed communication": ("slow_collectives", "topology", "straggler"),
                 "idle": ("dataloader", "launch_bound", "idle_rank", "compile_overhead", "straggler"),
                 "other": ("compile_overhead", "dataloader", "launch_bound")}
@@ -881,7 +866,7 @@ def compare(subject: RunEvidence, baseline: RunEvidence, subject_findings: list[
     return comp, extra
 
 
-PRECISION_KINDS = ("fp32_matmul", "no_tensor_cores", "autocast_missing")
+PRECISION_KINDS = ("fp32_matmul", "autocast_missing")
 MIN_SHARE_DIFF_POINTS = 10.0  # fp32 share of matrix math that must differ for precision to explain a delta
 
 

@@ -36,15 +36,15 @@ from pathlib import Path
 import duckdb
 import numpy as np
 
-from traceanalyze import __version__
 from traceanalyze.errors import TraceanalyzeError
+from traceanalyze.limits import DEFAULT_MAX_EVENTS
 from traceanalyze.metrics.breakdown import training_thread_sql, union
 from traceanalyze.metrics.collectives import analyze_collectives
 from traceanalyze.metrics.host import compile_intervals
 from traceanalyze.metrics.where import host_gaps
 from traceanalyze.safety import atomic_path
+from traceanalyze.version import __version__
 
-DEFAULT_MAX_EVENTS = 2_000_000
 GPU_TID_BASE = 1_000_000_000
 FINDINGS_TID = 999_999_999
 FINDINGS_THREAD = "traceanalyze findings"

@@ -15,11 +15,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from traceanalyze.limits import MAX_WORLD_SIZE, SNIFF_BYTES
+
 # Sane bounds on what a header or a file name says (README, Safety: one implausible header field costs one warning):
 # rank < world size <= 2^20 (no job has a million ranks; larger values are corrupt or hostile, and a loop or a
 # set over them would exhaust memory).
-MAX_WORLD_SIZE = 1 << 20
-SNIFF_BYTES = 64 << 10  # how much of a file's start (decompressed) tells what the file is
 
 _RANK_NAME = re.compile(r"(?:^|[^a-z])rank[-_:\s\[]*(\d+)(?P<after>[-_./]\d{1,2}[-_./]\d{1,2})?", re.IGNORECASE)
 # tensorboard_trace_handler names each profiling window's file <worker>.<time in ms (or ns)>.pt.trace.json[.gz]

@@ -16,11 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 import duckdb
 
-from traceanalyze import __version__, hardware, ingest, store
+from traceanalyze import hardware, ingest, store
 from traceanalyze.discover import Discovery, Run, assign_ranks, check_headers, discover, window_grouping
 from traceanalyze.errors import TraceanalyzeError
 from traceanalyze.executors import DaskExecutor
 from traceanalyze.fmt import ranges, rank_spans
+from traceanalyze.safety import check_outputs
+from traceanalyze.version import __version__
 
 if TYPE_CHECKING:
     from traceanalyze import diagnose, metrics
@@ -87,10 +89,43 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
     """
     subject_in = [inputs] if isinstance(inputs, (str, Path)) else list(inputs)
     base_in = [] if baseline is None else ([baseline] if isinstance(baseline, (str, Path)) else list(baseline))
-    disc = discover(subject_in, follow_external_symlinks=follow_external_symlinks)
+    disc, roles = _discover(subject_in, base_in, follow_external_symlinks)
+    _check_outputs(disc, subject_in + base_in, db, outputs)
+    con = store.connect(db)
+    all_paths = [p for r in disc.runs for p in r.traces]
+    cache_key = _cache_key(disc, roles, link_bw_gbps, peak_tflops, max_decompressed, gpu, follow_external_symlinks)
+    cached = _from_cache(con, cache_key, all_paths, progress)
+    if cached is not None:  # same inputs, same options, same tool: the stored report is still the answer
+        return Analysis(con=con, model=cached, db_path=str(db) if db else None, discovery=disc)
+    if on_total:
+        on_total(sum(_size(p) for p in all_paths))
+    bound = {} if max_decompressed is None else {"max_decompressed": max_decompressed}
+    loaded = {lf.path: lf for lf in _load(con, all_paths, jobs, progress, bound, executor, scheduler, db)}
+    ingest.forget_files(con, all_paths)  # rows of files that left the folder (README, Safety: never stale)
+    # once per parse: the count stays in files.message for cached re-runs
+    ingest.drop_impossible_durations(con, [lf.file_id for lf in loaded.values()
+                                           if not lf.cached and lf.file_id is not None and lf.error is None])
+    warnings = _reset_report(con, disc)
+    runs_model, evidence, all_findings = _diagnose_runs(con, disc, roles, loaded, warnings, link_bw_gbps,
+                                                        peak_tflops, gpu, max_decompressed)
+    comparison = _compare(runs_model, evidence, all_findings)
+    model = _report_model(con, runs_model, evidence, all_findings, warnings, comparison)
+    con.execute("INSERT INTO report_cache VALUES (?, ?)", [cache_key, to_json(model)])
+    errors = [w["message"] if w["file"] is None else f"{w['file']}: {w['message']}" for w in warnings
+              if w.get("level") == "error"]
+    return Analysis(con=con, model=model, db_path=str(db) if db else None, discovery=disc, errors=errors)
+
+
+def _discover(subject_in: list, base_in: list, follow: bool) -> tuple[Discovery, dict]:
+    """Every run of the inputs and of the baseline, with each run's role (``subject`` / ``baseline``).
+
+    Raises:
+        TraceanalyzeError: no run at all (each file that was there is named, with why it was skipped).
+    """
+    disc = discover(subject_in, follow_external_symlinks=follow)
     roles = {id(r): "subject" for r in disc.runs}
     if base_in:
-        bdisc = discover(base_in, follow_external_symlinks=follow_external_symlinks)
+        bdisc = discover(base_in, follow_external_symlinks=follow)
         for r in bdisc.runs:
             roles[id(r)] = "baseline"
             r.name = f"{r.name} (baseline)" if any(r.name == s.name for s in disc.runs) else r.name
@@ -109,11 +144,11 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
         raise TraceanalyzeError(f"{where}: no Kineto trace or training log found (looked for *.json and *.json.gz "
                                 "with a traceEvents array, and for logs, NCCL output, topology and configs)"
                                 + (f"; skipped {files}" if listed else "; the input holds no files"))
+    return disc, roles
 
-    _check_outputs(disc, subject_in + base_in, db, outputs)
-    con = store.connect(db)
-    all_paths = [p for r in disc.runs for p in r.traces]
-    cache_key = _cache_key(disc, roles, link_bw_gbps, peak_tflops, max_decompressed, gpu, follow_external_symlinks)
+
+def _from_cache(con, cache_key: str, all_paths: list[Path], progress) -> dict | None:
+    """The stored report model of the same inputs and options, stamped now, or None."""
     cached = _cached_model(con, cache_key)
     if cached is not None:  # same inputs, same options, same tool: the stored report is still the answer
         cached["generated_at"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
@@ -124,17 +159,11 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
         if progress:
             for p in all_paths:
                 progress(_size(p))
-        return Analysis(con=con, model=cached, db_path=str(db) if db else None, discovery=disc)
-    if on_total:
-        on_total(sum(_size(p) for p in all_paths))
-    bound = {} if max_decompressed is None else {"max_decompressed": max_decompressed}
-    loaded = {lf.path: lf for lf in _load(con, all_paths, jobs, progress, bound, executor, scheduler, db)}
-    ingest.forget_files(con, all_paths)  # rows of files that left the folder (README, Safety: never stale)
-    # once per parse: the count stays in files.message for cached re-runs
-    ingest.drop_impossible_durations(con, [lf.file_id for lf in loaded.values()
-                                           if not lf.cached and lf.file_id is not None and lf.error is None])
-    from traceanalyze import diagnose
+    return cached
 
+
+def _reset_report(con, disc: Discovery) -> list[dict]:
+    """Empty the per-report tables; return the warning rows of the files discovery skipped or ignored."""
     for t in store.REPORT_TABLES:
         con.execute(f"DELETE FROM {t}")
     con.execute("UPDATE files SET run_id = NULL, rank = NULL, \"window\" = NULL")
@@ -146,6 +175,14 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
                             for f, m in disc.skipped]
     # every file walked and not used is listed too, with its folder (the Data quality table) and why: info only
     warnings += [{"file": f, "message": f"{m}; skipped", "level": "info"} for f, m in disc.ignored]
+    return warnings
+
+
+def _diagnose_runs(con, disc: Discovery, roles: dict, loaded, warnings: list[dict], link_bw_gbps, peak_tflops,
+                   gpu, max_decompressed) -> tuple[list[dict], list, list]:
+    """Each run built, diagnosed and priced by its what-if replay; returns (run models, evidence, findings)."""
+    from traceanalyze import diagnose
+
     runs_model = []
     evidence: list[diagnose.RunEvidence] = []
     all_findings: list[diagnose.Finding] = []
@@ -162,6 +199,13 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
         all_findings.extend(findings)
         runs_model.append(run_model)
         evidence.append(ev)
+    return runs_model, evidence, all_findings
+
+
+def _compare(runs_model: list[dict], evidence: list, all_findings: list) -> dict | None:
+    """The subject-vs-baseline comparison, when two runs pair up (its findings are added to ``all_findings``)."""
+    from traceanalyze import diagnose
+
     comparison = None
     pair = _comparison_pair(runs_model, evidence)
     if pair is not None:
@@ -175,6 +219,14 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
             runs_model[i]["findings"] = diagnose.to_dicts(diagnose.rank_findings(mine))
         if runs_model[bi]["role"] == "subject":  # implicit pair: say which run is the reference
             runs_model[bi]["role"] = "baseline"
+    return comparison
+
+
+def _report_model(con, runs_model: list[dict], evidence: list, all_findings: list, warnings: list[dict],
+                  comparison: dict | None) -> dict:
+    """The report model (``docs/schema.md``), its findings and warnings stored."""
+    from traceanalyze import diagnose
+
     # the report's ranking: subject runs' findings first (the baseline is the reference, not the patient)
     subjects = {r["name"] for r in runs_model if r["role"] == "subject"}
     ranked = diagnose.rank_findings([f for f in all_findings if f.run in subjects])
@@ -195,10 +247,7 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
     }
     if comparison is not None:
         model["comparison"] = comparison
-    con.execute("INSERT INTO report_cache VALUES (?, ?)", [cache_key, to_json(model)])
-    errors = [w["message"] if w["file"] is None else f"{w['file']}: {w['message']}" for w in warnings
-              if w.get("level") == "error"]
-    return Analysis(con=con, model=model, db_path=str(db) if db else None, discovery=disc, errors=errors)
+    return model
 
 
 def _load(con, paths: list[Path], jobs: int | None, progress, bound: dict, executor: str, scheduler: str | None,
@@ -226,8 +275,6 @@ def _load(con, paths: list[Path], jobs: int | None, progress, bound: dict, execu
 def _check_outputs(disc: Discovery, given: list, db, outputs) -> None:
     """Guarantee 2 (README, Safety): no output is an input file, no two outputs share a path; then the database's
     folder is created."""
-    from traceanalyze.safety import check_outputs
-
     outs = [(n, p) for n, p in (outputs or []) if p is not None]
     if db is not None and str(db) != ":memory:" and not any(n == "--db" for n, _ in outs):
         outs.append(("--db", db))
@@ -302,13 +349,28 @@ def _comparison_pair(runs_model: list[dict], evidence) -> tuple[int, int] | None
 def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: float | None = None,
                peak_tflops: float | None = None, gpu_option: str | None = None, max_decompressed: int | None = None
                ) -> tuple[dict, list[dict], diagnose.RunEvidence]:
-    from traceanalyze import diagnose, metrics
-    from traceanalyze.metrics import idle, steps
-    from traceanalyze.metrics.collectives import CollectiveSummary, analyze_collectives
-    from traceanalyze.metrics.host import compile_stats, launch_stats, loader_stats
-    from traceanalyze.metrics.precision import analyze_precision
+    """One run through the stages: its files placed as ranks and windows, the facts their headers state, the
+    metrics, the what-if replay and the evidence the rules read; returns (run model, warnings, evidence)."""
+    from traceanalyze import metrics
 
     warnings: list[dict] = []
+    good, headers, ranks, by_rank, grouping = _place_files(con, run_id, run, loaded, warnings)
+    facts, gpu = _header_facts(run, headers, by_rank, good, gpu_option, warnings)
+    mode = metrics.run_mode(con, run_id)
+    con.execute("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [run_id, run.name, str(run.path), role, facts["world_size"], facts["backend"], mode,
+                 facts["gpu_model"], facts["gpu_count"], facts["nccl_version"], facts["cuda_runtime_version"]])
+    a = _analyses(con, run_id, run, mode, facts, good, link_bw_gbps, peak_tflops, max_decompressed, warnings)
+    ev, longest, compile_step_us = _evidence(con, run_id, run, a, facts, gpu, bool(good))
+    model = _run_model(run_id, run, role, a, ev, facts, by_rank, grouping, good, ranks, longest, compile_step_us)
+    for w in warnings:
+        w.setdefault("run", run.name)
+    return model, warnings, ev
+
+
+def _place_files(con, run_id: int, run: Run, loaded, warnings: list[dict]):
+    """The run's readable files as ranks and profiling windows (stored in ``files``); returns (good files,
+    headers, rank of each path, files by rank, how files became ranks for the data-quality section)."""
     good = []
     # one query for the run's files, not one per file (2.4 s of the cross-rank work at 1,024 ranks)
     ids = [loaded[p].file_id for p in run.traces if loaded[p].file_id is not None]
@@ -363,7 +425,13 @@ def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: floa
         n_files = sum(len(lfs) for lfs in by_rank.values())
         grouping.insert(0, f"{n_files} trace file{'s' if n_files != 1 else ''} read as {len(by_rank)} "
                            f"rank{'s' if len(by_rank) != 1 else ''}")
+    return good, headers, ranks, by_rank, grouping
 
+
+def _header_facts(run: Run, headers: dict, by_rank: dict, good: list, gpu_option: str | None,
+                  warnings: list[dict]):
+    """World size, backend, GPU and versions the headers state, the GPU resolved against ``--gpu``, and the
+    missing ranks as spans; returns (facts, GPU)."""
     facts = _run_facts(headers.values(), by_rank)
     gpu = hardware.resolve(facts.pop("_gpu"), gpu_option)
     facts["gpu_capability"] = gpu.sm
@@ -380,10 +448,37 @@ def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: floa
                                         f"{run.path} for a complete picture"})
         facts["missing_ranks"] = rank_spans(missing)  # [first, last] pairs: bounded by the gaps, not the ranks
         facts["n_missing_ranks"] = len(missing)
-    mode = metrics.run_mode(con, run_id)
-    con.execute("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [run_id, run.name, str(run.path), role, facts["world_size"], facts["backend"], mode,
-                 facts["gpu_model"], facts["gpu_count"], facts["nccl_version"], facts["cuda_runtime_version"]])
+    return facts, gpu
+
+
+@dataclass
+class _RunAnalyses:
+    """What the metrics, the sidecars and the replay of one run gave (:func:`_analyses`)."""
+
+    mode: str
+    rank_rows: list
+    step_rows: list
+    side: dict
+    coll: Any
+    link: dict
+    prec: Any
+    comp: Any
+    loader: Any
+    launch: Any
+    idle_rows: list
+    top: list
+    replay: tuple
+
+
+def _analyses(con, run_id: int, run: Run, mode: str, facts: dict, good: list, link_bw_gbps, peak_tflops,
+              max_decompressed, warnings: list[dict]) -> _RunAnalyses:
+    """Every metric of one run, its logs and its what-if replay; the pure-SQL ones and the replay overlap."""
+    from traceanalyze import metrics
+    from traceanalyze.metrics import idle
+    from traceanalyze.metrics.collectives import CollectiveSummary, analyze_collectives
+    from traceanalyze.metrics.host import compile_stats, launch_stats, loader_stats
+    from traceanalyze.metrics.precision import analyze_precision
+
     # two pure-SQL analyses run on a second connection meanwhile: DuckDB works without the GIL, so they overlap
     # with the Python parts of the others (-0.08 s on 8 ranks). Both then hold their working memory at once, so
     # a run of many events computes them in turn instead.
@@ -427,6 +522,19 @@ def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: floa
                     [[run_id, *(getattr(c, f) for f in cols)] for c in coll.summaries])
     replay_model, whatif, picture = replay_result() if replay_result else ({}, [], {})
     rp_cur.close()
+    return _RunAnalyses(mode, rank_rows, step_rows, side, coll, link, prec, comp, loader, launch, idle_rows, top,
+                        (replay_model, whatif, picture))
+
+
+def _evidence(con, run_id: int, run: Run, a: _RunAnalyses, facts: dict, gpu, traced: bool):
+    """What the rules read about the run (:class:`diagnose.RunEvidence`); returns (evidence, longest rank's µs
+    per counted step without the compile step, the compile step's µs)."""
+    from traceanalyze import diagnose
+    from traceanalyze.metrics import steps, where
+
+    mode, rank_rows, step_rows, side, coll, link = a.mode, a.rank_rows, a.step_rows, a.side, a.coll, a.link
+    prec, comp, loader, launch, idle_rows = a.prec, a.comp, a.loader, a.launch, a.idle_rows
+    good = traced
     ranks_model = [_rank_model(r) for r in rank_rows]
     steps_model = [asdict(s) for s in step_rows]
     # the run's step time: median over the counted steps of the longest rank's duration (metrics.steps)
@@ -451,10 +559,21 @@ def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: floa
         launch=launch, facts=side["facts"], log_steps=side["log_steps"], nccl=side["nccl"],
         topology=side["topology"], link=link, idle=[r.model() for r in idle_rows], gpu=gpu, compile_step=compile_step)
     if good and steps_model:
-        from traceanalyze.metrics import where
-
         ev.rank_ops = where.op_time_per_step(con, run_id, mode)
         ev.host_gaps, ev.gap_us_per_step = where.host_gaps(con, run_id)
+    return ev, longest, compile_step_us
+
+
+def _run_model(run_id: int, run: Run, role: str, a: _RunAnalyses, ev, facts: dict, by_rank: dict, grouping: list,
+               good: list, ranks: dict, longest: dict, compile_step_us) -> dict:
+    """The run's part of the report model (``docs/schema.md``, ``runs[i]``)."""
+    from traceanalyze import diagnose
+
+    coll, prec, comp, loader, side, link, top, idle_rows = a.coll, a.prec, a.comp, a.loader, a.side, a.link, a.top, \
+        a.idle_rows
+    replay_model, whatif, picture = a.replay
+    mode, world, ranks_model, steps_model, step_time, compile_step = ev.mode, ev.world_size, ev.ranks, ev.steps, \
+        ev.step_time_us, ev.compile_step
     model = {
         "run_id": run_id,
         "name": run.name,
@@ -491,9 +610,7 @@ def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: floa
         "replay_picture": picture or None,
     }
     model["effective_batch"] = diagnose.effective_batch_of(ev)
-    for w in warnings:
-        w.setdefault("run", run.name)
-    return model, warnings, ev
+    return model
 
 
 def _log_step_time(log_steps: list) -> dict | None:

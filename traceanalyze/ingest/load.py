@@ -35,6 +35,7 @@ import duckdb
 
 from traceanalyze import store
 from traceanalyze.errors import InputError
+from traceanalyze.limits import DEFAULT_MAX_DECOMPRESSED
 
 if TYPE_CHECKING:
     from traceanalyze.ingest.parse import TraceFile
@@ -232,7 +233,7 @@ def _in_order(results):
 
 def load_traces(con: duckdb.DuckDBPyConnection, paths: Iterable[Path], *, jobs: int | None = None,
                 progress: Callable[[int], None] | None = None,
-                max_decompressed: int = 64 << 30, executor=None, parts_dir: str | Path | None = None
+                max_decompressed: int = DEFAULT_MAX_DECOMPRESSED, executor=None, parts_dir: str | Path | None = None
                 ) -> list[LoadedFile]:
     """Parse the trace files not already in the store (cache key: resolved path, size, mtime and
     :func:`fingerprint`) and load them.
@@ -598,7 +599,7 @@ class _FileLoad:
     def _parse_whole(self) -> None:
         """A part did not end between two events (guarantee 7): drop the parts' rows and parse the file in one
         piece in this process, so that its rows are exactly those of an unsplit parse."""
-        tmp, max_decompressed = self.whole or (tempfile.gettempdir(), 64 << 30)
+        tmp, max_decompressed = self.whole or (tempfile.gettempdir(), DEFAULT_MAX_DECOMPRESSED)
         self.con.execute("BEGIN TRANSACTION")
         try:
             self._delete_rows(self.file_id)

@@ -18,6 +18,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from traceanalyze.limits import MAX_STEP_TIMES
 from traceanalyze.logs.model import Fact, LogResult, LogStep, normalize_precision, number_text, to_int, to_number
 from traceanalyze.logs.read import iter_lines, read_text
 from traceanalyze.logs.state import LogState
@@ -39,7 +40,6 @@ _LF_PROCESS = re.compile(
     r"Process rank: (\d+), (?:world size: (?P<ws>\d+), )?device: [^,\s]+,?(?: n_gpu: (?P<ngpu>\d+))?"
 )
 _COMPUTE_DTYPE = re.compile(r"compute dtype: (?:torch\.)?(\w+)")
-MAX_STEP_TIMES = 1_000_000  # step records read from one step-time JSON
 
 
 # --------------------------------------------------------------------------------------------------------

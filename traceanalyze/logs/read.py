@@ -17,10 +17,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from traceanalyze.errors import InputError
+from traceanalyze.limits import DEFAULT_MAX_DECOMPRESSED, MAX_LINE_BYTES, MAX_WHOLE_FILE_BYTES
 
-DEFAULT_MAX_BYTES = 64 << 30  # as ingest.DEFAULT_MAX_DECOMPRESSED (not imported: ingest is a sibling stage)
-MAX_WHOLE_FILE_BYTES = 64 << 20
-MAX_LINE_BYTES = 1 << 20
+DEFAULT_MAX_BYTES = DEFAULT_MAX_DECOMPRESSED  # what a log may inflate to: as a trace
 
 _ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)")
 _TQDM_RE = re.compile(r"\s*\d{1,3}%\|[^|]*\|\s*\d+/\d+\s*\[[^\]]*\]")

@@ -9,10 +9,10 @@ import datetime as _dt
 from pathlib import Path
 from typing import Any
 
-from traceanalyze import __version__
 from traceanalyze.report import charts
 from traceanalyze.report.html import render_template
 from traceanalyze.report.model import CAUSE_COLORS, CAUSE_LABELS, CAUSES
+from traceanalyze.version import __version__
 
 MAX_GROUP_CHARTS = 40  # the index draws step time over time for at most this many groups (the busiest)
 

@@ -1,0 +1,53 @@
+"""A finding: one cause of slowness, in the report's vocabulary (``shared/DESIGN.md``, Causes).
+
+A finding has a ``cause`` (the four the report attributes a slowdown to), a finer ``kind``, a ``severity``, the
+``impact_pct`` that fixing it would win back (% of step time; from the what-if replay where one applies,
+:func:`traceanalyze.diagnose.apply_to_findings`), the ranks it concerns, evidence and a recommendation. The
+kinds are a closed set: a rule that makes a finding of another kind is a bug, caught when it is made.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+Cause = Literal["interconnect", "precision", "imbalance", "config"]
+Severity = Literal["high", "medium", "low"]
+Kind = Literal[
+    # interconnect
+    "slow_collectives", "topology",
+    # precision
+    "fp32_matmul", "autocast_missing",
+    # imbalance
+    "straggler", "idle_rank", "untraced_ranks",
+    # config
+    "gradient_accumulation", "compile_overhead", "recompiles", "dataloader", "launch_bound", "host_bound",
+    "unexplained_idle",
+]
+CAUSES: tuple[str, ...] = get_args(Cause)
+KINDS: tuple[str, ...] = get_args(Kind)
+SEVERITIES: tuple[str, ...] = get_args(Severity)
+
+
+@dataclass
+class Finding:
+    """One cause of slowness with its evidence.
+
+    Raises:
+        ValueError: ``cause``, ``kind`` or ``severity`` outside the report's vocabulary.
+    """
+
+    cause: Cause
+    kind: Kind
+    severity: Severity
+    impact_pct: float  # % of the run's step time that fixing the cause wins back
+    ranks: list[int]
+    title: str
+    evidence: list[str]
+    recommendation: str
+    run: str = ""
+    assumption: str = ""  # what the impact rests on that the inputs do not state (shown in the verdict)
+
+    def __post_init__(self) -> None:
+        if self.cause not in CAUSES or self.kind not in KINDS or self.severity not in SEVERITIES:
+            raise ValueError(f"finding outside the vocabulary: {self.cause}/{self.kind}/{self.severity}")

@@ -1,0 +1,26 @@
+"""Every default bound, in one place: what one input may cost, and the defaults that options start from.
+
+Inputs are hostile (README, Safety): every size, count and number read from a file is bounded, and each bound
+is named here once, with its unit and why it is that size. Rule thresholds (what makes a finding) live with
+their rules in :mod:`traceanalyze.diagnose`; the report's display caps live in :mod:`traceanalyze.report`.
+This module imports nothing, so every layer may read it.
+"""
+
+from __future__ import annotations
+
+# --- what one file may cost ------------------------------------------------------------------------------
+DEFAULT_MAX_DECOMPRESSED = 64 << 30  # bytes one trace, log or config may inflate to (--max-decompressed; gzip bombs)
+MAX_WHOLE_FILE_BYTES = 64 << 20  # bytes of a file read whole (a config, an env file, trainer_state.json)
+MAX_LINE_BYTES = 1 << 20  # bytes of one log line; the rest of a longer line is skipped and counted
+MAX_EVENT_BYTES = 64 << 20  # bytes of one trace event: a larger one is a corrupt file, not an event
+MAX_STEP_TIMES = 1_000_000  # step records read from one step-time JSON
+SNIFF_BYTES = 64 << 10  # bytes of a file's head read to tell what it is
+
+# --- numbers read from a trace ---------------------------------------------------------------------------
+MAX_DUR_US = 86_400e6  # µs: an event longer than 1 day is a CUPTI timestamp fault (durations of years)
+MAX_TS_US = 4e15  # µs: |ts| beyond year ~2096 in epoch µs is garbage (and would overflow int64 ns)
+MAX_WORLD_SIZE = 1 << 20  # ranks: a distributedInfo.world_size above this is implausible (ignored, one warning)
+
+# --- defaults of options -----------------------------------------------------------------------------------
+DEFAULT_MAX_EVENTS = 2_000_000  # events in a merged Perfetto trace (export --max-events)
+REGRESSION_THRESHOLD = 1.2  # batch --threshold: step time above this × the group's median of earlier runs
