@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from markdown_it import MarkdownIt
 
-from tests.test_render import synthetic_model
+from tests.test_report import synthetic_model
 from tests.test_robustness import invoke, write_trace
 from traceanalyze import batch, cli, safety, store
 from traceanalyze.api import load

@@ -50,7 +50,7 @@ STEP_LINE = re.compile(r"^Step (?P<step>\d+) \| (?P<kv>(?:[A-Za-z_][\w/.-]*:\S+\
 def run_dirs() -> list[Path]:
     """Every folder with a scenario.json (grad_accum has one at the top and one per sub-run). Deliberately
     includes the paired samples' run folders ``pairs/<pair>/{slow,fixed}``: they are recorded by the same
-    generate.py and must pass the same checks (tests/test_pairs.py checks their pair.json)."""
+    generate.py and must pass the same checks (tests/test_replay_pairs.py checks their pair.json)."""
     return sorted(p.parent for p in SAMPLES.rglob("scenario.json"))
 
 

@@ -234,6 +234,9 @@ def _aligned_origin(con: duckdb.DuckDBPyConnection, run_id: int, off_sql: str) -
             WHERE f.run_id = $1 AND c.cat IN ('cpu_op', 'user_annotation'))""", [run_id]).fetchone()[0] or 0
 
 
+_EVENT_ORDER = "rank, pid, tid, device, stream, ts, dur DESC, name, cat, external_id, correlation"
+
+
 def _event_queries(off_sql: str) -> dict[str, str]:
     """Class -> SQL of its events (``rank, pid, tid, device, stream, cat, name, ts`` (aligned ns), ``dur, external_id,
     correlation``), in the order classes take the event budget: annotations, kernels, top-level CPU ops."""
@@ -369,7 +372,11 @@ def export_trace(con: duckdb.DuckDBPyConnection, out_path: str | Path, *, run: s
         for cls, sql in _event_queries(off_sql).items():
             total = con.execute(f"SELECT count(*) FROM ({sql})", [run_id]).fetchone()[0]
             lim = budget.fit(cls, total)
-            q = sql if lim is None else f"SELECT * FROM ({sql}) ORDER BY dur DESC LIMIT {int(lim)}"
+            # one total order, so that two exports of one database are the same file (a parallel scan's order is
+            # not); under the budget, the longest events are kept, ties broken the same way every time
+            q = (f"SELECT * FROM ({sql}) ORDER BY {_EVENT_ORDER}" if lim is None else
+                 f"SELECT * FROM (SELECT * FROM ({sql}) ORDER BY dur DESC, {_EVENT_ORDER} LIMIT {int(lim)}) "
+                 f"ORDER BY {_EVENT_ORDER}")
             n_written += w.events(con.execute(q, [run_id]), origin)
         meta = {"tool": "traceanalyze", "run": run_name, "mode": mode, "ranks": ranks,
                 "clock_offsets_us": {str(r): round(o / 1e3, 3) for r, o in offsets.items()},
