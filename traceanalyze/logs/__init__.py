@@ -51,7 +51,6 @@ from traceanalyze.logs.model import (
     NcclInfo,
     TopoLink,
     Topology,
-    effective_batch,
     normalize_precision,
 )
 from traceanalyze.logs.read import DEFAULT_MAX_BYTES, MAX_LINE_BYTES, MAX_WHOLE_FILE_BYTES
@@ -70,7 +69,6 @@ __all__ = [
     "NcclInfo",
     "TopoLink",
     "Topology",
-    "effective_batch",
     "normalize_precision",
     "parse_config",
     "parse_env",

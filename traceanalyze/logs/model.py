@@ -196,23 +196,6 @@ def normalize_precision(value: Any) -> str | None:
     return None
 
 
-def effective_batch(per_device_batch: int, gradient_accumulation_steps: int, data_parallel_size: int) -> int:
-    """Effective (global) batch in samples per optimizer step.
-
-    DESIGN.md: effective (global) batch = per-device micro-batch × gradient accumulation steps ×
-    data-parallel world size. (Tensor/pipeline/context-parallel ranks share one sample, so only the
-    data-parallel size counts.) Raises ValueError when any argument is not a positive integer.
-    """
-    for name, v in (
-        ("per_device_batch", per_device_batch),
-        ("gradient_accumulation_steps", gradient_accumulation_steps),
-        ("data_parallel_size", data_parallel_size),
-    ):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive integer, got {v!r}")
-    return per_device_batch * gradient_accumulation_steps * data_parallel_size
-
-
 def to_number(text: Any) -> float | None:
     """Float from a printed number (``"1,234"``, ``"3.5"``, ``"nan"``); None when not a number."""
     if text is None or isinstance(text, bool):
