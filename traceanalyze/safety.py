@@ -208,10 +208,13 @@ def check_outputs(outputs: Iterable[tuple[str, str | Path]], inputs: Iterable[st
         k = _key(p)
         hit = in_keys.get(k)
         real = os.path.realpath(p)
-        if hit is None and os.path.lexists(p) and not is_own_output(p, is_own_db):
-            hit = next((Path(d) for d in dirs if os.path.commonpath([d, real]) == d), None)
-            if hit is None:
-                hit = _hard_link_in(p, dirs)
+        if hit is None and os.path.lexists(p):
+            # an existing file inside an input folder (or a hard link into one) is an input unless we wrote it;
+            # whether we did is asked only then (for a database it means opening it)
+            inside = next((Path(d) for d in dirs if os.path.commonpath([d, real]) == d), None) or \
+                _hard_link_in(p, dirs)
+            if inside is not None and not is_own_output(p, is_own_db):
+                hit = inside
         if hit is None:
             with contextlib.suppress(OSError):
                 st = p.stat()
