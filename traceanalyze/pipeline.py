@@ -526,7 +526,7 @@ def _analyses(con, run_id: int, run: Run, mode: str, facts: dict, good: list, li
                         (replay_model, whatif, picture))
 
 
-def _evidence(con, run_id: int, run: Run, a: _RunAnalyses, facts: dict, gpu, traced: bool):
+def _evidence(con, run_id: int, run: Run, a: _RunAnalyses, facts: dict, gpu, good: bool):
     """What the rules read about the run (:class:`diagnose.RunEvidence`); returns (evidence, longest rank's µs
     per counted step without the compile step, the compile step's µs)."""
     from traceanalyze import diagnose
@@ -534,7 +534,6 @@ def _evidence(con, run_id: int, run: Run, a: _RunAnalyses, facts: dict, gpu, tra
 
     mode, rank_rows, step_rows, side, coll, link = a.mode, a.rank_rows, a.step_rows, a.side, a.coll, a.link
     prec, comp, loader, launch, idle_rows = a.prec, a.comp, a.loader, a.launch, a.idle_rows
-    good = traced
     ranks_model = [_rank_model(r) for r in rank_rows]
     steps_model = [asdict(s) for s in step_rows]
     # the run's step time: median over the counted steps of the longest rank's duration (metrics.steps)
