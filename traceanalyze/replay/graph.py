@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import re
-import warnings
 from dataclasses import dataclass, field
 
 import duckdb
@@ -79,8 +78,8 @@ class Graph:
     rank: np.ndarray
     res: np.ndarray
     kind: np.ndarray
-    name: object  # pyarrow string array: task names
-    name_code: np.ndarray  # per task: index of its name among the distinct names
+    name: object  # pyarrow string array: the distinct task names
+    name_code: np.ndarray  # per task: index of its name in ``name``
     step: np.ndarray
     start: np.ndarray
     dur: np.ndarray
@@ -174,20 +173,37 @@ def _fetch(con, sql: str, params: list) -> dict[str, np.ndarray]:
 
 def _fetch_arrow(con, sql: str, params: list) -> dict:
     """Columns of a query: ``name`` as an Arrow string array (no Python object per row: 500k names cost
-    seconds as objects), the others as NumPy arrays with NULL read as 0."""
+    seconds as objects), the others as NumPy arrays with NULL read as 0. ``con.sql`` hands DuckDB's Arrow result
+    over without the copy that a DB-API ``execute`` makes, and each column is converted (and released) in turn:
+    the peak is the result plus one column, not three copies of it."""
     import pyarrow as pa
 
-    with warnings.catch_warnings():  # the copy DuckDB warns about is far cheaper than one Python object per row
-        warnings.simplefilter("ignore", UserWarning)
-        t = con.execute(sql, params).to_arrow_table()
+    con.complete()  # DuckDB 2 refuses a new query while a DB-API result of this connection is unfinished
+    t = con.sql(sql, params=params).to_arrow_table()
     out: dict = {}
     for c in t.column_names:
-        a = t.column(c).combine_chunks()
+        a = t.column(c)
+        t = t.drop_columns([c])
         if c == "name":
-            out[c] = a.cast(pa.string())
-        else:
-            out[c] = a.fill_null(False if pa.types.is_boolean(a.type) else 0).to_numpy(zero_copy_only=False)
+            out[c] = _name_codes(a)
+            continue
+        if a.null_count:
+            a = a.fill_null(False if pa.types.is_boolean(a.type) else 0)
+        out[c] = a.to_numpy()
+        del a
     return out
+
+
+def _name_codes(names) -> tuple[np.ndarray, object]:
+    """(per row: index into the distinct names, the distinct names as an Arrow string array) of an Arrow string
+    column: a graph holds each of its few hundred names once, not once per task."""
+    import pyarrow as pa
+
+    enc = names.dictionary_encode(null_encoding="encode")
+    if isinstance(enc, pa.ChunkedArray):
+        enc = enc.combine_chunks() if enc.num_chunks else pa.array([], pa.dictionary(pa.int32(), pa.string()))
+    codes = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    return codes, enc.dictionary.cast(pa.string())
 
 
 @dataclass
@@ -354,7 +370,7 @@ def _host_tasks(con, rc: _RunClock) -> dict:
         ts = np.asarray(h["ts_ns"], np.int64) - rc.origin
         end = ts + np.asarray(h["dur_ns"], np.int64)
         top = ts >= _seg_cummax_excl(np.clip(end, 0, (1 << _T_SHIFT) - 1), thr)
-        h = {k: (v.filter(pa.array(top)) if k == "name" else v[top]) for k, v in h.items()}
+        h = {k: ((v[0][top], v[1]) if k == "name" else v[top]) for k, v in h.items()}
     flag = np.asarray(h["flag"], np.int64)
     coll = (flag == 3) & (rc.mode != "gpu")
     return dict(rank=rc.rank_of(np.asarray(h["file_id"], np.int64)), rk=np.where(coll, 2, 0),
@@ -403,7 +419,7 @@ def _marker_tasks(st: dict[str, np.ndarray]) -> dict:
                 kind=np.concatenate([np.full(n_st, K_BEGIN), np.full(n_st, K_END)]),
                 ts=np.concatenate([st["start_ns"], st["end_ns"]]).astype(np.int64),
                 dur=np.zeros(2 * n_st, np.int64),
-                name=pa.array([f"ProfilerStep#{s}" for s in st["step"].tolist()] * 2, pa.string()),
+                name=_name_codes(pa.array([f"ProfilerStep#{s}" for s in st["step"].tolist()] * 2, pa.string())),
                 corr=np.zeros(2 * n_st, np.int64), fid=np.concatenate([st["file_id"]] * 2).astype(np.int64),
                 ext=np.concatenate([st["step"]] * 2).astype(np.int64), flag=np.zeros(2 * n_st, np.int64))
 
@@ -411,26 +427,30 @@ def _marker_tasks(st: dict[str, np.ndarray]) -> dict:
 def _order_tasks(parts: list[dict], rc: _RunClock) -> _Tasks:
     """All tasks in resource order: by resource (rank, host|stream|comm, pid|device, tid|stream; comm = the gloo
     threads), then start; at one start an end marker, then a begin marker, then the longest task first."""
-    import pyarrow as pa
-
-    names = pa.concat_arrays([p.pop("name") for p in parts])
-    cols = {c: np.concatenate([p[c] for p in parts]) for c in parts[0]}
+    names, codes = _unify_names([p.pop("name") for p in parts])
+    # each part's column is released as soon as it is concatenated (the parts are the graph's size again)
+    cols = {c: np.concatenate([p.pop(c) for p in parts]) for c in list(parts[0])}
+    cols["name"] = codes
     n = cols["ts"].size
     rel = rc.rel_ns(cols["ts"], cols["rank"])
     is_coll_host = (cols["kind"] == K_COLL) & (cols["rk"] == 2)
     rk = np.where(is_coll_host, 2, cols["rk"])
-    res_keys = np.stack([cols["rank"], rk, cols["a"], cols["b"]], axis=1) if n else np.zeros((0, 4), np.int64)
+    res_keys = np.stack([cols["rank"], rk, cols.pop("a"), cols.pop("b")], axis=1) if n else np.zeros((0, 4), np.int64)
     uniq, res = _unique_rows(res_keys)
+    del res_keys
     kind_order = np.select([cols["kind"] == K_END, cols["kind"] == K_BEGIN], [0, 1], 2)
-    order = np.lexsort((-cols["dur"], kind_order, rel, res))
-    cols = {c: v[order] for c, v in cols.items()}
-    names = names.take(pa.array(order))
-    name_code = names.dictionary_encode().indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    dur_ns = cols.pop("dur")
+    order = np.lexsort((-dur_ns, kind_order, rel, res))
+    del kind_order
+    dur = dur_ns[order] / 1e3
+    del dur_ns
+    for c in cols:  # one column at a time, so that only one extra copy is alive
+        cols[c] = cols[c][order]
+    name_code = cols.pop("name")
     res, rel, rk = res[order], rel[order], rk[order]
     prefix = {0: "host", 1: "stream", 2: "comm"}
     res_names = [f"{prefix[int(r[1])]}:{int(r[2])}/{int(r[3])}" for r in uniq]
     start = rel / 1e3
-    dur = cols["dur"] / 1e3
     end = start + dur
     first = np.ones(n, dtype=bool)
     first[1:] = res[1:] != res[:-1]
@@ -439,6 +459,18 @@ def _order_tasks(parts: list[dict], rc: _RunClock) -> _Tasks:
     gap[first] = 0.0
     return _Tasks(cols=cols, names=names, name_code=name_code, uniq=uniq, res=res, res_names=res_names, rk=rk,
                   rel=rel, start=start, dur=dur, end=end, first=first, gap=gap)
+
+
+def _unify_names(parts: list[tuple[np.ndarray, object]]) -> tuple[object, np.ndarray]:
+    """(the distinct names as an Arrow string array; per row of the concatenated parts: its index into them) of
+    several :func:`_name_codes` results."""
+    import pyarrow as pa
+
+    enc = pa.concat_arrays([d for _, d in parts]).dictionary_encode(null_encoding="encode")
+    remap = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    base = np.cumsum([0] + [len(d) for _, d in parts])
+    codes = [remap[b + c] if c.size else c for (c, _), b in zip(parts, base, strict=False)]
+    return enc.dictionary, (np.concatenate(codes) if codes else np.zeros(0)).astype(np.int64)
 
 
 def _step_markers(t: _Tasks, st: dict[str, np.ndarray]) -> tuple[np.ndarray, list[tuple[int, int, int, int, bool]]]:
@@ -892,13 +924,13 @@ def save(con: duckdb.DuckDBPyConnection, g: Graph) -> None:
     tbl = pa.table({
         "run_id": pa.array(np.full(n, g.run_id, np.int32)), "task_id": pa.array(np.arange(n, dtype=np.int64)),
         "rank": pa.array(g.rank.astype(np.int32)), "resource": res_arr, "kind": kind_arr,
-        "name": g.name,
+        "name": pa.DictionaryArray.from_arrays(pa.array(g.name_code.astype(np.int32)), g.name),
         "step": pa.array(g.step.astype(np.int32), mask=g.step < 0),
         "start_us": pa.array(g.start), "dur_us": pa.array(g.dur),
         "gap_us": pa.array(np.where(host[g.res] | (g.kind != K_HOST), g.gap, 0.0)),
         "gap_label": pa.array(g.gap_label.tolist(), pa.string())})
     con.register("_sim_task_in", tbl)
-    con.execute("INSERT INTO sim_task SELECT run_id, task_id, rank, resource::VARCHAR, kind::VARCHAR, name, step, "
+    con.execute("INSERT INTO sim_task SELECT run_id, task_id, rank, resource::VARCHAR, kind::VARCHAR, name::VARCHAR, step, "
                 "start_us, dur_us, gap_us, gap_label FROM _sim_task_in")
     con.unregister("_sim_task_in")
     dt = pa.DictionaryArray.from_arrays(pa.array(g.dep_type.astype(np.int32)), pa.array(list(DEP_TYPES)))
