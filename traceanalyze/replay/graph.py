@@ -43,6 +43,7 @@ KINDS = ("host", "kernel", "memcpy", "memset", "collective", "step_begin", "step
 K_HOST, K_KERNEL, K_MEMCPY, K_MEMSET, K_COLL, K_BEGIN, K_END = range(7)
 DEP_TYPES = ("launch", "gpu_cpu_sync", "inter_thread", "collective_wait")
 CATEGORIES = ("dataloader", "compile", "optimizer", "launch", "matmul_fp32")
+GAP_LABELS = ("host", "launch", "optimizer", "compile", "dataloader")  # sim_task.gap_label; code -1: none
 WAIT_GAP_US = 1000.0  # a host gap this long may be a wait on another thread or a collective (Chakra, Lumos: 1 ms)
 WAIT_TAIL = 0.25  # ... when the awaited task ended after this share of the gap
 SYNC_CALLS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaMemcpy",
@@ -87,7 +88,7 @@ class Graph:
     first: np.ndarray
     chain_gap: np.ndarray
     chain_dur: np.ndarray
-    gap_label: np.ndarray  # object
+    gap_label: np.ndarray  # int8 per task: index into GAP_LABELS, -1 for none
     cover: dict[str, np.ndarray]  # category -> µs of the task under it
     gap_cover: dict[str, np.ndarray]  # category -> µs of the gap before the task under it
     dep_src: np.ndarray
@@ -352,7 +353,6 @@ def build(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_size: in
 def _host_tasks(con, rc: _RunClock) -> dict:
     """Task columns of the host tasks: the runtime calls (GPU runs), else each thread's top-level ops with the
     ``gloo:*`` ranges as collectives on their own threads."""
-    import pyarrow as pa
 
     args = _flag_args([rc.run_id])
     if rc.mode == "gpu":
@@ -710,28 +710,34 @@ def _categories(con, rc: _RunClock, t: _Tasks) -> tuple[dict[str, np.ndarray], d
             continue
         code = 4 if cname == "matmul_fp32" else ci
         m = (cat == code) & (r_res >= 0)
+        if not m.any():  # calloc'd zeros: no memory until written (most runs have no ranges of most kinds)
+            cover[cname], gap_cover[cname] = np.zeros(n), np.zeros(n)
+            continue
         u = _union_cover(r_res[m], lo[m], hi[m])
-        c_task = (_covered(u, res, e_ns) - _covered(u, res, s_ns)) / 1e3
-        c_gap = (_covered(u, res, s_ns) - _covered(u, res, p_ns)) / 1e3
+        at_start = _covered(u, res, s_ns)
+        c_task = (_covered(u, res, e_ns) - at_start) / 1e3
+        c_gap = (at_start - _covered(u, res, p_ns)) / 1e3
+        del at_start
         cover[cname] = np.where(host, c_task, 0.0)
         gap_cover[cname] = np.where(host & ~first, np.clip(c_gap, 0, None), 0.0)
     # the fp32 GEMM kernels (GPU runs): the whole kernel
     if mode == "gpu":
-        cover["matmul_fp32"] = np.where((rk == 1) & (ext > 0), end - start, 0.0)
+        fp32 = (rk == 1) & (ext > 0)
+        cover["matmul_fp32"] = np.where(fp32, end - start, 0.0) if fp32.any() else np.zeros(n)
     # launch overhead: the gap between two kernel launches of one thread, outside dataloader/compile ranges
     is_launch = flag == 2
     prev_launch = np.concatenate([[False], is_launch[:-1]])
     lg = host & ~first & is_launch & prev_launch & (mode == "gpu")
     gap_cover["launch"] = np.where(lg, np.clip(gap - gap_cover["dataloader"] - gap_cover["compile"], 0, None), 0.0)
     cover["launch"] = np.zeros(n)
-    label = np.full(n, "host", dtype=object)
+    label = np.zeros(n, np.int8)
     best = np.zeros(n)
-    for cname in ("launch", "optimizer", "compile", "dataloader"):
+    for code, cname in enumerate(GAP_LABELS[1:], start=1):
         c = gap_cover[cname]
         better = c > np.maximum(best, 0.5 * gap)
-        label[better] = cname
+        label[better] = code
         best = np.maximum(best, c)
-    label[~host | first] = None
+    label[~host | first] = -1
     return cover, gap_cover, label
 
 
@@ -928,10 +934,11 @@ def save(con: duckdb.DuckDBPyConnection, g: Graph) -> None:
         "step": pa.array(g.step.astype(np.int32), mask=g.step < 0),
         "start_us": pa.array(g.start), "dur_us": pa.array(g.dur),
         "gap_us": pa.array(np.where(host[g.res] | (g.kind != K_HOST), g.gap, 0.0)),
-        "gap_label": pa.array(g.gap_label.tolist(), pa.string())})
+        "gap_label": pa.DictionaryArray.from_arrays(pa.array(g.gap_label, mask=g.gap_label < 0),
+                                                    pa.array(GAP_LABELS))})
     con.register("_sim_task_in", tbl)
-    con.execute("INSERT INTO sim_task SELECT run_id, task_id, rank, resource::VARCHAR, kind::VARCHAR, name::VARCHAR, step, "
-                "start_us, dur_us, gap_us, gap_label FROM _sim_task_in")
+    con.execute("INSERT INTO sim_task SELECT run_id, task_id, rank, resource::VARCHAR, kind::VARCHAR, "
+                "name::VARCHAR, step, start_us, dur_us, gap_us, gap_label::VARCHAR FROM _sim_task_in")
     con.unregister("_sim_task_in")
     dt = pa.DictionaryArray.from_arrays(pa.array(g.dep_type.astype(np.int32)), pa.array(list(DEP_TYPES)))
     con.register("_sim_dep_in", pa.table({"src": pa.array(g.dep_src), "dst": pa.array(g.dep_dst), "t": dt,

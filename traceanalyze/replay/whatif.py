@@ -268,6 +268,7 @@ def _whatif_row(g: gr.Graph, sc: str, ctx: dict, pred: float, m_run: float, err:
 
 LANE_SEGMENTS = 400  # segments drawn per rank lane at most (the longest kept)
 LABELS = ("compute", "host", "wait", "communication", "transfer", "dataloader", "compile", "optimizer", "launch")
+_GAP_TO_LABEL = np.array([LABELS.index(x) if x in LABELS else 1 for x in gr.GAP_LABELS], np.int64)
 
 
 def _task_labels(g: gr.Graph, idx: np.ndarray) -> np.ndarray:
@@ -322,7 +323,7 @@ def _picture(g: gr.Graph, rp: simulate.Replay, measured, counted, m_long) -> dic
         host = np.arange(b + 1, e)  # the step's thread: tasks between its markers (resource order)
         gp = host[(g.gap[host] > 0) & ~g.first[host]]
         gap_start = np.maximum(rp.end[gp - 1], lo)
-        gap_lab = np.array([LABELS.index(x) if x in LABELS else 1 for x in g.gap_label[gp].tolist()], np.int64)
+        gap_lab = np.where(g.gap_label[gp] >= 0, _GAP_TO_LABEL[np.clip(g.gap_label[gp], 0, None)], 1)
         gap_lab[waits[gp]] = LABELS.index("wait")
         st = np.concatenate([gap_start, rp.start[host]])
         ln = np.concatenate([rp.start[gp] - gap_start, rp.end[host] - rp.start[host]])
