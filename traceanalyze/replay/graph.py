@@ -58,6 +58,9 @@ GEMM_KERNEL = re.compile(r"(?i)gemm|xmma|cutlass|cublas|wgmma")
 # host-row flag computed by DuckDB (a Python pass over 500k names costs seconds): 1 sync, 2 launch, 3 gloo
 _FLAG = ("CASE WHEN c.name IN (SELECT unnest($2)) THEN 1 WHEN c.name IN (SELECT unnest($3)) THEN 2 "
          "WHEN c.name LIKE 'gloo:%' THEN 3 ELSE 0 END AS flag")
+BUILD_CHUNK_EVENTS = 1_000_000  # kernels + CPU ops of the ranks whose graph is built at once (~200 MB beside it)
+FETCH_BATCH_ROWS = 1 << 17  # rows per Arrow batch read from DuckDB by _fetch_arrow
+SAVE_SLICE_ROWS = 1 << 18  # sim_task rows written per INSERT by save
 _T_SHIFT = 41  # thread/rank index << _T_SHIFT + ns since the run's start: one sortable int64 key (2^41 ns = 36 min)
 
 
@@ -173,25 +176,33 @@ def _fetch(con, sql: str, params: list) -> dict[str, np.ndarray]:
 
 
 def _fetch_arrow(con, sql: str, params: list) -> dict:
-    """Columns of a query: ``name`` as an Arrow string array (no Python object per row: 500k names cost
-    seconds as objects), the others as NumPy arrays with NULL read as 0. ``con.sql`` hands DuckDB's Arrow result
-    over without the copy that a DB-API ``execute`` makes, and each column is converted (and released) in turn:
-    the peak is the result plus one column, not three copies of it."""
+    """Columns of a query: ``name`` as (per row: index into the distinct names, the distinct names as an Arrow
+    string array), the others as NumPy arrays with NULL read as 0. The result streams from DuckDB in batches of
+    :data:`FETCH_BATCH_ROWS`, each converted as it comes: the whole result never exists as Arrow (at 1,024 ranks
+    that was hundreds of MB beside the arrays made from it)."""
     import pyarrow as pa
 
     con.complete()  # DuckDB 2 refuses a new query while a DB-API result of this connection is unfinished
-    t = con.sql(sql, params=params).to_arrow_table()
+    reader = con.sql(sql, params=params).to_arrow_reader(FETCH_BATCH_ROWS)
+    parts: dict[str, list] = {c: [] for c in reader.schema.names}
+    for batch in reader:
+        for c, a in zip(batch.schema.names, batch.columns, strict=True):
+            if c == "name":
+                parts[c].append(_name_codes(a))
+                continue
+            if a.null_count:
+                a = a.fill_null(False if pa.types.is_boolean(a.type) else 0)
+            # a copy: a view would keep the whole DuckDB batch (its strings too) alive until the end
+            parts[c].append(a.to_numpy(zero_copy_only=False, writable=True))
+        del batch
     out: dict = {}
-    for c in t.column_names:
-        a = t.column(c)
-        t = t.drop_columns([c])
+    for c in list(parts):
+        chunks = parts.pop(c)
         if c == "name":
-            out[c] = _name_codes(a)
-            continue
-        if a.null_count:
-            a = a.fill_null(False if pa.types.is_boolean(a.type) else 0)
-        out[c] = a.to_numpy()
-        del a
+            out[c] = _unify_names(chunks)[::-1] if chunks else (np.zeros(0, np.int64), pa.array([], pa.string()))
+        else:
+            dtype = reader.schema.field(c).type.to_pandas_dtype() if not chunks else chunks[0].dtype
+            out[c] = np.concatenate(chunks) if chunks else np.zeros(0, dtype)
     return out
 
 
@@ -302,7 +313,7 @@ class _Edges:
 
 
 def build(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_size: int | None,
-          clock_offsets_us: dict | None = None) -> Graph:
+          clock_offsets_us: dict | None = None, max_chunk_events: int = BUILD_CHUNK_EVENTS) -> Graph:
     """Build the run's graph from the store (module docstring); nothing is written (see :func:`save`).
 
     Args:
@@ -311,59 +322,130 @@ def build(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_size: in
         mode: ``gpu`` (kernels present) or ``cpu`` (gloo / CPU-only: top-level ops are the host tasks).
         world_size: ranks in the job (a collective whose group reaches a rank not in the folder is incomplete).
         clock_offsets_us: rank -> offset (µs) to subtract from its times (``metrics.collectives``), or None.
+        max_chunk_events: kernels and CPU ops read at once (:func:`_rank_chunks`); the graph does not depend on it.
     """
     rc = _run_clock(con, run_id, mode, world_size, clock_offsets_us)
-    parts = [_host_tasks(con, rc)]
-    if mode == "gpu":
-        parts.append(_device_tasks(con, rc))
     st = _fetch(con, "SELECT file_id, rank, step, start_ns, end_ns, pid, tid, counted FROM profiler_steps(?)",
                 [run_id])
+    comm = communication_kernels(con, run_id) if mode == "gpu" else []
+    chunks = [_build_chunk(con, rc, fids, {k: v[np.isin(st["file_id"], fids)] for k, v in st.items()}, comm)
+              for fids in _rank_chunks(con, rc, max_chunk_events)]
+    c = _join_chunks(chunks)
+    del chunks
+    # edges in one canonical order (destination, source, type), whatever the chunks
+    dep = c.pop("dep")
+    o = np.lexsort((dep[4], dep[0], dep[1])) if dep[0].size else np.zeros(0, np.int64)
+    dep = [x[o] for x in dep]
+    g = Graph(run_id=run_id, mode=mode, ranks=rc.ranks, world_size=rc.world, res_names=c["res_names"],
+              rank=c["rank"], res=c["res"], kind=c["kind"], name=c["name"][1], name_code=c["name"][0],
+              step=c["step"], start=c["start"], dur=c["dur"], gap=c["gap"], first=c["first"], chain_gap=c["cg"],
+              chain_dur=c["cd"], gap_label=c["gap_label"], cover=c["cover"], gap_cover=c["gap_cover"],
+              dep_src=dep[0].astype(np.int64), dep_dst=dep[1].astype(np.int64), dep_end=dep[2].astype(bool),
+              dep_off=dep[3].astype(float), dep_type=dep[4].astype(np.int64),
+              inst=np.full(c["start"].size, -1, np.int64), inst_transfer=np.zeros(0),
+              inst_complete=np.zeros(0, bool), inst_coll=[], inst_bytes=np.zeros(0, np.int64),
+              inst_n=np.zeros(0, np.int64), inst_matched_by=[], steps=c["steps"], missing_edges=[])
+    if mode == "gpu":
+        g.missing_edges.append("cross-stream event waits (cuda_sync \"Stream Wait Event\" rows are not read from the "
+                               "traces; streams are ordered only by their launches)")
+    _match_collectives(con, g, rc, c["coll_fid"], c["coll_ts"])
+    return g
+
+
+def _rank_chunks(con, rc: _RunClock, max_events: int) -> list[list[int]]:
+    """The run's file ids in chunks of whole ranks, in rank order, each of at most ``max_events`` kernels and CPU
+    ops (one rank over it is a chunk of its own): the graph is built a chunk at a time, so that what building
+    holds beside the graph is bounded by a chunk, not by the run."""
+    rows = con.execute("""SELECT rank, list(file_id ORDER BY file_id),
+               sum(coalesce(n_kernels, 0) + coalesce(n_cpu_ops, 0))
+        FROM files WHERE run_id = ? AND rank IS NOT NULL GROUP BY rank ORDER BY rank""", [rc.run_id]).fetchall()
+    chunks: list[list[int]] = []
+    cur: list[int] = []
+    size = 0
+    for _, fids, n in rows:
+        if cur and size + int(n or 0) > max_events:
+            chunks.append(cur)
+            cur, size = [], 0
+        cur += [int(f) for f in fids]
+        size += int(n or 0)
+    return [*chunks, cur] if cur else chunks
+
+
+def _build_chunk(con, rc: _RunClock, fids: list[int], st: dict[str, np.ndarray], comm: list[str]) -> dict:
+    """The graph's arrays for the ranks of ``fids`` (tasks, edges, categories; task ids local to the chunk).
+    Every edge but a collective's rendezvous joins tasks of one rank, so chunks of whole ranks join without
+    loss (:func:`_join_chunks`)."""
+    parts = [_host_tasks(con, rc, fids)]
+    if rc.mode == "gpu":
+        parts.append(_device_tasks(con, rc, fids, comm))
     parts.append(_marker_tasks(st))
     t = _order_tasks(parts, rc)
+    del parts
     step, steps = _step_markers(t, st)
     edges = _Edges()
     anchor, cg, cd = t.start.copy(), t.gap.copy(), t.dur.copy()
     dev = np.flatnonzero(t.rk == 1)
     _launch_edges(t, dev, edges, anchor, cg)
-    if mode != "gpu":
-        _gloo_issue_edges(con, rc, t, edges, anchor, cg)
+    if rc.mode != "gpu":
+        _gloo_issue_edges(con, rc, t, edges, anchor, cg, fids)
     if steps:
         step = _steps_by_anchor(t, steps, anchor, step)
-    missing: list[str] = []
-    if mode == "gpu":
+    del anchor
+    if rc.mode == "gpu":
         _sync_edges(t, dev, edges, cd)
-        missing.append("cross-stream event waits (cuda_sync \"Stream Wait Event\" rows are not read from the traces;"
-                       " streams are ordered only by their launches)")
-    _wait_edges(t, mode, edges, cg)
-    dep = edges.arrays()
+    _wait_edges(t, rc.mode, edges, cg)
     # categories: host time under dataloader / compile / optimizer ranges and fp32 matmuls (CPU runs)
-    cover, gap_cover, gap_label = _categories(con, rc, t)
-    g = Graph(run_id=run_id, mode=mode, ranks=rc.ranks, world_size=rc.world, res_names=t.res_names, rank=t.rank,
-              res=t.res, kind=t.kind, name=t.names, name_code=t.name_code, step=step, start=t.start, dur=t.dur,
-              gap=t.gap, first=t.first, chain_gap=cg, chain_dur=cd, gap_label=gap_label, cover=cover,
-              gap_cover=gap_cover, dep_src=dep[0].astype(np.int64), dep_dst=dep[1].astype(np.int64),
-              dep_end=dep[2].astype(bool), dep_off=dep[3].astype(float), dep_type=dep[4].astype(np.int64),
-              inst=np.full(t.n, -1, np.int64), inst_transfer=np.zeros(0), inst_complete=np.zeros(0, bool),
-              inst_coll=[], inst_bytes=np.zeros(0, np.int64), inst_n=np.zeros(0, np.int64), inst_matched_by=[],
-              steps=steps, missing_edges=missing)
-    _match_collectives(con, g, rc, t.cols)
-    return g
+    cover, gap_cover, gap_label = _categories(con, rc, t, fids)
+    coll = t.kind == K_COLL
+    return dict(n=t.n, rank=t.rank, res=t.res, kind=t.kind, name=(t.name_code, t.names), step=step, start=t.start,
+                dur=t.dur, gap=t.gap, first=t.first, cg=cg, cd=cd, gap_label=gap_label, cover=cover,
+                gap_cover=gap_cover, dep=edges.arrays(), steps=steps, res_names=t.res_names,
+                coll_fid=t.cols["fid"][coll], coll_ts=t.cols["ts"][coll])
 
 
-def _host_tasks(con, rc: _RunClock) -> dict:
+def _join_chunks(chunks: list[dict]) -> dict:
+    """One chunk's arrays for the whole run: task ids, resources and edges offset by the chunks before; each
+    array is joined and its parts released in turn (the peak is the graph plus one array)."""
+    if len(chunks) == 1:
+        return chunks[0]
+    base = np.cumsum([0] + [c["n"] for c in chunks])
+    res_base = np.cumsum([0] + [len(c["res_names"]) for c in chunks])
+    out: dict = {"steps": [(r, s, b + int(o), e + int(o), k) for c, o in zip(chunks, base, strict=False)
+                           for r, s, b, e, k in c["steps"]],
+                 "res_names": [n for c in chunks for n in c["res_names"]]}
+    out["name"] = _unify_names([c.pop("name") for c in chunks])[::-1]
+    for c, o, ro in zip(chunks, base, res_base, strict=False):
+        c["res"] = c["res"] + ro
+        src, dst, *rest = c["dep"]
+        c["dep"] = [src + o, dst + o, *rest]
+    for k in ("rank", "res", "kind", "step", "start", "dur", "gap", "first", "cg", "cd", "gap_label", "coll_fid",
+              "coll_ts"):
+        out[k] = np.concatenate([c.pop(k) for c in chunks])
+    out["dep"] = [np.concatenate([c["dep"][i] for c in chunks]) for i in range(5)]
+    for k in ("cover", "gap_cover"):
+        out[k] = {}
+        for cat in list(chunks[0][k]):
+            arrs = [c[k].pop(cat) for c in chunks]
+            # all-zero categories stay calloc'd zeros (no memory until written)
+            out[k][cat] = np.concatenate(arrs) if any(a.any() for a in arrs) else np.zeros(int(base[-1]))
+    return out
+
+
+def _host_tasks(con, rc: _RunClock, fids: list[int]) -> dict:
     """Task columns of the host tasks: the runtime calls (GPU runs), else each thread's top-level ops with the
     ``gloo:*`` ranges as collectives on their own threads."""
 
-    args = _flag_args([rc.run_id])
+    args = [*_flag_args([rc.run_id]), fids]
     if rc.mode == "gpu":
         h = _fetch_arrow(con, f"""SELECT c.file_id, c.pid, c.tid, c.ts_ns, c.dur_ns, c.correlation, c.name, {_FLAG}
             FROM cpu_ops c JOIN files f USING (file_id)
-            WHERE f.run_id = $1 AND f.rank IS NOT NULL AND c.cat IN ('cuda_runtime', 'cuda_driver')""", args)
+            WHERE f.run_id = $1 AND f.rank IS NOT NULL AND f.file_id IN (SELECT unnest($4))
+              AND c.cat IN ('cuda_runtime', 'cuda_driver')""", args)
     else:
         h = _fetch_arrow(con, f"""SELECT c.file_id, c.pid, c.tid, c.ts_ns, c.dur_ns, c.correlation, c.name, {_FLAG}
             FROM cpu_ops c JOIN files f USING (file_id)
-            WHERE f.run_id = $1 AND f.rank IS NOT NULL AND c.cat IN ('cpu_op', 'user_annotation')
-              AND profiler_step(c.cat, c.name) IS NULL
+            WHERE f.run_id = $1 AND f.rank IS NOT NULL AND f.file_id IN (SELECT unnest($4))
+              AND c.cat IN ('cpu_op', 'user_annotation') AND profiler_step(c.cat, c.name) IS NULL
             ORDER BY c.file_id, c.pid, c.tid, c.ts_ns, c.dur_ns DESC""", args)
         # top-level ops of each thread: those that start after every earlier op of the thread ended
         thr = _thread_codes(h["file_id"], h["pid"], h["tid"])
@@ -380,7 +462,7 @@ def _host_tasks(con, rc: _RunClock) -> dict:
                 ext=np.zeros(flag.size, np.int64), flag=flag)
 
 
-def _device_tasks(con, rc: _RunClock) -> dict:
+def _device_tasks(con, rc: _RunClock, fids: list[int], comm: list[str]) -> dict:
     """Task columns of the GPU runs' kernels, memcpys and memsets; NCCL kernels are collectives, and ``ext`` marks
     the GEMM kernels launched by an fp32 matmul op."""
     k = _fetch_arrow(con, f"""SELECT k.file_id, CASE k.cat WHEN 'gpu_memcpy' THEN 1 WHEN 'gpu_memset' THEN 2
@@ -390,11 +472,11 @@ def _device_tasks(con, rc: _RunClock) -> dict:
                     THEN regexp_matches(k.name, '{GEMM_KERNEL.pattern}') ELSE FALSE END AS fp32_gemm
         FROM kernels k JOIN files f USING (file_id)
         LEFT JOIN (SELECT DISTINCT c.file_id, c.external_id FROM cpu_ops c JOIN files f2 USING (file_id)
-                   WHERE f2.run_id = $1 AND c.name IN (SELECT unnest($2))
+                   WHERE f2.run_id = $1 AND f2.file_id IN (SELECT unnest($4)) AND c.name IN (SELECT unnest($2))
                      AND (c.input_types LIKE '["float"%' OR c.input_types LIKE '[''float''%')) m
              ON m.file_id = k.file_id AND m.external_id = k.external_id
-        WHERE f.run_id = $1 AND f.rank IS NOT NULL AND k.cat IN ('kernel', 'gpu_memcpy', 'gpu_memset')""",
-                     [rc.run_id, list(MATMUL_OPS), communication_kernels(con, rc.run_id)])
+        WHERE f.run_id = $1 AND f.rank IS NOT NULL AND f.file_id IN (SELECT unnest($4))
+          AND k.cat IN ('kernel', 'gpu_memcpy', 'gpu_memset')""", [rc.run_id, list(MATMUL_OPS), comm, fids])
     cat = np.asarray(k["catc"], np.int64)
     kind = np.where(np.asarray(k["comm"], bool), K_COLL,
                     np.where(cat == 1, K_MEMCPY, np.where(cat == 2, K_MEMSET, K_KERNEL)))
@@ -462,15 +544,20 @@ def _order_tasks(parts: list[dict], rc: _RunClock) -> _Tasks:
 
 
 def _unify_names(parts: list[tuple[np.ndarray, object]]) -> tuple[object, np.ndarray]:
-    """(the distinct names as an Arrow string array; per row of the concatenated parts: its index into them) of
-    several :func:`_name_codes` results."""
+    """(the distinct names, sorted, as an Arrow string array; per row of the concatenated parts: its index into
+    them) of several :func:`_name_codes` results."""
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     enc = pa.concat_arrays([d for _, d in parts]).dictionary_encode(null_encoding="encode")
-    remap = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    # sorted, so that the codes do not depend on how the rows came in (chunks, batches)
+    by_name = pc.array_sort_indices(enc.dictionary, null_placement="at_end").to_numpy()
+    rank_of = np.empty(by_name.size, np.int64)
+    rank_of[by_name] = np.arange(by_name.size)
+    remap = rank_of[enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)]
     base = np.cumsum([0] + [len(d) for _, d in parts])
     codes = [remap[b + c] if c.size else c for (c, _), b in zip(parts, base, strict=False)]
-    return enc.dictionary, (np.concatenate(codes) if codes else np.zeros(0)).astype(np.int64)
+    return enc.dictionary.take(pa.array(by_name)), (np.concatenate(codes) if codes else np.zeros(0)).astype(np.int64)
 
 
 def _step_markers(t: _Tasks, st: dict[str, np.ndarray]) -> tuple[np.ndarray, list[tuple[int, int, int, int, bool]]]:
@@ -508,14 +595,16 @@ def _launch_edges(t: _Tasks, dev: np.ndarray, edges: _Edges, anchor: np.ndarray,
     anchor[d] = t.start[s]
 
 
-def _gloo_issue_edges(con, rc: _RunClock, t: _Tasks, edges: _Edges, anchor: np.ndarray, cg: np.ndarray) -> None:
+def _gloo_issue_edges(con, rc: _RunClock, t: _Tasks, edges: _Edges, anchor: np.ndarray, cg: np.ndarray,
+                      fids: list[int]) -> None:
     """CPU runs: gloo collective <- the top-level task holding the latest ``c10d::*`` call (of the rank) at or
     before its start; the collective's anchor becomes that call's start."""
     rank, res, rel = t.rank, t.res, t.rel
     coll = np.flatnonzero(t.kind == K_COLL)
     c10 = _fetch(con, """SELECT c.file_id, c.pid, c.tid, c.ts_ns FROM cpu_ops c JOIN files f USING (file_id)
-        WHERE f.run_id = ? AND f.rank IS NOT NULL AND c.name LIKE 'c10d::%' AND c.name NOT LIKE 'c10d::wait%'
-        ORDER BY c.ts_ns""", [rc.run_id])
+        WHERE f.run_id = ? AND f.rank IS NOT NULL AND f.file_id IN (SELECT unnest(?))
+          AND c.name LIKE 'c10d::%' AND c.name NOT LIKE 'c10d::wait%'
+        ORDER BY c.ts_ns""", [rc.run_id, fids])
     if not (coll.size and c10["ts_ns"].size):
         return
     c_rank = rc.rank_of(np.asarray(c10["file_id"], np.int64))
@@ -674,7 +763,8 @@ def _add_launch(d, s, start, end, first, cg, *deps, issue=None) -> None:
     _extend(*deps, s, d, False, off, 0)
 
 
-def _categories(con, rc: _RunClock, t: _Tasks) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], np.ndarray]:
+def _categories(con, rc: _RunClock, t: _Tasks, fids: list[int]
+                ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], np.ndarray]:
     """µs of each host task and of the gap before it under each category (module docstring), and each gap's label.
     """
     run_id, mode, origin, off_ns, world = rc.run_id, rc.mode, rc.origin, rc.off_ns, rc.world
@@ -685,11 +775,12 @@ def _categories(con, rc: _RunClock, t: _Tasks) -> tuple[dict[str, np.ndarray], d
                CASE WHEN is_dataloader_op(c.name) THEN 0 WHEN c.name IN (SELECT unnest($2)) THEN 1
                     WHEN c.name LIKE 'Optimizer.%' THEN 2 ELSE 4 END AS cat
         FROM cpu_ops c JOIN files f USING (file_id)
-        WHERE f.run_id = $1 AND f.rank IS NOT NULL AND c.cat IN ('cpu_op', 'user_annotation')
+        WHERE f.run_id = $1 AND f.rank IS NOT NULL AND f.file_id IN (SELECT unnest($5))
+          AND c.cat IN ('cpu_op', 'user_annotation')
           AND (is_dataloader_op(c.name) OR c.name IN (SELECT unnest($2)) OR c.name LIKE 'Optimizer.%'
                OR ($3 AND c.name IN (SELECT unnest($4))
                    AND (c.input_types LIKE '["float"%' OR c.input_types LIKE '[''float''%')))""",
-               [run_id, list(COMPILE_RANGES), mode != "gpu", list(MATMUL_OPS)])
+               [run_id, list(COMPILE_RANGES), mode != "gpu", list(MATMUL_OPS), fids])
     lookup = {tuple(u): i for i, u in enumerate(uniq.tolist())}
     r_res = np.array([lookup.get((int(a), 0, int(b), int(c)), -1) for a, b, c in zip(
         r["rank"].tolist(), int_column(r["pid"])[0].tolist(), int_column(r["tid"])[0].tolist(), strict=True)],
@@ -784,12 +875,12 @@ def _group_ranks(text) -> list[int] | None:
     return None  # truncated at 30 entries by kineto, or absent: the run's world size then
 
 
-def _match_collectives(con, g: Graph, rc: _RunClock, cols: dict[str, np.ndarray]) -> None:
+def _match_collectives(con, g: Graph, rc: _RunClock, coll_fid: np.ndarray, coll_ts: np.ndarray) -> None:
     """Instances across ranks (module docstring): fills ``g.inst*``, drops incomplete ones from the rendezvous."""
     tasks = np.flatnonzero(g.kind == K_COLL)
     if tasks.size == 0:
         return
-    meta = _task_meta(_collective_meta(con, rc.run_id, rc.mode), cols, tasks, rc.origin)
+    meta = _task_meta(_collective_meta(con, rc.run_id, rc.mode), coll_fid, coll_ts, rc.origin)
     use_seq = bool(meta["has_seq"].all())
     rank = g.rank[tasks]
     start, end = g.start[tasks], g.start[tasks] + g.dur[tasks]
@@ -810,22 +901,21 @@ def _match_collectives(con, g: Graph, rc: _RunClock, cols: dict[str, np.ndarray]
         g.partial = reasons["peers"] > 0
 
 
-def _task_meta(meta: dict[str, np.ndarray], cols: dict[str, np.ndarray], tasks: np.ndarray, origin: int
-               ) -> dict[str, np.ndarray]:
+def _task_meta(meta: dict[str, np.ndarray], fid: np.ndarray, ts: np.ndarray, origin: int) -> dict[str, np.ndarray]:
     """Per collective task, its call's :func:`_collective_meta` (looked up by file and start; defaults where none
     matches): ``op``, ``bytes``, ``seq``, ``has_seq``, ``pg`` ("" for none) and ``pg_ranks``."""
     mkey = np.array([(f, t) for f, t in zip(meta["fid"].tolist(), meta["ts"].tolist(), strict=True)],
                     dtype=np.int64).reshape(-1, 2)
     order = np.lexsort((mkey[:, 1], mkey[:, 0])) if mkey.size else np.zeros(0, np.int64)
     mk_sorted = (mkey[order, 0] << 44) + (mkey[order, 1] - origin) if mkey.size else np.zeros(0, np.int64)
-    q = (cols["fid"][tasks] << 44) + (cols["ts"][tasks] - origin)
+    q = (fid.astype(np.int64) << 44) + (ts - origin)
     j = np.clip(np.searchsorted(mk_sorted, q), 0, max(mk_sorted.size - 1, 0))
     found = mk_sorted.size > 0 and True
-    hit = (mk_sorted[j] == q) if found else np.zeros(tasks.size, bool)
-    mi = order[j] if found else np.zeros(tasks.size, np.int64)
+    hit = (mk_sorted[j] == q) if found else np.zeros(fid.size, bool)
+    mi = order[j] if found else np.zeros(fid.size, np.int64)
 
     def col(name, default):
-        v = np.asarray(meta[name])[mi] if found else np.full(tasks.size, default)
+        v = np.asarray(meta[name])[mi] if found else np.full(fid.size, default)
         return np.where(hit, v, default)
 
     return {"op": col("op", "unknown"), "bytes": col("bytes", 0).astype(np.int64),
@@ -923,23 +1013,18 @@ def save(con: duckdb.DuckDBPyConnection, g: Graph) -> None:
 
     for t in ("sim_task", "sim_dep", "sim_coll"):
         con.execute(f"DELETE FROM {t} WHERE run_id = ?", [g.run_id])
-    n = g.start.size
     host = np.array([r.startswith("host:") for r in g.res_names], dtype=bool)
-    res_arr = pa.DictionaryArray.from_arrays(pa.array(g.res.astype(np.int32)), pa.array(g.res_names))
-    kind_arr = pa.DictionaryArray.from_arrays(pa.array(g.kind.astype(np.int32)), pa.array(list(KINDS)))
-    tbl = pa.table({
-        "run_id": pa.array(np.full(n, g.run_id, np.int32)), "task_id": pa.array(np.arange(n, dtype=np.int64)),
-        "rank": pa.array(g.rank.astype(np.int32)), "resource": res_arr, "kind": kind_arr,
-        "name": pa.DictionaryArray.from_arrays(pa.array(g.name_code.astype(np.int32)), g.name),
-        "step": pa.array(g.step.astype(np.int32), mask=g.step < 0),
-        "start_us": pa.array(g.start), "dur_us": pa.array(g.dur),
-        "gap_us": pa.array(np.where(host[g.res] | (g.kind != K_HOST), g.gap, 0.0)),
-        "gap_label": pa.DictionaryArray.from_arrays(pa.array(g.gap_label, mask=g.gap_label < 0),
-                                                    pa.array(GAP_LABELS))})
-    con.register("_sim_task_in", tbl)
-    con.execute("INSERT INTO sim_task SELECT run_id, task_id, rank, resource::VARCHAR, kind::VARCHAR, "
-                "name::VARCHAR, step, start_us, dur_us, gap_us, gap_label::VARCHAR FROM _sim_task_in")
-    con.unregister("_sim_task_in")
+    con.begin()  # one transaction: a commit per slice costs DuckDB more memory than the slices save
+    try:
+        for lo in range(0, g.start.size, SAVE_SLICE_ROWS):  # in slices: the Arrow copy of a slice at a time
+            con.register("_sim_task_in", _task_rows(g, lo, min(g.start.size, lo + SAVE_SLICE_ROWS), host))
+            con.execute("INSERT INTO sim_task SELECT run_id, task_id, rank, resource::VARCHAR, kind::VARCHAR, "
+                        "name::VARCHAR, step, start_us, dur_us, gap_us, gap_label::VARCHAR FROM _sim_task_in")
+            con.unregister("_sim_task_in")
+    except BaseException:
+        con.rollback()
+        raise
+    con.commit()
     dt = pa.DictionaryArray.from_arrays(pa.array(g.dep_type.astype(np.int32)), pa.array(list(DEP_TYPES)))
     con.register("_sim_dep_in", pa.table({"src": pa.array(g.dep_src), "dst": pa.array(g.dep_dst), "t": dt,
                                           "e": pa.array(g.dep_end), "o": pa.array(g.dep_off)}))
@@ -963,6 +1048,24 @@ def save(con: duckdb.DuckDBPyConnection, g: Graph) -> None:
         con.execute("INSERT INTO sim_coll SELECT ?, i, r, t, m::VARCHAR, c::VARCHAR, b, s, e, x, w, ok "
                     "FROM _sim_coll_in", [g.run_id])
         con.unregister("_sim_coll_in")
+
+
+def _task_rows(g: Graph, lo: int, hi: int, host: np.ndarray):
+    """Rows ``lo:hi`` of ``sim_task`` as an Arrow table (``host``: per resource, a host thread)."""
+    import pyarrow as pa
+
+    sl = slice(lo, hi)
+    res, kind, step, gap_label = g.res[sl], g.kind[sl], g.step[sl], g.gap_label[sl]
+    return pa.table({
+        "run_id": pa.array(np.full(hi - lo, g.run_id, np.int32)),
+        "task_id": pa.array(np.arange(lo, hi, dtype=np.int64)), "rank": pa.array(g.rank[sl].astype(np.int32)),
+        "resource": pa.DictionaryArray.from_arrays(pa.array(res.astype(np.int32)), pa.array(g.res_names)),
+        "kind": pa.DictionaryArray.from_arrays(pa.array(kind.astype(np.int32)), pa.array(list(KINDS))),
+        "name": pa.DictionaryArray.from_arrays(pa.array(g.name_code[sl].astype(np.int32)), g.name),
+        "step": pa.array(step.astype(np.int32), mask=step < 0),
+        "start_us": pa.array(g.start[sl]), "dur_us": pa.array(g.dur[sl]),
+        "gap_us": pa.array(np.where(host[res] | (kind != K_HOST), g.gap[sl], 0.0)),
+        "gap_label": pa.DictionaryArray.from_arrays(pa.array(gap_label, mask=gap_label < 0), pa.array(GAP_LABELS))})
 
 
 def _instance_of_tasks(g: Graph, ct: np.ndarray) -> np.ndarray:

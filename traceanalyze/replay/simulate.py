@@ -92,12 +92,14 @@ def replay(g: Graph, dur: np.ndarray | None = None, gap: np.ndarray | None = Non
         if p.ct.size:
             m_ready = np.full(tr.size, UNKNOWN)
             np.maximum.at(m_ready, p.ci, ready)
-        moved = float(np.max(np.abs(s - before))) if n else 0.0
+        np.subtract(s, before, out=before)  # in place: no temporaries of the graph's size
+        moved = float(np.max(np.abs(before, out=before))) if n else 0.0
         if passes > 1 and moved < TOLERANCE_US:
             converged = True
             break
-    s = np.where(s <= UNKNOWN / 2, -np.inf, s)
-    e = np.where(s == -np.inf, -np.inf, e)
+    unknown = s <= UNKNOWN / 2
+    s[unknown] = -np.inf
+    e[unknown] = -np.inf
     out = Replay(start=s, end=e, passes=passes, converged=converged)
     if keep_binding:
         out.binding = _binding(g, s, e, p.d, p.cg, p.ct, p.ci, p.dsrc, p.ddst, p.dend,  # type: ignore[attr-defined]
@@ -109,8 +111,8 @@ def _plan(g: Graph, dur: np.ndarray | None, gap: np.ndarray | None, tr: np.ndarr
     """The fixed part of a replay (:class:`_Plan`): durations with each complete collective at its transfer time,
     the chain offsets, the pinned starts, the edges by destination and the resource slices."""
     n = g.start.size
-    d = (g.chain_dur if dur is None else dur).astype(float).copy()
-    cg = (g.chain_gap if gap is None else gap).astype(float)
+    d = np.array(g.chain_dur if dur is None else dur, dtype=float)  # a copy: collectives get their transfer
+    cg = np.asarray(g.chain_gap if gap is None else gap, dtype=float)
     ct = np.flatnonzero(g.inst >= 0)
     ci = g.inst[ct]
     d[ct] = tr[ci]
@@ -119,9 +121,10 @@ def _plan(g: Graph, dur: np.ndarray | None, gap: np.ndarray | None, tr: np.ndarr
     if n > 1:
         inc[1:] = d[:-1] + cg[1:]
     inc[first] = 0.0
-    cs = np.cumsum(inc)
+    cs = np.cumsum(inc, out=inc)
     seg_first = np.maximum.accumulate(np.where(first, np.arange(n), 0)) if n else np.zeros(0, np.int64)
     c = cs - cs[seg_first]
+    del cs, inc, seg_first
     floor = -2.0 * (float(np.ptp(g.start)) + float(c.max(initial=0.0)) + 1e6) if n else -1.0
     # a resource's first task starts where it was measured unless an edge says when (a launch, a wait)
     pinned = first.copy()
@@ -130,8 +133,11 @@ def _plan(g: Graph, dur: np.ndarray | None, gap: np.ndarray | None, tr: np.ndarr
     r0 = np.full(n, UNKNOWN)
     r0[pinned] = g.start[pinned]
     # explicit edges grouped by destination once
-    o = np.argsort(g.dep_dst, kind="stable")
-    dsrc, ddst, dend, doff = g.dep_src[o], g.dep_dst[o], g.dep_end[o], g.dep_off[o]
+    if np.all(g.dep_dst[1:] >= g.dep_dst[:-1]):  # graph.build sorts them so: no copies
+        dsrc, ddst, dend, doff = g.dep_src, g.dep_dst, g.dep_end, g.dep_off
+    else:
+        o = np.argsort(g.dep_dst, kind="stable")
+        dsrc, ddst, dend, doff = g.dep_src[o], g.dep_dst[o], g.dep_end[o], g.dep_off[o]
     udst, ustart = np.unique(ddst, return_index=True) if ddst.size else (np.zeros(0, np.int64), np.zeros(0, np.int64))
     ustop = np.append(ustart[1:], ddst.size).astype(np.int64)
     return _Plan(d=d, cg=cg, c=c, floor=floor, r0=r0, ct=ct, ci=ci, prev_ct=np.clip(ct - 1, 0, None),
@@ -187,12 +193,10 @@ def _pass(p: _Plan, s: np.ndarray, e: np.ndarray, ready: np.ndarray, m_ready: np
 def _binding(g: Graph, s, e, d, cg, ct, ci, dsrc, ddst, dend, doff) -> np.ndarray:
     """Per task, the predecessor whose time set its start (-1: its measured first start)."""
     n = s.size
-    best = np.full(n, -np.inf)
-    who = np.full(n, -1, np.int64)
-    chain = np.full(n, -np.inf)
-    chain[1:] = e[:-1] + cg[1:]
-    chain[g.first] = -np.inf
-    best, who = chain.copy(), np.where(g.first, -1, np.arange(n) - 1)
+    best = np.full(n, -np.inf)  # the chain: the previous task's end plus the gap
+    best[1:] = e[:-1] + cg[1:]
+    best[g.first] = -np.inf
+    who = np.where(g.first, -1, np.arange(n) - 1)
     if ddst.size:
         vals = np.where(dend, e[dsrc], s[dsrc]) + doff
         o = np.lexsort((vals, ddst))
