@@ -300,3 +300,52 @@ def test_load_uses_the_system_allocator_and_puts_the_default_back(tmp_path, monk
     assert seen == [("system", ["comm_events", "cpu_ops", "kernels", "threads"])]  # IPC streams, even in-process
     assert pa.default_memory_pool().backend_name == before
     assert a.con.execute("SELECT count(*) FROM kernels").fetchone()[0] == 50
+
+
+def test_compute_calls_match_pyarrow_compute():
+    """traceanalyze.ingest.compute calls Arrow's functions as pyarrow.compute's wrappers do: the same arrays."""
+    import pyarrow as pa
+    import pyarrow.compute as pac
+
+    from traceanalyze.ingest import compute as pc
+
+    f = pa.array([1.25, -0.5, None, 2.5e6, float("nan")])
+    b = pa.array([True, None, False, True, True])
+    s = pa.array(["kernel", "cpu_op", None, "gpu_memcpy", "x"])
+    keys = pa.array(["kernel", "gpu_memcpy"])
+    cases = [
+        ("floor", (f,)), ("round", (pc.multiply(f, 1000.0),)), ("add", (f, 3)), ("subtract", (f, f)),
+        ("multiply", (f, 1000.0)), ("and_", (b, b)), ("or_", (b, pa.array([False] * 5))), ("invert", (b,)),
+        ("is_finite", (f,)), ("is_valid", (s,)), ("less", (f, 0.0)), ("less_equal", (f, 1.25)),
+        ("greater", (f, 0.0)), ("coalesce", (f, pa.array([0.0] * 5))), ("if_else", (b, "kernels", "cpu_ops")),
+        ("sum", (b,)), ("any", (b,)), ("fill_null", (b, False)), ("index_in", (s, keys)), ("is_in", (s, keys)),
+        ("take", (keys, pa.array([1, 0, None]))), ("cast", (pa.array([1.0, None, 3.0]), pa.int64())),
+        ("cast", (pa.array([b"a", None], pa.binary()), pa.string())),
+    ]
+    for name, args in cases:
+        ours, theirs = getattr(pc, name)(*args), getattr(pac, name)(*args)
+        assert ours.type == theirs.type and repr(ours.as_py() if isinstance(ours, pa.Scalar) else ours.to_pylist()
+                                                 ) == repr(theirs.as_py() if isinstance(theirs, pa.Scalar)
+                                                           else theirs.to_pylist()), name
+    t = pa.table({"a": f, "s": s})
+    assert repr(pc.filter(t, b).to_pylist()) == repr(t.filter(b).to_pylist())
+    assert repr(pc.filter(f, b).to_pylist()) == repr(f.filter(b).to_pylist())
+    with pytest.raises(pa.ArrowInvalid):  # a safe cast, as pyarrow.compute.cast's default
+        pc.cast(pa.array([1.5]), pa.int64())
+
+
+def test_parsing_never_imports_pyarrow_compute(tmp_path):
+    """pyarrow.compute builds a wrapper per Arrow function on import (~40 ms of each parsing process); pandas, which
+    imports it, is blocked by the command line."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    path = _write(tmp_path, _trace([_kernel(i) for i in range(3)] + [_op(i) for i in range(3)]), gz=True)
+    code = ("import sys; from pathlib import Path; from traceanalyze import ingest, store; ingest.block_pandas(); "
+            f"con = store.connect(None); [f] = ingest.load_traces(con, [Path({path!r})], jobs=1); "
+            "assert f.error is None and con.execute('SELECT count(*) FROM kernels').fetchone()[0] == 3; "
+            "print('pyarrow.compute' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[1]).stdout
+    assert out.split() == ["False"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
@@ -92,3 +93,49 @@ def test_cached_report_is_reused_only_for_the_same_inputs_and_options(tmp_path):
     assert "cached" not in other.model
     assert other.model["runs"][0]["link"] == {"expected_gbps": 12.0, "source": "--link-bw"}
     assert all(f["cached"] for f in other.model["runs"][0]["files"])
+
+
+def test_connect_skips_the_ddl_only_while_the_schema_is_in_place(tmp_path, monkeypatch):
+    import duckdb
+
+    from traceanalyze import store
+
+    db = tmp_path / "s.duckdb"
+    connect(db).close()
+    con = duckdb.connect(str(db))
+    con.execute("DROP TABLE findings")  # a table dropped by hand is seen, and made again
+    con.close()
+    connect(db).close()
+    con = duckdb.connect(str(db))
+    assert con.execute("SELECT count(*) FROM findings").fetchone() == (0,)
+    con.close()
+    ran = []
+    real_drop = store._drop_if_old
+    monkeypatch.setattr(store, "_drop_if_old", lambda c: ran.append(1) or real_drop(c))
+    connect(db).close()
+    assert ran == []  # in place: one query, no DDL
+    monkeypatch.setattr(store, "_SCHEMA_STAMP", "schema changed")  # another DDL (no version bump): it runs
+    connect(db).close()
+    assert ran == [1]
+
+
+def test_cached_rerun_of_the_command_line_opens_the_database_once(tmp_path, monkeypatch):
+    import duckdb
+
+    from tests.test_robustness import invoke
+
+    d = tmp_path / "run"
+    d.mkdir()
+    tiny_trace(d / "rank0.json", 0)
+    args = ("report", str(d), "-o", str(tmp_path / "r.html"), "--json", str(tmp_path / "r.json"), "-q")
+    assert invoke(*args)[0] == 0
+    opened = []
+    real_connect = duckdb.connect
+    monkeypatch.setattr(duckdb, "connect", lambda *a, **k: opened.append(k.get("read_only")) or real_connect(*a, **k))
+    assert invoke(*args)[0] == 0
+    assert opened == [True] and json.loads((tmp_path / "r.json").read_text())["cached"] is True
+    (tmp_path / "r.json").unlink()
+    opened.clear()
+    tiny_trace(d / "rank1.json", 1)  # a miss: read-only first, then as before (checked read-only, then written)
+    assert invoke(*args)[0] == 0
+    assert opened == [True, True, None] and not json.loads((tmp_path / "r.json").read_text()).get("cached")

@@ -233,7 +233,8 @@ def report(ctx: click.Context, paths: tuple[str, ...], output: str | None, json_
             a = analyze(list(paths), db=db_path, baseline=list(baseline) or None, jobs=jobs,
                         progress=prog.step, on_total=prog.total, link_bw_gbps=link_bw, peak_tflops=peak_tflops,
                         max_decompressed=max_decompressed, gpu=gpu, outputs=outputs,
-                        follow_external_symlinks=follow_external_symlinks, executor=executor, scheduler=scheduler)
+                        follow_external_symlinks=follow_external_symlinks, executor=executor, scheduler=scheduler,
+                        read_only_hit=not export_path)  # the export reads the database with file access
         finally:
             prog.close()
         try:

@@ -50,7 +50,7 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
             max_decompressed: int | None = None, gpu: str | None = None,
             outputs: list[tuple[str, str | Path | None]] | None = None,
             follow_external_symlinks: bool = False, executor: str = "local",
-            scheduler: str | None = None) -> Analysis:
+            scheduler: str | None = None, read_only_hit: bool = False) -> Analysis:
     """Analyze every run found under ``inputs`` (and ``baseline``, when given) end to end.
 
     Args:
@@ -78,6 +78,8 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
             loads, so its memory is bounded by a file's part, not by the traces.
         scheduler: address of a running Dask scheduler (``tcp://host:8786``); implies ``executor="dask"``. Its
             workers must see the traces and the database's folder at the same paths.
+        read_only_hit: a cached report may come with a read-only connection (no file access from SQL): what the
+            command line takes when it only writes the reports, for one open of the database instead of two.
 
     Returns:
         :class:`Analysis`.
@@ -91,10 +93,9 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
     base_in = [] if baseline is None else ([baseline] if isinstance(baseline, (str, Path)) else list(baseline))
     disc, roles = _discover(subject_in, base_in, follow_external_symlinks)
     _check_outputs(disc, subject_in + base_in, db, outputs)
-    con = store.connect(db)
     all_paths = [p for r in disc.runs for p in r.traces]
     cache_key = _cache_key(disc, roles, link_bw_gbps, peak_tflops, max_decompressed, gpu, follow_external_symlinks)
-    cached = _from_cache(con, cache_key, all_paths, progress)
+    con, cached = _open(db, cache_key, all_paths, progress, read_only_hit)
     if cached is not None:  # same inputs, same options, same tool: the stored report is still the answer
         return Analysis(con=con, model=cached, db_path=str(db) if db else None, discovery=disc)
     if on_total:
@@ -114,6 +115,18 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
     errors = [w["message"] if w["file"] is None else f"{w['file']}: {w['message']}" for w in warnings
               if w.get("level") == "error"]
     return Analysis(con=con, model=model, db_path=str(db) if db else None, discovery=disc, errors=errors)
+
+
+def _open(db, cache_key: str, all_paths: list[Path], progress, read_only_hit: bool):
+    """(the database's connection, the cached report model or None). With ``read_only_hit``, a database whose schema
+    is current is first opened read-only (:func:`store.open_if_current`): a hit needs nothing else."""
+    if read_only_hit and (ro := store.open_if_current(db)) is not None:
+        cached = _from_cache(ro, cache_key, all_paths, progress)
+        if cached is not None:
+            return ro, cached
+        ro.close()
+    con = store.connect(db)
+    return con, _from_cache(con, cache_key, all_paths, progress)
 
 
 def _discover(subject_in: list, base_in: list, follow: bool) -> tuple[Discovery, dict]:

@@ -676,8 +676,8 @@ def _insert_part(con: duckdb.DuckDBPyConnection, file_id, base: int = 0, tables:
     """
     import numpy as np
     import pyarrow as pa
-    import pyarrow.compute as pc
 
+    from traceanalyze.ingest import compute as pc  # not pyarrow.compute: see there
     from traceanalyze.ingest import parse  # not at module level: a cached report never parses
 
     items = file_id if isinstance(file_id, list) else [(file_id, base, tables)]

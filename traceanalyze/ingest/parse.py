@@ -27,10 +27,10 @@ from typing import Any, ClassVar, Union
 import msgspec
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from traceanalyze import store
 from traceanalyze.errors import InputError
+from traceanalyze.ingest import compute as pc
 from traceanalyze.limits import DEFAULT_MAX_DECOMPRESSED, MAX_DUR_US, MAX_EVENT_BYTES, MAX_TS_US
 from traceanalyze.safety import redact as _redact
 
@@ -540,7 +540,7 @@ class _Columns:
             self._append("cpu_ops", base, pc.and_(pc.invert(gpu), ok))
         if comm is not None:
             t, has = comm
-            t = t.filter(pc.fill_null(pc.and_(ok, has), False))
+            t = pc.filter(t, pc.fill_null(pc.and_(ok, has), False))
             if t.num_rows:
                 self.parts["comm_events"].append(t)
 
@@ -574,7 +574,7 @@ class _Columns:
 
     def _append(self, table: str, cols: dict, mask: pa.Array) -> None:
         schema = TABLES[table]
-        t = pa.table([cols[f] for f in schema.names], schema=schema).filter(mask)
+        t = pc.filter(pa.table([cols[f] for f in schema.names], schema=schema), mask)
         self.parts[table].append(t)
         self.rows += t.num_rows
 
@@ -658,7 +658,7 @@ def _raw_column(raws: list) -> pa.Array:
     # decoded run alive for the life of the process (a leak of ~2.6 MB per small rank in a reused worker)
     arr = pa.array([None if r is None else bytes(r) for r in raws], pa.binary())
     try:
-        return arr.cast(pa.string())
+        return pc.cast(arr, pa.string())
     except pa.ArrowInvalid:
         return pa.array([None if r is None else bytes(r).decode("utf-8", "replace") for r in raws], pa.string())
 
