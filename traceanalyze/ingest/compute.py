@@ -76,3 +76,13 @@ def fill_null(values: Any, fill_value: Any) -> Any:
 def filter(data: Any, mask: Any) -> Any:  # noqa: A001 - pyarrow.compute's name
     """``data.filter(mask)`` of an Array or Table: rows where ``mask`` is null are dropped."""
     return call_function("filter", [data, mask], _compute.FilterOptions("drop"))
+
+
+def dictionary_encode(values: Any, null_encoding: str = "mask") -> Any:
+    """``pyarrow.compute.dictionary_encode``: ``null_encoding="encode"`` gives null an index of its own."""
+    return call_function("dictionary_encode", [values], _compute.DictionaryEncodeOptions(null_encoding))
+
+
+def array_sort_indices(values: Any, null_placement: str = "at_end") -> Any:
+    """``pyarrow.compute.array_sort_indices`` in ascending order."""
+    return call_function("array_sort_indices", [values], _compute.ArraySortOptions("ascending", null_placement=null_placement))

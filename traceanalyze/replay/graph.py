@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 import duckdb
 import numpy as np
 
+from traceanalyze.ingest import compute as pc  # Arrow's compute functions without importing pyarrow.compute
 from traceanalyze.metrics.collectives import busbw_factor, collective_calls, communication_kernels, int_column
 from traceanalyze.metrics.host import COMPILE_RANGES
 
@@ -191,7 +192,7 @@ def _fetch_arrow(con, sql: str, params: list) -> dict:
                 parts[c].append(_name_codes(a))
                 continue
             if a.null_count:
-                a = a.fill_null(False if pa.types.is_boolean(a.type) else 0)
+                a = pc.fill_null(a, False if pa.types.is_boolean(a.type) else 0)
             # a copy: a view would keep the whole DuckDB batch (its strings too) alive until the end
             parts[c].append(a.to_numpy(zero_copy_only=False, writable=True))
         del batch
@@ -211,11 +212,11 @@ def _name_codes(names) -> tuple[np.ndarray, object]:
     column: a graph holds each of its few hundred names once, not once per task."""
     import pyarrow as pa
 
-    enc = names.dictionary_encode(null_encoding="encode")
+    enc = pc.dictionary_encode(names, "encode")
     if isinstance(enc, pa.ChunkedArray):
         enc = enc.combine_chunks() if enc.num_chunks else pa.array([], pa.dictionary(pa.int32(), pa.string()))
     codes = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-    return codes, enc.dictionary.cast(pa.string())
+    return codes, pc.cast(enc.dictionary, pa.string())
 
 
 @dataclass
@@ -547,17 +548,17 @@ def _unify_names(parts: list[tuple[np.ndarray, object]]) -> tuple[object, np.nda
     """(the distinct names, sorted, as an Arrow string array; per row of the concatenated parts: its index into
     them) of several :func:`_name_codes` results."""
     import pyarrow as pa
-    import pyarrow.compute as pc
 
-    enc = pa.concat_arrays([d for _, d in parts]).dictionary_encode(null_encoding="encode")
+    enc = pc.dictionary_encode(pa.concat_arrays([d for _, d in parts]), "encode")
     # sorted, so that the codes do not depend on how the rows came in (chunks, batches)
-    by_name = pc.array_sort_indices(enc.dictionary, null_placement="at_end").to_numpy()
+    by_name = pc.array_sort_indices(enc.dictionary, "at_end").to_numpy()
     rank_of = np.empty(by_name.size, np.int64)
     rank_of[by_name] = np.arange(by_name.size)
     remap = rank_of[enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)]
     base = np.cumsum([0] + [len(d) for _, d in parts])
     codes = [remap[b + c] if c.size else c for (c, _), b in zip(parts, base, strict=False)]
-    return enc.dictionary.take(pa.array(by_name)), (np.concatenate(codes) if codes else np.zeros(0)).astype(np.int64)
+    joined = np.concatenate(codes) if codes else np.zeros(0)
+    return pc.take(enc.dictionary, pa.array(by_name)), joined.astype(np.int64)
 
 
 def _step_markers(t: _Tasks, st: dict[str, np.ndarray]) -> tuple[np.ndarray, list[tuple[int, int, int, int, bool]]]:
