@@ -85,4 +85,5 @@ def dictionary_encode(values: Any, null_encoding: str = "mask") -> Any:
 
 def array_sort_indices(values: Any, null_placement: str = "at_end") -> Any:
     """``pyarrow.compute.array_sort_indices`` in ascending order."""
-    return call_function("array_sort_indices", [values], _compute.ArraySortOptions("ascending", null_placement=null_placement))
+    options = _compute.ArraySortOptions("ascending", null_placement=null_placement)
+    return call_function("array_sort_indices", [values], options)

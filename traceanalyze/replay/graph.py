@@ -108,7 +108,7 @@ class Graph:
     inst_n: np.ndarray
     inst_matched_by: list[str]
     steps: list[tuple[int, int, int, int, bool]]  # (rank, step, begin task, end task, counted)
-    inst_all: np.ndarray | None = None  # per task: instance index, complete or not (-1 for non-collectives)
+    inst_all: np.ndarray | None = None  # per collective task, in task order: its instance, complete or not
     unmatched: list[str] = field(default_factory=list)
     missing_edges: list[str] = field(default_factory=list)
     partial: bool = False
@@ -337,13 +337,15 @@ def build(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_size: in
     dep = c.pop("dep")
     o = np.lexsort((dep[4], dep[0], dep[1])) if dep[0].size else np.zeros(0, np.int64)
     dep = [x[o] for x in dep]
+    # narrow the codes and task ids (below 2^31: the graph would not fit in memory long before): ~60 MB at 1,024 ranks
     g = Graph(run_id=run_id, mode=mode, ranks=rc.ranks, world_size=rc.world, res_names=c["res_names"],
-              rank=c["rank"], res=c["res"], kind=c["kind"], name=c["name"][1], name_code=c["name"][0],
-              step=c["step"], start=c["start"], dur=c["dur"], gap=c["gap"], first=c["first"], chain_gap=c["cg"],
-              chain_dur=c["cd"], gap_label=c["gap_label"], cover=c["cover"], gap_cover=c["gap_cover"],
-              dep_src=dep[0].astype(np.int64), dep_dst=dep[1].astype(np.int64), dep_end=dep[2].astype(bool),
-              dep_off=dep[3].astype(float), dep_type=dep[4].astype(np.int64),
-              inst=np.full(c["start"].size, -1, np.int64), inst_transfer=np.zeros(0),
+              rank=c["rank"], res=c["res"].astype(np.int32), kind=c["kind"].astype(np.int8), name=c["name"][1],
+              name_code=c["name"][0].astype(np.int32), step=c["step"], start=c["start"],
+              dur=c["dur"], gap=c["gap"], first=c["first"], chain_gap=c["cg"], chain_dur=c["cd"],
+              gap_label=c["gap_label"], cover=c["cover"], gap_cover=c["gap_cover"],
+              dep_src=dep[0].astype(np.int32), dep_dst=dep[1].astype(np.int32), dep_end=dep[2].astype(bool),
+              dep_off=dep[3].astype(float), dep_type=dep[4].astype(np.int8),
+              inst=np.full(c["start"].size, -1, np.int32), inst_transfer=np.zeros(0),
               inst_complete=np.zeros(0, bool), inst_coll=[], inst_bytes=np.zeros(0, np.int64),
               inst_n=np.zeros(0, np.int64), inst_matched_by=[], steps=c["steps"], missing_edges=[])
     if mode == "gpu":
@@ -888,7 +890,7 @@ def _match_collectives(con, g: Graph, rc: _RunClock, coll_fid: np.ndarray, coll_
     inst, n_inst = _instances(rank, g.step[tasks], start, meta["pg"], meta["seq"], use_seq)
     complete, coll_name, inst_bytes, inst_n, reasons = _check_instances(g, rank, inst, n_inst, meta)
     g.inst[tasks] = inst
-    g.inst_all = g.inst.copy()
+    g.inst_all = inst
     g.inst_transfer = _instance_transfer(inst, n_inst, complete, start, end)
     g.inst_complete, g.inst_coll = complete, coll_name
     g.inst_bytes, g.inst_n = inst_bytes, inst_n
@@ -1070,8 +1072,9 @@ def _task_rows(g: Graph, lo: int, hi: int, host: np.ndarray):
 
 
 def _instance_of_tasks(g: Graph, ct: np.ndarray) -> np.ndarray:
-    """Instance of each collective task, complete or not (``g.inst`` holds -1 for incomplete ones)."""
-    return (g.inst_all if g.inst_all is not None else g.inst)[ct]
+    """Instance of each collective task ``ct`` (all of them, in task order), complete or not (``g.inst`` holds -1
+    for incomplete ones)."""
+    return g.inst_all if g.inst_all is not None else g.inst[ct]
 
 
 def ideal_transfer_us(g: Graph, link_gbps: float) -> np.ndarray:

@@ -104,7 +104,7 @@ def _rw_straggler(g, d, cg, tr, ctx):
     sel = np.flatnonzero((g.step >= 0) & np.isin(g.kind, (gr.K_HOST, gr.K_KERNEL, gr.K_MEMCPY, gr.K_MEMSET)))
     d, cg = d.copy(), cg.copy()
     if sel.size and slow:
-        cls = g.step[sel] * (int(g.name_code.max(initial=0)) + 1) + g.name_code[sel]
+        cls = g.step[sel].astype(np.int64) * (int(g.name_code.max(initial=0)) + 1) + g.name_code[sel]
         o = np.lexsort((g.start[sel], cls, g.rank[sel]))
         rk, cl = g.rank[sel][o], cls[o]
         newgrp = np.ones(o.size, dtype=bool)
