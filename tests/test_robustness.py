@@ -751,3 +751,28 @@ def test_second_concurrent_report_on_one_database_says_in_use(tmp_path):
     assert code == 0
     with duckdb.connect(str(db), read_only=True) as con:
         assert con.execute("SELECT count(*) FROM files").fetchone() == (4,)
+
+
+@pytest.mark.parametrize("nelems", [2**62, -5, 2**40 + 1])
+def test_corrupt_collective_element_count_is_unknown_not_wrapped(tmp_path, nelems):
+    """An "In msg nelems" no message has (2^62 elements: ×4 bytes wraps int64 negative) is an unknown size:
+    the collective keeps its time, but has no bytes and no busbw, never negative or absurd ones."""
+    from tests.synth import kernel, write_trace, x
+    from traceanalyze.metrics.collectives import collective_calls
+
+    for r in (0, 1):
+        ev = [x("user_annotation", "ProfilerStep#0", 0.0, 1000.0)]
+        for i, n in enumerate((nelems, 1024)):
+            k = kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 100.0 + 300 * i, 200.0, 20, 10 + i, 90.0 + 300 * i)
+            k[0]["args"].update({"Collective name": "allreduce", "In msg nelems": n, "Out msg nelems": n,
+                                 "Group size": 2, "dtype": "Float"})
+            ev += k
+        write_trace(tmp_path / f"rank{r}.pt.trace.json", r, ev, backend="nccl")
+    a = analyze(tmp_path, jobs=1)
+    calls = collective_calls(a.con, 1, "gpu")
+    assert calls.nelems.tolist() == [0, 1024, 0, 1024]
+    assert calls.has_bytes.tolist() == [False, True, False, True]
+    assert calls.nbytes.tolist() == [0, 4096, 0, 4096]
+    # the report's table: the corrupt one without a size or bandwidth, the good one with its own
+    assert [(c["size_bytes"], c["busbw_gbps"], c["transfer_us"]) for c in a.model["runs"][0]["collectives"]] == [
+        (None, None, 200.0), (4096, 0.0205, 200.0)]

@@ -21,6 +21,7 @@ is the one the others wait for.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from typing import Any
 import duckdb
 import numpy as np
 
+from traceanalyze.limits import MAX_COLLECTIVE_ELEMENTS
 from traceanalyze.metrics.breakdown import clip, kernel_classes, length
 from traceanalyze.metrics.precision import dtype_bytes, first_input_bytes, record_json
 
@@ -180,7 +182,7 @@ def collective_calls(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, *,
         group_size = np.zeros(op.size, dtype=np.int64)
         group_cols = None
     has_bytes = has_nelems & (size > 0)
-    # nelems * size is int64: a corrupt element count near 2^63 would wrap silently (left as is, see issue 17)
+    # nelems ≤ MAX_COLLECTIVE_ELEMENTS and size ≤ 16 bytes: nelems * size stays far inside int64
     return Calls(rank=np.asarray(res["rank"], dtype=np.int64), file_id=np.asarray(res["file_id"], dtype=np.int64),
                  op=op, nelems=nelems, has_nelems=has_nelems, nbytes=np.where(has_bytes, nelems * size, 0),
                  has_bytes=has_bytes, group_size=group_size, start=np.asarray(res["ts_ns"], dtype=np.int64),
@@ -194,7 +196,10 @@ def _gpu_message_sizes(res: dict[str, np.ndarray], op: np.ndarray) -> tuple[np.n
     # all_gather counts the gathered output (the full buffer); other ops their input, else the output
     use_out = ((op == "all_gather") & has_out & (outn != 0)) | ~has_in
     nelems = np.where(use_out, outn, inn)
-    has_nelems = np.where(use_out, has_out, has_in)
+    # a count below 0 or beyond any real message is a corrupt field: unknown, so that bytes never wrap in int64
+    plausible = (nelems >= 0) & (nelems <= MAX_COLLECTIVE_ELEMENTS)
+    has_nelems = np.where(use_out, has_out, has_in) & plausible
+    nelems = np.where(plausible, nelems, 0)
     # element size: the record's dtype, else the one in the kernel name (..._Sum_bf16_...); 0 when unknown
     by_dtype = apply_distinct(res["comm_dtype"].tolist(), lambda dt: dtype_bytes(dt) or 0, np.int64)
     by_name = apply_distinct(res["name"].tolist(), lambda n: dtype_bytes(nccl_kernel_dtype(n)) or 0, np.int64)
@@ -228,7 +233,8 @@ def numel(dims_json: str | None) -> int | None:
             break
         d = d[0]
     if isinstance(d, list) and d and all(isinstance(x, int) and x >= 0 for x in d):
-        return int(np.prod(d, dtype=np.int64))
+        n = math.prod(d)  # Python ints: no int64 wrap; a count beyond any real message is corrupt
+        return n if n <= MAX_COLLECTIVE_ELEMENTS else None
     return None
 
 
