@@ -8,6 +8,7 @@ shared logs read those real excerpts directly and skip when ../shared is absent.
 from __future__ import annotations
 
 import gzip
+import json
 import re
 from pathlib import Path
 
@@ -789,3 +790,22 @@ def test_shared_topology(tmp_path: Path) -> None:
     assert mixed.link_between(4, 3) == "PHB"
     assert mixed.numa_affinity["GPU0"] == "1"
     assert mixed.cpu_affinity["GPU0"] == "8-15,24-31"
+
+
+def test_step_time_json_whose_key_is_past_4_kib_is_read_as_step_times(tmp_path):
+    """discover calls a JSON a step-time file from its first 64 KiB (SNIFF_BYTES); the parser decides from as many
+    bytes, so a file with a long header field before its step times is read as step times, not as a log."""
+    p = tmp_path / "step_times.json"
+    p.write_text(json.dumps({"note": "x" * 6000, "step_times_ms": [812.5, 790.0, 801.25]}))
+    r = logs.parse_text_log(p)
+    assert r.framework == "step_times"
+    assert [(s.step, s.step_time_ms) for s in r.steps] == [(0, 812.5), (1, 790.0), (2, 801.25)]
+
+
+def test_step_time_json_honours_max_decompressed(tmp_path):
+    """--max-decompressed bounds a step-time JSON as it bounds every other file read whole."""
+    p = tmp_path / "step_times.json"
+    p.write_text(json.dumps([{"step": i, "step_time_ms": 800.0 + i} for i in range(2000)]))
+    assert len(logs.parse_text_log(p).steps) == 2000
+    with pytest.raises(InputError, match="step_times.json"):
+        logs.parse_text_log(p, max_bytes=4096)

@@ -278,14 +278,15 @@ def _unit_ms(key: str) -> float:
     return 1000.0 if k.endswith(("_s", "_sec")) or k in ("time_s",) else 1.0
 
 
-def parse_step_times_json(path: Path) -> LogResult:
+def parse_step_times_json(path: Path, max_bytes: int | None = None) -> LogResult:
     """A user's step-time JSON (module docstring) as :class:`LogStep` rows with ``step_time_ms``; framework
     ``step_times``. A record needs a number under a step-time key; ``step`` defaults to its position. At most
-    :data:`MAX_STEP_TIMES` records. Raises :class:`InputError` when the file cannot be read."""
+    :data:`MAX_STEP_TIMES` records, and at most ``max_bytes`` (``--max-decompressed``) read. Raises
+    :class:`InputError` when the file cannot be read or is over that bound."""
     path = Path(path)
     res = LogResult(path=str(path), framework="step_times", rank=rank_from_name(path))
     try:
-        data = json.loads(read_text(path))
+        data = json.loads(read_text(path, max_bytes))
     except ValueError as exc:
         res.warnings.append(f"{path.name}: not JSON ({exc})")
         return res

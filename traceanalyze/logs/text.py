@@ -27,7 +27,7 @@ from traceanalyze.logs.nccl import NcclLines
 from traceanalyze.logs.read import iter_lines, open_binary
 from traceanalyze.logs.state import LogState
 from traceanalyze.logs.trainers import LitgptLines, TitanLines, TorchtuneLines
-from traceanalyze.names import is_step_times_json
+from traceanalyze.names import SNIFF_BYTES, is_step_times_json
 
 _PREFIX_RE = re.compile(r"^(?:\d{1,5}: )?(?:\[rank(?P<rank>\d+)\]:)?(?:\[rank: (?P<lrank>\d+)\] )?")
 # console step lines: "[rank0] step 3 loss 2.31 time 637.9ms", "step 12 | step_time: 0.64 s", "Step 5: dt=120ms"
@@ -236,7 +236,7 @@ def parse_text_log(path: Path, max_bytes: int | None = None) -> LogResult:
     fh = open_binary(path)
     try:
         with fh:
-            start = fh.read(4096)
+            start = fh.read(SNIFF_BYTES)  # what discover read to call it a step-time JSON
     except (EOFError, zlib.error):
         start = b""  # truncated gzip: the line reader below keeps what it can and warns
     except OSError as exc:
@@ -244,7 +244,7 @@ def parse_text_log(path: Path, max_bytes: int | None = None) -> LogResult:
     lead = start.lstrip()
     name = path.name.lower().removesuffix(".gz")
     if lead[:1] in (b"{", b"[") and name.endswith(".json") and is_step_times_json(start):
-        return parse_step_times_json(path)
+        return parse_step_times_json(path, max_bytes)
     if lead[:1] == b"{":
         if name.endswith(".jsonl") or b'"current_steps"' in start.split(b"\n", 1)[0]:
             return parse_llamafactory_jsonl(path, max_bytes)
