@@ -809,3 +809,15 @@ def test_step_time_json_honours_max_decompressed(tmp_path):
     assert len(logs.parse_text_log(p).steps) == 2000
     with pytest.raises(InputError, match="step_times.json"):
         logs.parse_text_log(p, max_bytes=4096)
+
+
+def test_hf_loss_dicts_of_several_ranks_are_numbered_per_rank(tmp_path):
+    """A torchrun log where every rank prints the HF Trainer's loss dicts: each rank's steps count 1, 2, ...
+    (one counter for the file gave rank 1 the steps 2 and 4)."""
+    p = tmp_path / "train.log"
+    p.write_text("".join(f"[rank{r}]:{{'loss': {1.5 - s / 10 - r / 100}, 'learning_rate': 1e-05, 'epoch': {s / 10}}}\n"
+                         for s in range(1, 3) for r in range(2)))
+    r = logs.parse_text_log(p)
+    assert r.framework == "hf_trainer"
+    assert sorted((s.rank, s.step, s.loss) for s in r.steps) == [(0, 1, 1.4), (0, 2, 1.3), (1, 1, 1.39),
+                                                                  (1, 2, 1.29)]

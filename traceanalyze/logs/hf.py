@@ -60,13 +60,13 @@ def _literal_dict(text: str) -> dict[str, Any]:
 
 
 class HfTrainerLines:
-    """The HF Trainer's ``{'loss': ...}`` dicts (step = the dict's 1-based index in the file), its
+    """The HF Trainer's ``{'loss': ...}`` dicts (step = the dict's 1-based index among its rank's), its
     ``{'train_runtime': ...}`` summary, and the banner it prints before training (not the evaluation banner); the
     world size derived from the banner's batch sizes (:meth:`finish`)."""
 
     def __init__(self, log: LogState) -> None:
         self.log = log
-        self.n_dicts = 0
+        self.n_dicts: dict[int | None, int] = {}  # per rank: a log of several ranks numbers each one's steps
         self.in_eval_banner = False
 
     @staticmethod
@@ -79,12 +79,12 @@ class HfTrainerLines:
             d = _literal_dict(text)
             if "loss" not in d:
                 continue
-            self.n_dicts += 1
+            self.n_dicts[rank] = self.n_dicts.get(rank, 0) + 1
             mem_mb = to_number(d.get("step_peak_memory_reserved_MB"))
             self.log.result.steps.append(
                 LogStep(
                     rank=rank,
-                    step=self.n_dicts,
+                    step=self.n_dicts[rank],
                     loss=to_number(d.get("loss")),
                     lr=to_number(d.get("learning_rate")),
                     grad_norm=to_number(d.get("grad_norm")),
