@@ -170,14 +170,23 @@ def make_set(folder: Path, *args: str) -> Path:
 
 
 def subset(src: Path, dst: Path, k: int) -> Path:
-    """The first ``k`` ranks of ``src`` (by rank number) as symlinks in ``dst``."""
+    """The first ``k`` ranks of ``src`` (by rank number) as hard links in ``dst`` (copies across file systems):
+    the report does not follow symlinks out of its input folder."""
     shutil.rmtree(dst, ignore_errors=True)
     dst.mkdir(parents=True)
     files = sorted((f for f in src.iterdir() if f.name.endswith((".json", ".json.gz"))),
                    key=lambda f: int("".join(c for c in f.name if c.isdigit()) or 0))
     for f in files[:k]:
-        (dst / f.name).symlink_to(f.resolve())
+        link_or_copy(f, dst / f.name)
     return dst
+
+
+def link_or_copy(src: Path, dst: Path) -> None:
+    """A hard link to ``src`` at ``dst``, or a copy where the file system has none."""
+    try:
+        os.link(src.resolve(), dst)
+    except OSError:
+        shutil.copyfile(src, dst)
 
 
 def verdict(ok: bool) -> str:
@@ -350,7 +359,7 @@ def main() -> None:
             shutil.rmtree(sub, ignore_errors=True)
             sub.mkdir()
             for f in files[:k]:
-                (sub / f.name).symlink_to(f.resolve())
+                link_or_copy(f, sub / f.name)
             ts, ms = [], []
             for _ in range(args.runs):
                 db = args.work / f"r{k}.duckdb"

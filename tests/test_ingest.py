@@ -297,7 +297,8 @@ def test_load_uses_the_system_allocator_and_puts_the_default_back(tmp_path, monk
     monkeypatch.setattr(load, "_insert_part", insert)
     before = pa.default_memory_pool().backend_name
     a = analyze(_write(tmp_path, _trace([_kernel(i) for i in range(50)] + [_op(i) for i in range(50)])), jobs=1)
-    assert seen == [("system", ["comm_events", "cpu_ops", "kernels", "threads"])]  # IPC streams, even in-process
+    # IPC streams, even in-process
+    assert seen == [("system", ["comm_events", "cpu_ops", "cuda_syncs", "kernels", "threads"])]
     assert pa.default_memory_pool().backend_name == before
     assert a.con.execute("SELECT count(*) FROM kernels").fetchone()[0] == 50
 

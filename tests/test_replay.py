@@ -216,3 +216,57 @@ def test_graph_built_rank_by_rank_is_the_graph_built_at_once(tmp_path, kind):
     assert whole.start.size == {"gpu": 63, "cpu": 2892}[kind]  # 3 x 21 tasks; the straggler sample
     assert whole.n_instances == {"gpu": 3, "cpu": 6}[kind]
     assert _graphs_equal(whole, by_rank) == []
+
+
+def _event_wait_rank(with_sync_rows: bool) -> list[dict]:
+    """One GPU rank, 3 steps of 4800 µs: an fp32 GEMM on stream 7 (3000 µs), a cudaEventRecord after it, a
+    cudaStreamWaitEvent on stream 20, then an elementwise kernel on stream 20 launched at +50 µs that runs only
+    when the GEMM's event completes (+3105 µs), and a cudaDeviceSynchronize; Kineto's cuda_sync "Stream Wait
+    Event" row names the awaited stream and record call (``with_sync_rows``: the trace has them)."""
+    from tests.synth import kernel, x
+
+    ev, corr = [], 100
+    for s in range(3):
+        t = 1000.0 + 5000.0 * s
+        ev.append(x("user_annotation", f"ProfilerStep#{s}", t, 4800.0))
+        ev.append(x("cpu_op", "aten::mm", t + 10, 60.0, **{"External id": corr + 1, "Input type": ["float", "float"]}))
+        gemm = kernel("volta_sgemm_128x64_nn", t + 100, 3000.0, 7, corr + 1, t + 20)
+        gemm[0]["args"]["External id"] = corr + 1
+        ev += gemm
+        ev.append(x("cuda_runtime", "cudaEventRecord", t + 30, 2.0, correlation=corr + 2))
+        ev.append(x("cuda_runtime", "cudaStreamWaitEvent", t + 40, 2.0, correlation=corr + 3))
+        if with_sync_rows:
+            ev.append(x("cuda_sync", "Stream Wait Event", t + 41, 0.0, pid=0, tid=20, correlation=corr + 3, device=0,
+                        stream=20, wait_on_stream=7, wait_on_cuda_event_record_corr_id=corr + 2))
+        ev += kernel("elementwise_kernel", t + 3105, 500.0, 20, corr + 4, t + 50)
+        ev.append(x("cuda_runtime", "cudaDeviceSynchronize", t + 60, 3550.0))
+        corr += 10
+    return ev
+
+
+def test_cross_stream_event_wait_edges(tmp_path):
+    """cuda_sync "Stream Wait Event" rows become event_wait edges (the GEMM before the record -> the first kernel
+    launched on the waiting stream after the wait), so a faster GEMM moves the waiting kernel and the step end: the
+    bf16 what-if saves 3000 µs x (1 - 1/4) x (1 - 10 % casts) = 2025 µs of 4800. Without the rows the waiting
+    kernel stays at its measured stream gap, the what-if saves nothing (left out), and the report says the edge
+    type is missing."""
+    from tests.synth import write_trace
+
+    write_trace(tmp_path / "w" / "rank0.pt.trace.json", 0, _event_wait_rank(True), world_size=1, backend="nccl")
+    write_trace(tmp_path / "n" / "rank0.pt.trace.json", 0, _event_wait_rank(False), world_size=1, backend="nccl")
+    a, run = _run(tmp_path / "w")
+    assert a.con.execute("SELECT name, stream, wait_on_stream, wait_on_corr - correlation FROM cuda_syncs "
+                         "ORDER BY ts_ns").fetchall() == [("Stream Wait Event", 20, 7, -1)] * 3
+    assert a.con.execute("SELECT count(*) FROM kernels WHERE cat = 'cuda_sync'").fetchone()[0] == 0
+    edges = a.con.execute("""SELECT s.name, d.name, e.from_end, e.offset_us FROM sim_dep e
+        JOIN sim_task s ON s.task_id = e.src JOIN sim_task d ON d.task_id = e.dst
+        WHERE e.edge_type = 'event_wait' ORDER BY e.dst""").fetchall()
+    assert edges == [("volta_sgemm_128x64_nn", "elementwise_kernel", True, 5.0)] * 3
+    assert run["replay"]["error_pct"] == 0.0 and run["replay"]["missing_edges"] == []
+    (w,) = [w for w in run["whatif"] if w["scenario"] == "bf16_matmul"]
+    assert w["predicted_step_time_us"] == pytest.approx(4800.0 - 2025.0, abs=0.01)
+
+    _, run = _run(tmp_path / "n")
+    assert run["replay"]["error_pct"] == 0.0
+    assert [w["scenario"] for w in run["whatif"]] == []
+    assert run["replay"]["missing_edges"][0].startswith("cross-stream event waits (the traces hold no cuda_sync")

@@ -89,6 +89,15 @@ CREATE TABLE IF NOT EXISTS comm_events (  -- the kernels / cpu_ops rows that car
     group_size BIGINT, comm_dtype VARCHAR,
     pg_name VARCHAR, pg_desc VARCHAR, pg_ranks VARCHAR, seq BIGINT
 );
+CREATE TABLE IF NOT EXISTS cuda_syncs (  -- Kineto cuda_sync rows: a stream waiting on an event, a host sync
+    file_id INTEGER,
+    name VARCHAR,                  -- Stream Wait Event | Event Sync | Stream Sync | Context Sync
+    device BIGINT, stream BIGINT,  -- the stream that waits (Stream Wait Event) or is synchronized
+    ts_ns BIGINT, dur_ns BIGINT,
+    correlation BIGINT,            -- == the cuda_runtime call's (cudaStreamWaitEvent, cudaStreamSynchronize, ...)
+    wait_on_stream BIGINT,         -- Stream Wait Event: the stream the awaited event was recorded on
+    wait_on_corr BIGINT            -- ... and the correlation of that cudaEventRecord call
+);
 CREATE TABLE IF NOT EXISTS threads (
     file_id INTEGER, pid BIGINT, tid BIGINT,
     kind VARCHAR,                  -- thread_name | process_name | process_labels
@@ -182,7 +191,7 @@ CREATE TABLE IF NOT EXISTS sim_task (
 );
 CREATE TABLE IF NOT EXISTS sim_dep (  -- explicit edges: dst may start at (start or end of src) + offset_us
     run_id INTEGER, src BIGINT, dst BIGINT,
-    edge_type VARCHAR,             -- launch | gpu_cpu_sync | inter_thread | collective_wait
+    edge_type VARCHAR,             -- launch | gpu_cpu_sync | inter_thread | collective_wait | event_wait
     from_end BOOLEAN, offset_us DOUBLE
 );
 CREATE TABLE IF NOT EXISTS sim_coll (  -- collective instances matched across ranks (rendezvous)
@@ -243,7 +252,7 @@ CREATE OR REPLACE TABLE idle_breakdown (  -- GPU idle time per rank and stream (
 
 
 # The tables the parser fills, in the order they are filled: their columns come from the DDL above.
-EVENT_TABLES = ("kernels", "cpu_ops", "comm_events", "threads")
+EVENT_TABLES = ("kernels", "cpu_ops", "comm_events", "threads", "cuda_syncs")
 
 
 def table_columns(ddl: str, table: str) -> list[tuple[str, str]]:

@@ -58,6 +58,8 @@ CPU_CATS = {
     "cuda_driver": "cuda_driver",
     "python_function": None,  # Python stacks: large and not used by any analysis
 }
+# GPU-side waits and syncs (on by default since kineto PR #1247 only for some builds): their own table, cuda_syncs
+SYNC_CATS = {"cuda_sync": "cuda_sync"}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -72,6 +74,8 @@ class _Args(msgspec.Struct, gc=False):
     input_type: msgspec.Raw = msgspec.field(name="Input type", default=None)
     input_dims: msgspec.Raw = msgspec.field(name="Input Dims", default=None)
     collective: Any = msgspec.field(name="Collective name", default=None)
+    wait_on_stream: Any = None  # cuda_sync "Stream Wait Event"
+    wait_on_corr: Any = msgspec.field(name="wait_on_cuda_event_record_corr_id", default=None)
     in_nelems: Any = msgspec.field(name="In msg nelems", default=None)
     out_nelems: Any = msgspec.field(name="Out msg nelems", default=None)
     in_size: Any = msgspec.field(name="In msg size", default=None)
@@ -140,7 +144,8 @@ _ANY = msgspec.json.Decoder()
 
 _ARROW_TYPES = {"VARCHAR": pa.string(), "BIGINT": pa.int64()}
 TABLES = {t: pa.schema([(name, _ARROW_TYPES[typ]) for name, typ in cols]) for t, cols in store.EVENT_COLUMNS.items()}
-KERNEL_SCHEMA, CPU_OP_SCHEMA, COMM_SCHEMA, THREAD_SCHEMA = (TABLES[t] for t in store.EVENT_TABLES)
+KERNEL_SCHEMA, CPU_OP_SCHEMA, COMM_SCHEMA, THREAD_SCHEMA, SYNC_SCHEMA = (
+    TABLES[t] for t in ("kernels", "cpu_ops", "comm_events", "threads", "cuda_syncs"))
 
 
 @dataclass
@@ -522,13 +527,19 @@ class _Columns:
         n = len(ev)
         kind = pc.take(_KIND_VALUES, pc.index_in(pa.array([e.cat for e in ev], pa.string()), _KIND_KEYS))
         gpu = pc.is_in(kind, _GPU_KINDS)
+        sync = pc.is_in(kind, _SYNC_KINDS)
+        on_gpu = pc.or_(gpu, sync)  # rows with a device and stream
         oob: set[int] = set()  # events holding a number out of range: dropped, counted apart
         ts = _arr([e.ts for e in ev], pa.float64(), oob)
         dur = _arr([e.dur for e in ev], pa.float64(), oob)
         ok, time_oob = self._valid_times(ev, ts, dur, oob)
         args = [e.args or _NO_ARGS for e in ev]
-        base, gpu_any, cpu_any = _event_columns(ev, args, kind, gpu, ts, dur, ok, oob)
+        base, gpu_any, cpu_any = _event_columns(ev, args, kind, on_gpu, ts, dur, ok, oob)
         comm = self._comm_table(args, base, gpu, oob)
+        sync_any = gpu_any and pc.any(pc.and_(sync, ok)).as_py()
+        if sync_any:  # the awaited event of a Stream Wait Event: its stream and its record call
+            base["wait_on_stream"] = _arr([a.wait_on_stream for a in args], pa.int64(), oob)
+            base["wait_on_corr"] = _arr([a.wait_on_corr for a in args], pa.int64(), oob)
         if oob:
             keep = np.ones(n, dtype=bool)
             keep[list(oob)] = False
@@ -536,8 +547,10 @@ class _Columns:
             ok = pc.and_(ok, pa.array(keep))
         if gpu_any:
             self._append("kernels", base, pc.and_(gpu, ok))
+        if sync_any:
+            self._append("cuda_syncs", base, pc.and_(sync, ok))
         if cpu_any:
-            self._append("cpu_ops", base, pc.and_(pc.invert(gpu), ok))
+            self._append("cpu_ops", base, pc.and_(pc.invert(on_gpu), ok))
         if comm is not None:
             t, has = comm
             t = pc.filter(t, pc.fill_null(pc.and_(ok, has), False))
@@ -641,10 +654,11 @@ def _event_columns(ev: list, args: list, kind: pa.Array, gpu: pa.Array, ts: pa.A
     return base, gpu_any, cpu_any
 
 
-_KIND_KEYS = pa.array(list(GPU_CATS) + list(CPU_CATS))
-_KIND_VALUES = pa.array(list(GPU_CATS.values()) + [v or "" for v in CPU_CATS.values()])
+_KIND_KEYS = pa.array(list(GPU_CATS) + list(CPU_CATS) + list(SYNC_CATS))
+_KIND_VALUES = pa.array(list(GPU_CATS.values()) + [v or "" for v in CPU_CATS.values()] + list(SYNC_CATS.values()))
 _GPU_KINDS = pa.array(sorted(set(GPU_CATS.values())))
-_KEPT_CATS = frozenset(c for c, v in {**GPU_CATS, **CPU_CATS}.items() if v)
+_SYNC_KINDS = pa.array(sorted(set(SYNC_CATS.values())))
+_KEPT_CATS = frozenset(c for c, v in {**GPU_CATS, **CPU_CATS, **SYNC_CATS}.items() if v)
 _COMM_ARGS = ("collective", "in_nelems", "out_nelems", "in_size", "out_size", "group_size", "comm_dtype", "pg_name",
               "pg_desc", "pg_ranks", "seq")
 

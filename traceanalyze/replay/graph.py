@@ -42,7 +42,7 @@ from traceanalyze.metrics.host import COMPILE_RANGES
 
 KINDS = ("host", "kernel", "memcpy", "memset", "collective", "step_begin", "step_end")
 K_HOST, K_KERNEL, K_MEMCPY, K_MEMSET, K_COLL, K_BEGIN, K_END = range(7)
-DEP_TYPES = ("launch", "gpu_cpu_sync", "inter_thread", "collective_wait")
+DEP_TYPES = ("launch", "gpu_cpu_sync", "inter_thread", "collective_wait", "event_wait")
 CATEGORIES = ("dataloader", "compile", "optimizer", "launch", "matmul_fp32")
 GAP_LABELS = ("host", "launch", "optimizer", "compile", "dataloader")  # sim_task.gap_label; code -1: none
 WAIT_GAP_US = 1000.0  # a host gap this long may be a wait on another thread or a collective (Chakra, Lumos: 1 ms)
@@ -308,6 +308,15 @@ class _Edges:
     def extend(self, src, dst, from_end, off, etype) -> None:
         _extend(*self.lists, src, dst, from_end, off, etype)
 
+    def relax_launches(self, dst: np.ndarray) -> None:
+        """The launch edges into ``dst`` require only the launch (offset 0 from the call's start): what delayed
+        those tasks past their launch is modelled by another edge."""
+        if not dst.size:
+            return
+        for d_arr, off_arr, type_arr in zip(self.lists[1], self.lists[3], self.lists[4], strict=True):
+            m = (type_arr == 0) & np.isin(d_arr, dst)
+            off_arr[m] = 0.0
+
     def arrays(self) -> list[np.ndarray]:
         """(src, dst, from_end, offset, type) arrays."""
         return [np.concatenate(x) if x else np.zeros(0) for x in self.lists]
@@ -348,9 +357,9 @@ def build(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_size: in
               inst=np.full(c["start"].size, -1, np.int32), inst_transfer=np.zeros(0),
               inst_complete=np.zeros(0, bool), inst_coll=[], inst_bytes=np.zeros(0, np.int64),
               inst_n=np.zeros(0, np.int64), inst_matched_by=[], steps=c["steps"], missing_edges=[])
-    if mode == "gpu":
-        g.missing_edges.append("cross-stream event waits (cuda_sync \"Stream Wait Event\" rows are not read from the "
-                               "traces; streams are ordered only by their launches)")
+    if mode == "gpu" and not c["event_waits"]:
+        g.missing_edges.append("cross-stream event waits (the traces hold no cuda_sync \"Stream Wait Event\" rows: "
+                               "streams are ordered only by their launches)")
     _match_collectives(con, g, rc, c["coll_fid"], c["coll_ts"])
     return g
 
@@ -393,15 +402,18 @@ def _build_chunk(con, rc: _RunClock, fids: list[int], st: dict[str, np.ndarray],
         _gloo_issue_edges(con, rc, t, edges, anchor, cg, fids)
     if steps:
         step = _steps_by_anchor(t, steps, anchor, step)
-    del anchor
+    event_waits = 0
     if rc.mode == "gpu":
+        event_waits = _event_wait_edges(con, rc, t, edges, cg, anchor, fids)
         _sync_edges(t, dev, edges, cd)
+    del anchor
     _wait_edges(t, rc.mode, edges, cg)
     # categories: host time under dataloader / compile / optimizer ranges and fp32 matmuls (CPU runs)
     cover, gap_cover, gap_label = _categories(con, rc, t, fids)
     coll = t.kind == K_COLL
     return dict(n=t.n, rank=t.rank, res=t.res, kind=t.kind, name=(t.name_code, t.names), step=step, start=t.start,
                 dur=t.dur, gap=t.gap, first=t.first, cg=cg, cd=cd, gap_label=gap_label, cover=cover,
+                event_waits=event_waits,
                 gap_cover=gap_cover, dep=edges.arrays(), steps=steps, res_names=t.res_names,
                 coll_fid=t.cols["fid"][coll], coll_ts=t.cols["ts"][coll])
 
@@ -414,7 +426,7 @@ def _join_chunks(chunks: list[dict]) -> dict:
     base = np.cumsum([0] + [c["n"] for c in chunks])
     res_base = np.cumsum([0] + [len(c["res_names"]) for c in chunks])
     out: dict = {"steps": [(r, s, b + int(o), e + int(o), k) for c, o in zip(chunks, base, strict=False)
-                           for r, s, b, e, k in c["steps"]],
+                           for r, s, b, e, k in c["steps"]], "event_waits": sum(c["event_waits"] for c in chunks),
                  "res_names": [n for c in chunks for n in c["res_names"]]}
     out["name"] = _unify_names([c.pop("name") for c in chunks])[::-1]
     for c, o, ro in zip(chunks, base, res_base, strict=False):
@@ -650,6 +662,58 @@ def _steps_by_anchor(t: _Tasks, steps: list[tuple[int, int, int, int, bool]], an
     jc = np.clip(j, 0, None)
     inside = (j >= 0) & (sb[jc, 0] == rank) & (anchor < sb[jc, 2])
     return np.where(is_marker, step, np.where(inside, sb[jc, 3].astype(np.int64), -1))
+
+
+def _event_wait_edges(con, rc: _RunClock, t: _Tasks, edges: _Edges, cg: np.ndarray, anchor: np.ndarray,
+                      fids: list[int]) -> int:
+    """Cross-stream event waits (``cuda_syncs`` "Stream Wait Event" rows; WHATIF.md §2, HTA's previous/next
+    launch rule): the last device task launched on ``wait_on_stream`` before the ``cudaEventRecord`` (correlation
+    below ``wait_on_corr``) -> the first device task launched on the waiting stream after the
+    ``cudaStreamWaitEvent`` (correlation above the row's). When the wait held the task back (the awaited task
+    ended after the waiting stream's previous task and after the launch, ``anchor``), the task's stream gap and
+    its launch delay were the wait: this edge carries the measured latency, the chain gap goes, and the launch
+    edge keeps only the launch (start no earlier than the call). Returns the rows read (0: none)."""
+    w = _fetch(con, """SELECT s.file_id, s.device, s.stream, s.correlation, s.wait_on_stream, s.wait_on_corr
+        FROM cuda_syncs s JOIN files f USING (file_id)
+        WHERE f.run_id = ? AND f.rank IS NOT NULL AND f.file_id IN (SELECT unnest(?))
+          AND s.name = 'Stream Wait Event' AND s.correlation IS NOT NULL AND s.wait_on_stream IS NOT NULL
+          AND s.wait_on_corr IS NOT NULL""", [rc.run_id, fids])
+    n_rows = int(w["file_id"].size)
+    dev = np.flatnonzero(t.rk == 1)
+    if not (n_rows and dev.size):
+        return n_rows
+    rank = rc.rank_of(np.asarray(w["file_id"], np.int64))
+    lookup = {tuple(u): i for i, u in enumerate(t.uniq.tolist())}
+    device = np.asarray(w["device"], np.int64)
+
+    def res_of(stream) -> np.ndarray:
+        return np.array([lookup.get((int(r), 1, int(d), int(s_)), -1) for r, d, s_ in zip(
+            rank.tolist(), device.tolist(), np.asarray(stream, np.int64).tolist(), strict=True)], dtype=np.int64)
+
+    res_wait, res_rec = res_of(w["stream"]), res_of(w["wait_on_stream"])
+    # device tasks by (resource, launch correlation): one sortable key (resources < 2^22, correlations < 2^41)
+    lim = (1 << _T_SHIFT) - 1
+    key = (t.res[dev].astype(np.int64) << _T_SHIFT) + np.clip(t.cols["corr"][dev], 0, lim)
+    o = np.argsort(key, kind="stable")
+    key, dsorted = key[o], dev[o]
+    q_src = (res_rec << _T_SHIFT) + np.clip(np.asarray(w["wait_on_corr"], np.int64), 0, lim)
+    q_dst = (res_wait << _T_SHIFT) + np.clip(np.asarray(w["correlation"], np.int64), 0, lim)
+    i_src = np.searchsorted(key, q_src, side="left") - 1  # the last launched before the record
+    i_dst = np.searchsorted(key, q_dst, side="right")  # the first launched after the wait
+    ok = ((res_wait >= 0) & (res_rec >= 0) & (res_wait != res_rec) & (i_src >= 0) & (i_dst < key.size))
+    i_src, i_dst = np.clip(i_src, 0, key.size - 1), np.clip(i_dst, 0, key.size - 1)
+    ok &= ((key[i_src] >> _T_SHIFT) == res_rec) & ((key[i_dst] >> _T_SHIFT) == res_wait)
+    pairs = np.unique(np.stack([dsorted[i_src[ok]], dsorted[i_dst[ok]]], axis=1), axis=0)
+    if not pairs.size:
+        return n_rows
+    src, dst = pairs[:, 0], pairs[:, 1]
+    prev_end = np.where(t.first[dst], -np.inf, t.end[np.clip(dst - 1, 0, None)])
+    binds = (t.end[src] >= prev_end) & (t.end[src] >= anchor[dst])
+    off = np.where(binds, np.clip(t.start[dst] - t.end[src], 0, None), 0.0)
+    cg[dst[binds]] = 0.0
+    edges.relax_launches(dst[binds])
+    edges.extend(src, dst, True, off, 4)
+    return n_rows
 
 
 def _sync_edges(t: _Tasks, dev: np.ndarray, edges: _Edges, cd: np.ndarray) -> None:
