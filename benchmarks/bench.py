@@ -264,6 +264,25 @@ def fixed_cost(args, out: Path) -> None:
           f"{median(bare):.3f} s = {fc:.2f} s (target ≤ 0.35 s: {verdict(fc <= 0.35)}), {load()}")
 
 
+def main_table(args, mb: float, hta_t: list, hta_m: list, cold_t: list, cold_m: list, warm_t: list,
+               warm_m: list) -> None:
+    """The scale set's table (HTA, cold, cached) and its speed-up and memory against the targets."""
+    rows = [("traceanalyze report, cold", median(cold_t), median(cold_m)),
+            ("traceanalyze report, cached re-run", median(warm_t), median(warm_m))]
+    if hta_t:
+        rows.insert(0, ("HTA 0.5.0 load + 4 analyses", median(hta_t), median(hta_m)))
+    print(f"\n| {args.runs} runs, medians | time (s) | peak memory, PSS (MB) | JSON MB/s |")
+    print("|---|--:|--:|--:|")
+    for name, t, m in rows:
+        print(f"| {name} | {t:.2f} | {m:.0f} | {mb / t:.0f} |")
+    if hta_t:
+        sp, mem = median(hta_t) / median(cold_t), median(cold_m) / median(hta_m)
+        print(f"\nspeed-up over HTA: {sp:.1f}× cold (target ≥ 10×: {verdict(sp >= 10)}), "
+              f"{median(hta_t) / median(warm_t):.1f}× cached; memory {mem:.2f}× of HTA's (target ≤ 0.3×: "
+              f"{verdict(mem <= 0.3)}); re-run {median(warm_t):.2f} s (target ≤ 0.3 s: "
+              f"{verdict(median(warm_t) <= 0.3)})")
+
+
 def median(xs: list[float]) -> float:
     return statistics.median(xs)
 
@@ -318,23 +337,8 @@ def main() -> None:
         warm_m.append(m2)
         print(f"run {i + 1}: traceanalyze cold {t:.2f} s, {m:.0f} MB; cached {t2:.2f} s, {m2:.0f} MB, {load()}",
               flush=True)
-    if args.skip_main:
-        cold_t = cold_m = warm_t = warm_m = [0.0]
-
-    rows = [("traceanalyze report, cold", median(cold_t), median(cold_m)),
-            ("traceanalyze report, cached re-run", median(warm_t), median(warm_m))]
-    if hta_t:
-        rows.insert(0, ("HTA 0.5.0 load + 4 analyses", median(hta_t), median(hta_m)))
-    print(f"\n| {args.runs} runs, medians | time (s) | peak memory, PSS (MB) | JSON MB/s |")
-    print("|---|--:|--:|--:|")
-    for name, t, m in rows:
-        print(f"| {name} | {t:.2f} | {m:.0f} | {mb / t:.0f} |")
-    if hta_t:
-        sp, mem = median(hta_t) / median(cold_t), median(cold_m) / median(hta_m)
-        print(f"\nspeed-up over HTA: {sp:.1f}× cold (target ≥ 10×: {verdict(sp >= 10)}), "
-              f"{median(hta_t) / median(warm_t):.1f}× cached; memory {mem:.2f}× of HTA's (target ≤ 0.3×: "
-              f"{verdict(mem <= 0.3)}); re-run {median(warm_t):.2f} s (target ≤ 0.3 s: "
-              f"{verdict(median(warm_t) <= 0.3)})")
+    if not args.skip_main:
+        main_table(args, mb, hta_t, hta_m, cold_t, cold_m, warm_t, warm_m)
     if args.dask:
         ts, ms = [], []
         for _ in range(args.runs):
