@@ -143,7 +143,7 @@ def write_topology(out_dir: str | os.PathLike, timeout_s: float = 20.0) -> Path 
 def profile(out_dir: str | os.PathLike, *, wait: int = 1, warmup: int = 1, active: int = 3,
             record_shapes: bool = True, profile_memory: bool = False, with_stack: bool = False,
             rank: int | None = None, world_size: int | None = None, cuda: bool | None = None,
-            write_env: bool = True, topology: bool = True) -> Iterator[Any]:
+            write_env: bool = True, topology: bool = True, cuda_sync_events: bool = True) -> Iterator[Any]:
     """Profile a short window of a training loop on this rank; yields the ``torch.profiler.profile`` object.
 
     Call ``prof.step()`` once per training step. Steps ``wait`` are skipped, ``warmup`` are traced but
@@ -158,6 +158,8 @@ def profile(out_dir: str | os.PathLike, *, wait: int = 1, warmup: int = 1, activ
             rank 0.
         cuda: record CUDA activity (default: when ``torch.cuda.is_available()``).
         write_env: write ``env_rank{r}.json``. topology: rank 0 writes ``topo.txt`` when nvidia-smi exists.
+        cuda_sync_events: with CUDA, also record Kineto's ``cuda_sync`` rows (a stream waiting on another's event),
+            which give the what-if replay its cross-stream edges; ignored by a torch without the option.
 
     Raises:
         ImportError: torch is not installed. OSError: ``out_dir`` cannot be created or written.
@@ -178,11 +180,19 @@ def profile(out_dir: str | os.PathLike, *, wait: int = 1, warmup: int = 1, activ
     if topology and r == 0:
         write_topology(out)
     activities = [ProfilerActivity.CPU]
+    extra: dict[str, Any] = {}
     if cuda if cuda is not None else torch.cuda.is_available():
         activities.append(ProfilerActivity.CUDA)
+        if cuda_sync_events:
+            try:
+                from torch._C._profiler import _ExperimentalConfig
+
+                extra["experimental_config"] = _ExperimentalConfig(enable_cuda_sync_events=True)
+            except (ImportError, TypeError):  # an older torch: no cuda_sync rows, the report says so
+                pass
     prof = torch.profiler.profile(
         activities=activities, record_shapes=record_shapes, profile_memory=profile_memory, with_stack=with_stack,
         schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
-        on_trace_ready=tensorboard_trace_handler(str(out), worker_name=f"rank{r}", use_gzip=True))
+        on_trace_ready=tensorboard_trace_handler(str(out), worker_name=f"rank{r}", use_gzip=True), **extra)
     with prof:
         yield prof
