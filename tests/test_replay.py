@@ -270,3 +270,51 @@ def test_cross_stream_event_wait_edges(tmp_path):
     assert run["replay"]["error_pct"] == 0.0
     assert [w["scenario"] for w in run["whatif"]] == []
     assert run["replay"]["missing_edges"][0].startswith("cross-stream event waits (the traces hold no cuda_sync")
+
+
+def _two_allreduce_rank(rank: int, with_comms_id: bool) -> list[dict]:
+    """One GPU rank, 2 steps, two all-reduces per step (1024 then 4096 elements) on one process group; rank 1's
+    profiler step 0 starts after its first all-reduce was launched, so that call lies in no step there.
+    ``with_comms_id``: each call carries kineto's "Comms Id" (the same on both ranks for one instance)."""
+    from tests.synth import kernel, x
+
+    ev, corr = [], 100
+    for s in range(2):
+        t = 1000.0 + 4000.0 * s
+        late = 950.0 if (rank, s) == (1, 0) else 0.0
+        ev.append(x("user_annotation", f"ProfilerStep#{s}", t + late, 3000.0 - late))
+        for i, n in enumerate((1024, 4096)):
+            k = kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL", t + 100 + 1000 * i, 800.0, 20, corr + i,
+                       t + 50 + 1000 * i)
+            k[0]["args"].update({"Collective name": "allreduce", "In msg nelems": n, "Out msg nelems": n,
+                                 "Group size": 2, "dtype": "Float", "Process Group Name": "0",
+                                 "Process Group Ranks": "[0, 1]"})
+            if with_comms_id:
+                k[0]["args"]["Comms Id"] = f"0:{s}:{n}"
+            ev += k
+        corr += 10
+    return ev
+
+
+def test_collectives_are_matched_by_comms_id_first(tmp_path):
+    """With "Comms Id" on every call, instances are its values: every call pairs with its peer although rank 1's
+    first call lies in no profiler step. Without it (no Seq either), the per-step order pairs rank 0's 1024-element
+    call with rank 1's 4096-element one: those instances are incomplete and keep their measured durations."""
+    from tests.synth import write_trace
+
+    for cid in (True, False):
+        for r in (0, 1):
+            write_trace(tmp_path / str(cid) / f"rank{r}.pt.trace.json", r, _two_allreduce_rank(r, cid),
+                        backend="nccl")
+    a, run = _run(tmp_path / "True")
+    assert a.con.execute("SELECT count(DISTINCT comms_id) FROM comm_events").fetchone()[0] == 4
+    assert a.con.execute("SELECT count(DISTINCT instance_id), min(matched_by), bool_and(complete), "
+                         "count(DISTINCT (instance_id, bytes)) FROM sim_coll").fetchone() == (4, "Comms Id", True, 4)
+    assert run["replay"]["collective_instances"] == 4 and run["replay"]["unmatched"] == []
+    a, run = _run(tmp_path / "False")
+    # step 0: rank 0's 1024 with rank 1's 4096 (sizes differ), rank 0's 4096 alone, rank 1's 1024 in no step
+    # alone; step 1 pairs right
+    assert a.con.execute("SELECT count(DISTINCT instance_id), min(matched_by), count(DISTINCT instance_id) FILTER "
+                         "(complete) FROM sim_coll").fetchone() == (5, "per-step ordinal", 2)
+    assert run["replay"]["collective_instances"] == 2
+    assert run["replay"]["unmatched"][0].startswith("3 of 5 collective instances kept their measured duration")

@@ -87,7 +87,8 @@ CREATE TABLE IF NOT EXISTS comm_events (  -- the kernels / cpu_ops rows that car
     collective VARCHAR,            -- "Collective name": allreduce, _allgather_base, ...
     in_nelems BIGINT, out_nelems BIGINT,  -- "In/Out msg nelems" (or "In/Out msg size" in older kineto)
     group_size BIGINT, comm_dtype VARCHAR,
-    pg_name VARCHAR, pg_desc VARCHAR, pg_ranks VARCHAR, seq BIGINT
+    pg_name VARCHAR, pg_desc VARCHAR, pg_ranks VARCHAR, seq BIGINT,
+    comms_id VARCHAR               -- "Comms Id": one value on every participant of an instance (newer kineto)
 );
 CREATE TABLE IF NOT EXISTS cuda_syncs (  -- Kineto cuda_sync rows: a stream waiting on an event, a host sync
     file_id INTEGER,

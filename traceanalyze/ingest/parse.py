@@ -86,6 +86,7 @@ class _Args(msgspec.Struct, gc=False):
     pg_desc: Any = msgspec.field(name="Process Group Description", default=None)
     pg_ranks: msgspec.Raw = msgspec.field(name="Process Group Ranks", default=None)
     seq: Any = msgspec.field(name="Seq", default=None)
+    comms_id: Any = msgspec.field(name="Comms Id", default=None)
     nbytes: Any = msgspec.field(name="bytes", default=None)
     kernel_backend: Any = None
     name: Any = None  # metadata events: thread / process names
@@ -611,6 +612,7 @@ class _Columns:
             "pg_desc": _arr(raw["pg_desc"], pa.string()),
             "pg_ranks": pa.array([_raw_text(x) for x in raw["pg_ranks"]], pa.string()),
             "seq": _arr(raw["seq"], pa.int64(), oob),
+            "comms_id": _arr(raw["comms_id"], pa.string()),
             "source": pc.if_else(gpu, "kernels", "cpu_ops"),
         }
         has = pc.or_(pc.or_(pc.is_valid(comm["collective"]), pc.is_valid(comm["pg_name"])),
@@ -660,7 +662,7 @@ _GPU_KINDS = pa.array(sorted(set(GPU_CATS.values())))
 _SYNC_KINDS = pa.array(sorted(set(SYNC_CATS.values())))
 _KEPT_CATS = frozenset(c for c, v in {**GPU_CATS, **CPU_CATS, **SYNC_CATS}.items() if v)
 _COMM_ARGS = ("collective", "in_nelems", "out_nelems", "in_size", "out_size", "group_size", "comm_dtype", "pg_name",
-              "pg_desc", "pg_ranks", "seq")
+              "pg_desc", "pg_ranks", "seq", "comms_id")
 
 
 _NO_ARGS = _Args()

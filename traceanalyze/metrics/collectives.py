@@ -83,7 +83,7 @@ class Calls:
     ``rank``, ``file_id``, ``nelems``, ``nbytes``, ``group_size``, ``start``, ``end``: int64 (times in ns); ``op``:
     the normalised name (object array of str). ``nelems``/``nbytes`` are 0 where ``has_nelems``/``has_bytes`` is
     False (not known); ``group_size`` is 0 when not known. ``groups`` (only when asked for, GPU mode) holds the
-    records' ``pg_name``, ``seq`` and ``pg_ranks`` columns as fetched.
+    records' ``pg_name``, ``seq``, ``pg_ranks`` and ``comms_id`` columns as fetched.
     """
 
     rank: np.ndarray
@@ -146,7 +146,7 @@ _GPU_CALLS_SQL = """
          AND m.name = k.name AND m.correlation IS NOT DISTINCT FROM k.correlation
     WHERE f.run_id = ? AND f.rank IS NOT NULL AND k.cat = 'kernel' AND k.name IN (SELECT unnest(?))
     ORDER BY f.rank, k.ts_ns"""
-_GPU_GROUP_COLUMNS = "m.pg_name, m.seq, m.pg_ranks, "
+_GPU_GROUP_COLUMNS = "m.pg_name, m.seq, m.pg_ranks, m.comms_id, "
 _CPU_CALLS_SQL = """
     SELECT f.rank, c.file_id, c.name, c.input_dims, c.input_types, c.ts_ns, c.ts_ns + c.dur_ns AS end_ns
     FROM cpu_ops c JOIN files f USING (file_id)
@@ -170,7 +170,7 @@ def collective_calls(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, *,
         op = apply_distinct(res["coll"].tolist(), normalize_collective, object)
         nelems, has_nelems, size = _gpu_message_sizes(res, op)
         group_size = int_column(res["group_size"])[0]
-        group_cols = {c: res[c] for c in ("pg_name", "seq", "pg_ranks")} if groups else None
+        group_cols = {c: res[c] for c in ("pg_name", "seq", "pg_ranks", "comms_id")} if groups else None
     else:
         res = con.execute(_CPU_CALLS_SQL, [run_id]).fetchnumpy()
         op = apply_distinct(res["name"].tolist(), normalize_collective, object)

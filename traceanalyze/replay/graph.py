@@ -900,7 +900,7 @@ def _categories(con, rc: _RunClock, t: _Tasks, fids: list[int]
 
 
 def _collective_meta(con, run_id: int, mode: str) -> dict[str, np.ndarray]:
-    """Per collective call (file, start): normalised name, bytes, process group, Seq, group ranks
+    """Per collective call (file, start): normalised name, bytes, process group, Seq, group ranks, Comms Id
     (:func:`traceanalyze.metrics.collectives.collective_calls`; CPU runs carry no process group)."""
     calls = collective_calls(con, run_id, mode, groups=mode == "gpu")
     n = calls.op.size
@@ -908,12 +908,15 @@ def _collective_meta(con, run_id: int, mode: str) -> dict[str, np.ndarray]:
         seq, has_seq = int_column(calls.groups["seq"])
         pg = np.asarray(calls.groups["pg_name"], dtype=object)
         pg_ranks = np.asarray(calls.groups["pg_ranks"], dtype=object)
+        cid = calls.groups["comms_id"]
+        comms_id = np.array([c if c not in (None, "") else None for c in cid.tolist()], dtype=object)
     else:
         seq, has_seq = np.zeros(n, np.int64), np.zeros(n, bool)
         pg = np.full(n, None, dtype=object)
         pg_ranks = np.full(n, None, dtype=object)
+        comms_id = np.full(n, None, dtype=object)
     return {"fid": calls.file_id, "ts": calls.start, "op": calls.op, "bytes": calls.nbytes.astype(np.int64),
-            "seq": seq, "has_seq": has_seq, "pg": pg, "pg_ranks": pg_ranks}
+            "seq": seq, "has_seq": has_seq, "pg": pg, "pg_ranks": pg_ranks, "comms_id": comms_id}
 
 
 def _group_median(group: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
@@ -948,17 +951,22 @@ def _match_collectives(con, g: Graph, rc: _RunClock, coll_fid: np.ndarray, coll_
     if tasks.size == 0:
         return
     meta = _task_meta(_collective_meta(con, rc.run_id, rc.mode), coll_fid, coll_ts, rc.origin)
-    use_seq = bool(meta["has_seq"].all())
+    # Comms Id when every call has one (identical on all participants by construction, kineto #1286), else
+    # (process group, Seq) when every call has a Seq, else the per-step order
+    use_cid = all(c is not None for c in meta["comms_id"].tolist())
+    use_seq = not use_cid and bool(meta["has_seq"].all())
     rank = g.rank[tasks]
     start, end = g.start[tasks], g.start[tasks] + g.dur[tasks]
-    inst, n_inst = _instances(rank, g.step[tasks], start, meta["pg"], meta["seq"], use_seq)
+    inst, n_inst = _instances(rank, g.step[tasks], start, meta["pg"], meta["seq"], use_seq,
+                              meta["comms_id"] if use_cid else None)
     complete, coll_name, inst_bytes, inst_n, reasons = _check_instances(g, rank, inst, n_inst, meta)
     g.inst[tasks] = inst
     g.inst_all = inst
     g.inst_transfer = _instance_transfer(inst, n_inst, complete, start, end)
     g.inst_complete, g.inst_coll = complete, coll_name
     g.inst_bytes, g.inst_n = inst_bytes, inst_n
-    g.inst_matched_by = ["process group and Seq" if use_seq else "per-step ordinal"] * n_inst
+    g.inst_matched_by = ["Comms Id" if use_cid else "process group and Seq" if use_seq else "per-step ordinal"
+                         ] * n_inst
     # incomplete instances keep their measured durations: no rendezvous
     inc = ~complete[inst]
     g.inst[tasks[inc]] = -1
@@ -988,19 +996,21 @@ def _task_meta(meta: dict[str, np.ndarray], fid: np.ndarray, ts: np.ndarray, ori
     return {"op": col("op", "unknown"), "bytes": col("bytes", 0).astype(np.int64),
             "seq": col("seq", 0).astype(np.int64), "has_seq": col("has_seq", False).astype(bool),
             "pg": np.array([p if p else "" for p in col("pg", None).tolist()], dtype=object),
-            "pg_ranks": col("pg_ranks", None)}
+            "pg_ranks": col("pg_ranks", None), "comms_id": col("comms_id", None)}
 
 
 def _instances(rank: np.ndarray, step: np.ndarray, start: np.ndarray, pg: np.ndarray, seq: np.ndarray,
-               use_seq: bool) -> tuple[np.ndarray, int]:
-    """(per collective task, its instance; the number of instances): calls of one (process group, Seq), else the
-    n-th call of a process group in one profiler step on each rank. Instances are numbered in order of first
-    appearance among the tasks."""
+               use_seq: bool, comms_id: np.ndarray | None = None) -> tuple[np.ndarray, int]:
+    """(per collective task, its instance; the number of instances): calls of one Comms Id (``comms_id`` given),
+    else of one (process group, Seq), else the n-th call of a process group in one profiler step on each rank.
+    Instances are numbered in order of first appearance among the tasks."""
     o = np.lexsort((start, step, pg, rank))
     keys: list[tuple] = [None] * rank.size  # type: ignore[list-item]
     ordinal: dict[tuple, int] = {}
     for i in o.tolist():
-        if use_seq:
+        if comms_id is not None:
+            keys[i] = ("cid", str(comms_id[i]))
+        elif use_seq:
             keys[i] = ("seq", pg[i], int(seq[i]))
         else:
             k = (int(rank[i]), pg[i], int(step[i]))
