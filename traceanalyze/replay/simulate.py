@@ -153,12 +153,14 @@ def _resource_slices(g: Graph, udst: np.ndarray, ct: np.ndarray) -> list[tuple[i
     bounds = np.append(np.flatnonzero(g.first), n).astype(np.int64)
     prefix = [g.res_names[int(g.res[b])].split(":")[0] for b in bounds[:-1]]
     rank_of = {"host": 0, "comm": 1, "stream": 2}
+    # every slice bound at once: one searchsorted per array, not one per resource (thousands at 512 ranks)
+    none = np.zeros(bounds.size, np.int64)
+    u_at = np.searchsorted(udst, bounds.astype(udst.dtype, copy=False)) if udst.size else none
+    c_at = np.searchsorted(ct, bounds.astype(ct.dtype, copy=False)) if ct.size else none
     segs = []
     for k in sorted(range(len(prefix)), key=lambda k: rank_of.get(prefix[k], 3)):
-        lo, hi = int(bounds[k]), int(bounds[k + 1])
-        ua, ub = int(np.searchsorted(udst, lo)), int(np.searchsorted(udst, hi))
-        ca, cb = int(np.searchsorted(ct, lo)), int(np.searchsorted(ct, hi))
-        segs.append((lo, hi, ua, ub, ca, cb))
+        segs.append((int(bounds[k]), int(bounds[k + 1]), int(u_at[k]), int(u_at[k + 1]), int(c_at[k]),
+                     int(c_at[k + 1])))
     return segs
 
 
