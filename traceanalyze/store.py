@@ -29,7 +29,7 @@ import duckdb
 
 from traceanalyze.errors import EnvironmentFailure, TraceanalyzeError, UsageError
 
-SCHEMA_VERSION = 4  # a database written with another version is rebuilt: it is a cache of the traces
+SCHEMA_VERSION = 5  # a database written with another version is rebuilt: it is a cache of the traces
 
 DDL = f"""
 CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR);
