@@ -212,6 +212,8 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_siz
     def predict(arrs: Arrays) -> tuple[float, dict]:
         rp = simulate.replay(g, *arrs)
         t = rp.step_times(g)
+        del rp
+        release_free_memory()  # each replay's graph-sized arrays: not stacked up in the heap
         w_long = _longest(t, counted)
         per_step = {s: m_long[s] - (b_long[s] - w_long[s]) for s in m_long}
         return median(per_step.values()) or m_run, t
