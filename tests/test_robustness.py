@@ -599,7 +599,7 @@ def test_mutated_trace_parses_or_raises_input_error(tmp_path, case):
     except InputError as exc:
         assert str(exc).startswith(str(p)) and "\n" not in str(exc)
         return
-    assert set(tables) == {"kernels", "cpu_ops", "comm_events", "threads"}
+    assert set(tables) == {"kernels", "cpu_ops", "comm_events", "threads", "cuda_syncs"}
     assert info.partial in (True, False)
 
 
