@@ -59,7 +59,8 @@ GEMM_KERNEL = re.compile(r"(?i)gemm|xmma|cutlass|cublas|wgmma")
 # host-row flag computed by DuckDB (a Python pass over 500k names costs seconds): 1 sync, 2 launch, 3 gloo
 _FLAG = ("CASE WHEN c.name IN (SELECT unnest($2)) THEN 1 WHEN c.name IN (SELECT unnest($3)) THEN 2 "
          "WHEN c.name LIKE 'gloo:%' THEN 3 ELSE 0 END AS flag")
-BUILD_CHUNK_EVENTS = 1_000_000  # kernels + CPU ops of the ranks whose graph is built at once (~200 MB beside it)
+BUILD_CHUNK_EVENTS = 1_000_000  # kernels + CPU ops of the ranks whose graph is built at once (bounds what the
+# build holds beside the graph: the 8-rank scale set is 1 chunk, 1,024 small ranks are 5)
 FETCH_BATCH_ROWS = 1 << 17  # rows per Arrow batch read from DuckDB by _fetch_arrow
 SAVE_SLICE_ROWS = 1 << 18  # sim_task rows written per INSERT by save
 _T_SHIFT = 41  # thread/rank index << _T_SHIFT + ns since the run's start: one sortable int64 key (2^41 ns = 36 min)
@@ -202,8 +203,7 @@ def _fetch_arrow(con, sql: str, params: list) -> dict:
         if c == "name":
             out[c] = _unify_names(chunks)[::-1] if chunks else (np.zeros(0, np.int64), pa.array([], pa.string()))
         else:
-            dtype = reader.schema.field(c).type.to_pandas_dtype() if not chunks else chunks[0].dtype
-            out[c] = np.concatenate(chunks) if chunks else np.zeros(0, dtype)
+            out[c] = np.concatenate(chunks) if chunks else np.zeros(0, np.int64)  # callers cast as they need
     return out
 
 
@@ -212,9 +212,7 @@ def _name_codes(names) -> tuple[np.ndarray, object]:
     column: a graph holds each of its few hundred names once, not once per task."""
     import pyarrow as pa
 
-    enc = pc.dictionary_encode(names, "encode")
-    if isinstance(enc, pa.ChunkedArray):
-        enc = enc.combine_chunks() if enc.num_chunks else pa.array([], pa.dictionary(pa.int32(), pa.string()))
+    enc = pc.dictionary_encode(names, "encode")  # an Arrow array: a batch's column, or the step markers
     codes = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
     return codes, pc.cast(enc.dictionary, pa.string())
 
@@ -293,6 +291,13 @@ class _Tasks:
     @property
     def kind(self) -> np.ndarray:
         return self.cols["kind"]
+
+    def resource_ids(self, rank, rk: int, a, b) -> np.ndarray:
+        """Each row's resource index (into ``uniq``) from its (rank, ``rk``, pid|device, tid|stream), -1 for a
+        resource with no task."""
+        lookup = {tuple(u): i for i, u in enumerate(self.uniq.tolist())}
+        return np.array([lookup.get((int(r), rk, int(x), int(y)), -1) for r, x, y in zip(
+            np.asarray(rank).tolist(), np.asarray(a).tolist(), np.asarray(b).tolist(), strict=True)], dtype=np.int64)
 
     @property
     def rank(self) -> np.ndarray:
@@ -625,9 +630,7 @@ def _gloo_issue_edges(con, rc: _RunClock, t: _Tasks, edges: _Edges, anchor: np.n
     c_rank = rc.rank_of(np.asarray(c10["file_id"], np.int64))
     c_rel = rc.rel_ns(np.asarray(c10["ts_ns"], np.int64), c_rank)
     # the c10d call's host resource, then the task of that resource containing it
-    lookup = {tuple(r): i for i, r in enumerate(t.uniq.tolist())}
-    c_res = np.array([lookup.get((int(r), 0, int(p), int(th)), -1) for r, p, th in zip(
-        c_rank.tolist(), c10["pid"].tolist(), c10["tid"].tolist(), strict=True)], dtype=np.int64)
+    c_res = t.resource_ids(c_rank, 0, c10["pid"], c10["tid"])
     keep = c_res >= 0
     c_rank, c_rel, c_res = c_rank[keep], c_rel[keep], c_res[keep]
     # per rank: latest c10d call at or before each collective's start
@@ -683,14 +686,8 @@ def _event_wait_edges(con, rc: _RunClock, t: _Tasks, edges: _Edges, cg: np.ndarr
     if not (n_rows and dev.size):
         return n_rows
     rank = rc.rank_of(np.asarray(w["file_id"], np.int64))
-    lookup = {tuple(u): i for i, u in enumerate(t.uniq.tolist())}
-    device = np.asarray(w["device"], np.int64)
-
-    def res_of(stream) -> np.ndarray:
-        return np.array([lookup.get((int(r), 1, int(d), int(s_)), -1) for r, d, s_ in zip(
-            rank.tolist(), device.tolist(), np.asarray(stream, np.int64).tolist(), strict=True)], dtype=np.int64)
-
-    res_wait, res_rec = res_of(w["stream"]), res_of(w["wait_on_stream"])
+    res_wait = t.resource_ids(rank, 1, w["device"], w["stream"])
+    res_rec = t.resource_ids(rank, 1, w["device"], w["wait_on_stream"])
     # device tasks by (resource, launch correlation): one sortable key (resources < 2^22, correlations < 2^41)
     lim = (1 << _T_SHIFT) - 1
     key = (t.res[dev].astype(np.int64) << _T_SHIFT) + np.clip(t.cols["corr"][dev], 0, lim)
@@ -835,7 +832,7 @@ def _categories(con, rc: _RunClock, t: _Tasks, fids: list[int]
     """µs of each host task and of the gap before it under each category (module docstring), and each gap's label.
     """
     run_id, mode, origin, off_ns, world = rc.run_id, rc.mode, rc.origin, rc.off_ns, rc.world
-    uniq, res, rk, kind, flag, ext = t.uniq, t.res, t.rk, t.kind, t.cols["flag"], t.cols["ext"]
+    res, rk, kind, flag, ext = t.res, t.rk, t.kind, t.cols["flag"], t.cols["ext"]
     start, end, gap, first = t.start, t.end, t.gap, t.first
     n = start.size
     r = _fetch(con, """SELECT f.rank, c.pid, c.tid, c.ts_ns, c.ts_ns + c.dur_ns AS end_ns,
@@ -848,10 +845,7 @@ def _categories(con, rc: _RunClock, t: _Tasks, fids: list[int]
                OR ($3 AND c.name IN (SELECT unnest($4))
                    AND (c.input_types LIKE '["float"%' OR c.input_types LIKE '[''float''%')))""",
                [run_id, list(COMPILE_RANGES), mode != "gpu", list(MATMUL_OPS), fids])
-    lookup = {tuple(u): i for i, u in enumerate(uniq.tolist())}
-    r_res = np.array([lookup.get((int(a), 0, int(b), int(c)), -1) for a, b, c in zip(
-        r["rank"].tolist(), int_column(r["pid"])[0].tolist(), int_column(r["tid"])[0].tolist(), strict=True)],
-        dtype=np.int64)
+    r_res = t.resource_ids(r["rank"], 0, int_column(r["pid"])[0], int_column(r["tid"])[0])
     r_rank = np.asarray(r["rank"], np.int64)
     shift = origin + off_ns[np.clip(r_rank, 0, world)]
     lo = np.clip(np.asarray(r["ts_ns"], np.int64) - shift, 0, (1 << _T_SHIFT) - 1)
