@@ -452,8 +452,10 @@ def compile_counters(log: Path) -> dict:
     return log_json(log, "compile counters")
 
 
-def compile_run(out_root: Path, name: str, description: str, expected: dict, cache_note: str) -> None:
-    """Record the 2-rank compiled job with the shared inductor cache, profiled from step 0."""
+def compile_run(out_root: Path, name: str, description: str, expected: dict, cache_note: str,
+                **cfg_kw: object) -> None:
+    """Record the 2-rank compiled job with the shared inductor cache, profiled from step 0 (``cfg_kw``
+    overrides :data:`COMPILE_KW`, e.g. ``compile=False`` for the eager twin of the compile pair)."""
     record(
         name,
         out_root,
@@ -466,7 +468,7 @@ def compile_run(out_root: Path, name: str, description: str, expected: dict, cac
             "compile_counters": {r: compile_counters(out / f"rank{r}.log") for r in result.step_times_ms},
             "inductor_cache": cache_note,
         },
-        **COMPILE_KW,
+        **{**COMPILE_KW, **cfg_kw},
     )
 
 

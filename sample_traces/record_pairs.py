@@ -20,7 +20,6 @@ saving is ``100 * (1 - fixed / slow)`` on the medians over the repetitions.
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import shutil
 import statistics
@@ -35,9 +34,8 @@ import generate as g
 REPETITIONS = 3
 NONE: dict = {"cause": None, "kind": None, "ranks": []}
 STRAGGLER: dict = {"cause": "imbalance", "kind": "straggler", "ranks": [2]}
-# ~2x the compute of one step of the 4-rank job on 2 idle cores (healthy: ~130 ms per step); on the
-# loaded VM a step takes 2-5x longer, where it is about one step.
-STRAGGLER_SLEEP_MS = 400.0
+# ~2x the compute of one step of the 2-rank job on 2 idle cores (~55 ms per step).
+STRAGGLER_SLEEP_MS = 100.0
 # 8 samples per micro-batch x 10 ms = 80 ms of I/O wait per step (~1.5x the 2-rank step's compute).
 SAMPLE_READ_MS = 10.0
 # 4 MiB fp32 buffer: 0.17 s per round at the shaped 25 MB/s, a few ms unshaped.
@@ -85,18 +83,18 @@ PAIRS: dict[str, Pair] = {
     ),
     "straggler_sleep": Pair(
         "no_straggler",
-        f"4 gloo ranks on 2 cores; slow: rank 2 sleeps {STRAGGLER_SLEEP_MS:g} ms (time.sleep, host idle, no "
-        "profiler range) at the start of every step, about 2x a step's compute; fixed: the same job without "
-        "it.",
-        4,
+        f"2 gloo ranks on 2 cores, one compute thread each (one core per rank: a sleeping rank frees no core "
+        f"that the other could use); slow: rank 1 sleeps {STRAGGLER_SLEEP_MS:g} ms (time.sleep, host idle, no "
+        "profiler range) at the start of every step, about 2x a step's compute; fixed: the same job without it.",
+        2,
         Side(
-            f"4 gloo ranks; rank 2 sleeps {STRAGGLER_SLEEP_MS:g} ms (time.sleep: the host idles, in no "
-            "profiler range) at the start of every step, so the other ranks wait for it in the gradient "
-            "all-reduce. The slow run of the straggler_sleep pair.",
-            STRAGGLER,
-            {"straggler_rank": 2, "straggler_sleep_ms": STRAGGLER_SLEEP_MS},
+            f"2 gloo ranks; rank 1 sleeps {STRAGGLER_SLEEP_MS:g} ms (time.sleep: the host idles, in no "
+            "profiler range) at the start of every step, so rank 0 waits for it in the gradient all-reduce. "
+            "The slow run of the straggler_sleep pair.",
+            {"cause": "imbalance", "kind": "straggler", "ranks": [1]},
+            {"straggler_rank": 1, "straggler_sleep_ms": STRAGGLER_SLEEP_MS},
         ),
-        Side("4 gloo ranks, balanced (nobody sleeps). The fixed twin of the straggler_sleep pair.", NONE),
+        Side("2 gloo ranks, balanced (nobody sleeps). The fixed twin of the straggler_sleep pair.", NONE),
     ),
     "slow_interconnect": Pair(
         "ideal_interconnect",
@@ -163,8 +161,9 @@ PAIRS: dict[str, Pair] = {
     "compile": Pair(
         "no_compile",
         "2 gloo ranks, torch.compile(DDP(model)) profiled from step 0 (as the compile samples); slow: an empty "
-        "TORCHINDUCTOR_CACHE_DIR (cold); fixed: the same job in new processes with the cache the slow run of "
-        "the same repetition filled (warm).",
+        "TORCHINDUCTOR_CACHE_DIR (cold); fixed: the same job in eager mode (no torch.compile), the run that "
+        "the no_compile what-if predicts. (A warm-cache twin is not compile-free: dynamo and AOTAutograd still "
+        "trace, so its step 0 still takes seconds; see the compile_warm sample.)",
         2,
         Side(
             "2 gloo ranks, torch.compile(DDP(model)) with an empty TORCHINDUCTOR_CACHE_DIR, profiled from "
@@ -174,11 +173,10 @@ PAIRS: dict[str, Pair] = {
             {"cache": "empty at start (fresh temporary directory)"},
         ),
         Side(
-            "The same compiled job in new processes with the TORCHINDUCTOR_CACHE_DIR the slow run of the same "
-            "repetition filled: the FX graph cache hits; dynamo and AOTAutograd still trace. The fixed twin "
-            "of the compile pair.",
+            "The same job in eager mode (no torch.compile), profiled from the first step like the slow run. "
+            "The fixed twin of the compile pair.",
             NONE,
-            {"cache": "warm, filled by the slow run of the same repetition"},
+            {"cache": "not used: eager mode", "compile": False},
         ),
         runner="compile",
     ),
@@ -198,7 +196,7 @@ def record_side(spec: Pair, side: Side, out: Path, name: str) -> None:
     if spec.runner == "interconnect":
         g.interconnect(out, name, kw.pop("qdisc"), side.description, side.expected, **kw)
     elif spec.runner == "compile":
-        g.compile_run(out, name, side.description, side.expected, kw.pop("cache"))
+        g.compile_run(out, name, side.description, side.expected, kw.pop("cache"), **kw)
     else:
         g.record(name, out, spec.world, side.description, side.expected, **kw)
 
@@ -223,22 +221,14 @@ def probe_busbw(truth: dict) -> float | None:
 
 def host_info() -> dict:
     """The recording host's CPU: model, cores, torch's CPU capability (its vector ISA) and whether the CPU
-    has native bf16 matmul instructions (avx512_bf16 / amx_bf16 flags); without them bf16 matmuls are
-    emulated and run many times slower than fp32, so bf16 autocast is no fix there."""
-    import torch  # only here, like generate.write_ground_truth
+    has native bf16 matmul instructions (``traceanalyze.capture.cpu_facts``: avx512_bf16 / amx_bf16 flags);
+    without them bf16 matmuls are emulated and run many times slower than fp32, so bf16 autocast is no fix
+    there."""
+    from traceanalyze.capture import cpu_facts  # imports torch, like generate.write_ground_truth
 
-    try:
-        flags = next(
-            (ln.split(":", 1)[1].split() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-             if ln.startswith("flags")), [])
-    except OSError:
-        flags = []
-    return {
-        "processor": g.cpu_model(),
-        "cpus": os.cpu_count(),
-        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "native_bf16": bool({"avx512_bf16", "amx_bf16"} & set(flags)),
-    }
+    cpu = cpu_facts()
+    return {"processor": g.cpu_model(), "cpus": cpu["cpus"], "torch_cpu_capability": cpu["isa"],
+            "native_bf16": bool(cpu["native_bf16"])}
 
 
 def saving_pct(slow_ms: float, fixed_ms: float) -> float:

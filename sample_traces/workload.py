@@ -37,6 +37,8 @@ from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trac
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 
+from traceanalyze import capture  # env_rank{r}.json, as a user's capture.profile writes it
+
 
 @dataclass
 class JobConfig:
@@ -229,6 +231,8 @@ def run(cfg: JobConfig, result_dir: Path) -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     out_dir = Path(cfg.out_dir)
+    # versions and the host CPU (native bf16 or not), as traceanalyze.capture.profile writes them
+    (out_dir / f"env_rank{rank}.json").write_text(json.dumps(capture.environment(rank, world), default=str))
 
     torch.manual_seed(cfg.seed)
     model = TinyLM(cfg)

@@ -122,3 +122,41 @@ def test_profile_without_torch_is_an_import_error(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "torch", None)
     with pytest.raises(ImportError), capture.profile(tmp_path):
         pass
+
+
+@pytest.mark.parametrize(("flags", "native"), [("fpu avx2 avx512f avx512bw", False), ("avx512f avx512_bf16", True),
+                                               ("avx2 amx_tile amx_bf16", True)])
+def test_cpu_facts_read_native_bf16_from_cpuinfo(tmp_path, flags, native):
+    info = tmp_path / "cpuinfo"
+    info.write_text(f"processor\t: 0\nmodel name\t: Test CPU @ 2.80GHz\nflags\t\t: {flags}\n\nprocessor\t: 1\n"
+                    "model name\t: other\nflags\t\t: avx512_bf16\n")
+    facts = capture.cpu_facts(info)
+    assert (facts["model"], facts["native_bf16"]) == ("Test CPU @ 2.80GHz", native)
+    assert capture.cpu_facts(tmp_path / "absent")["native_bf16"] is None  # unknown, never a guess
+
+
+def test_env_cpu_facts_are_bounded_and_leave_bf16_out_of_a_cpu_run(tmp_path):
+    d = tmp_path / "run"
+    write_trace(d / "rank0.json", 0, cpu_job(0, 0.0))
+    write_trace(d / "rank1.json", 1, cpu_job(1, 0.0))
+    env = {"traceanalyze_capture": 1, "rank": 0, "world_size": 2, "versions": {},
+           "cpu": {"model": "<b>Xeon</b>" + "x" * 5000, "isa": "AVX512", "native_bf16": False}}
+    (d / "env_rank0.json").write_text(json.dumps(env))
+    with ta.analyze(d, jobs=1) as a:
+        run = a.model["runs"][0]
+        facts = run["log_facts"]
+        assert facts["cpu_native_bf16"] == ["false"] and facts["cpu_isa"] == ["AVX512"]
+        assert len(facts["cpu_model"][0]) == 256
+        # emulated bf16 is no fix: the what-if is left out, and the report says why
+        assert "bf16_matmul" not in {w["scenario"] for w in run["whatif"]}
+        (lo,) = run["replay"]["left_out"]
+        assert lo["scenario"] == "bf16_matmul" and "neither AMX nor AVX512-BF16" in lo["why"]
+        (prec,) = [f for f in run["findings"] if f["kind"] == "fp32_matmul"]
+        assert (prec["severity"], prec["impact_pct"]) == ("low", 0.0)
+        html = a.to_html(tmp_path / "r.html").read_text()
+        assert "<b>Xeon" not in html and "&lt;b&gt;Xeon" in html and "Left out:" in html
+    # the same run without the env file: the host is unknown, native bf16 assumed
+    (d / "env_rank0.json").unlink()
+    with ta.analyze(d, jobs=1) as a:
+        run = a.model["runs"][0]
+        assert "bf16_matmul" in {w["scenario"] for w in run["whatif"]} and run["replay"]["left_out"] == []

@@ -100,7 +100,8 @@ def environment(rank: int | None = None, world_size: int | None = None) -> dict[
     ``pid``, ``time`` (UTC, ISO 8601), ``versions`` (``python``, ``torch``, ``cuda``, ``nccl``, ``cudnn``;
     None where absent), ``gpus`` (device names), ``env`` (the variables named in
     :data:`traceanalyze.safety.ENV_PREFIXES` / :data:`~traceanalyze.safety.ENV_NAMES` that are set, never one named
-    like a credential: :func:`traceanalyze.safety.env_allowed`). Never raises for a missing GPU or NCCL.
+    like a credential: :func:`traceanalyze.safety.env_allowed`), ``cpu`` (:func:`cpu_facts`). Never raises for a
+    missing GPU or NCCL.
     """
     import torch
 
@@ -120,7 +121,39 @@ def environment(rank: int | None = None, world_size: int | None = None) -> dict[
     return {ENV_MARKER: 1, "rank": rank, "world_size": world_size, "backend": backend,
             "hostname": socket.gethostname(), "pid": os.getpid(),
             "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "versions": versions, "gpus": gpus, "env": env}
+            "versions": versions, "gpus": gpus, "env": env, "cpu": cpu_facts()}
+
+
+NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # x86 flags for bf16 dot products / tiles in hardware
+
+
+def cpu_facts(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> dict[str, Any]:
+    """The host CPU as the precision what-if needs it: ``model`` (name), ``cpus`` (logical cores), ``isa``
+    (torch's CPU capability, e.g. ``AVX2``, ``AVX512``) and ``native_bf16`` (True when ``cpuinfo`` lists
+    one of :data:`NATIVE_BF16_FLAGS`; False when it lists flags but none of them; None when it cannot be read,
+    e.g. not Linux; ``isa`` None without torch). Without native bf16, oneDNN emulates bf16 matmuls and they run
+    slower than fp32 (2-30x, by CPU), so bf16 autocast is no fix on that host. Never raises.
+    """
+    model: str | None = None
+    flags: set[str] | None = None
+    try:
+        for line in Path(cpuinfo).read_text(encoding="utf-8", errors="replace").splitlines():
+            key, _, val = line.partition(":")
+            if key.strip() == "model name" and model is None:
+                model = val.strip()
+            elif key.strip() == "flags" and flags is None:
+                flags = set(val.split())
+    except OSError:
+        pass
+    model = model or platform.processor() or None
+    try:
+        import torch
+
+        isa = torch.backends.cpu.get_cpu_capability()
+    except Exception:  # no torch, or an old one without it
+        isa = None
+    return {"model": model, "cpus": os.cpu_count(), "isa": isa,
+            "native_bf16": None if flags is None else bool(flags.intersection(NATIVE_BF16_FLAGS))}
 
 
 def write_topology(out_dir: str | os.PathLike, timeout_s: float = 20.0) -> Path | None:

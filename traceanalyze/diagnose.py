@@ -481,7 +481,14 @@ def rule_precision(ev: RunEvidence) -> list[Finding]:
         evidence.append(f"achieved {p.achieved_tflops:.1f} TFLOPS = {p.mfu_pct:.1f}% of {p.peak_tflops:g} TFLOPS "
                         f"({p.peak_source})")
     sev = None
-    if ev.mode == "cpu":
+    no_bf16 = ev.mode == "cpu" and any(f.value == "false" for f in ev.facts.get("cpu_native_bf16") or [])
+    if no_bf16:  # capture's env file says so: the fix would make this host slower
+        src = next(f.source for f in ev.facts["cpu_native_bf16"] if f.value == "false")
+        impact, sev = 0.0, "low"
+        cpu = f"{ev.fact('cpu_model') or 'model unknown'}, {ev.fact('cpu_isa') or 'ISA unknown'}"
+        evidence.append(f"{src}: the CPU ({cpu}) has neither AMX nor AVX512-BF16, so bf16 matmuls would be emulated "
+                        "and slower than fp32: no saving on this host")
+    elif ev.mode == "cpu":
         evidence.append(f"CPU trace: the estimate assumes bf16 matmuls run {CPU_BF16_SPEEDUP:g}× faster, which needs "
                         "AMX or AVX512-BF16; without them bf16 can be slower")
         impact = min(impact, HIGH - 0.1)  # the gain on this hardware is an estimate: never more than medium
@@ -499,7 +506,9 @@ def rule_precision(ev: RunEvidence) -> list[Finding]:
     precision_stated = ev.fact("precision")
     if precision_stated:
         evidence.append(f"config/log states precision {precision_stated}")
-    rec = CPU_PRECISION_ADVICE
+    rec = CPU_PRECISION_ADVICE if not no_bf16 else (
+        "keep fp32 on this host; bf16 gains need a CPU with AMX or AVX512-BF16 (lscpu | grep -E 'amx|avx512_bf16') "
+        "or a GPU with bf16 tensor cores")
     if ev.mode == "gpu":  # only what this GPU supports (traceanalyze.hardware)
         evidence.append(f"GPU: {ev.gpu.label}" + (f" (from {ev.gpu.source})" if ev.gpu.capability else
                                                    ": compute capability unknown"))

@@ -519,7 +519,7 @@ def _analyses(con, run_id: int, run: Run, mode: str, facts: dict, good: list, li
     rp_pool = ThreadPoolExecutor(max_workers=1) if good and step_rows and n_rows <= OVERLAP_MAX_ROWS else None
     rp_cur = con.cursor()
     replay_result = _deferred(rp_pool, _replay, rp_cur, run_id, mode, facts["world_size"], coll, link,
-                              warnings) if good and step_rows else None
+                              _cpu_host(side["facts"]), warnings) if good and step_rows else None
     if rp_pool is not None:
         rp_pool.shutdown(wait=False)
     prec = analyze_precision(con, run_id, mode, facts["gpu_model"], peak_tflops) if good else None
@@ -656,13 +656,23 @@ def _timeline(con, run_id: int, run_model: dict, ev, findings) -> dict | None:
                     marked.setdefault(g.rank, []).append({"start_us": g.offset_us, "dur_us": g.dur_us,
                                                           "label": "host gap", "cause": f.cause})
     return where.timeline_model(con, run_id, run_model["mode"], run_model["steps"], marked, named)
-def _replay(con, run_id: int, mode: str, world: int | None, coll, link: dict, warnings: list[dict]):
-    """The what-if replay of one run (traceanalyze.replay); a failure costs a warning, not the report."""
+def _cpu_host(facts: dict) -> tuple[bool | None, str | None]:
+    """(native bf16, CPU model) of the run's hosts from ``env_rank{r}.json`` facts: False when any rank's CPU lacks
+    native bf16, True when every one that says has it, None when none says."""
+    said = {f.value for f in facts.get("cpu_native_bf16") or []}
+    model = next((f.value for f in facts.get("cpu_model") or []), None)
+    return (False if "false" in said else True if said else None), model
+
+
+def _replay(con, run_id: int, mode: str, world: int | None, coll, link: dict, cpu: tuple, warnings: list[dict]):
+    """The what-if replay of one run (traceanalyze.replay); a failure costs a warning, not the report. ``cpu``:
+    :func:`_cpu_host`."""
     from traceanalyze.replay.whatif import replay_run
 
     try:
         return replay_run(con, run_id, mode, world, coll.clock_offsets_us if coll else None,
-                          link.get("expected_gbps"), link.get("source", ""))
+                          link.get("expected_gbps"), link.get("source", ""), cpu_native_bf16=cpu[0],
+                          cpu_model=cpu[1])
     except (ValueError, IndexError, KeyError, duckdb.Error) as exc:  # a graph the replay cannot handle
         warnings.append({"file": None, "level": "warning", "message": f"what-if replay skipped: {exc}"})
         return {}, [], {}

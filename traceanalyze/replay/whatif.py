@@ -144,12 +144,25 @@ def _applies(g: gr.Graph, scenario: str, ctx: dict) -> bool:
         return bool(_stragglers(g))
     if scenario == "ideal_interconnect":
         return bool(ctx.get("link_gbps")) and bool((g.inst_bytes > 0).any())
+    if scenario == "bf16_matmul" and ctx.get("native_bf16") is False:
+        return False  # emulated bf16 is slower than fp32: no fix on this host (_left_out says why)
     key = {"bf16_matmul": "matmul_fp32", "no_dataloader_wait": "dataloader", "no_compile": "compile"}.get(scenario)
     if key:
         return float(g.cover[key].sum() + g.gap_cover.get(key, np.zeros(1)).sum()) >= MIN_SAVING_US
     if scenario == "no_launch_overhead":
         return g.mode == "gpu" and float(g.gap_cover["launch"].sum()) >= MIN_SAVING_US
     return False
+
+
+def _left_out(g: gr.Graph, ctx: dict) -> list[dict]:
+    """What-ifs the trace would support but the host rules out, each ``{"scenario", "why"}``: bf16 on a CPU that
+    has neither AMX nor AVX512-BF16 (``env_rank{r}.json`` ``cpu.native_bf16``), where oneDNN emulates bf16 and
+    the matmuls run slower than in fp32."""
+    if ctx.get("native_bf16") is not False or float(g.cover["matmul_fp32"].sum()) < MIN_SAVING_US:
+        return []
+    return [{"scenario": "bf16_matmul",
+             "why": f"the host CPU ({ctx.get('cpu_model') or 'model unknown'}) has neither AMX nor AVX512-BF16: "
+                    "bf16 matmuls would be emulated, slower than fp32, so bf16 autocast is no fix on this host"}]
 
 
 def _assumptions(scenario: str, ctx: dict, g: gr.Graph) -> str:
@@ -182,8 +195,12 @@ def _longest(times: dict[tuple[int, int], float], counted: set[tuple[int, int]])
 
 def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_size: int | None,
                clock_offsets_us: dict | None = None, link_gbps: float | None = None, link_source: str = "",
-               gpu_sm: str | None = None) -> tuple[dict, list[dict], dict]:
+               gpu_sm: str | None = None, cpu_native_bf16: bool | None = None,
+               cpu_model: str | None = None) -> tuple[dict, list[dict], dict]:
     """Build, store and replay the run's graph, then every what-if that applies.
+
+    ``cpu_native_bf16``/``cpu_model``: the host CPU (``env_rank{r}.json``); on a CPU run, False leaves
+    ``bf16_matmul`` out (the replay model's ``left_out`` says why); None assumes native bf16.
 
     Returns:
         ``(replay, whatif, picture)``: ``replay`` and ``whatif`` as in the JSON contract (``docs/replay.md``),
@@ -203,7 +220,9 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_siz
     err = abs(b_run - m_run) / m_run * 100 if m_run else 0.0
     replay_model = _replay_model(g, base, measured, base_t, counted, m_run, b_run, err)
     ctx = {"link_gbps": link_gbps, "link_source": link_source or "expected link",
-           "bf16": BF16_SPEEDUP_GPU if mode == "gpu" else BF16_SPEEDUP_CPU}
+           "bf16": BF16_SPEEDUP_GPU if mode == "gpu" else BF16_SPEEDUP_CPU,
+           "native_bf16": cpu_native_bf16 if mode == "cpu" else None, "cpu_model": cpu_model}
+    replay_model["left_out"] = _left_out(g, ctx)
     results = [[run_id, "replay", r, s, measured[(r, s)], base_t[(r, s)]] for r, s in sorted(measured)]
     whatif = []
     applicable = [s for s in SCENARIOS[:-1] if _applies(g, s, ctx)]

@@ -11,6 +11,8 @@ def replay_view(run: dict) -> dict:
     """``replay``, ``whatif`` and ``picture`` of one run for the template: the model's dicts, rows that are not
     dicts dropped, picture segments kept only when their numbers are finite."""
     rp = run.get("replay") if isinstance(run.get("replay"), dict) else None
+    if rp is not None:
+        rp = dict(rp, left_out=_left_out(rp))
     wi = [w for w in run.get("whatif") or [] if isinstance(w, dict)]
     pic = run.get("replay_picture") if isinstance(run.get("replay_picture"), dict) else None
     if pic and finite(pic.get("span_us")):
@@ -24,6 +26,12 @@ def replay_view(run: dict) -> dict:
     else:
         pic = None
     return {"replay": rp, "whatif": wi, "picture": pic}
+
+
+def _left_out(rp: dict) -> list[dict]:
+    """The replay's ``left_out`` rows (what-ifs the host rules out), those that are dicts."""
+    lo = rp.get("left_out")
+    return [x for x in lo if isinstance(x, dict)] if isinstance(lo, list) else []
 
 
 def _t(v) -> str:
@@ -57,6 +65,8 @@ def replay_markdown(run: dict) -> list[str]:
                        f"{int(finite(c.get('collective_instances')) or 0)} collective instances |")
     else:
         out.append("No what-if applies to this run.")
+    for lo in _left_out(rp):
+        out += ["", f"Left out: {_t(lo.get('scenario'))}: {_t(lo.get('why'))}."]
     out += ["", f"Replay fidelity: replayed {_f(rp.get('replayed_step_time_us'))} ms vs measured "
                 f"{_f(rp.get('measured_step_time_us'))} ms ({_f(rp.get('error_pct'), 1)} % error)"
                 + ("; partial (peers not in the folder)" if rp.get("partial") else "") + ".", ""]
