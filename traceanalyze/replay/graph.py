@@ -392,9 +392,13 @@ def _build_chunk(con, rc: _RunClock, fids: list[int], st: dict[str, np.ndarray],
     """The graph's arrays for the ranks of ``fids`` (tasks, edges, categories; task ids local to the chunk).
     Every edge but a collective's rendezvous joins tasks of one rank, so chunks of whole ranks join without
     loss (:func:`_join_chunks`)."""
-    parts = [_host_tasks(con, rc, fids)]
-    if rc.mode == "gpu":
-        parts.append(_device_tasks(con, rc, fids, comm))
+    dev = _device_tasks(con, rc, fids, comm) if rc.mode == "gpu" else None
+    dev_keys = np.sort((dev["fid"] << 40) + dev["corr"]) if dev is not None else None
+    parts = [_host_tasks(con, rc, fids, dev_keys)]
+    del dev_keys
+    if dev is not None:
+        parts.append(dev)
+    del dev
     parts.append(_marker_tasks(st))
     t = _order_tasks(parts, rc)
     del parts
@@ -451,9 +455,11 @@ def _join_chunks(chunks: list[dict]) -> dict:
     return out
 
 
-def _host_tasks(con, rc: _RunClock, fids: list[int]) -> dict:
-    """Task columns of the host tasks: the runtime calls (GPU runs), else each thread's top-level ops with the
-    ``gloo:*`` ranges as collectives on their own threads."""
+def _host_tasks(con, rc: _RunClock, fids: list[int], dev_keys: np.ndarray | None = None) -> dict:
+    """Task columns of the host tasks: the runtime calls (GPU runs) that an edge can touch (:func:`_fold_calls`;
+    ``dev_keys``: the sorted (file_id << 40) + correlation of the device tasks), else each thread's top-level ops
+    with the ``gloo:*`` ranges as collectives on their own threads. ``idle``: µs since the thread's previous call
+    (folded calls included), +inf where unknown."""
 
     args = [*_flag_args([rc.run_id]), fids]
     if rc.mode == "gpu":
@@ -461,6 +467,8 @@ def _host_tasks(con, rc: _RunClock, fids: list[int]) -> dict:
             FROM cpu_ops c JOIN files f USING (file_id)
             WHERE f.run_id = $1 AND f.rank IS NOT NULL AND f.file_id IN (SELECT unnest($4))
               AND c.cat IN ('cuda_runtime', 'cuda_driver')""", args)
+        h = _fold_calls(h, np.zeros(0, np.int64) if dev_keys is None else dev_keys)
+        idle = h.pop("idle")
     else:
         h = _fetch_arrow(con, f"""SELECT c.file_id, c.pid, c.tid, c.ts_ns, c.dur_ns, c.correlation, c.name, {_FLAG}
             FROM cpu_ops c JOIN files f USING (file_id)
@@ -473,13 +481,43 @@ def _host_tasks(con, rc: _RunClock, fids: list[int]) -> dict:
         end = ts + np.asarray(h["dur_ns"], np.int64)
         top = ts >= _seg_cummax_excl(np.clip(end, 0, (1 << _T_SHIFT) - 1), thr)
         h = {k: ((v[0][top], v[1]) if k == "name" else v[top]) for k, v in h.items()}
+        idle = np.full(int(top.sum()), np.inf)
     flag = np.asarray(h["flag"], np.int64)
     coll = (flag == 3) & (rc.mode != "gpu")
     return dict(rank=rc.rank_of(np.asarray(h["file_id"], np.int64)), rk=np.where(coll, 2, 0),
                 a=np.asarray(h["pid"], np.int64), b=np.asarray(h["tid"], np.int64), kind=np.where(coll, K_COLL, K_HOST),
                 ts=np.asarray(h["ts_ns"], np.int64), dur=np.asarray(h["dur_ns"], np.int64), name=h["name"],
                 corr=np.asarray(h["correlation"], np.int64), fid=np.asarray(h["file_id"], np.int64),
-                ext=np.zeros(flag.size, np.int64), flag=flag)
+                ext=np.zeros(flag.size, np.int64), flag=flag, idle=idle.astype(np.float32))
+
+
+def _fold_calls(h: dict, dev_keys: np.ndarray) -> dict:
+    """The runtime calls ``h`` (``_fetch_arrow`` columns) without those no edge can touch, plus ``idle`` (µs).
+
+    A call is kept when it is a launch or a synchronize (``flag``), when device work was launched under its
+    correlation (``dev_keys``), or when it starts :data:`WAIT_GAP_US` or more after the end of its thread's previous
+    call (a wait may end there, :func:`_wait_edges`). The others (``cudaStreamIsCapturing``, ``cudaEventQuery``,
+    ``cudaStreamWaitEvent``, ...; about half the calls) join the gap before the next task, which keeps the
+    thread's time; ``idle`` keeps each kept call's own idle time before it, for :func:`_wait_edges`."""
+    fid = np.asarray(h["file_id"], np.int64)
+    ts, dur = np.asarray(h["ts_ns"], np.int64), np.asarray(h["dur_ns"], np.int64)
+    thr = _thread_codes(fid, h["pid"], h["tid"])
+    o = np.lexsort((-dur, ts, thr))
+    prev_end = np.empty(ts.size, np.float64)
+    prev_end[o[1:]] = (ts[o[:-1]] + dur[o[:-1]]).astype(np.float64)
+    idle = np.full(ts.size, np.inf)
+    same = np.zeros(ts.size, bool)
+    same[o[1:]] = thr[o[1:]] == thr[o[:-1]]
+    idle[same] = (ts[same] - prev_end[same]) / 1e3
+    del prev_end, same, o, thr
+    corr = np.asarray(h["correlation"], np.int64)
+    key = (fid << 40) + corr
+    j = np.clip(np.searchsorted(dev_keys, key), 0, max(dev_keys.size - 1, 0))
+    launched = (corr > 0) & (dev_keys[j] == key) if dev_keys.size else np.zeros(ts.size, bool)
+    keep = (np.asarray(h["flag"], np.int64) != 0) | launched | (idle >= WAIT_GAP_US)
+    out = {k: ((v[0][keep], v[1]) if k == "name" else v[keep]) for k, v in h.items()}
+    out["idle"] = idle[keep]
+    return out
 
 
 def _device_tasks(con, rc: _RunClock, fids: list[int], comm: list[str]) -> dict:
@@ -505,7 +543,7 @@ def _device_tasks(con, rc: _RunClock, fids: list[int], comm: list[str]) -> dict:
                 ts=np.asarray(k["ts_ns"], np.int64), dur=np.asarray(k["dur_ns"], np.int64),
                 name=k["name"], corr=np.asarray(k["correlation"], np.int64),
                 fid=np.asarray(k["file_id"], np.int64), ext=np.asarray(k["fp32_gemm"], np.int64),
-                flag=np.zeros(cat.size, np.int64))
+                flag=np.zeros(cat.size, np.int64), idle=np.full(cat.size, np.inf, np.float32))
 
 
 def _marker_tasks(st: dict[str, np.ndarray]) -> dict:
@@ -523,7 +561,8 @@ def _marker_tasks(st: dict[str, np.ndarray]) -> dict:
                 dur=np.zeros(2 * n_st, np.int64),
                 name=_name_codes(pa.array([f"ProfilerStep#{s}" for s in st["step"].tolist()] * 2, pa.string())),
                 corr=np.zeros(2 * n_st, np.int64), fid=np.concatenate([st["file_id"]] * 2).astype(np.int64),
-                ext=np.concatenate([st["step"]] * 2).astype(np.int64), flag=np.zeros(2 * n_st, np.int64))
+                ext=np.concatenate([st["step"]] * 2).astype(np.int64), flag=np.zeros(2 * n_st, np.int64),
+                idle=np.full(2 * n_st, np.inf, np.float32))
 
 
 def _order_tasks(parts: list[dict], rc: _RunClock) -> _Tasks:
@@ -752,7 +791,9 @@ def _wait_edges(t: _Tasks, mode: str, edges: _Edges, cg: np.ndarray) -> None:
     """Waits: a host gap of ≥ :data:`WAIT_GAP_US` that ends after another thread's task or a collective of the rank
     ended in its last three quarters waits for it (``inter_thread`` / ``collective_wait``); the gap's head leaves
     the chain gap ``cg``."""
-    rank, res, kind, rk, start, end, gap = t.rank, t.res, t.kind, t.rk, t.start, t.end, t.gap
+    rank, res, kind, rk, start, end = t.rank, t.res, t.kind, t.rk, t.start, t.end
+    # the idle time before each task: its gap, less the runtime calls folded into it (_host_tasks)
+    gap = np.minimum(t.gap, t.cols.pop("idle"))
     hostres = (rk == 0) & (kind != K_BEGIN)
     w = np.flatnonzero(hostres & ~t.first & (gap >= WAIT_GAP_US))
     # CPU runs: only collectives (their threads' other tasks are not tied to the step's thread by any edge, so a
@@ -767,7 +808,7 @@ def _wait_edges(t: _Tasks, mode: str, edges: _Edges, cg: np.ndarray) -> None:
     # the candidate whose end is nearest the gap's end: the last one before it, or (a gloo range ends after
     # its completion callbacks, which run on the waiting thread) the first one after it, if already running
     j = np.searchsorted(ckey, q, side="right") - 1
-    lo = end[w - 1] + WAIT_TAIL * gap[w]
+    lo = start[w] - (1 - WAIT_TAIL) * gap[w]
     best_src = np.full(w.size, -1, np.int64)
     best_dist = np.full(w.size, np.inf)
     for jj in (j, j + 1):
