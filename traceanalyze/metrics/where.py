@@ -87,39 +87,108 @@ def host_gaps(con: duckdb.DuckDBPyConnection, run_id: int, ranks: list[int] | No
               min_us: float = 0.0, step: int | None = None) -> tuple[dict[int, list[HostGap]], dict[int, float]]:
     """The ``top`` largest host gaps of each rank's counted steps (module docstring), and each rank's total gap
     time per counted step (µs). ``ranks`` narrows the ranks looked at, ``step`` the steps (then the total is that
-    step's); gaps under ``min_us`` are left out."""
+    step's); gaps under ``min_us`` are left out. Ties: the earlier gap, then the lower step, first.
+
+    The ops stream from DuckDB in order and each batch's gaps are summed and only its ``top`` largest per step
+    kept (:class:`_GapScan`): a window function over them held ~0.8 GB on a 1.9 GB trace, this ~0.2 GB."""
     where = "" if ranks is None else f"AND s.rank IN ({', '.join(str(int(r)) for r in ranks) or 'NULL'})"
     if step is not None:
         where += f" AND s.step = {int(step)}"
-    rows = con.execute(f"""
-        WITH s AS (SELECT file_id, rank, step, start_ns, end_ns, pid, tid FROM profiler_steps($1) s
-                   WHERE counted {where}),
-        o AS (SELECT s.file_id, s.rank, s.step, s.start_ns AS s0, s.end_ns AS s1,
-                     greatest(c.ts_ns, s.start_ns) AS a, least(c.ts_ns + c.dur_ns, s.end_ns) AS b
-              FROM s JOIN cpu_ops c ON c.file_id = s.file_id AND c.pid = s.pid AND c.tid = s.tid
-                AND c.ts_ns < s.end_ns AND c.ts_ns + c.dur_ns > s.start_ns
-              WHERE c.cat IN ('cpu_op', 'user_annotation', 'cuda_runtime', 'cuda_driver')
-                AND NOT starts_with(c.name, 'ProfilerStep#')),
-        g AS (SELECT *, max(b) OVER (PARTITION BY file_id, step ORDER BY a, b
-                                     ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end FROM o),
-        gaps AS (SELECT rank, step, s0, coalesce(prev_end, s0) AS gs, a AS ge FROM g
-                 WHERE a > coalesce(prev_end, s0)
-                 UNION ALL SELECT rank, step, s0, max(b), any_value(s1) FROM o GROUP BY file_id, rank, step, s0
-                 HAVING max(b) < any_value(s1)
-                 UNION ALL SELECT rank, step, start_ns, start_ns, end_ns FROM s
-                 WHERE NOT EXISTS (SELECT 1 FROM o WHERE o.file_id = s.file_id AND o.step = s.step)),
-        tot AS (SELECT rank, sum(ge - gs) AS total FROM gaps GROUP BY rank)
-        SELECT g.rank, g.step, g.gs, g.ge, g.s0, t.total,
-               row_number() OVER (PARTITION BY g.rank ORDER BY g.ge - g.gs DESC, g.gs) AS k
-        FROM gaps g JOIN tot t USING (rank) QUALIFY k <= $2 ORDER BY g.rank, k""", [run_id, top]).fetchall()
+    steps_sql = f"""SELECT row_number() OVER (ORDER BY file_id, step, start_ns) - 1 AS k, file_id, rank, step,
+                           start_ns, end_ns, pid, tid FROM profiler_steps($1) s WHERE counted {where}"""
+    st = con.execute(steps_sql + " ORDER BY k", [run_id]).fetchnumpy()
+    if not st["k"].size:
+        return {}, {}
+    s0, s1 = np.asarray(st["start_ns"], np.int64), np.asarray(st["end_ns"], np.int64)
+    scan = _GapScan(s1 - s0, top)
+    reader = con.sql(f"""WITH s AS ({steps_sql})
+        SELECT s.k::INTEGER AS k, greatest(c.ts_ns, s.start_ns) - s.start_ns AS a,
+               least(c.ts_ns + c.dur_ns, s.end_ns) - s.start_ns AS b
+        FROM s JOIN cpu_ops c ON c.file_id = s.file_id AND c.pid = s.pid AND c.tid = s.tid
+          AND c.ts_ns < s.end_ns AND c.ts_ns + c.dur_ns > s.start_ns
+        WHERE c.cat IN ('cpu_op', 'user_annotation', 'cuda_runtime', 'cuda_driver')
+          AND NOT starts_with(c.name, 'ProfilerStep#')
+        ORDER BY k, a, b""", params=[run_id]).to_arrow_reader(1 << 17)
+    for batch in reader:
+        scan.add(*(batch.column(c).to_numpy(zero_copy_only=False) for c in ("k", "a", "b")))
+    gk, gs, ge, total = scan.finish()
+    rank = np.asarray(st["rank"], np.int64)
+    steps_of = np.asarray(st["step"], np.int64)
     n_steps = _counted_steps(con, run_id) if step is None else {}
+    ranks_of, inv = np.unique(rank, return_inverse=True)
+    by_rank = np.bincount(inv, weights=total, minlength=ranks_of.size)
+    per_step = {r: float(t) / 1e3 / max(1, n_steps.get(r, 1))
+                for r, t in zip(ranks_of.tolist(), by_rank.tolist(), strict=True) if t > 0}
+    gs, ge = gs + s0[gk], ge + s0[gk]  # ns on the rank's clock
+    gr = rank[gk]
     gaps: dict[int, list[HostGap]] = {}
-    per_step: dict[int, float] = {}
-    for rank, step, gs, ge, s0, total, _k in rows:
-        per_step[rank] = float(total) / 1e3 / max(1, n_steps.get(rank, 1))
-        if (ge - gs) / 1e3 >= min_us:
-            gaps.setdefault(rank, []).append(HostGap(int(rank), int(step), int(gs), int(ge), int(s0)))
+    o = np.lexsort((steps_of[gk], gs, -(ge - gs), gr))  # per rank: longest first, then earliest
+    taken: dict[int, int] = {}
+    for i in o.tolist():
+        r = int(gr[i])
+        if taken.get(r, 0) < top:
+            taken[r] = taken.get(r, 0) + 1
+            if (ge[i] - gs[i]) / 1e3 >= min_us:
+                gaps.setdefault(r, []).append(HostGap(r, int(steps_of[gk[i]]), int(gs[i]), int(ge[i]),
+                                                      int(s0[gk[i]])))
     return gaps, per_step
+
+
+_END_BITS = 41  # an end in ns from its step's start below 2^41 (36 min): (step << 41) + end sorts by step first
+_END_MASK = (1 << _END_BITS) - 1
+
+
+class _GapScan:
+    """The gaps of steps ``0..len(dur)-1`` from their intervals [a, b) (ns from the step start), fed in batches
+    ordered by (step, a, b): a gap before each interval that starts after every earlier one of its step ended, one
+    after the step's last end, and the whole step when it has none. Keeps each step's total gap time and, of
+    each batch, only the ``top`` largest gaps per step (the largest per rank are among them)."""
+
+    def __init__(self, dur: np.ndarray, top: int) -> None:
+        self.dur, self.top = dur, max(1, top)
+        self.total = np.zeros(dur.size)
+        self.last_end = np.zeros(dur.size, np.int64)
+        self.seen = np.zeros(dur.size, bool)
+        self.state = -1  # (step << 41) + latest end so far
+        self.cand: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+
+    def add(self, k: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+        if not k.size:
+            return
+        k = k.astype(np.int64)
+        run = np.maximum(np.maximum.accumulate((k << _END_BITS) + np.clip(b, 0, _END_MASK)), self.state)
+        prev = np.empty_like(run)
+        prev[0], prev[1:] = self.state, run[:-1]
+        prev_end = np.where((prev >> _END_BITS) == k, prev & _END_MASK, 0)
+        g = a > prev_end
+        self._keep(k[g], prev_end[g], a[g])
+        last = np.flatnonzero(np.r_[k[1:] != k[:-1], True])
+        self.last_end[k[last]] = run[last] & _END_MASK
+        self.seen[k[last]] = True
+        self.state = int(run[-1])
+
+    def _keep(self, gk: np.ndarray, gs: np.ndarray, ge: np.ndarray) -> None:
+        if not gk.size:
+            return
+        self.total += np.bincount(gk, weights=(ge - gs).astype(np.float64), minlength=self.dur.size)
+        o = np.lexsort((gs, -(ge - gs), gk))
+        gk, gs, ge = gk[o], gs[o], ge[o]
+        start = np.flatnonzero(np.r_[True, gk[1:] != gk[:-1]])
+        pos = np.arange(gk.size) - np.repeat(start, np.diff(np.r_[start, gk.size]))
+        m = pos < self.top
+        self.cand.append((gk[m], gs[m], ge[m]))
+
+    def finish(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(step, start, end) of the kept gaps and every step's total gap time (ns)."""
+        idx = np.arange(self.dur.size)
+        tail = self.seen & (self.last_end < self.dur)
+        self._keep(idx[tail], self.last_end[tail], self.dur[tail])
+        empty = ~self.seen
+        self._keep(idx[empty], np.zeros(int(empty.sum()), np.int64), self.dur[empty])
+        if not self.cand:
+            z = np.zeros(0, np.int64)
+            return z, z, z, self.total
+        return (*(np.concatenate([c[i] for c in self.cand]) for i in range(3)), self.total)
 
 
 def median_step(steps: list[dict]) -> int | None:

@@ -1,0 +1,77 @@
+"""traceanalyze.metrics.where: the host gaps of each step, found in batches (:class:`where._GapScan`), against a
+plain reference on generated intervals; and through a report, on a generated straggler whose gaps are known."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+
+from traceanalyze.metrics import where
+
+
+def _reference(steps: list[list[tuple[int, int]]], dur: list[int]) -> list[tuple[int, int, int]]:
+    """Every gap (step, start, end): walk each step's intervals by (start, end), tracking the latest end."""
+    out = []
+    for k, ivs in enumerate(steps):
+        end = 0
+        for a, b in sorted(ivs):
+            if a > end:
+                out.append((k, end, a))
+            end = max(end, b)
+        if end < dur[k]:
+            out.append((k, end, dur[k]))
+    return out
+
+
+def test_gap_scan_matches_the_reference_whatever_the_batches():
+    rng = random.Random(7)
+    dur = [rng.randint(1_000, 50_000) for _ in range(40)]
+    steps = []
+    for k, d in enumerate(dur):
+        n = 0 if k % 9 == 4 else rng.randint(1, 60)  # some steps have no op at all: the whole step is a gap
+        ivs = []
+        for _ in range(n):
+            a = rng.randint(0, d - 1)
+            ivs.append((a, min(d, a + rng.randint(1, d // 4))))  # nested and overlapping ops
+        steps.append(ivs)
+    ref = _reference(steps, dur)
+    rows = sorted((k, a, b) for k, ivs in enumerate(steps) for a, b in ivs)
+    arr = np.array(rows, np.int64)
+    for cut in (1, 7, 100, len(rows)):  # batch sizes: a step's ops split over batches
+        scan = where._GapScan(np.array(dur, np.int64), top=3)
+        for i in range(0, len(rows), cut):
+            chunk = arr[i:i + cut]
+            scan.add(chunk[:, 0].astype(np.int32), chunk[:, 1], chunk[:, 2])
+        gk, gs, ge, total = scan.finish()
+        want_total = np.zeros(len(dur))
+        for k, a, b in ref:
+            want_total[k] += b - a
+        assert total.tolist() == want_total.tolist()
+        for k in range(len(dur)):  # each step's 3 largest gaps (longest first, then earliest) are kept
+            mine = sorted(((a, b) for kk, a, b in ref if kk == k), key=lambda g: (g[0] - g[1], g[0]))[:3]
+            kept = sorted(((int(a), int(b)) for kk, a, b in zip(gk, gs, ge, strict=True) if kk == k),
+                          key=lambda g: (g[0] - g[1], g[0]))[:3]
+            assert kept == mine, (cut, k)
+    assert sum(1 for k, _a, _b in ref if not steps[k]) == 4  # the empty steps 4, 13, 22, 31
+
+
+def test_host_gaps_of_a_generated_straggler(tmp_path):
+    """Rank 1 of the generated NCCL job idles 30 ms on the host before its forward in every step (every rank first
+    idles 300 µs, tests/synth.gpu_job): its largest gaps are those, from each counted step's start, and its gap
+    time per step is 30 ms more than the others' (620 µs: 300 at the start, 300 + 20 at the end, per step)."""
+    import traceanalyze as ta
+    from tests.synth import gpu_job, write_trace
+
+    for r in range(4):
+        write_trace(tmp_path / f"rank{r}.json", r, gpu_job(r, 4, straggler=1, gap_us=30_000.0), backend="nccl")
+    with ta.analyze(tmp_path, jobs=1) as a:
+        gaps, per_step = where.host_gaps(a.con, 1, top=3)
+        assert sorted(gaps) == [0, 1, 2, 3]
+        assert [(g.step, g.dur_us, g.offset_us) for g in gaps[1]] == [(0, 30_300.0, 0.0), (1, 30_300.0, 0.0),
+                                                                       (2, 30_300.0, 0.0)]
+        assert [(g.step, g.dur_us, g.offset_us) for g in gaps[0]] == [(0, 300.0, 0.0), (0, 300.0, 118_000.0),
+                                                                       (1, 300.0, 0.0)]
+        assert per_step == {0: 620.0, 1: 30_620.0, 2: 620.0, 3: 620.0}
+        one, _ = where.host_gaps(a.con, 1, ranks=[1], top=1, step=gaps[1][0].step)
+        assert list(one) == [1] and one[1] == gaps[1][:1]
