@@ -75,3 +75,40 @@ def test_host_gaps_of_a_generated_straggler(tmp_path):
         assert per_step == {0: 620.0, 1: 30_620.0, 2: 620.0, 3: 620.0}
         one, _ = where.host_gaps(a.con, 1, ranks=[1], top=1, step=gaps[1][0].step)
         assert list(one) == [1] and one[1] == gaps[1][:1]
+
+
+def _segments_reference(ivs: list[tuple[int, int, int]], s0: int, s1: int) -> list[tuple[str, int, int]]:
+    """The timeline's rule, slice by slice: each elementary slice takes the best class covering it (compute over
+    communication over idle); a slice shorter than MIN_SEGMENT_FRAC of the step joins the segment before it, a
+    segment shorter than that takes the next slice's kind; neighbours of one kind merge."""
+    p = sorted({s0, s1, *(min(max(x, s0), s1) for _c, a, b in ivs for x in (a, b))})
+    merged: list[list] = []
+    min_ns = where.MIN_SEGMENT_FRAC * (s1 - s0)
+    for lo, hi in zip(p, p[1:]):
+        best = max((c for c, a, b in ivs if a <= lo and b >= hi), key=lambda c: {1: 2, 2: 1}[c], default=0)
+        kind = where._KINDS[best]
+        if merged and (merged[-1][0] == kind or hi - lo < min_ns):
+            merged[-1][2] = hi
+        elif merged and merged[-1][2] - merged[-1][1] < min_ns:
+            merged[-1][0], merged[-1][2] = kind, hi
+        else:
+            merged.append([kind, lo, hi])
+    out: list[list] = []
+    for seg in merged:
+        if out and out[-1][0] == seg[0]:
+            out[-1][2] = seg[2]
+        else:
+            out.append(seg)
+    return [tuple(x) for x in out]
+
+
+def test_timeline_segments_match_the_slice_by_slice_rule():
+    rng = random.Random(3)
+    for case in range(300):
+        s0, s1 = 10_000, 10_000 + rng.choice([1_000, 50_000, 2_000_000])
+        ivs = []
+        for _ in range(rng.randint(0, 80)):
+            a = rng.randint(s0 - 500, s1)
+            ivs.append((rng.choice([1, 2]), a, a + rng.choice([1, 3, 40, 900, 20_000])))
+        cls, a, b = (np.array([iv[i] for iv in ivs], np.int64) for i in range(3))
+        assert where._segments(cls, a, b, s0, s1) == _segments_reference(ivs, s0, s1), case

@@ -233,14 +233,14 @@ def step_timeline(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, step: 
                    AND c.ts_ns < s.end_ns AND c.ts_ns + c.dur_ns > s.start_ns
                  WHERE s.step = $2 AND cpu_op_class(c.cat, c.name) IN ('compute', 'communication')
                    AND (c.tid = s.tid OR cpu_op_class(c.cat, c.name) = 'communication')"""
-    rows = con.execute(sql + " ORDER BY 1, 3", [run_id, step]).fetchall()
-    per: dict[int, list[tuple[int, int, int]]] = {}
-    for rank, cls, a, b in rows:
-        per.setdefault(rank, []).append((cls, a, b))
+    rows = con.execute(sql + " ORDER BY 1, 3", [run_id, step]).fetchnumpy()
+    rk = np.asarray(rows["rank"], np.int64)
+    cls, a_all, b_all = (np.asarray(rows[c], np.int64) for c in ("cls", "a", "b"))
     out = []
     for rank, (_f, s0, s1, _p, _t) in sorted(bounds.items()):
         dur = max(1, s1 - s0)
-        segs = _segments(per.get(rank, []), s0, s1)
+        lo, hi = np.searchsorted(rk, rank), np.searchsorted(rk, rank, side="right")
+        segs = _segments(cls[lo:hi], a_all[lo:hi], b_all[lo:hi], s0, s1)
         out.append({"rank": int(rank), "step": int(step), "start_ns": int(s0), "dur_us": dur / 1e3,
                     "segments": [{"kind": k, "start_us": (a - s0) / 1e3, "dur_us": (b - a) / 1e3}
                                  for k, a, b in segs]})
@@ -250,38 +250,41 @@ def step_timeline(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, step: 
 _KINDS = {0: "idle", 1: "compute", 2: "communication"}
 
 
-def _segments(ivs: list[tuple[int, int, int]], s0: int, s1: int) -> list[tuple[str, int, int]]:
-    """Cut [s0, s1) by the intervals (class, start, end): compute over communication over idle."""
-    cuts = {s0, s1}
-    for _c, a, b in ivs:
-        cuts.add(min(max(a, s0), s1))
-        cuts.add(min(max(b, s0), s1))
-    pts = sorted(cuts)
-    # the best class covering each elementary slice: a sweep over starts/ends per class
-    p = np.array(pts, dtype=np.int64)
-    level = np.zeros(len(p) - 1, dtype=np.int8)
-    for cls in (2, 1):
-        cover = np.zeros(len(p), dtype=np.int64)
-        for c, a, b in ivs:
-            if c == cls:
-                i, j = np.searchsorted(p, max(a, s0)), np.searchsorted(p, min(b, s1))
-                if j > i:
-                    cover[i] += 1
-                    cover[j] -= 1
-        on = np.cumsum(cover)[:-1] > 0
-        level[on] = cls
-    merged: list[list] = []
+def _segments(cls: np.ndarray, a: np.ndarray, b: np.ndarray, s0: int, s1: int) -> list[tuple[str, int, int]]:
+    """Cut [s0, s1) by the intervals (class ``cls``, start ``a``, end ``b``): compute over communication over idle.
+
+    The cut points split the step into elementary slices, each of the best class covering it; a slice shorter than
+    :data:`MIN_SEGMENT_FRAC` of the step joins the segment before it, and a segment shorter than that takes the
+    kind of the next long slice. Slices tile the step, so only each run of one kind's first long slice can change
+    the segments: those (at most 1 / MIN_SEGMENT_FRAC) are walked, the rest is NumPy."""
+    a_c, b_c = np.clip(a, s0, s1), np.clip(b, s0, s1)
+    p = np.unique(np.concatenate([[s0, s1], a_c, b_c]).astype(np.int64))
+    level = np.zeros(p.size - 1, dtype=np.int8)
+    i, j = np.searchsorted(p, a_c), np.searchsorted(p, b_c)
+    for c in (2, 1):  # compute over communication
+        m = (cls == c) & (j > i)
+        cover = np.bincount(i[m], minlength=p.size) - np.bincount(j[m], minlength=p.size)
+        level[np.cumsum(cover)[:-1] > 0] = c
+    if not level.size:
+        return []
     min_ns = MIN_SEGMENT_FRAC * (s1 - s0)
-    for i in range(len(level)):
-        kind, a, b = _KINDS[int(level[i])], int(p[i]), int(p[i + 1])
-        if b <= a:
+    # runs of one kind; the first slice of each run that is not short
+    start = np.flatnonzero(np.r_[True, level[1:] != level[:-1]])
+    long_idx = np.where(np.diff(p) >= min_ns, np.arange(level.size), level.size)
+    first_long = np.minimum.reduceat(long_idx, start)
+    ends = np.r_[start[1:], level.size]
+    merged = [[_KINDS[int(level[0])], int(p[0]), int(p[1])]]
+    for r in np.flatnonzero((first_long < ends) & (np.arange(start.size) > 0)).tolist():
+        kind, at = _KINDS[int(level[start[r]])], int(p[first_long[r]])
+        last = merged[-1]
+        if last[0] == kind:
             continue
-        if merged and (merged[-1][0] == kind or b - a < min_ns):
-            merged[-1][2] = b
-        elif merged and merged[-1][2] - merged[-1][1] < min_ns:
-            merged[-1][0], merged[-1][2] = kind, b
+        if at - last[1] < min_ns:
+            last[0] = kind  # a short segment takes the next long slice's kind
         else:
-            merged.append([kind, a, b])
+            last[2] = at
+            merged.append([kind, at, at])
+    merged[-1][2] = int(p[-1])
     out: list[list] = []
     for seg in merged:  # folding can leave neighbours of one kind
         if out and out[-1][0] == seg[0]:
