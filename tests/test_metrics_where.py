@@ -84,7 +84,7 @@ def _segments_reference(ivs: list[tuple[int, int, int]], s0: int, s1: int) -> li
     p = sorted({s0, s1, *(min(max(x, s0), s1) for _c, a, b in ivs for x in (a, b))})
     merged: list[list] = []
     min_ns = where.MIN_SEGMENT_FRAC * (s1 - s0)
-    for lo, hi in zip(p, p[1:]):
+    for lo, hi in zip(p[:-1], p[1:], strict=True):
         best = max((c for c, a, b in ivs if a <= lo and b >= hi), key=lambda c: {1: 2, 2: 1}[c], default=0)
         kind = where._KINDS[best]
         if merged and (merged[-1][0] == kind or hi - lo < min_ns):
