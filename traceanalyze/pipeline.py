@@ -201,15 +201,18 @@ def _diagnose_runs(con, disc: Discovery, roles: dict, loaded, warnings: list[dic
     evidence: list[diagnose.RunEvidence] = []
     all_findings: list[diagnose.Finding] = []
     for run_id, run in enumerate(disc.runs, start=1):
+        pending: list = []
         run_model, run_warnings, ev = _build_run(con, run_id, run, roles[id(run)], loaded, link_bw_gbps, peak_tflops,
-                                                 gpu, max_decompressed)
-        warnings.extend(run_warnings)
+                                                 gpu, max_decompressed, pending=pending)
         findings = diagnose.diagnose(ev)
         # impact from the what-if replay
         findings = diagnose.apply_to_findings(findings, run_model.get("whatif"), run_model.get("mode"))
         run_model["findings"] = diagnose.to_dicts(findings)
         if run_model["steps"] and run_model["mode"] in ("gpu", "cpu"):
             run_model["timeline"] = _timeline(con, run_id, run_model, ev, findings)
+        for wait in pending:  # the replay's tables, written meanwhile
+            wait()
+        warnings.extend(dict(w, run=w.get("run", run.name)) for w in run_warnings)
         all_findings.extend(findings)
         runs_model.append(run_model)
         evidence.append(ev)
@@ -361,10 +364,12 @@ def _comparison_pair(runs_model: list[dict], evidence) -> tuple[int, int] | None
 
 
 def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: float | None = None,
-               peak_tflops: float | None = None, gpu_option: str | None = None, max_decompressed: int | None = None
-               ) -> tuple[dict, list[dict], diagnose.RunEvidence]:
+               peak_tflops: float | None = None, gpu_option: str | None = None, max_decompressed: int | None = None,
+               pending: list | None = None) -> tuple[dict, list[dict], diagnose.RunEvidence]:
     """One run through the stages: its files placed as ranks and windows, the facts their headers state, the
-    metrics, the what-if replay and the evidence the rules read; returns (run model, warnings, evidence)."""
+    metrics, the what-if replay and the evidence the rules read; returns (run model, warnings, evidence).
+    ``pending``: receives the wait for the replay's tables instead of waiting here (call it before the database
+    is complete)."""
     from traceanalyze import metrics
 
     warnings: list[dict] = []
@@ -375,8 +380,13 @@ def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: floa
                 [run_id, run.name, str(run.path), role, facts["world_size"], facts["backend"], mode,
                  facts["gpu_model"], facts["gpu_count"], facts["nccl_version"], facts["cuda_runtime_version"]])
     a = _analyses(con, run_id, run, mode, facts, good, link_bw_gbps, peak_tflops, max_decompressed, warnings)
+    # the evidence is gathered while the replay runs on; the run model waits for it
     ev, longest, compile_step_us = _evidence(con, run_id, run, a, facts, gpu, bool(good))
     model = _run_model(run_id, run, role, a, ev, facts, by_rank, grouping, good, ranks, longest, compile_step_us)
+    if pending is None:
+        a.written()
+    else:  # its tables are written while the run is diagnosed
+        pending.append(a.written)
     for w in warnings:
         w.setdefault("run", run.name)
     return model, warnings, ev
@@ -481,7 +491,8 @@ class _RunAnalyses:
     launch: Any
     idle_rows: list
     top: list
-    replay: tuple
+    replay: Callable[[], tuple]  # waits for the replay: (replay, whatif, picture) models
+    written: Callable[[], None]  # waits for the replay's tables (_write_replay)
 
 
 def _analyses(con, run_id: int, run: Run, mode: str, facts: dict, good: list, link_bw_gbps, peak_tflops,
@@ -518,8 +529,10 @@ def _analyses(con, run_id: int, run: Run, mode: str, facts: dict, good: list, li
     link = _expected_link(facts, side, link_bw_gbps)
     rp_pool = ThreadPoolExecutor(max_workers=1) if good and step_rows and n_rows <= OVERLAP_MAX_ROWS else None
     rp_cur = con.cursor()
+    writes: list[Callable[[], None]] = []  # the replay's sim_* tables: written after it, on its thread
     replay_result = _deferred(rp_pool, _replay, rp_cur, run_id, mode, facts["world_size"], coll, link,
-                              _cpu_host(side["facts"]), warnings) if good and step_rows else None
+                              _cpu_host(side["facts"]), warnings, writes) if good and step_rows else None
+    written = _deferred(rp_pool, _write_replay, rp_cur, writes, warnings)
     if rp_pool is not None:
         rp_pool.shutdown(wait=False)
     prec = analyze_precision(con, run_id, mode, facts["gpu_model"], peak_tflops) if good else None
@@ -534,10 +547,13 @@ def _analyses(con, run_id: int, run: Run, mode: str, facts: dict, good: list, li
         cols = list(CollectiveSummary.__dataclass_fields__)
         store.insert_rows(con, "collective_calls", ["run_id", *cols],
                     [[run_id, *(getattr(c, f) for f in cols)] for c in coll.summaries])
-    replay_model, whatif, picture = replay_result() if replay_result else ({}, [], {})
-    rp_cur.close()
+    replay = replay_result or (lambda: ({}, [], {}))
+    if rp_pool is None:  # in turn (a big run): replayed, written and freed before the next stage
+        done = replay()
+        written()
+        replay, written = (lambda: done), (lambda: None)
     return _RunAnalyses(mode, rank_rows, step_rows, side, coll, link, prec, comp, loader, launch, idle_rows, top,
-                        (replay_model, whatif, picture))
+                        replay, written)
 
 
 def _evidence(con, run_id: int, run: Run, a: _RunAnalyses, facts: dict, gpu, good: bool):
@@ -584,7 +600,7 @@ def _run_model(run_id: int, run: Run, role: str, a: _RunAnalyses, ev, facts: dic
 
     coll, prec, comp, loader, side, link, top, idle_rows = a.coll, a.prec, a.comp, a.loader, a.side, a.link, a.top, \
         a.idle_rows
-    replay_model, whatif, picture = a.replay
+    replay_model, whatif, picture = a.replay()
     mode, world, ranks_model, steps_model, step_time, compile_step = ev.mode, ev.world_size, ev.ranks, ev.steps, \
         ev.step_time_us, ev.compile_step
     model = {
@@ -664,18 +680,32 @@ def _cpu_host(facts: dict) -> tuple[bool | None, str | None]:
     return (False if "false" in said else True if said else None), model
 
 
-def _replay(con, run_id: int, mode: str, world: int | None, coll, link: dict, cpu: tuple, warnings: list[dict]):
+def _replay(con, run_id: int, mode: str, world: int | None, coll, link: dict, cpu: tuple, warnings: list[dict],
+            writes: list):
     """The what-if replay of one run (traceanalyze.replay); a failure costs a warning, not the report. ``cpu``:
-    :func:`_cpu_host`."""
+    :func:`_cpu_host`; ``writes`` receives the writing of its tables (:func:`_write_replay`)."""
     from traceanalyze.replay.whatif import replay_run
 
     try:
         return replay_run(con, run_id, mode, world, coll.clock_offsets_us if coll else None,
                           link.get("expected_gbps"), link.get("source", ""), cpu_native_bf16=cpu[0],
-                          cpu_model=cpu[1])
+                          cpu_model=cpu[1], defer=writes)
     except (ValueError, IndexError, KeyError, duckdb.Error) as exc:  # a graph the replay cannot handle
         warnings.append({"file": None, "level": "warning", "message": f"what-if replay skipped: {exc}"})
         return {}, [], {}
+
+
+def _write_replay(cur, writes: list, warnings: list[dict]) -> None:
+    """Write the replay's tables (``writes``, from :func:`_replay`) on its cursor, then close it; a failure costs a
+    warning."""
+    try:
+        for w in writes:
+            w()
+    except (ValueError, IndexError, KeyError, duckdb.Error) as exc:
+        warnings.append({"file": None, "level": "warning", "message": f"what-if replay tables not written: {exc}"})
+    finally:
+        writes.clear()  # the graph goes with them
+        cur.close()
 
 
 WINDOW_STEP_DIFF = 0.10  # windows of one rank whose median step times differ by more than this are named

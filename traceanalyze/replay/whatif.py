@@ -196,8 +196,12 @@ def _longest(times: dict[tuple[int, int], float], counted: set[tuple[int, int]])
 def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_size: int | None,
                clock_offsets_us: dict | None = None, link_gbps: float | None = None, link_source: str = "",
                gpu_sm: str | None = None, cpu_native_bf16: bool | None = None,
-               cpu_model: str | None = None) -> tuple[dict, list[dict], dict]:
+               cpu_model: str | None = None, defer: list | None = None) -> tuple[dict, list[dict], dict]:
     """Build, store and replay the run's graph, then every what-if that applies.
+
+    ``defer``: when a list, the writes (the graph's ``sim_*`` tables and ``sim_result``) are appended to it as one
+    callable instead of done here, so that the caller can overlap them with its other work; the database holds
+    the graph only once that callable has run.
 
     ``cpu_native_bf16``/``cpu_model``: the host CPU (``env_rank{r}.json``); on a CPU run, False leaves
     ``bf16_matmul`` out (the replay model's ``left_out`` says why); None assumes native bf16.
@@ -208,7 +212,16 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_siz
     """
     g = gr.build(con, run_id, mode, world_size, clock_offsets_us)
     release_free_memory()  # the build's temporaries: ~100 MB of fragmented heap at 1,024 ranks
-    gr.save(con, g)
+    results: list[list] = []
+
+    def write() -> None:
+        gr.save(con, g)
+        store.insert_rows(con, "sim_result", None, results)
+
+    if defer is None:
+        gr.save(con, g)
+    else:
+        defer.append(write)
     base = simulate.replay(g, keep_binding=True)
     measured = {(r, s): float(g.start[e] - g.start[b]) for r, s, b, e, _ in g.steps}
     counted = {(r, s) for r, s, _, _, c in g.steps if c}
@@ -223,7 +236,7 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_siz
            "bf16": BF16_SPEEDUP_GPU if mode == "gpu" else BF16_SPEEDUP_CPU,
            "native_bf16": cpu_native_bf16 if mode == "cpu" else None, "cpu_model": cpu_model}
     replay_model["left_out"] = _left_out(g, ctx)
-    results = [[run_id, "replay", r, s, measured[(r, s)], base_t[(r, s)]] for r, s in sorted(measured)]
+    results += [[run_id, "replay", r, s, measured[(r, s)], base_t[(r, s)]] for r, s in sorted(measured)]
     whatif = []
     applicable = [s for s in SCENARIOS[:-1] if _applies(g, s, ctx)]
     d0, cg0, tr0 = g.chain_dur, g.chain_gap, g.inst_transfer
@@ -254,7 +267,8 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_siz
                                        round(100 * (m_run - min(lo_hi)) / m_run, 2)]
         if row["saving_us"] >= MIN_SAVING_US or sc == "all":
             whatif.append(row)
-    store.insert_rows(con, "sim_result", None, results)
+    if defer is None:
+        store.insert_rows(con, "sim_result", None, results)
     return replay_model, whatif, _picture(g, base, measured, counted, m_long)
 
 
