@@ -112,3 +112,11 @@ def test_timeline_segments_match_the_slice_by_slice_rule():
             ivs.append((rng.choice([1, 2]), a, a + rng.choice([1, 3, 40, 900, 20_000])))
         cls, a, b = (np.array([iv[i] for iv in ivs], np.int64) for i in range(3))
         assert where._segments(cls, a, b, s0, s1) == _segments_reference(ivs, s0, s1), case
+
+
+def test_lanes_to_show_counts_a_rank_named_twice_once():
+    """Findings can name the same rank; it takes one lane, and the room left goes to ranks spread evenly."""
+    from traceanalyze.metrics.where import lanes_to_show
+
+    show = lanes_to_show(list(range(40)), [17, 17, 3], limit=8)
+    assert show == [3, 17, 0, 8, 16, 24, 32, 39]  # 8 lanes (a list that kept 17 twice left room for 5 more only)

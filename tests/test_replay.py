@@ -323,3 +323,19 @@ def test_collectives_are_matched_by_comms_id_first(tmp_path):
                          "(complete) FROM sim_coll").fetchone() == (5, "per-step ordinal", 2)
     assert run["replay"]["collective_instances"] == 2
     assert run["replay"]["unmatched"][0].startswith("3 of 5 collective instances kept their measured duration")
+
+
+def test_picture_draws_at_most_32_lanes(tmp_path):
+    """The replayed picture of a 40-rank job draws 32 lanes (the slowest rank, the fastest, then ranks spread
+    evenly), as the measured timeline does, and the HTML says how many of the ranks it shows."""
+    from tests.synth import write_gpu_job
+    from traceanalyze.report import render_html
+
+    a, run = _run(write_gpu_job(tmp_path / "job", 40, steps=4, straggler=17))
+    pic = run["replay_picture"]
+    ranks = [ln["rank"] for ln in pic["lanes"]]
+    assert (len(ranks), pic["n_ranks"]) == (32, 40)
+    assert ranks == sorted(set(ranks)) and pic["slowest_rank"] in ranks
+    assert [ln["critical"] for ln in pic["lanes"]].count(True) == 1
+    assert {0, 39} <= set(ranks)  # the spread reaches both ends
+    assert "(replayed: 32 of 40 ranks shown, the slowest and the fastest first" in render_html(a.model)

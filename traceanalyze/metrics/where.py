@@ -296,7 +296,7 @@ def _segments(cls: np.ndarray, a: np.ndarray, b: np.ndarray, s0: int, s1: int) -
 
 def lanes_to_show(rank_ids: list[int], outliers: list[int], limit: int = MAX_TIMELINE_LANES) -> list[int]:
     """At most ``limit`` ranks: the outliers first (in their order), then ranks spread evenly over the rest."""
-    chosen = [r for r in outliers if r in rank_ids][:limit]
+    chosen = list(dict.fromkeys(r for r in outliers if r in rank_ids))[:limit]  # a rank named twice counts once
     rest = [r for r in rank_ids if r not in chosen]
     room = limit - len(chosen)
     if room > 0 and rest:

@@ -19,6 +19,7 @@ import numpy as np
 from traceanalyze import store
 from traceanalyze.executors import release_free_memory
 from traceanalyze.metrics.steps import longest_per_step, median
+from traceanalyze.metrics.where import MAX_TIMELINE_LANES, lanes_to_show
 from traceanalyze.replay import graph as gr
 from traceanalyze.replay import simulate
 
@@ -336,8 +337,12 @@ def _merge(start: np.ndarray, length: np.ndarray, lab: np.ndarray, crit: np.ndar
 
 
 def _picture(g: gr.Graph, rp: simulate.Replay, measured, counted, m_long) -> dict:
-    """Lanes of the median counted step (one per rank; host thread of the step, then collectives), replayed
-    times relative to the step's earliest start, critical-path tasks marked."""
+    """Lanes of the median counted step (one per rank shown; host thread of the step, then collectives), replayed
+    times relative to the step's earliest start, critical-path tasks marked.
+
+    At most :data:`~traceanalyze.metrics.where.MAX_TIMELINE_LANES` ranks are drawn, as in the measured timeline
+    (:func:`~traceanalyze.metrics.where.lanes_to_show`): the slowest rank, the fastest, then ranks spread evenly;
+    ``n_ranks`` says how many had the step."""
     if not m_long:
         return {}
     steps_sorted = sorted(m_long, key=lambda s: m_long[s])
@@ -347,13 +352,15 @@ def _picture(g: gr.Graph, rp: simulate.Replay, measured, counted, m_long) -> dic
         return {}
     t0 = min(rp.start[b] for b, _ in marks.values())
     slow = max(marks, key=lambda r: rp.start[marks[r][1]] - rp.start[marks[r][0]])
+    fast = min(marks, key=lambda r: rp.start[marks[r][1]] - rp.start[marks[r][0]])
+    show = set(lanes_to_show(sorted(marks), [slow, fast], MAX_TIMELINE_LANES))
     on_path = np.zeros(g.start.size, dtype=bool)
     on_path[simulate.critical_path(g, rp, marks[slow][1], rp.start[marks[slow][0]])] = True
     waits = np.zeros(g.start.size, dtype=bool)
     waits[g.dep_dst[g.dep_type >= 1]] = True
     ct = np.flatnonzero(g.kind == gr.K_COLL)
     lanes = []
-    for r in sorted(marks):
+    for r in sorted(show):
         b, e = marks[r]
         lo, hi = rp.start[b], rp.start[e]
         tiny = (hi - lo) / 1000
@@ -380,7 +387,7 @@ def _picture(g: gr.Graph, rp: simulate.Replay, measured, counted, m_long) -> dic
         lanes.append({"rank": r, "step_us": round(float(hi - lo), 1), "start_us": round(float(lo - t0), 1),
                       "end_us": round(float(hi - t0), 1), "critical": r == slow, "segments": segs})
     span = max(ln["end_us"] for ln in lanes) or 1.0
-    return {"step": step, "span_us": span, "lanes": lanes, "slowest_rank": slow}
+    return {"step": step, "span_us": span, "lanes": lanes, "slowest_rank": slow, "n_ranks": len(marks)}
 
 
 __all__ = ["CAUSES", "CPU_BF16_SPEEDUP", "SCENARIOS", "replay_run"]

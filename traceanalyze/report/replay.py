@@ -22,7 +22,8 @@ def replay_view(run: dict) -> dict:
                 segs = [s for s in ln.get("segments") or [] if isinstance(s, list) and len(s) == 5
                         and finite(s[0]) is not None and finite(s[1]) is not None]
                 lanes.append(dict(ln, segments=segs))
-        pic = dict(pic, lanes=lanes)
+        n = pic.get("n_ranks")
+        pic = dict(pic, lanes=lanes, n_ranks=n if isinstance(n, int) and not isinstance(n, bool) else None)
     else:
         pic = None
     return {"replay": rp, "whatif": wi, "picture": pic}
