@@ -339,3 +339,28 @@ def test_picture_draws_at_most_32_lanes(tmp_path):
     assert [ln["critical"] for ln in pic["lanes"]].count(True) == 1
     assert {0, 39} <= set(ranks)  # the spread reaches both ends
     assert "(replayed: 32 of 40 ranks shown, the slowest and the fastest first" in render_html(a.model)
+
+
+@pytest.mark.parametrize("job", ["gpu40", "straggler"])
+def test_waves_replay_to_the_bit_as_resource_by_resource(tmp_path, monkeypatch, job):
+    """A pass over waves (the k-th resource of every rank at once) gives the same starts, ends, passes and
+    binding predecessors as a pass over one resource at a time, on a 40-rank NCCL job and on gloo ranks."""
+    import numpy as np
+
+    from tests.synth import write_gpu_job
+    from traceanalyze.replay import graph as gr
+    from traceanalyze.replay import simulate as sim
+
+    folder = write_gpu_job(tmp_path / "job", 40, steps=4, straggler=17) if job == "gpu40" else sample("straggler")
+    a, run = _run(folder)
+    g = gr.build(a.con, 1, "gpu" if job == "gpu40" else "cpu", 40 if job == "gpu40" else None)
+    out = {}
+    for label, at_least in (("one by one", 10**9), ("waves", 1)):
+        monkeypatch.setattr(sim, "WAVE_MIN_RESOURCES", at_least)
+        plan = sim._plan(g, None, None, g.inst_transfer)
+        assert (plan.waves is None) == (label == "one by one")
+        out[label] = sim.replay(g, keep_binding=True)
+    one, waves = out["one by one"], out["waves"]
+    assert np.array_equal(one.start, waves.start) and np.array_equal(one.end, waves.end)
+    assert np.array_equal(one.binding, waves.binding) and one.passes == waves.passes
+    assert one.converged and np.isfinite(one.start).all()
