@@ -132,6 +132,9 @@ def _cached_files(con: duckdb.DuckDBPyConnection, paths: list[Path], progress: C
     prints: dict[str, str] = {}  # resolved path -> content fingerprint, stored once the file is loaded
     first: dict[str, Path] = {}  # resolved path -> the first of the given paths that names it
     alias: dict[Path, Path] = {}
+    # every stored file at once: a query per path was 0.6 s of main-process time at 1,024 ranks
+    stored = {(path, size, mtime, fp): (file_id, status) for path, size, mtime, fp, file_id, status in con.execute(
+        "SELECT path, size_bytes, mtime_ns, fingerprint, file_id, status FROM files").fetchall()}
     for p in paths:
         try:
             key = _stat_key(p)
@@ -142,8 +145,7 @@ def _cached_files(con: duckdb.DuckDBPyConnection, paths: list[Path], progress: C
         if first.setdefault(key[0], p) != p:  # one file under two names (a link): parsed and stored once
             alias[p] = first[key[0]]
             continue
-        row = con.execute("SELECT file_id, status, message FROM files WHERE path = ? AND size_bytes = ? "
-                          "AND mtime_ns = ? AND fingerprint = ?", [*key, prints[key[0]]]).fetchone()
+        row = stored.get((*key, prints[key[0]]))
         if row is not None and row[1] in ("ok", "partial"):
             done[p] = LoadedFile(p, row[0], True, None, None)
             if progress:
