@@ -677,6 +677,35 @@ def test_interrupted_ingest_leaves_a_usable_database_and_the_rerun_reuses_it(tmp
     a.con.close()
 
 
+def test_interrupt_after_some_inserts_of_a_transaction_stores_none_of_its_files(tmp_path, monkeypatch):
+    """Four files share a transaction whose events are inserted file by file (INSERT_ROWS 1): an interrupt at the
+    third insert rolls back the two already inserted, and the re-run parses all four."""
+    d = _four_ranks(tmp_path)
+    db = tmp_path / "r.duckdb"
+    real_insert = load._insert_part
+    calls = []
+    monkeypatch.setattr(load, "TRANSACTION_FILES", 4)
+    monkeypatch.setattr(load, "INSERT_ROWS", 1)
+
+    def third_raises(*args, **kw):
+        calls.append(len(args[1]))
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real_insert(*args, **kw)
+
+    monkeypatch.setattr(load, "_insert_part", third_raises)
+    with pytest.raises(KeyboardInterrupt):
+        analyze(d, db=db, jobs=1)
+    assert calls == [1, 1, 1]  # one file an insert, inside one transaction
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert con.execute("SELECT (SELECT count(*) FROM files), (SELECT count(*) FROM kernels)").fetchone() == (0, 0)
+    monkeypatch.setattr(load, "_insert_part", real_insert)
+    a = analyze(d, db=db, jobs=1)
+    assert [f["cached"] for f in a.model["runs"][0]["files"]] == [False] * 4
+    assert a.con.execute("SELECT count(*) FROM kernels").fetchone() == (160,)
+    a.con.close()
+
+
 def test_interrupted_cli_run_says_so_in_one_line(tmp_path, monkeypatch):
     d = _four_ranks(tmp_path)
     real_insert = load._insert_part

@@ -50,6 +50,9 @@ INGEST_MEMORY_LIMIT = "64MB"  # DuckDB's buffer pool while trace files are loade
 # row groups as they come, the buffer pool is INGEST_MEMORY_LIMIT). The rows bound caps what a crash re-parses.
 TRANSACTION_FILES = 256
 TRANSACTION_ROWS = 4_000_000
+# ... whose events are inserted as they come, every this many rows: the INSERT overlaps with the parsing of the next
+# files (at the end, all at once, it left this process idle while 8 ranks of 47 MB were parsed)
+INSERT_ROWS = 250_000
 
 CacheKey = tuple[str, int, int]  # a file's cache key: resolved path, size, mtime (ns)
 
@@ -447,10 +450,12 @@ def _delete_tmp(tables: dict | None) -> None:
 class _Batch:
     """Whole (unsplit) trace files loaded into the store, many per transaction.
 
-    Up to :data:`TRANSACTION_FILES` files or :data:`TRANSACTION_ROWS` rows share one transaction, and each of its
-    tables is filled by one ``INSERT`` that reads the files' Arrow IPC streams one after another: per file, the main
-    process only reads its summary. A file loaded again (changed on disk, or left ``loading`` by an interrupted run)
-    has its old rows deleted in the same transaction.
+    Up to :data:`TRANSACTION_FILES` files or :data:`TRANSACTION_ROWS` rows share one transaction. Their events are
+    inserted as the files arrive, while the next ones are still being parsed, every :data:`INSERT_ROWS` rows: each
+    table is filled by one ``INSERT`` that reads those files' Arrow IPC streams one after another (per file, the
+    main process only reads its summary); the ``files`` rows and the ``COMMIT`` come at the end. A file loaded
+    again (changed on disk, or left ``loading`` by an interrupted run) has its old rows deleted in the same
+    transaction.
     """
 
     def __init__(self, con: duckdb.DuckDBPyConnection, prints: dict[str, str]) -> None:
@@ -460,6 +465,8 @@ class _Batch:
         self.rows: list[list] = []  # files rows
         self.old: list[int] = []  # file_ids whose rows go
         self.n_rows = 0
+        self.pending_rows = 0  # rows of self.items
+        self.open = False  # the transaction has begun (some events are inserted)
         self.next_id: int | None = None
         self.old_ids: dict[str, int] | None = None
 
@@ -484,23 +491,40 @@ class _Batch:
                               json.dumps(info.header, default=str), info.counts.get("kernels", 0),
                               info.counts.get("cpu_ops", 0), self.prints.get(resolved)])
             self.items.append((file_id, int(info.base_time_ns), tables))
-            self.n_rows += sum(info.counts.values())
+            n = sum(info.counts.values())
+            self.n_rows += n
+            self.pending_rows += n
         if len(self.rows) >= TRANSACTION_FILES or self.n_rows >= TRANSACTION_ROWS:
             self.commit()
+        elif self.pending_rows >= INSERT_ROWS:
+            try:
+                self._insert()
+            except BaseException:
+                self.abort()
+                raise
         return LoadedFile(path, file_id, False, info, err)
 
+    def _insert(self) -> None:
+        """Insert the events of the files held (the transaction begins with the first); their streams go."""
+        if not self.open:
+            self.con.execute("BEGIN TRANSACTION")
+            self.open = True
+        if self.items:
+            _insert_part(self.con, self.items)
+        for _, _, tables in self.items:
+            _delete_tmp(tables)
+        self.items, self.pending_rows = [], 0
+
     def commit(self) -> None:
-        """Insert the files held so far in one transaction; their temporary streams are deleted."""
+        """Insert the files held so far and commit their transaction; their temporary streams are deleted."""
         if not self.rows:
             return
         con = self.con
-        con.execute("BEGIN TRANSACTION")
         try:
+            self._insert()
             if self.old:
                 for t in (*store.EVENT_TABLES, "files"):
                     con.execute(f"DELETE FROM {t} WHERE file_id IN (SELECT unnest(?))", [self.old])
-            if self.items:
-                _insert_part(con, self.items)
             store.insert_rows(con, "files", ["file_id", "path", "size_bytes", "mtime_ns", "status", "message",
                                              "bytes_read", "base_time_ns", "header", "n_kernels", "n_cpu_ops",
                                              "fingerprint"], self.rows)
@@ -514,14 +538,15 @@ class _Batch:
     def _clear(self) -> None:
         for _, _, tables in self.items:
             _delete_tmp(tables)
-        self.items, self.rows, self.old, self.n_rows = [], [], [], 0
+        self.items, self.rows, self.old, self.n_rows, self.pending_rows, self.open = [], [], [], 0, 0, False
         self.next_id = None  # asked again: a split file between two batches takes the next id
 
     def abort(self) -> None:
-        try:
-            self.con.execute("ROLLBACK")
-        except duckdb.Error:
-            pass  # no transaction open
+        if self.open:
+            try:
+                self.con.execute("ROLLBACK")
+            except duckdb.Error:
+                pass  # the transaction is gone already
         self._clear()
 
 
