@@ -252,10 +252,10 @@ def _wave(sl: np.ndarray, udst: np.ndarray, ustart: np.ndarray, ustop: np.ndarra
     lo, n = sl[:, 0], sl[:, 1] - sl[:, 0]
     base = np.cumsum(n) - n  # each slice's first position among the wave's tasks
     ua, ub = sl[:, 2], sl[:, 3]
-    has = ub > ua
-    e_lo = np.where(has, ustart[np.minimum(ua, max(ustart.size - 1, 0))] if ustart.size else 0, 0)
-    e_hi = np.where(has, ustop[np.maximum(ub - 1, 0)] if ustop.size else 0, 0)
-    e_n = e_hi - e_lo
+    # destination i's edges are [ustart[i], ustop[i]), and ustop[i] == ustart[i + 1]: one array with its end
+    edge_at = np.append(ustart, ustop[-1] if ustop.size else 0).astype(np.int64)
+    e_lo = edge_at[ua]
+    e_n = edge_at[ub] - e_lo
     u = _ranges(ua, ub - ua)  # the wave's destinations, slice by slice
     owner = np.repeat(np.arange(sl.shape[0]), ub - ua)
     pos = udst[u] - lo[owner] + base[owner]
