@@ -365,3 +365,53 @@ def test_waves_replay_to_the_bit_as_resource_by_resource(tmp_path, monkeypatch, 
     assert np.array_equal(one.start, waves.start) and np.array_equal(one.end, waves.end)
     assert np.array_equal(one.binding, waves.binding) and one.passes == waves.passes
     assert one.converged and np.isfinite(one.start).all()
+
+
+def test_waves_take_the_latest_of_several_edges_into_one_task(tmp_path, monkeypatch):
+    """A task with two incoming edges (here an edge doubled, 1 s later) starts after the later one in a
+    wave pass as in the pass over one resource at a time; the doubled edge moves the replay."""
+    import dataclasses
+
+    import numpy as np
+
+    from tests.synth import write_gpu_job
+    from traceanalyze.replay import graph as gr
+    from traceanalyze.replay import simulate as sim
+
+    a, _ = _run(write_gpu_job(tmp_path / "job", 40, steps=4, straggler=17))
+    g = gr.build(a.con, 1, "gpu", 40)
+    k = int(g.dep_dst.size // 2)
+    o = np.argsort(np.append(g.dep_dst, g.dep_dst[k]), kind="stable")
+    g2 = dataclasses.replace(g, dep_src=np.append(g.dep_src, g.dep_src[k])[o],
+                             dep_dst=np.append(g.dep_dst, g.dep_dst[k])[o],
+                             dep_type=np.append(g.dep_type, g.dep_type[k])[o],
+                             dep_end=np.append(g.dep_end, g.dep_end[k])[o],
+                             dep_off=np.append(g.dep_off, g.dep_off[k] + 1e6)[o])
+    out = {}
+    for label, at_least in (("one by one", 10**9), ("waves", 1)):
+        monkeypatch.setattr(sim, "WAVE_MIN_RESOURCES", at_least)
+        out[label] = sim.replay(g2)
+    assert np.array_equal(out["one by one"].start, out["waves"].start)
+    assert np.array_equal(out["one by one"].end, out["waves"].end)
+    dst = int(g.dep_dst[k])
+    assert out["waves"].start[dst] > sim.replay(g).start[dst]
+
+
+def test_running_maximum_per_slice_equal_rows_and_ragged_rows():
+    """The running maximum restarted at each slice, for equal slices back to back (accumulated in place) and for
+    ragged ones (gathered), is the one a loop over the slices computes."""
+    import numpy as np
+
+    from traceanalyze.replay import simulate as sim
+
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=40)
+    # slices: 4 of length 5 back to back (0..20), then lengths 3, 4, 2 (20..29), then single tasks
+    starts, lengths = np.array([0, 5, 10, 15, 20, 23, 27]), np.array([5, 5, 5, 5, 3, 4, 2])
+    buckets = [(starts[:4], lengths[:4], 5), (starts[4:], lengths[4:], 4)]
+    want = x.copy()
+    for s0, n in zip(starts, lengths, strict=True):
+        want[s0:s0 + n] = np.maximum.accumulate(x[s0:s0 + n])
+    got = sim._seg_cummax(x, buckets)
+    assert np.array_equal(got, want)
+    assert got[0] == x[0] and got[4] == x[0:5].max() and got[30] == x[30]

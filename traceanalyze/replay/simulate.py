@@ -76,6 +76,8 @@ class _Plan:
     ustop: np.ndarray
     segs: list[tuple[int, int, int, int, int, int]]
     waves: list[_Wave] | None = None
+    sidx: np.ndarray | None = None  # with waves: each edge's source time in se (its start, or n + its end)
+    se: np.ndarray | None = None  # with waves: the starts then the ends of the tasks, in wave order
 
 
 def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -110,14 +112,22 @@ class _Wave:
     c_n: np.ndarray
     cpos: np.ndarray
     buckets: list[tuple[np.ndarray, np.ndarray, int]]
+    at: int = 0  # where the wave's tasks start in the plan's arrays, once they are laid out wave by wave
+    e_at: int = 0  # ... and its edges
 
 
 def _seg_cummax(x: np.ndarray, buckets: list[tuple[np.ndarray, np.ndarray, int]]) -> np.ndarray:
     """The running maximum of ``x`` restarted at each slice: each bucket's slices as the rows of one array (rows
-    padded at their end, where the padding cannot reach a slice's own prefix), accumulated along the rows."""
+    padded at their end, where the padding cannot reach a slice's own prefix), accumulated along the rows. A
+    bucket of slices of one length that follow each other (every rank with as many tasks on that resource, as in
+    data-parallel runs) is such an array already: accumulated in place, with no gather."""
     out = x.copy()  # a one-task slice is its own running maximum
     last = x.size - 1
     for st, ln, width in buckets:
+        if ln.min() == width and st[-1] - st[0] == (st.size - 1) * width:  # equal rows, back to back
+            rows = out[st[0]: st[0] + st.size * width].reshape(st.size, width)
+            np.maximum.accumulate(rows, axis=1, out=rows)
+            continue
         idx = np.minimum(st[:, None] + np.arange(width), last)
         acc = np.maximum.accumulate(x[idx], axis=1)
         if ln.min() == width:  # every slice fills its row
@@ -140,8 +150,13 @@ def replay(g: Graph, dur: np.ndarray | None = None, gap: np.ndarray | None = Non
     n = g.start.size
     tr = g.inst_transfer if transfer is None else transfer
     p = _plan(g, dur, gap, tr)
-    s = np.full(n, UNKNOWN)
-    e = s.copy()
+    inv = _lay_out_waves(p) if p.waves is not None else None
+    if inv is not None:  # the starts, then the ends, in one array (see _wave_pass)
+        p.se = np.full(2 * n, UNKNOWN)
+        s, e = p.se[:n], p.se[n:]
+    else:
+        s = np.full(n, UNKNOWN)
+        e = s.copy()
     ready = np.full(p.ct.size, UNKNOWN)
     m_ready = np.full(tr.size, UNKNOWN)
     converged = False
@@ -157,17 +172,42 @@ def replay(g: Graph, dur: np.ndarray | None = None, gap: np.ndarray | None = Non
         if passes > 1 and moved < TOLERANCE_US:
             converged = True
             break
+    if inv is not None:  # back to task order
+        s, e = s[inv], e[inv]
     unknown = s <= UNKNOWN / 2
     s[unknown] = -np.inf
     e[unknown] = -np.inf
     out = Replay(start=s, end=e, passes=passes, converged=converged)
     if keep_binding:
+        if inv is not None:
+            p = _plan(g, dur, gap, tr, waves=False)
         out.binding = _binding(g, s, e, p.d, p.cg, p.ct, p.ci, p.dsrc, p.ddst, p.dend,  # type: ignore[attr-defined]
                                p.doff)
     return out
 
 
-def _plan(g: Graph, dur: np.ndarray | None, gap: np.ndarray | None, tr: np.ndarray) -> _Plan:
+def _lay_out_waves(p: _Plan) -> np.ndarray:
+    """Reorder the plan's task and edge arrays wave after wave, in pass order, so that a wave's tasks and edges are
+    one slice each (:func:`_wave_pass` reads and writes them in place instead of gathering and scattering them);
+    returns each task's position in the new order. The per-task values are the same; only their order changes."""
+    assert p.waves is not None
+    perm = np.concatenate([_ranges(w.lo, w.n) for w in p.waves])  # new position -> task
+    eperm = np.concatenate([_ranges(w.e_lo, w.e_n) for w in p.waves])
+    inv = np.empty(perm.size, np.int64)
+    inv[perm] = np.arange(perm.size)
+    at = e_at = 0
+    for w in p.waves:
+        w.at, w.e_at = at, e_at
+        at += int(w.n.sum())
+        e_at += int(w.e_n.sum())
+    p.d, p.cg, p.c, p.r0 = p.d[perm], p.cg[perm], p.c[perm], p.r0[perm]
+    p.dsrc, p.doff = inv[p.dsrc[eperm]], p.doff[eperm]
+    p.sidx = np.where(p.dend[eperm], p.dsrc + perm.size, p.dsrc)  # into se: the source's end, or its start
+    p.ct, p.prev_ct = inv[p.ct], inv[p.prev_ct]
+    return inv
+
+
+def _plan(g: Graph, dur: np.ndarray | None, gap: np.ndarray | None, tr: np.ndarray, waves: bool = True) -> _Plan:
     """The fixed part of a replay (:class:`_Plan`): durations with each complete collective at its transfer time,
     the chain offsets, the pinned starts, the edges by destination and the resource slices."""
     n = g.start.size
@@ -203,7 +243,7 @@ def _plan(g: Graph, dur: np.ndarray | None, gap: np.ndarray | None, tr: np.ndarr
     segs, phases = _resource_slices(g, udst, ct)
     return _Plan(d=d, cg=cg, c=c, floor=floor, r0=r0, ct=ct, ci=ci, prev_ct=np.clip(ct - 1, 0, None),
                  ct_first=first[ct], dsrc=dsrc, ddst=ddst, dend=dend, doff=doff, udst=udst, ustart=ustart,
-                 ustop=ustop, segs=segs, waves=_waves(g, segs, phases, udst, ustart, ustop, ct))
+                 ustop=ustop, segs=segs, waves=_waves(g, segs, phases, udst, ustart, ustop, ct) if waves else None)
 
 
 def _resource_slices(g: Graph, udst: np.ndarray, ct: np.ndarray
@@ -243,17 +283,18 @@ def _waves(g: Graph, segs: list[tuple[int, int, int, int, int, int]], phases: li
         groups.setdefault((ph, k), []).append(i)
     if len(segs) < WAVE_MIN_RESOURCES * len(groups):
         return None
-    return [_wave(np.array([segs[i] for i in groups[key]], np.int64), udst, ustart, ustop, ct)
+    # destination i's edges are [ustart[i], ustop[i]), and ustop[i] == ustart[i + 1]: one array with its end
+    edge_at = np.append(ustart, ustop[-1] if ustop.size else 0).astype(np.int64)
+    return [_wave(np.array([segs[i] for i in groups[key]], np.int64), udst, ustart, edge_at, ct)
             for key in sorted(groups)]
 
 
-def _wave(sl: np.ndarray, udst: np.ndarray, ustart: np.ndarray, ustop: np.ndarray, ct: np.ndarray) -> _Wave:
-    """One :class:`_Wave` from its resources' slices ``(lo, hi, ua, ub, ca, cb)`` (rows of ``sl``)."""
+def _wave(sl: np.ndarray, udst: np.ndarray, ustart: np.ndarray, edge_at: np.ndarray, ct: np.ndarray) -> _Wave:
+    """One :class:`_Wave` from its resources' slices ``(lo, hi, ua, ub, ca, cb)`` (rows of ``sl``); ``edge_at``:
+    each destination's first edge, then the number of edges."""
     lo, n = sl[:, 0], sl[:, 1] - sl[:, 0]
     base = np.cumsum(n) - n  # each slice's first position among the wave's tasks
     ua, ub = sl[:, 2], sl[:, 3]
-    # destination i's edges are [ustart[i], ustop[i]), and ustop[i] == ustart[i + 1]: one array with its end
-    edge_at = np.append(ustart, ustop[-1] if ustop.size else 0).astype(np.int64)
     e_lo = edge_at[ua]
     e_n = edge_at[ub] - e_lo
     u = _ranges(ua, ub - ua)  # the wave's destinations, slice by slice
@@ -308,24 +349,28 @@ def _pass(p: _Plan, s: np.ndarray, e: np.ndarray, ready: np.ndarray, m_ready: np
 
 def _wave_pass(p: _Plan, w: _Wave, s: np.ndarray, e: np.ndarray, ready: np.ndarray, m_ready: np.ndarray) -> None:
     """:func:`_pass` over one wave's resources at once: the same operations, on the wave's tasks one slice after
-    another."""
-    gi = _ranges(w.lo, w.n)
-    r = p.r0[gi]  # a copy
+    another (laid out so by :func:`_lay_out_waves`: ``w.at`` on), written in place. ``s`` and ``e`` are the two
+    halves of ``p.se``, where ``p.sidx`` finds an edge's source time in one gather."""
+    sl = slice(w.at, w.at + int(w.n.sum()))
+    r = p.r0[sl].copy()
     if w.red.size:
-        ei = _ranges(w.e_lo, w.e_n)
-        src = p.dsrc[ei]
-        vals = np.where(p.dend[ei], e[src], s[src]) + p.doff[ei]
-        r[w.pos] = np.maximum(r[w.pos], np.maximum.reduceat(vals, w.red))
+        es = slice(w.e_at, w.e_at + int(w.e_n.sum()))
+        vals = p.se[p.sidx[es]]
+        vals += p.doff[es]
+        # one edge per destination (launches, waits): the edges are their own maximum
+        r[w.pos] = np.maximum(r[w.pos], vals if w.red.size == vals.size else np.maximum.reduceat(vals, w.red))
     cc_i = _ranges(w.c_lo, w.c_n) if w.cpos.size else None
     if cc_i is not None:
         r_dep = r[w.cpos]
         r[w.cpos] = np.maximum(r_dep, m_ready[p.ci[cc_i]])
-    cc = p.c[gi]
-    x = np.maximum(r - cc, p.floor)
-    run = _seg_cummax(x, w.buckets) if w.buckets else x
-    new_s = np.where(run <= p.floor, UNKNOWN, run + cc)
-    s[gi] = new_s
-    e[gi] = new_s + p.d[gi]
+    cc = p.c[sl]
+    np.subtract(r, cc, out=r)
+    np.maximum(r, p.floor, out=r)
+    run = _seg_cummax(r, w.buckets) if w.buckets else r
+    s_w = s[sl]
+    np.add(run, cc, out=s_w)
+    np.copyto(s_w, UNKNOWN, where=run <= p.floor)
+    np.add(s_w, p.d[sl], out=e[sl])
     if cc_i is not None:
         ready[cc_i] = np.maximum(np.where(p.ct_first[cc_i], UNKNOWN, e[p.prev_ct[cc_i]] + p.cg[p.ct[cc_i]]), r_dep)
 
