@@ -149,7 +149,7 @@ def replay(g: Graph, dur: np.ndarray | None = None, gap: np.ndarray | None = Non
     """
     n = g.start.size
     tr = g.inst_transfer if transfer is None else transfer
-    p = _plan(g, dur, gap, tr)
+    p: _Plan | None = _plan(g, dur, gap, tr)
     inv = _lay_out_waves(p) if p.waves is not None else None
     if inv is not None:  # the starts, then the ends, in one array (see _wave_pass)
         p.se = np.full(2 * n, UNKNOWN)
@@ -172,14 +172,16 @@ def replay(g: Graph, dur: np.ndarray | None = None, gap: np.ndarray | None = Non
         if passes > 1 and moved < TOLERANCE_US:
             converged = True
             break
-    if inv is not None:  # back to task order
-        s, e = s[inv], e[inv]
+    if inv is not None:  # back to task order, the plan released first (its arrays are the graph's size)
+        se, p = p.se, None
+        s, e = se[:n][inv], se[n:][inv]
+        del se, inv
     unknown = s <= UNKNOWN / 2
     s[unknown] = -np.inf
     e[unknown] = -np.inf
     out = Replay(start=s, end=e, passes=passes, converged=converged)
     if keep_binding:
-        if inv is not None:
+        if p is None:
             p = _plan(g, dur, gap, tr, waves=False)
         out.binding = _binding(g, s, e, p.d, p.cg, p.ct, p.ci, p.dsrc, p.ddst, p.dend,  # type: ignore[attr-defined]
                                p.doff)
@@ -192,17 +194,28 @@ def _lay_out_waves(p: _Plan) -> np.ndarray:
     returns each task's position in the new order. The per-task values are the same; only their order changes."""
     assert p.waves is not None
     perm = np.concatenate([_ranges(w.lo, w.n) for w in p.waves])  # new position -> task
-    eperm = np.concatenate([_ranges(w.e_lo, w.e_n) for w in p.waves])
-    inv = np.empty(perm.size, np.int64)
-    inv[perm] = np.arange(perm.size)
+    n = perm.size
+    itype = np.int32 if 2 * n < 2**31 else np.int64
+    perm = perm.astype(itype)
+    inv = np.empty(n, itype)
+    inv[perm] = np.arange(n, dtype=itype)
     at = e_at = 0
     for w in p.waves:
         w.at, w.e_at = at, e_at
         at += int(w.n.sum())
         e_at += int(w.e_n.sum())
-    p.d, p.cg, p.c, p.r0 = p.d[perm], p.cg[perm], p.c[perm], p.r0[perm]
-    p.dsrc, p.doff = inv[p.dsrc[eperm]], p.doff[eperm]
-    p.sidx = np.where(p.dend[eperm], p.dsrc + perm.size, p.dsrc)  # into se: the source's end, or its start
+    # one array at a time, each old one released before the next is copied
+    p.d = p.d[perm]
+    p.cg = p.cg[perm]
+    p.c = p.c[perm]
+    p.r0 = p.r0[perm]
+    del perm
+    eperm = np.concatenate([_ranges(w.e_lo, w.e_n) for w in p.waves]).astype(itype)
+    p.doff = p.doff[eperm]
+    src = inv[p.dsrc[eperm]]
+    p.sidx = np.where(p.dend[eperm], src + itype(n), src)  # into se: the source's end, or its start
+    p.dsrc = src  # (read no more in this order: the binding plans again in task order)
+    del src, eperm
     p.ct, p.prev_ct = inv[p.ct], inv[p.prev_ct]
     return inv
 
