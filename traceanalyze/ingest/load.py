@@ -712,12 +712,16 @@ def _insert_part(con: duckdb.DuckDBPyConnection, file_id, base: int = 0, tables:
 
     items = file_id if isinstance(file_id, list) else [(file_id, base, tables)]
     for t, schema in parse.TABLES.items():
+        if not any(t in files for _, _, files in items):  # no part has rows of this table: no stream
+            continue
         names = ", ".join(f'"{c}"' for c in schema.names)
         out_schema = pa.schema([("file_id", pa.int32()), *schema])
         ts_at = schema.names.index("ts_ns") if "ts_ns" in schema.names else None
 
         def batches(t=t, ts_at=ts_at, out_schema=out_schema):
             for fid, shift, files in items:
+                if t not in files:
+                    continue
                 with pa.OSFile(files[t]) as fh:
                     for b in pa.ipc.open_stream(fh):
                         if not b.num_rows:

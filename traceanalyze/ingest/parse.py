@@ -1018,8 +1018,9 @@ def _parse_blocks(path, blocks, state, info: TraceFile, out_dir, key, chunk_rows
 
 
 class _TableSink:
-    """Where a parse's rows go: one Arrow IPC stream per table in ``out_dir`` (``{key}.{table}.arrow``, written
-    chunk by chunk), or, without ``out_dir``, tables kept in memory. Counts the rows per table."""
+    """Where a parse's rows go: one Arrow IPC stream per table that has rows in ``out_dir``
+    (``{key}.{table}.arrow``, written chunk by chunk), or, without ``out_dir``, tables kept in memory. Counts the
+    rows per table."""
 
     def __init__(self, out_dir, key: str) -> None:
         self.out_dir, self.key = out_dir, key
@@ -1033,6 +1034,8 @@ class _TableSink:
             self.counts[name] += tbl.num_rows
             if self.out_dir is None:
                 self.mem[name].append(tbl)
+                continue
+            if not tbl.num_rows:  # no stream for a table without rows (most files hold no collectives or syncs)
                 continue
             w = self.writers.get(name)
             if w is None:
