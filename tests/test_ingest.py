@@ -352,3 +352,25 @@ def test_parsing_never_imports_pyarrow_compute(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[1]).stdout
     assert out.split() == ["False"]
+
+
+def test_each_trace_is_read_for_its_fingerprint_once_per_report(tmp_path, monkeypatch):
+    """The report's cache key and the parse cache share each trace's fingerprint: two traces, two reads, and the
+    files rows carry the fingerprints the key was made from."""
+    from traceanalyze.pipeline import analyze
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    for r in range(2):
+        (folder / f"rank{r}.json").write_text(json.dumps(_trace([_kernel(i) for i in range(5)])))
+    real, reads = load.fingerprint, []
+
+    def counted(path):
+        reads.append(path.name)
+        return real(path)
+
+    monkeypatch.setattr(load, "fingerprint", counted)
+    a = analyze(folder, jobs=1)
+    assert sorted(reads) == ["rank0.json", "rank1.json"]
+    stored = dict(a.con.execute("SELECT path, fingerprint FROM files").fetchall())
+    assert stored == {str((folder / n).resolve()): real(folder / n) for n in ("rank0.json", "rank1.json")}

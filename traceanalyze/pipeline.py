@@ -94,14 +94,17 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
     disc, roles = _discover(subject_in, base_in, follow_external_symlinks)
     _check_outputs(disc, subject_in + base_in, db, outputs)
     all_paths = [p for r in disc.runs for p in r.traces]
-    cache_key = _cache_key(disc, roles, link_bw_gbps, peak_tflops, max_decompressed, gpu, follow_external_symlinks)
+    known: dict = {}  # each file's cache key and fingerprint, read once for the report's key and the load
+    cache_key = _cache_key(disc, roles, link_bw_gbps, peak_tflops, max_decompressed, gpu, follow_external_symlinks,
+                           known)
     con, cached = _open(db, cache_key, all_paths, progress, read_only_hit)
     if cached is not None:  # same inputs, same options, same tool: the stored report is still the answer
         return Analysis(con=con, model=cached, db_path=str(db) if db else None, discovery=disc)
     if on_total:
         on_total(sum(_size(p) for p in all_paths))
     bound = {} if max_decompressed is None else {"max_decompressed": max_decompressed}
-    loaded = {lf.path: lf for lf in _load(con, all_paths, jobs, progress, bound, executor, scheduler, db)}
+    loaded = {lf.path: lf for lf in _load(con, all_paths, jobs, progress, dict(bound, known=known), executor,
+                                          scheduler, db)}
     release_free_memory()  # what loading freed (Arrow chunks, file lists) is not held through the analyses
     ingest.forget_files(con, all_paths)  # rows of files that left the folder (README, Safety: never stale)
     # once per parse: the count stays in files.message for cached re-runs
@@ -308,19 +311,26 @@ def _check_outputs(disc: Discovery, given: list, db, outputs) -> None:
 
 
 def _cache_key(disc: Discovery, roles: dict, link_bw: float | None, peak: float | None,
-               max_decompressed: int | None = None, gpu: str | None = None, follow: bool = False) -> str:
+               max_decompressed: int | None = None, gpu: str | None = None, follow: bool = False,
+               known: dict | None = None) -> str:
     """Hash of everything a report depends on: tool version, options, and each input file's path and
-    :func:`ingest.fingerprint` (size, mtime, content)."""
+    :func:`ingest.fingerprint` (size, mtime, content). ``known`` receives each trace's
+    :func:`ingest.file_identity`, for the load to reuse."""
     import hashlib
 
     h = hashlib.sha256(f"{__version__}|{link_bw}|{peak}|{max_decompressed}|{gpu}|{follow}".encode())
     for r in disc.runs:
         h.update(f"|run {r.path} {roles.get(id(r))}".encode())
+        traces = set(r.traces)
         for p in [*r.traces, *(s.path for s in r.sidecars)]:
             try:
-                h.update(f"|{p.resolve()} {ingest.fingerprint(p)}".encode())  # size, mtime and content
+                key, fp = ingest.file_identity(p)
             except OSError:
                 h.update(f"|{p} missing".encode())
+                continue
+            h.update(f"|{key[0]} {fp}".encode())  # size, mtime and content
+            if known is not None and p in traces:
+                known[p] = (key, fp)
     for f, m in disc.skipped:
         h.update(f"|skipped {f} {m}".encode())
     return h.hexdigest()

@@ -14,9 +14,11 @@ from traceanalyze.ingest.load import (
     LoadedFile,
     block_pandas,
     drop_impossible_durations,
+    file_identity,
     fingerprint,
     forget_files,
     load_traces,
 )
 
-__all__ = ["LoadedFile", "block_pandas", "drop_impossible_durations", "fingerprint", "forget_files", "load_traces"]
+__all__ = ["LoadedFile", "block_pandas", "drop_impossible_durations", "file_identity", "fingerprint", "forget_files",
+           "load_traces"]
