@@ -327,3 +327,17 @@ def test_step_time_json_and_console_lines_are_read_and_listed_as_used(tmp_path):
     assert f"<td class=\"mono\" title=\"{tmp_path / 'notes.txt'}\">{tmp_path.name}/notes.txt</td>" in render_html(m)
     assert m["runs"][0]["log_step_time_ms"] == {"median_ms": 641.0, "n": 5002, "steps": "0–4999"}
     assert "Step time from logs" in render_html(m)
+
+
+def test_steps_of_groups_the_steps_by_rank_and_follows_a_new_list():
+    """``RunEvidence.steps_of``: a rank's steps in their order, none for a rank without steps, and the grouping
+    made again when ``steps`` is replaced or grows."""
+    steps = [{"rank": r, "step": s, "step_time_us": 100.0 * (r + 1) + s} for s in (1, 2, 3) for r in (0, 1)]
+    ev = diagnose.RunEvidence("r", "gpu", 2, None, [], steps, 150.0)
+    assert [s["step"] for s in ev.steps_of(1)] == [1, 2, 3]
+    assert [s["step_time_us"] for s in ev.steps_of(0)] == [101.0, 102.0, 103.0]
+    assert ev.steps_of(5) == []
+    ev.steps.append({"rank": 5, "step": 4, "step_time_us": 7.0})
+    assert ev.steps_of(5) == [{"rank": 5, "step": 4, "step_time_us": 7.0}]
+    ev.steps = steps[:2]
+    assert [s["step"] for s in ev.steps_of(1)] == [1]

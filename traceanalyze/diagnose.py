@@ -84,6 +84,18 @@ class RunEvidence:
     host_gaps: dict[int, list] = field(default_factory=dict)  # rank -> largest [metrics.where.HostGap]
     gap_us_per_step: dict[int, float] = field(default_factory=dict)  # rank -> host gap µs per counted step
     compile_step: int | None = None  # the profiler step that holds torch.compile (left out of step times)
+    # steps grouped by rank, made on first use (the rules ask per rank: one pass over the steps, not one per rank)
+    _by_rank: tuple | None = field(default=None, init=False, repr=False, compare=False)
+
+    def steps_of(self, rank: int) -> list[dict]:
+        """The rank's rows of ``steps``, in their order (``[]`` for a rank without steps)."""
+        key = (id(self.steps), len(self.steps))
+        if self._by_rank is None or self._by_rank[0] != key:  # built again if ``steps`` was replaced or grew
+            by: dict[int, list[dict]] = {}
+            for st in self.steps:
+                by.setdefault(st["rank"], []).append(st)
+            self._by_rank = (key, by)
+        return self._by_rank[1].get(rank, [])
 
     def fact(self, key: str):
         """The first stated value of a fact (its ``num`` when numeric, else its text), or None."""
@@ -104,7 +116,7 @@ def _ms(us: float | None) -> str:
 
 def _rank_steps(ev: RunEvidence, rank: int) -> list[dict]:
     """The rank's counted steps, the compile step left out when there are others."""
-    rs = [s for s in ev.steps if s["rank"] == rank]
+    rs = ev.steps_of(rank)
     steady = [s for s in rs if s["step"] != ev.compile_step]
     return steady or rs
 
@@ -268,10 +280,13 @@ def _wait_per_step(ev: RunEvidence, window: bool = False) -> dict[int, float]:
     if not (ev.coll and ev.coll.matched):
         return {}
     out = {}
+    by_rank: dict[int, list[tuple[int, float]]] = {}  # rank -> (step, wait): one pass, not one per rank
+    for (rk, st), w in ev.coll.per_step_wait_us.items():
+        by_rank.setdefault(rk, []).append((st, w))
     for r in ev.ranks:
         n = max(1, r.get("n_steps") or 1)
         steady = {s["step"] for s in _rank_steps(ev, r["rank"])}
-        per = [w for (rk, st), w in ev.coll.per_step_wait_us.items() if rk == r["rank"] and st in steady]
+        per = [w for st, w in by_rank.get(r["rank"], []) if st in steady]
         if per and not window:
             out[r["rank"]] = sum(per) / max(1, len(steady))
         else:
@@ -810,7 +825,7 @@ def compare(subject: RunEvidence, baseline: RunEvidence, subject_findings: list[
         ranks = sorted({s["rank"] for s in ev.steps})
 
         def med(key: str) -> float:
-            return statistics.median(statistics.median(s[key] for s in ev.steps if s["rank"] == r) for r in ranks)
+            return statistics.median(statistics.median(s[key] for s in ev.steps_of(r)) for r in ranks)
         d = {"step": ev.step_time_us or med("step_time_us"), "compute": med("compute_us"),
              "exposed communication": med("exposed_comm_us"), "idle": med("idle_us")}
         d["other"] = d["step"] - d["compute"] - d["exposed communication"] - d["idle"]
