@@ -350,15 +350,22 @@ def build(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_size: in
     # edges in one canonical order (destination, source, type), whatever the chunks
     dep = c.pop("dep")
     o = np.lexsort((dep[4], dep[0], dep[1])) if dep[0].size else np.zeros(0, np.int64)
-    dep = [x[o] for x in dep]
-    # narrow the codes and task ids (below 2^31: the graph would not fit in memory long before): ~60 MB at 1,024 ranks
+    # narrow the codes and task ids (below 2^31: the graph would not fit in memory long before): ~60 MB at 1,024
+    # ranks; each array narrowed (and sorted) in turn, its wide copy released before the next
+    for i, t in enumerate((np.int32, np.int32, bool, float, np.int8)):
+        dep[i] = dep[i][o].astype(t, copy=False)
+    del o
+    c["res"] = c["res"].astype(np.int32)
+    c["kind"] = c["kind"].astype(np.int8)
+    codes, names = c.pop("name")
+    codes = codes.astype(np.int32)
     g = Graph(run_id=run_id, mode=mode, ranks=rc.ranks, world_size=rc.world, res_names=c["res_names"],
-              rank=c["rank"], res=c["res"].astype(np.int32), kind=c["kind"].astype(np.int8), name=c["name"][1],
-              name_code=c["name"][0].astype(np.int32), step=c["step"], start=c["start"],
+              rank=c["rank"], res=c["res"], kind=c["kind"], name=names,
+              name_code=codes, step=c["step"], start=c["start"],
               dur=c["dur"], gap=c["gap"], first=c["first"], chain_gap=c["cg"], chain_dur=c["cd"],
               gap_label=c["gap_label"], cover=c["cover"], gap_cover=c["gap_cover"],
-              dep_src=dep[0].astype(np.int32), dep_dst=dep[1].astype(np.int32), dep_end=dep[2].astype(bool),
-              dep_off=dep[3].astype(float), dep_type=dep[4].astype(np.int8),
+              dep_src=dep[0], dep_dst=dep[1], dep_end=dep[2],
+              dep_off=dep[3], dep_type=dep[4],
               inst=np.full(c["start"].size, -1, np.int32), inst_transfer=np.zeros(0),
               inst_complete=np.zeros(0, bool), inst_coll=[], inst_bytes=np.zeros(0, np.int64),
               inst_n=np.zeros(0, np.int64), inst_matched_by=[], steps=c["steps"], missing_edges=[])
@@ -445,7 +452,12 @@ def _join_chunks(chunks: list[dict]) -> dict:
     for k in ("rank", "res", "kind", "step", "start", "dur", "gap", "first", "cg", "cd", "gap_label", "coll_fid",
               "coll_ts"):
         out[k] = np.concatenate([c.pop(k) for c in chunks])
-    out["dep"] = [np.concatenate([c["dep"][i] for c in chunks]) for i in range(5)]
+    deps = [c.pop("dep") for c in chunks]
+    out["dep"] = []
+    for i in range(5):  # each column joined, then its parts released
+        out["dep"].append(np.concatenate([d[i] for d in deps]))
+        for d in deps:
+            d[i] = None
     for k in ("cover", "gap_cover"):
         out[k] = {}
         for cat in list(chunks[0][k]):
@@ -604,7 +616,8 @@ def _order_tasks(parts: list[dict], rc: _RunClock) -> _Tasks:
 
 def _unify_names(parts: list[tuple[np.ndarray, object]]) -> tuple[object, np.ndarray]:
     """(the distinct names, sorted, as an Arrow string array; per row of the concatenated parts: its index into
-    them) of several :func:`_name_codes` results."""
+    them) of several :func:`_name_codes` results. ``parts`` is emptied on the way (its codes are released as
+    soon as they are remapped: a graph-sized array each at 1,024 ranks)."""
     import pyarrow as pa
 
     enc = pc.dictionary_encode(pa.concat_arrays([d for _, d in parts]), "encode")
@@ -614,9 +627,16 @@ def _unify_names(parts: list[tuple[np.ndarray, object]]) -> tuple[object, np.nda
     rank_of[by_name] = np.arange(by_name.size)
     remap = rank_of[enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)]
     base = np.cumsum([0] + [len(d) for _, d in parts])
-    codes = [remap[b + c] if c.size else c for (c, _), b in zip(parts, base, strict=False)]
-    joined = np.concatenate(codes) if codes else np.zeros(0)
-    return pc.take(enc.dictionary, pa.array(by_name)), joined.astype(np.int64)
+    n = sum(c.size for c, _ in parts)
+    joined = np.empty(n, np.int64)
+    at = 0
+    for i, b in enumerate(base[:-1].tolist()):
+        c = parts[i][0]
+        joined[at: at + c.size] = remap[b + c] if c.size else c
+        at += c.size
+        parts[i] = (None, None)  # type: ignore[assignment]  # this part's codes go now
+    parts.clear()
+    return pc.take(enc.dictionary, pa.array(by_name)), joined
 
 
 def _step_markers(t: _Tasks, st: dict[str, np.ndarray]) -> tuple[np.ndarray, list[tuple[int, int, int, int, bool]]]:

@@ -162,13 +162,16 @@ def replay(g: Graph, dur: np.ndarray | None = None, gap: np.ndarray | None = Non
     converged = False
     passes = 0
     for passes in range(1, MAX_PASSES + 1):  # noqa: B007
-        before = s.copy()
-        _pass(p, s, e, ready, m_ready)
+        # waves measure how far the starts moved as they write them (no copy of the graph's size)
+        before = s.copy() if p.waves is None else None
+        moved = _pass(p, s, e, ready, m_ready)
         if p.ct.size:
             m_ready = np.full(tr.size, UNKNOWN)
             np.maximum.at(m_ready, p.ci, ready)
-        np.subtract(s, before, out=before)  # in place: no temporaries of the graph's size
-        moved = float(np.max(np.abs(before, out=before))) if n else 0.0
+        if before is not None:
+            np.subtract(s, before, out=before)  # in place: no temporaries of the graph's size
+            moved = float(np.max(np.abs(before, out=before))) if n else 0.0
+            del before
         if passes > 1 and moved < TOLERANCE_US:
             converged = True
             break
@@ -214,7 +217,7 @@ def _lay_out_waves(p: _Plan) -> np.ndarray:
     p.doff = p.doff[eperm]
     src = inv[p.dsrc[eperm]]
     p.sidx = np.where(p.dend[eperm], src + itype(n), src)  # into se: the source's end, or its start
-    p.dsrc = src  # (read no more in this order: the binding plans again in task order)
+    p.dsrc = np.zeros(0, itype)  # read no more: the wave passes read sidx, the binding plans again in task order
     del src, eperm
     p.ct, p.prev_ct = inv[p.ct], inv[p.prev_ct]
     return inv
@@ -230,14 +233,17 @@ def _plan(g: Graph, dur: np.ndarray | None, gap: np.ndarray | None, tr: np.ndarr
     ci = g.inst[ct]
     d[ct] = tr[ci]
     first = g.first
-    inc = np.zeros(n)
+    c = np.zeros(n)
     if n > 1:
-        inc[1:] = d[:-1] + cg[1:]
-    inc[first] = 0.0
-    cs = np.cumsum(inc, out=inc)
-    seg_first = np.maximum.accumulate(np.where(first, np.arange(n), 0)) if n else np.zeros(0, np.int64)
-    c = cs - cs[seg_first]
-    del cs, inc, seg_first
+        np.add(d[:-1], cg[1:], out=c[1:])
+    c[first] = 0.0
+    np.cumsum(c, out=c)
+    # each task's resource's first task (int32 while it fits: a temporary of the graph's size, at the replay's peak)
+    itype = np.int32 if n < 2**31 else np.int64
+    seg_first = np.where(first, np.arange(n, dtype=itype), itype(0))
+    np.maximum.accumulate(seg_first, out=seg_first)
+    np.subtract(c, c[seg_first], out=c)  # the gather is made before c is written
+    del seg_first
     floor = -2.0 * (float(np.ptp(g.start)) + float(c.max(initial=0.0)) + 1e6) if n else -1.0
     # a resource's first task starts where it was measured unless an edge says when (a launch, a wait)
     pinned = first.copy()
@@ -328,13 +334,12 @@ def _wave(sl: np.ndarray, udst: np.ndarray, ustart: np.ndarray, edge_at: np.ndar
     return _Wave(lo=lo, n=n, e_lo=e_lo, e_n=e_n, red=red, pos=pos, c_lo=c_lo, c_n=c_n, cpos=cpos, buckets=buckets)
 
 
-def _pass(p: _Plan, s: np.ndarray, e: np.ndarray, ready: np.ndarray, m_ready: np.ndarray) -> None:
+def _pass(p: _Plan, s: np.ndarray, e: np.ndarray, ready: np.ndarray, m_ready: np.ndarray) -> float:
     """One pass over the resources: each task's start from its chain and its predecessors' current times, in
-    place in ``s``/``e``; ``ready``: each collective task's ready time, for its instance's rendezvous."""
+    place in ``s``/``e``; ``ready``: each collective task's ready time, for its instance's rendezvous. Returns how
+    far a start moved at most (µs) in a pass over waves; 0.0 otherwise (the caller compares)."""
     if p.waves is not None:
-        for w in p.waves:
-            _wave_pass(p, w, s, e, ready, m_ready)
-        return
+        return max((_wave_pass(p, w, s, e, ready, m_ready) for w in p.waves), default=0.0)
     r0, c, d, cg, floor, ct, ci = p.r0, p.c, p.d, p.cg, p.floor, p.ct, p.ci
     dsrc, dend, doff, udst, ustart, ustop = p.dsrc, p.dend, p.doff, p.udst, p.ustart, p.ustop
     prev_ct, ct_first = p.prev_ct, p.ct_first
@@ -358,12 +363,14 @@ def _pass(p: _Plan, s: np.ndarray, e: np.ndarray, ready: np.ndarray, m_ready: np
         if cb > ca:
             pc = prev_ct[ca:cb]
             ready[ca:cb] = np.maximum(np.where(ct_first[ca:cb], UNKNOWN, e[pc] + cg[ct[ca:cb]]), r_dep)
+    return 0.0
 
 
-def _wave_pass(p: _Plan, w: _Wave, s: np.ndarray, e: np.ndarray, ready: np.ndarray, m_ready: np.ndarray) -> None:
+def _wave_pass(p: _Plan, w: _Wave, s: np.ndarray, e: np.ndarray, ready: np.ndarray, m_ready: np.ndarray) -> float:
     """:func:`_pass` over one wave's resources at once: the same operations, on the wave's tasks one slice after
     another (laid out so by :func:`_lay_out_waves`: ``w.at`` on), written in place. ``s`` and ``e`` are the two
-    halves of ``p.se``, where ``p.sidx`` finds an edge's source time in one gather."""
+    halves of ``p.se``, where ``p.sidx`` finds an edge's source time in one gather. Returns how far a start of the
+    wave moved at most (µs)."""
     sl = slice(w.at, w.at + int(w.n.sum()))
     r = p.r0[sl].copy()
     if w.red.size:
@@ -380,12 +387,15 @@ def _wave_pass(p: _Plan, w: _Wave, s: np.ndarray, e: np.ndarray, ready: np.ndarr
     np.subtract(r, cc, out=r)
     np.maximum(r, p.floor, out=r)
     run = _seg_cummax(r, w.buckets) if w.buckets else r
+    new_s = run + cc
+    np.copyto(new_s, UNKNOWN, where=run <= p.floor)
     s_w = s[sl]
-    np.add(run, cc, out=s_w)
-    np.copyto(s_w, UNKNOWN, where=run <= p.floor)
-    np.add(s_w, p.d[sl], out=e[sl])
+    moved = float(np.max(np.abs(new_s - s_w))) if new_s.size else 0.0
+    s_w[...] = new_s
+    np.add(new_s, p.d[sl], out=e[sl])
     if cc_i is not None:
         ready[cc_i] = np.maximum(np.where(p.ct_first[cc_i], UNKNOWN, e[p.prev_ct[cc_i]] + p.cg[p.ct[cc_i]]), r_dep)
+    return moved
 
 
 def _binding(g: Graph, s, e, d, cg, ct, ci, dsrc, ddst, dend, doff) -> np.ndarray:

@@ -237,6 +237,11 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_siz
            "bf16": BF16_SPEEDUP_GPU if mode == "gpu" else BF16_SPEEDUP_CPU,
            "native_bf16": cpu_native_bf16 if mode == "cpu" else None, "cpu_model": cpu_model}
     replay_model["left_out"] = _left_out(g, ctx)
+    # the picture now, so that the base replay (starts, ends, binding: 3 arrays of the graph's size) is not held
+    # through the what-ifs' replays, where the memory peaks
+    picture = _picture(g, base, measured, counted, m_long)
+    del base
+    release_free_memory()
     results += [[run_id, "replay", r, s, measured[(r, s)], base_t[(r, s)]] for r, s in sorted(measured)]
     whatif = []
     applicable = [s for s in SCENARIOS[:-1] if _applies(g, s, ctx)]
@@ -270,7 +275,7 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_siz
             whatif.append(row)
     if defer is None:
         store.insert_rows(con, "sim_result", None, results)
-    return replay_model, whatif, _picture(g, base, measured, counted, m_long)
+    return replay_model, whatif, picture
 
 
 def _replay_model(g: gr.Graph, base: simulate.Replay, measured: dict, base_t: dict, counted: set, m_run: float,
