@@ -237,11 +237,8 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_siz
            "bf16": BF16_SPEEDUP_GPU if mode == "gpu" else BF16_SPEEDUP_CPU,
            "native_bf16": cpu_native_bf16 if mode == "cpu" else None, "cpu_model": cpu_model}
     replay_model["left_out"] = _left_out(g, ctx)
-    # the picture now, so that the base replay (starts, ends, binding: 3 arrays of the graph's size) is not held
-    # through the what-ifs' replays, where the memory peaks
-    picture = _picture(g, base, measured, counted, m_long)
+    picture = _picture(g, base, measured, counted, m_long)  # now: base (3 graph-sized arrays) is not held below
     del base
-    release_free_memory()
     results += [[run_id, "replay", r, s, measured[(r, s)], base_t[(r, s)]] for r, s in sorted(measured)]
     whatif = []
     applicable = [s for s in SCENARIOS[:-1] if _applies(g, s, ctx)]
