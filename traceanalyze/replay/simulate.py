@@ -334,10 +334,10 @@ def _wave(sl: np.ndarray, udst: np.ndarray, ustart: np.ndarray, edge_at: np.ndar
     return _Wave(lo=lo, n=n, e_lo=e_lo, e_n=e_n, red=red, pos=pos, c_lo=c_lo, c_n=c_n, cpos=cpos, buckets=buckets)
 
 
-def _pass(p: _Plan, s: np.ndarray, e: np.ndarray, ready: np.ndarray, m_ready: np.ndarray) -> float:
+def _pass(p: _Plan, s: np.ndarray, e: np.ndarray, ready: np.ndarray, m_ready: np.ndarray) -> float | None:
     """One pass over the resources: each task's start from its chain and its predecessors' current times, in
     place in ``s``/``e``; ``ready``: each collective task's ready time, for its instance's rendezvous. Returns how
-    far a start moved at most (µs) in a pass over waves; 0.0 otherwise (the caller compares)."""
+    far a start moved at most (µs) in a pass over waves; None resource by resource (the caller compares)."""
     if p.waves is not None:
         return max((_wave_pass(p, w, s, e, ready, m_ready) for w in p.waves), default=0.0)
     r0, c, d, cg, floor, ct, ci = p.r0, p.c, p.d, p.cg, p.floor, p.ct, p.ci
@@ -363,7 +363,7 @@ def _pass(p: _Plan, s: np.ndarray, e: np.ndarray, ready: np.ndarray, m_ready: np
         if cb > ca:
             pc = prev_ct[ca:cb]
             ready[ca:cb] = np.maximum(np.where(ct_first[ca:cb], UNKNOWN, e[pc] + cg[ct[ca:cb]]), r_dep)
-    return 0.0
+    return None
 
 
 def _wave_pass(p: _Plan, w: _Wave, s: np.ndarray, e: np.ndarray, ready: np.ndarray, m_ready: np.ndarray) -> float:
