@@ -38,7 +38,7 @@ from traceanalyze.limits import DEFAULT_MAX_EVENTS, REGRESSION_THRESHOLD
 from traceanalyze.pipeline import analyze, to_json
 from traceanalyze.report import render_html, render_markdown
 from traceanalyze.safety import atomic_write_text, check_outputs, terminal, terminal_block
-from traceanalyze.store import open_untrusted, untrusted_error
+from traceanalyze.store import checkpoint_meanwhile, open_untrusted, untrusted_error
 from traceanalyze.version import __version__
 
 
@@ -237,9 +237,13 @@ def report(ctx: click.Context, paths: tuple[str, ...], output: str | None, json_
                         read_only_hit=not export_path)  # the export reads the database with file access
         finally:
             prog.close()
+        # the database's last writes reach its file while the report renders (the export reads the file)
+        checkpointed = checkpoint_meanwhile(a.con) if not a.cached and not export_path else None
         try:
             _write_report(ctx, a, out, fmt, json_path, md_path, export_path)
         finally:
+            if checkpointed is not None:
+                checkpointed()
             a.con.close()  # also after a failed write: the database stays whole and reusable
         model = a.model
         for w in model["warnings"]:  # errors even with --quiet; partial files and warnings without it

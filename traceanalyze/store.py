@@ -396,6 +396,28 @@ def connect(db_path: str | Path | None) -> duckdb.DuckDBPyConnection:
     return con
 
 
+def checkpoint_meanwhile(con: duckdb.DuckDBPyConnection):
+    """Start writing ``con``'s write-ahead log into the database file (DuckDB's ``CHECKPOINT``) on a thread, while
+    the caller does work that does not touch the database (rendering the report); returns a callable that waits
+    for it. ``close`` would otherwise do the same work after the rendering (1,024 ranks: 0.6 s, the replay's
+    tables). A failed checkpoint is left to ``close``, which retries it."""
+    import threading
+
+    cur = con.cursor()  # DuckDB works without the GIL: the rendering goes on meanwhile
+
+    def run() -> None:
+        try:
+            cur.execute("CHECKPOINT")
+        except duckdb.Error:
+            pass
+        finally:
+            cur.close()
+
+    t = threading.Thread(target=run, name="traceanalyze-checkpoint", daemon=True)
+    t.start()
+    return t.join
+
+
 def _schema_current(con: duckdb.DuckDBPyConnection) -> bool:
     """Whether the schema of this exact DDL is in place already (a re-run): one query instead of the ~40 statements
     of the DDL and the macros (~30 ms). The stamp, a hash of the DDL, the macros and the version, is the marker

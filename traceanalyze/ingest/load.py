@@ -96,8 +96,8 @@ def fingerprint(path: Path) -> str:
     with open(path, "rb") as fh:
         st = os.fstat(fh.fileno())
         h.update(f"{st.st_size} {st.st_mtime_ns}|".encode())
-        if st.st_size <= FINGERPRINT_WHOLE:
-            h.update(fh.read(FINGERPRINT_WHOLE + 1))
+        if st.st_size <= FINGERPRINT_WHOLE:  # read(size + 1), not read(WHOLE + 1): that allocates 1 MiB per file
+            h.update(fh.read(st.st_size + 1))
         else:
             h.update(fh.read(FINGERPRINT_BLOCK))
             fh.seek(-FINGERPRINT_BLOCK, os.SEEK_END)
