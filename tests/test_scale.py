@@ -7,6 +7,8 @@ import gc
 import gzip
 import json
 import re
+import subprocess
+import sys
 import tracemalloc
 
 import pytest
@@ -308,3 +310,31 @@ def test_report_on_a_dask_cluster_gives_the_local_report(tmp_path):
             q = f"SELECT * EXCLUDE (file_id) FROM {t} ORDER BY ALL"
             assert con.execute(q).fetchall() == ref.execute(q).fetchall(), t
         assert con.execute("SELECT count(*) FROM cpu_ops").fetchone() == (4 * 40 + 60,)
+
+
+_HOLES = r"""
+import sys
+import numpy as np
+from traceanalyze.executors import map_large_blocks
+
+def rss_mb():
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) for l in f if l.startswith("VmRSS")) / 1024
+
+if sys.argv[1] == "on":
+    assert map_large_blocks()
+warm = np.ones(2 << 17)  # 2 MiB, mapped; freeing it makes glibc raise its threshold (unless map_large_blocks)
+del warm
+arrays = [np.ones(2 << 17) for _ in range(32)]  # 64 MiB, touched
+before = rss_mb()
+del arrays[::2]  # every other one freed: holes in the heap, or mappings given back
+print(before - rss_mb())
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_large_arrays_freed_after_map_large_blocks_go_back_to_the_system():
+    freed = {m: float(subprocess.run([sys.executable, "-c", _HOLES, m], capture_output=True, text=True,
+                                     check=True).stdout) for m in ("on", "off")}
+    assert freed["on"] >= 28  # 16 arrays of 2 MiB
+    assert freed["off"] < 8  # glibc's default: holes in the heap, still counted

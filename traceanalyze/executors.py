@@ -125,3 +125,30 @@ def release_free_memory() -> bool:
         return bool(libc.malloc_trim(0))
     except (OSError, AttributeError):
         return False
+
+
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
+MAP_ON_ITS_OWN_BYTES = 1 << 20  # allocations this large or larger get a mapping of their own (map_large_blocks)
+
+
+def map_large_blocks() -> bool:
+    """From now on, serve every allocation of :data:`MAP_ON_ITS_OWN_BYTES` (1 MiB) or more in this process with a
+    mapping of its own, given back to the operating system when freed (glibc ``mallopt(M_MMAP_THRESHOLD)``).
+
+    By default glibc raises that threshold, up to 32 MiB, each time a mapped block is freed; the replay's NumPy
+    arrays of 1-32 MiB (batches read from DuckDB, per-chunk and per-wave arrays) then come from the heap, and the
+    holes they leave when freed are not reused by the next, larger arrays: the peak holds both. Measured peaks
+    (RSS, the analyses after loading): 1,024 small ranks 923-945 -> 762-778 MB, the 8-rank scale set 336-344 ->
+    295-297 MB. The cost is the page faults of fresh mappings: the 1,024-rank replay 6.1-6.8 -> 7.0-7.1 s.
+    Returns False where there is no glibc (macOS, musl, Windows): nothing changes there.
+    """
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return bool(libc.mallopt(M_MMAP_THRESHOLD, MAP_ON_ITS_OWN_BYTES))
+    except (OSError, AttributeError):
+        return False

@@ -19,7 +19,7 @@ import duckdb
 from traceanalyze import hardware, ingest, store
 from traceanalyze.discover import Discovery, Run, assign_ranks, check_headers, discover, window_grouping
 from traceanalyze.errors import TraceanalyzeError
-from traceanalyze.executors import DaskExecutor, release_free_memory
+from traceanalyze.executors import DaskExecutor, map_large_blocks, release_free_memory
 from traceanalyze.fmt import ranges, rank_spans
 from traceanalyze.safety import check_outputs
 from traceanalyze.version import __version__
@@ -107,6 +107,7 @@ def analyze(inputs: list[str | Path] | str | Path, *, db: str | Path | None = No
     loaded = {lf.path: lf for lf in _load(con, all_paths, jobs, progress, dict(bound, known=known), executor,
                                           scheduler, db)}
     release_free_memory()  # what loading freed (Arrow chunks, file lists) is not held through the analyses
+    map_large_blocks()  # the replay's large arrays given back when freed, not left as holes in the heap
     ingest.forget_files(con, all_paths)  # rows of files that left the folder (README, Safety: never stale)
     # once per parse: the count stays in files.message for cached re-runs
     ingest.drop_impossible_durations(con, [lf.file_id for lf in loaded.values()
