@@ -23,7 +23,6 @@ from pathlib import Path
 import click
 
 from traceanalyze.api import load
-from traceanalyze.batch import run_batch
 from traceanalyze.errors import (
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
@@ -439,6 +438,8 @@ def batch(ctx: click.Context, archive: str, outdir: str, jobs: int | None, execu
 
             bar = tqdm(unit="run", desc="batch", file=sys.stderr, leave=False)
         try:
+            from traceanalyze.batch import run_batch  # not needed by report: 4 ms of imports
+
             res = run_batch(archive, outdir, jobs=jobs, executor=executor, scheduler=scheduler, threshold=threshold,
                             force=force, link_bw_gbps=link_bw, peak_tflops=peak_tflops,
                             on_run=(lambda _row: bar.update(1)) if bar is not None else None)

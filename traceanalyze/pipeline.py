@@ -9,7 +9,6 @@ from __future__ import annotations
 import datetime as _dt
 import json
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,8 +24,11 @@ from traceanalyze.safety import check_outputs
 from traceanalyze.version import __version__
 
 if TYPE_CHECKING:
+    from concurrent.futures import ThreadPoolExecutor
+
     from traceanalyze import diagnose, metrics
-# diagnose, metrics (NumPy) and logs are imported where used: a cached re-run needs none of them
+# diagnose, metrics (NumPy), logs and concurrent.futures (with logging: 7 ms) are imported where used: a cached
+# re-run needs none of them
 
 @dataclass
 class Analysis:
@@ -510,6 +512,8 @@ class _RunAnalyses:
 def _analyses(con, run_id: int, run: Run, mode: str, facts: dict, good: list, link_bw_gbps, peak_tflops,
               max_decompressed, warnings: list[dict]) -> _RunAnalyses:
     """Every metric of one run, its logs and its what-if replay; the pure-SQL ones and the replay overlap."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from traceanalyze import metrics
     from traceanalyze.metrics import idle
     from traceanalyze.metrics.collectives import CollectiveSummary, analyze_collectives
