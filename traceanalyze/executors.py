@@ -128,18 +128,19 @@ def release_free_memory() -> bool:
 
 
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
-MAP_ON_ITS_OWN_BYTES = 1 << 20  # allocations this large or larger get a mapping of their own (map_large_blocks)
+MAP_ON_ITS_OWN_BYTES = 2 << 20  # allocations this large or larger get a mapping of their own (map_large_blocks)
 
 
 def map_large_blocks() -> bool:
-    """From now on, serve every allocation of :data:`MAP_ON_ITS_OWN_BYTES` (1 MiB) or more in this process with a
+    """From now on, serve every allocation of :data:`MAP_ON_ITS_OWN_BYTES` (2 MiB) or more in this process with a
     mapping of its own, given back to the operating system when freed (glibc ``mallopt(M_MMAP_THRESHOLD)``).
 
     By default glibc raises that threshold, up to 32 MiB, each time a mapped block is freed; the replay's NumPy
-    arrays of 1-32 MiB (batches read from DuckDB, per-chunk and per-wave arrays) then come from the heap, and the
-    holes they leave when freed are not reused by the next, larger arrays: the peak holds both. Measured peaks
-    (RSS, the analyses after loading): 1,024 small ranks 923-945 -> 762-778 MB, the 8-rank scale set 336-344 ->
-    295-297 MB. The cost is the page faults of fresh mappings: the 1,024-rank replay 6.1-6.8 -> 7.0-7.1 s.
+    arrays of 2-32 MiB (per-chunk and per-wave arrays, sort orders, masks) then come from the heap, and the holes
+    they leave when freed are not reused by the next, larger arrays: the peak holds both. Measured peaks (RSS, the
+    analyses after loading, in turn): the 8-rank scale set 322-346 -> 285-287 MB, 1,024 small ranks 923-945 ->
+    799 MB. The cost is the page faults of fresh mappings: the 8-rank graph build 0.65 -> 0.79-0.84 s. At 1 MiB
+    the peaks were 298-302 and 778 MB, for 40 % more faults.
     Returns False where there is no glibc (macOS, musl, Windows): nothing changes there.
     """
     import ctypes
