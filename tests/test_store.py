@@ -11,7 +11,7 @@ from tests.conftest import real
 from tests.test_discover import tiny_trace
 from traceanalyze.errors import TraceanalyzeError
 from traceanalyze.pipeline import analyze
-from traceanalyze.store import SCHEMA_VERSION, connect
+from traceanalyze.store import SCHEMA_VERSION, checkpoint_meanwhile, connect
 
 
 def test_rerun_reuses_the_database_without_parsing(tmp_path, monkeypatch):
@@ -139,3 +139,17 @@ def test_cached_rerun_of_the_command_line_opens_the_database_once(tmp_path, monk
     tiny_trace(d / "rank1.json", 1)  # a miss: read-only first, then as before (checked read-only, then written)
     assert invoke(*args)[0] == 0
     assert opened == [True, True, None] and not json.loads((tmp_path / "r.json").read_text()).get("cached")
+
+
+def test_checkpoint_meanwhile_moves_the_write_ahead_log_into_the_file(tmp_path):
+    db = tmp_path / "r.duckdb"
+    con = connect(db)
+    con.execute("SET checkpoint_threshold = '1GB'")  # no automatic checkpoint: the rows stay in the log
+    con.execute("INSERT INTO warnings SELECT NULL, 'f', 'message ' || i::VARCHAR FROM range(20000) t(i)")
+    wal = tmp_path / "r.duckdb.wal"
+    assert wal.exists() and wal.stat().st_size > 100_000
+    wait = checkpoint_meanwhile(con)
+    wait()
+    assert not wal.exists() or wal.stat().st_size == 0
+    assert con.execute("SELECT count(*) FROM warnings").fetchone()[0] == 20000
+    con.close()
