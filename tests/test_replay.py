@@ -203,7 +203,8 @@ def _graphs_equal(a, b) -> list[str]:
 @pytest.mark.parametrize("kind", ["gpu", "cpu"])
 def test_graph_built_rank_by_rank_is_the_graph_built_at_once(tmp_path, kind):
     """graph.build reads the ranks in chunks of at most max_chunk_events events (bounded memory at 1,024 ranks);
-    a chunk per rank gives the same tasks, edges, steps, categories and collective instances as one chunk."""
+    a chunk per rank gives the same tasks, edges, steps, categories and collective instances as one chunk, and so
+    do chunks built on two threads at once (each on its own cursor), and an even split over two threads."""
     from tests.synth import write_trace
     from traceanalyze.replay import graph as gr
 
@@ -215,12 +216,20 @@ def test_graph_built_rank_by_rank_is_the_graph_built_at_once(tmp_path, kind):
         a, run = _run(sample("straggler"))
     run_id, mode, world = a.con.execute("SELECT run_id, mode, world_size FROM runs WHERE role = 'subject'").fetchone()
     assert mode == kind
-    whole = gr.build(a.con, run_id, mode, world)
-    by_rank = gr.build(a.con, run_id, mode, world, max_chunk_events=1)
-    assert len(gr._rank_chunks(a.con, gr._run_clock(a.con, run_id, mode, world, None), 1)) == len(whole.ranks)
+    whole = gr.build(a.con, run_id, mode, world, threads=1)
+    by_rank = gr.build(a.con, run_id, mode, world, max_chunk_events=1, threads=1)
+    threaded = gr.build(a.con, run_id, mode, world, max_chunk_events=1, threads=2)
+    halves = gr.build(a.con, run_id, mode, world, threads=2)
+    rc = gr._run_clock(a.con, run_id, mode, world, None)
+    assert len(gr._rank_chunks(a.con, rc, 1)) == len(whole.ranks)
+    assert len(gr._rank_chunks(a.con, rc, 10**9)) == 1
+    # two threads: the ranks split in two chunks, whatever the bound (the first closed at half the run's events)
+    assert [len(c) for c in gr._rank_chunks(a.con, rc, 10**9, 2)] == {"gpu": [2, 1], "cpu": [3, 1]}[kind]
     assert whole.start.size == {"gpu": 63, "cpu": 2892}[kind]  # 3 x 21 tasks; the straggler sample
     assert whole.n_instances == {"gpu": 3, "cpu": 6}[kind]
     assert _graphs_equal(whole, by_rank) == []
+    assert _graphs_equal(whole, threaded) == []
+    assert _graphs_equal(whole, halves) == []
 
 
 def _event_wait_rank(with_sync_rows: bool) -> list[dict]:

@@ -546,8 +546,10 @@ def _analyses(con, run_id: int, run: Run, mode: str, facts: dict, good: list, li
     rp_pool = ThreadPoolExecutor(max_workers=1) if good and step_rows and n_rows <= OVERLAP_MAX_ROWS else None
     rp_cur = con.cursor()
     writes: list[Callable[[], None]] = []  # the replay's sim_* tables: written after it, on its thread
+    # its graph is built on one thread while the analyses below run, on every CPU when it runs in turn
     replay_result = _deferred(rp_pool, _replay, rp_cur, run_id, mode, facts["world_size"], coll, link,
-                              _cpu_host(side["facts"]), warnings, writes) if good and step_rows else None
+                              _cpu_host(side["facts"]), warnings, writes,
+                              1 if rp_pool is not None else None) if good and step_rows else None
     written = _deferred(rp_pool, _write_replay, rp_cur, writes, warnings)
     if rp_pool is not None:
         rp_pool.shutdown(wait=False)
@@ -697,15 +699,16 @@ def _cpu_host(facts: dict) -> tuple[bool | None, str | None]:
 
 
 def _replay(con, run_id: int, mode: str, world: int | None, coll, link: dict, cpu: tuple, warnings: list[dict],
-            writes: list):
+            writes: list, build_threads: int | None = None):
     """The what-if replay of one run (traceanalyze.replay); a failure costs a warning, not the report. ``cpu``:
-    :func:`_cpu_host`; ``writes`` receives the writing of its tables (:func:`_write_replay`)."""
+    :func:`_cpu_host`; ``writes`` receives the writing of its tables (:func:`_write_replay`); ``build_threads``:
+    threads building its graph (:func:`traceanalyze.replay.graph.build`)."""
     from traceanalyze.replay.whatif import replay_run
 
     try:
         return replay_run(con, run_id, mode, world, coll.clock_offsets_us if coll else None,
                           link.get("expected_gbps"), link.get("source", ""), cpu_native_bf16=cpu[0],
-                          cpu_model=cpu[1], defer=writes)
+                          cpu_model=cpu[1], defer=writes, build_threads=build_threads)
     except (ValueError, IndexError, KeyError, duckdb.Error) as exc:  # a graph the replay cannot handle
         warnings.append({"file": None, "level": "warning", "message": f"what-if replay skipped: {exc}"})
         return {}, [], {}

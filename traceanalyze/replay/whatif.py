@@ -196,22 +196,21 @@ def _longest(times: dict[tuple[int, int], float], counted: set[tuple[int, int]])
 
 def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_size: int | None,
                clock_offsets_us: dict | None = None, link_gbps: float | None = None, link_source: str = "",
-               gpu_sm: str | None = None, cpu_native_bf16: bool | None = None,
-               cpu_model: str | None = None, defer: list | None = None) -> tuple[dict, list[dict], dict]:
+               gpu_sm: str | None = None, cpu_native_bf16: bool | None = None, cpu_model: str | None = None,
+               defer: list | None = None, build_threads: int | None = None) -> tuple[dict, list[dict], dict]:
     """Build, store and replay the run's graph, then every what-if that applies.
 
     ``defer``: when a list, the writes (the graph's ``sim_*`` tables and ``sim_result``) are appended to it as one
     callable instead of done here, so that the caller can overlap them with its other work; the database holds
-    the graph only once that callable has run.
-
-    ``cpu_native_bf16``/``cpu_model``: the host CPU (``env_rank{r}.json``); on a CPU run, False leaves
-    ``bf16_matmul`` out (the replay model's ``left_out`` says why); None assumes native bf16.
+    the graph only once that callable has run. ``cpu_native_bf16``/``cpu_model``: the host CPU
+    (``env_rank{r}.json``); on a CPU run, False leaves ``bf16_matmul`` out (the replay model's ``left_out`` says
+    why); None assumes native bf16. ``build_threads``: threads that build the graph (:func:`.graph.build`).
 
     Returns:
         ``(replay, whatif, picture)``: ``replay`` and ``whatif`` as in the JSON contract (``docs/replay.md``),
         ``picture`` the cross-rank lanes of the median step for the HTML report.
     """
-    g = gr.build(con, run_id, mode, world_size, clock_offsets_us)
+    g = gr.build(con, run_id, mode, world_size, clock_offsets_us, threads=build_threads)
     release_free_memory()  # the build's temporaries: ~100 MB of fragmented heap at 1,024 ranks
     results: list[list] = []
 
