@@ -424,3 +424,47 @@ def test_running_maximum_per_slice_equal_rows_and_ragged_rows():
     got = sim._seg_cummax(x, buckets)
     assert np.array_equal(got, want)
     assert got[0] == x[0] and got[4] == x[0:5].max() and got[30] == x[30]
+
+
+def _model_without_time(a) -> dict:
+    m = dict(a.model)
+    m.pop("generated_at")
+    return m
+
+
+@pytest.mark.parametrize("kind", ["gpu", "cpu"])
+def test_replay_started_before_the_step_metrics_gives_the_same_report(tmp_path, monkeypatch, kind):
+    """From EARLY_REPLAY_MIN_ROWS kernels and CPU ops the replay starts before the step metrics, on clock offsets
+    from match_collectives; the report model (its replay, what-ifs and warnings) and the sim_* tables are the
+    same as when it starts after them. A run without profiler steps still gets no replay and no sim_* rows."""
+    from tests.synth import write_trace
+    from traceanalyze import pipeline
+
+    if kind == "gpu":
+        for r, delay in ((0, 0.0), (1, 3000.0), (2, 10.0)):
+            write_trace(tmp_path / f"rank{r}.pt.trace.json", r, _gpu_rank(r, delay), backend="nccl", world_size=3)
+        folder = tmp_path
+    else:
+        folder = sample("straggler")
+    tables = ("SELECT (SELECT count(*) FROM sim_task), (SELECT sum(start_us) FROM sim_task), (SELECT count(*) "
+              "FROM sim_dep), (SELECT count(*) FROM sim_coll), (SELECT sum(replayed_us) FROM sim_result)")
+    monkeypatch.setattr(pipeline, "EARLY_REPLAY_MIN_ROWS", 10**12)
+    late = analyze(folder, jobs=1)
+    monkeypatch.setattr(pipeline, "EARLY_REPLAY_MIN_ROWS", 0)
+    early = analyze(folder, jobs=1)
+    assert late.model["runs"][0]["replay"]["reliable"] is not None
+    assert _model_without_time(early) == _model_without_time(late)
+    n_tasks = {"gpu": 63, "cpu": 2892}[kind]
+    assert early.con.execute(tables).fetchone() == late.con.execute(tables).fetchone()
+    assert early.con.execute(tables).fetchone()[0] == n_tasks
+
+    flat = tmp_path / "nosteps"
+    flat.mkdir()
+    for r in (0, 1):
+        write_trace(flat / f"rank{r}.pt.trace.json", r,
+                    [e for e in _gpu_rank(r, 0.0) if not str(e.get("name", "")).startswith("ProfilerStep")],
+                    backend="nccl")
+    stepless = analyze(flat, jobs=1)
+    assert stepless.model["runs"][0]["steps"] == []
+    assert not stepless.model["runs"][0].get("replay")
+    assert stepless.con.execute(tables).fetchone()[0] == 0

@@ -516,7 +516,7 @@ def _analyses(con, run_id: int, run: Run, mode: str, facts: dict, good: list, li
 
     from traceanalyze import metrics
     from traceanalyze.metrics import idle
-    from traceanalyze.metrics.collectives import CollectiveSummary, analyze_collectives
+    from traceanalyze.metrics.collectives import CollectiveSummary, analyze_collectives, match_collectives
     from traceanalyze.metrics.host import compile_stats, launch_stats, loader_stats
     from traceanalyze.metrics.precision import analyze_precision
 
@@ -531,28 +531,33 @@ def _analyses(con, run_id: int, run: Run, mode: str, facts: dict, good: list, li
     top_result = _deferred(bg, metrics.top_kernels, cur, run_id) if good else None
     if bg is not None:
         bg.shutdown(wait=False)
+    side_warnings: list[dict] = []  # added after the step metrics' own, in the order they always came
+    rp, matched = None, None
+    beside = n_rows <= OVERLAP_MAX_ROWS  # the what-if replay (NumPy and DuckDB, mostly without the GIL) overlaps
+    if good and beside and n_rows >= EARLY_REPLAY_MIN_ROWS:
+        # ... with every analysis below: it needs the clock offsets, the expected link and the host CPU, not the
+        # step metrics (its result is kept only if the run has steps, as before)
+        side = _read_sidecars(con, run_id, run, side_warnings, max_decompressed)
+        matched = match_collectives(con, run_id, mode)
+        rp = _ReplayRun(con, run_id, mode, facts["world_size"], matched.clock_offsets_us,
+                        _expected_link(facts, side, link_bw_gbps), _cpu_host(side["facts"]), beside=True)
     rank_rows, step_rows = metrics.compute_run_metrics(con, run_id)
     metrics.save(con, rank_rows, step_rows)
     warnings.extend(_window_differences(rank_rows))
-    side = _read_sidecars(con, run_id, run, warnings, max_decompressed)
+    if rp is None:
+        side = _read_sidecars(con, run_id, run, side_warnings, max_decompressed)
+    warnings.extend(side_warnings)
     if not good:
         mode = "logs"
     steps_by_rank: dict[int, list[tuple[int, int, int]]] = {}
     for st in step_rows:
         steps_by_rank.setdefault(st.rank, []).append((st.step, st.start_ns, st.start_ns + int(st.step_time_us * 1e3)))
-    coll = analyze_collectives(con, run_id, mode, facts["world_size"], steps_by_rank) if good else None
-    # the what-if replay (NumPy and DuckDB, mostly without the GIL) overlaps with the analyses below
+    coll = analyze_collectives(con, run_id, mode, facts["world_size"], steps_by_rank, matched) if good else None
     link = _expected_link(facts, side, link_bw_gbps)
-    rp_pool = ThreadPoolExecutor(max_workers=1) if good and step_rows and n_rows <= OVERLAP_MAX_ROWS else None
-    rp_cur = con.cursor()
-    writes: list[Callable[[], None]] = []  # the replay's sim_* tables: written after it, on its thread
-    # its graph is built on one thread while the analyses below run, on every CPU when it runs in turn
-    replay_result = _deferred(rp_pool, _replay, rp_cur, run_id, mode, facts["world_size"], coll, link,
-                              _cpu_host(side["facts"]), warnings, writes,
-                              1 if rp_pool is not None else None) if good and step_rows else None
-    written = _deferred(rp_pool, _write_replay, rp_cur, writes, warnings)
-    if rp_pool is not None:
-        rp_pool.shutdown(wait=False)
+    if rp is None and good and step_rows:  # ... with the analyses below, or in turn for a big run
+        rp = _ReplayRun(con, run_id, mode, facts["world_size"], coll.clock_offsets_us if coll else None, link,
+                        _cpu_host(side["facts"]), beside=beside)
+    replay, written = rp.finish(bool(step_rows), warnings) if rp is not None else (lambda: ({}, [], {}), lambda: None)
     prec = analyze_precision(con, run_id, mode, facts["gpu_model"], peak_tflops) if good else None
     comp = compile_stats(con, run_id) if good else None
     loader = loader_stats(con, run_id) if good else None
@@ -565,13 +570,47 @@ def _analyses(con, run_id: int, run: Run, mode: str, facts: dict, good: list, li
         cols = list(CollectiveSummary.__dataclass_fields__)
         store.insert_rows(con, "collective_calls", ["run_id", *cols],
                     [[run_id, *(getattr(c, f) for f in cols)] for c in coll.summaries])
-    replay = replay_result or (lambda: ({}, [], {}))
-    if rp_pool is None:  # in turn (a big run): replayed, written and freed before the next stage
-        done = replay()
-        written()
-        replay, written = (lambda: done), (lambda: None)
     return _RunAnalyses(mode, rank_rows, step_rows, side, coll, link, prec, comp, loader, launch, idle_rows, top,
                         replay, written)
+
+
+class _ReplayRun:
+    """One run's what-if replay (:func:`_replay`) on a cursor of its own: ``beside`` the analyses, on a thread
+    started now (its graph built on one thread: the analyses use the other CPU), else in turn, when
+    :meth:`finish` is called (its graph built on every CPU)."""
+
+    def __init__(self, con, run_id: int, mode: str, world: int | None, offsets: dict | None, link: dict, cpu: tuple,
+                 beside: bool) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.cur = con.cursor()
+        self.writes: list[Callable[[], None]] = []  # the sim_* tables: written after the replay, on its thread
+        self.warnings: list[dict] = []  # the replay's, added to the run's once it is kept and written
+        self.pool = ThreadPoolExecutor(max_workers=1) if beside else None
+        self.result = _deferred(self.pool, _replay, self.cur, run_id, mode, world, offsets, link, cpu, self.warnings,
+                                self.writes, 1 if beside else None)
+
+    def finish(self, keep: bool, warnings: list[dict]) -> tuple[Callable[[], tuple], Callable[[], None]]:
+        """(wait for the replay's models, wait for its tables): with ``keep`` False (a run without steps: no
+        replay, as always) the models are empty and nothing is written once it ends. In turn, both are done
+        here."""
+        if not keep:  # after the replay, on its thread: what it leaves to write is dropped
+            _deferred(self.pool, self.writes.clear)
+        written = _deferred(self.pool, _write_replay, self.cur, self.writes, self.warnings)
+        if self.pool is not None:
+            self.pool.shutdown(wait=False)
+        replay = self.result if keep else (lambda: ({}, [], {}))
+
+        def done() -> None:
+            written()
+            if keep:
+                warnings.extend(self.warnings)
+
+        if self.pool is None:  # in turn: replayed, written and freed before the next stage
+            models = replay()
+            done()
+            return (lambda: models), (lambda: None)
+        return replay, done
 
 
 def _evidence(con, run_id: int, run: Run, a: _RunAnalyses, facts: dict, gpu, good: bool):
@@ -698,17 +737,17 @@ def _cpu_host(facts: dict) -> tuple[bool | None, str | None]:
     return (False if "false" in said else True if said else None), model
 
 
-def _replay(con, run_id: int, mode: str, world: int | None, coll, link: dict, cpu: tuple, warnings: list[dict],
-            writes: list, build_threads: int | None = None):
-    """The what-if replay of one run (traceanalyze.replay); a failure costs a warning, not the report. ``cpu``:
-    :func:`_cpu_host`; ``writes`` receives the writing of its tables (:func:`_write_replay`); ``build_threads``:
-    threads building its graph (:func:`traceanalyze.replay.graph.build`)."""
+def _replay(con, run_id: int, mode: str, world: int | None, offsets: dict | None, link: dict, cpu: tuple,
+            warnings: list[dict], writes: list, build_threads: int | None = None):
+    """The what-if replay of one run (traceanalyze.replay); a failure costs a warning, not the report. ``offsets``:
+    rank -> clock offset (µs, :func:`.metrics.collectives.match_collectives`); ``cpu``: :func:`_cpu_host`;
+    ``writes`` receives the writing of its tables (:func:`_write_replay`); ``build_threads``: threads building its
+    graph (:func:`traceanalyze.replay.graph.build`)."""
     from traceanalyze.replay.whatif import replay_run
 
     try:
-        return replay_run(con, run_id, mode, world, coll.clock_offsets_us if coll else None,
-                          link.get("expected_gbps"), link.get("source", ""), cpu_native_bf16=cpu[0],
-                          cpu_model=cpu[1], defer=writes, build_threads=build_threads)
+        return replay_run(con, run_id, mode, world, offsets, link.get("expected_gbps"), link.get("source", ""),
+                          cpu_native_bf16=cpu[0], cpu_model=cpu[1], defer=writes, build_threads=build_threads)
     except (ValueError, IndexError, KeyError, duckdb.Error) as exc:  # a graph the replay cannot handle
         warnings.append({"file": None, "level": "warning", "message": f"what-if replay skipped: {exc}"})
         return {}, [], {}
@@ -867,6 +906,10 @@ def _rank_model(r: metrics.RankMetrics) -> dict:
 
 
 OVERLAP_MAX_ROWS = 2_000_000  # kernels + CPU ops up to which two analyses run at once (see _build_run)
+# ... and from which the what-if replay starts before the step metrics (_analyses): there its graph outlasts the
+# analyses (8 ranks of 47 MB: -0.3 to -0.5 s; 4 ranks: -0.1 to -0.3 s), below it only contends with them (one
+# 5 MB rank: +0.04 s; 2 ranks of 47 MB and 128 ranks of 1.8 MB: no change)
+EARLY_REPLAY_MIN_ROWS = 400_000
 MIXED_RUN_GAP_NS = 3600 * 10**9  # ranks of one job start their first profiling window within seconds
 _EPOCH_2001_NS = 10**18  # starts before this are relative clocks, not comparable across files
 

@@ -294,27 +294,54 @@ def _match_calls(calls: Calls) -> _Matches:
                     n_occ=n_occ, first_match=first_match, starts=starts, ends=ends, ref=ref)
 
 
+@dataclass
+class MatchedCalls:
+    """The run's collective calls matched across its ranks, and each rank's clock offset (what
+    :func:`match_collectives` returns; :func:`analyze_collectives` goes on from it)."""
+
+    calls: Calls
+    matches: _Matches | None  # None: no collective call
+    offsets_ns: np.ndarray  # per rank of ``matches.ranks``: the median of its call ends minus the first rank's
+    clock_offsets_us: dict[int, float]  # rank -> offset (µs), rounded to the ns
+
+
+def match_collectives(con: duckdb.DuckDBPyConnection, run_id: int, mode: str) -> MatchedCalls:
+    """The run's collective calls (:func:`collective_calls`), matched across ranks, and each rank's clock offset:
+    the median over matched calls of (its end − the first rank's end). Needs no step: the what-if replay, which
+    reads only the offsets, can start from it before the step metrics exist."""
+    calls = collective_calls(con, run_id, mode)
+    if not calls.start.size:
+        return MatchedCalls(calls, None, np.zeros(0), {})
+    m = _match_calls(calls)
+    n_match = m.starts.shape[0]
+    offsets = np.array([float(np.median(m.ends[:, i] - m.ends[:, 0])) if n_match else 0.0
+                        for i in range(len(m.ranks))])
+    return MatchedCalls(calls, m, offsets,
+                        {int(r): round(float(o) / 1e3, 3) for r, o in zip(m.ranks, offsets, strict=True)})
+
+
 def analyze_collectives(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_size: int | None,
-                        steps: dict[int, list[tuple[int, int, int]]] | None = None) -> CollectiveAnalysis:
+                        steps: dict[int, list[tuple[int, int, int]]] | None = None,
+                        matched: MatchedCalls | None = None) -> CollectiveAnalysis:
     """Match collective calls across the run's ranks and split their time into wait and transfer.
 
     Args:
         con: the store. run_id: the run. mode: ``"gpu"`` or ``"cpu"`` (see :mod:`.breakdown`).
         world_size: ranks in the job, for the busbw factor when calls carry no ``Group size``.
         steps: rank -> [(step, start_ns, end_ns)], to attribute wait to profiler steps.
+        matched: :func:`match_collectives` of this run, when the caller has it already.
 
     Returns:
         :class:`CollectiveAnalysis`; with a single rank present nothing can be matched (``matched`` False)
         and transfer is the call's own duration, an upper bound.
     """
-    calls = collective_calls(con, run_id, mode)
+    mc = match_collectives(con, run_id, mode) if matched is None else matched
+    calls, m, offsets = mc.calls, mc.matches, mc.offsets_ns
     res = CollectiveAnalysis(mode=mode, matched=False)
-    if not calls.start.size:
+    if m is None:
         return res
-    m = _match_calls(calls)
     ranks, n_ranks, n_match = m.ranks, len(m.ranks), m.starts.shape[0]
-    offsets = np.array([float(np.median(m.ends[:, i] - m.ends[:, 0])) if n_match else 0.0 for i in range(n_ranks)])
-    res.clock_offsets_us = {int(r): round(float(o) / 1e3, 3) for r, o in zip(ranks, offsets, strict=True)}
+    res.clock_offsets_us = dict(mc.clock_offsets_us)
     res.matched = n_match > 0
     res.n_matched_calls = n_match
     durs = m.ends - m.starts
