@@ -538,14 +538,16 @@ def _analyses(con, run_id: int, run: Run, mode: str, facts: dict, good: list, li
         # ... with every analysis below: it needs the clock offsets, the expected link and the host CPU, not the
         # step metrics (its result is kept only if the run has steps, as before)
         side = _read_sidecars(con, run_id, run, side_warnings, max_decompressed)
+        link = _expected_link(facts, side, link_bw_gbps)
         matched = match_collectives(con, run_id, mode)
-        rp = _ReplayRun(con, run_id, mode, facts["world_size"], matched.clock_offsets_us,
-                        _expected_link(facts, side, link_bw_gbps), _cpu_host(side["facts"]), beside=True)
+        rp = _ReplayRun(con, run_id, mode, facts["world_size"], matched.clock_offsets_us, link,
+                        _cpu_host(side["facts"]), beside=True)
     rank_rows, step_rows = metrics.compute_run_metrics(con, run_id)
     metrics.save(con, rank_rows, step_rows)
     warnings.extend(_window_differences(rank_rows))
     if rp is None:
         side = _read_sidecars(con, run_id, run, side_warnings, max_decompressed)
+        link = _expected_link(facts, side, link_bw_gbps)
     warnings.extend(side_warnings)
     if not good:
         mode = "logs"
@@ -553,7 +555,6 @@ def _analyses(con, run_id: int, run: Run, mode: str, facts: dict, good: list, li
     for st in step_rows:
         steps_by_rank.setdefault(st.rank, []).append((st.step, st.start_ns, st.start_ns + int(st.step_time_us * 1e3)))
     coll = analyze_collectives(con, run_id, mode, facts["world_size"], steps_by_rank, matched) if good else None
-    link = _expected_link(facts, side, link_bw_gbps)
     if rp is None and good and step_rows:  # ... with the analyses below, or in turn for a big run
         rp = _ReplayRun(con, run_id, mode, facts["world_size"], coll.clock_offsets_us if coll else None, link,
                         _cpu_host(side["facts"]), beside=beside)

@@ -421,7 +421,7 @@ def _build_chunks(con, rc: _RunClock, groups: list[list[int]], st: dict[str, np.
     """:func:`_build_chunk` of each group of file ids, in order: on ``threads`` threads when there are several
     groups, each thread on a cursor of its own (a DuckDB connection runs one query at a time). The GIL is free
     while DuckDB reads and NumPy sorts and searches, so two threads build the 8-rank scale set's graph in about
-    0.6 of the time one takes."""
+    half the time one takes (0.24-0.33 s against 0.42-0.85 s)."""
     def chunk_of(cur, fids: list[int]) -> dict:
         return _build_chunk(cur, rc, fids, {k: v[np.isin(st["file_id"], fids)] for k, v in st.items()}, comm)
 
