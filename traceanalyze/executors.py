@@ -111,10 +111,9 @@ class DaskExecutor:
             self.cluster.close()
 
 
-def release_free_memory() -> bool:
-    """Give the C heap's free pages back to the operating system (glibc ``malloc_trim``; Dask's workers do the
-    same). NumPy arrays freed after a big build stay in the heap, fragmented, and count in the peak of what
-    follows. Returns False where there is no glibc (macOS, musl, Windows): nothing to do there."""
+def _glibc_call(name: str, *args: int) -> bool:
+    """``name(*args)`` of glibc, true when it returned non-zero; False where there is no glibc (macOS, musl,
+    Windows) or no such function."""
     import ctypes
     import sys
 
@@ -122,9 +121,16 @@ def release_free_memory() -> bool:
         return False
     try:
         libc = ctypes.CDLL("libc.so.6")  # glibc's name; find_library would start ldconfig
-        return bool(libc.malloc_trim(0))
+        return bool(getattr(libc, name)(*args))
     except (OSError, AttributeError):
         return False
+
+
+def release_free_memory() -> bool:
+    """Give the C heap's free pages back to the operating system (glibc ``malloc_trim``; Dask's workers do the
+    same). NumPy arrays freed after a big build stay in the heap, fragmented, and count in the peak of what
+    follows. Returns False where there is no glibc (macOS, musl, Windows): nothing to do there."""
+    return _glibc_call("malloc_trim", 0)
 
 
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
@@ -143,13 +149,4 @@ def map_large_blocks() -> bool:
     the peaks were 298-302 and 778 MB, for 40 % more faults.
     Returns False where there is no glibc (macOS, musl, Windows): nothing changes there.
     """
-    import ctypes
-    import sys
-
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        return bool(libc.mallopt(M_MMAP_THRESHOLD, MAP_ON_ITS_OWN_BYTES))
-    except (OSError, AttributeError):
-        return False
+    return _glibc_call("mallopt", M_MMAP_THRESHOLD, MAP_ON_ITS_OWN_BYTES)
