@@ -66,25 +66,6 @@ def test_steps_complete_on_every_rank_and_not_at_a_window_edge(two_gpu_ranks):
     assert len(step_set(a.con, 1, counted_only=False)) == 7
 
 
-def test_steps_are_stored_once_per_run_as_computed_from_the_cpu_ops(two_gpu_ranks, tmp_path):
-    # a baseline of one rank: its own run, its own counted steps (a single rank: every step but its window's last)
-    base = tmp_path / "base"
-    write_trace(base / "rank0.json", 0, gpu_job({7: 5_000, 8: 6_000, 9: 7_000}), backend="nccl")
-    a = analyze(two_gpu_ranks, baseline=base, jobs=1)
-    stored = a.con.execute("SELECT run_id, rank, step, counted FROM run_profiler_steps ORDER BY ALL").fetchall()
-    assert stored == [(1, 0, 1, False), (1, 0, 2, True), (1, 0, 3, True), (1, 0, 4, False),
-                      (1, 1, 2, True), (1, 1, 3, True), (1, 1, 4, False),
-                      (2, 0, 7, True), (2, 0, 8, True), (2, 0, 9, False)]
-    for run_id in (1, 2):  # what the macro reads is what the CPU ops give, column for column
-        assert a.con.execute("SELECT * FROM profiler_steps(?) ORDER BY ALL", [run_id]).fetchall() == \
-            a.con.execute("SELECT * FROM profiler_steps_of_ops(?) ORDER BY ALL", [run_id]).fetchall()
-    # a second report on the same database stores them again, not twice
-    b = analyze(two_gpu_ranks, jobs=1, db=tmp_path / "r.duckdb")
-    b.con.close()
-    c = analyze(two_gpu_ranks, jobs=1, db=tmp_path / "r.duckdb", link_bw_gbps=10.0)  # options differ: recomputed
-    assert not c.cached and c.con.execute("SELECT count(*) FROM run_profiler_steps").fetchone()[0] == 7
-
-
 def test_cpu_mode_leaves_the_last_step_out(tmp_path):
     d = tmp_path / "job"
     write_trace(d / "rank0.json", 0, cpu_job(0, 0.0))

@@ -407,11 +407,8 @@ def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: floa
 
 
 def _place_files(con, run_id: int, run: Run, loaded, warnings: list[dict]):
-    """The run's readable files as ranks and profiling windows (stored in ``files``, and the run's profiler steps in
-    ``run_profiler_steps``); returns (good files, headers, rank of each path, files by rank, how files became ranks
-    for the data-quality section)."""
-    from traceanalyze import metrics
-
+    """The run's readable files as ranks and profiling windows (stored in ``files``); returns (good files,
+    headers, rank of each path, files by rank, how files became ranks for the data-quality section)."""
     good = []
     # one query for the run's files, not one per file (2.4 s of the cross-rank work at 1,024 ranks)
     ids = [loaded[p].file_id for p in run.traces if loaded[p].file_id is not None]
@@ -462,7 +459,6 @@ def _place_files(con, run_id: int, run: Run, loaded, warnings: list[dict]):
     if placed[0]:
         con.execute("UPDATE files SET run_id = ?, rank = p.rank, \"window\" = p.w FROM (SELECT unnest(?) AS fid, "
                     "unnest(?) AS rank, unnest(?) AS w) p WHERE files.file_id = p.fid", [run_id, *placed])
-    metrics.record_steps(con, run_id)  # the steps every metric and the replay read, computed once for the run
     if by_rank:
         n_files = sum(len(lfs) for lfs in by_rank.values())
         grouping.insert(0, f"{n_files} trace file{'s' if n_files != 1 else ''} read as {len(by_rank)} "

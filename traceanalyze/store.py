@@ -30,7 +30,7 @@ import duckdb
 
 from traceanalyze.errors import EnvironmentFailure, TraceanalyzeError, UsageError
 
-SCHEMA_VERSION = 6  # a database written with another version is rebuilt: it is a cache of the traces
+SCHEMA_VERSION = 5  # a database written with another version is rebuilt: it is a cache of the traces
 
 DDL = f"""
 CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR);
@@ -134,10 +134,6 @@ CREATE TABLE IF NOT EXISTS findings (
 CREATE TABLE IF NOT EXISTS report_cache (  -- the last report's model, keyed by its inputs and options
     key VARCHAR, model JSON
 );
-CREATE TABLE IF NOT EXISTS run_profiler_steps (  -- profiler_steps(run_id) of each run, once its files are placed
-    run_id INTEGER, file_id INTEGER, rank INTEGER, "window" INTEGER, step INTEGER, start_ns BIGINT, end_ns BIGINT,
-    pid BIGINT, tid BIGINT, window_edge BOOLEAN, counted BOOLEAN
-);
 """
 
 # Macros stored in the database so users can classify rows the way the metrics do, in their own queries.
@@ -159,7 +155,7 @@ CREATE OR REPLACE MACRO profiler_step(cat, name) AS
          THEN TRY_CAST(regexp_extract(name, '#(\d+)', 1) AS INTEGER) END;
 CREATE OR REPLACE MACRO is_dataloader_op(name) AS
     name LIKE 'enumerate(DataLoader)#%' OR name LIKE 'enumerate(DataPipe)#%';
-CREATE OR REPLACE MACRO profiler_steps_of_ops(rid) AS TABLE
+CREATE OR REPLACE MACRO profiler_steps(rid) AS TABLE
 WITH s AS (
     SELECT c.file_id, f.rank, f."window", profiler_step(c.cat, c.name) AS step,
            min(c.ts_ns) AS start_ns, max(c.ts_ns + c.dur_ns) AS end_ns,
@@ -174,16 +170,13 @@ ok AS (SELECT step FROM e WHERE NOT window_edge GROUP BY step
 SELECT e.file_id, e.rank, e."window", e.step, e.start_ns, e.end_ns, e.pid, e.tid, e.window_edge,
        (NOT e.window_edge AND e.step IN (SELECT step FROM ok)) AS counted
 FROM e;
-CREATE OR REPLACE MACRO profiler_steps(rid) AS TABLE
-SELECT file_id, rank, "window", step, start_ns, end_ns, pid, tid, window_edge, counted
-FROM run_profiler_steps WHERE run_id = rid;
 """
 
 MACROS += STEP_MACROS
 
 # Tables that describe the latest report only; emptied before a report is recomputed.
 REPORT_TABLES = ("runs", "warnings", "run_facts", "log_steps", "nccl_channels", "topology_links", "collective_calls",
-                 "findings", "report_cache", "run_profiler_steps")
+                 "findings", "report_cache")
 
 # What-if replay (traceanalyze.replay, docs/replay.md): each rank's dependency graph and the replayed step times.
 # Host and stream order edges are implicit (consecutive tasks of one resource); the view sim_edge lists them with

@@ -15,7 +15,6 @@ from traceanalyze.metrics.breakdown import (
     save,
     top_kernels,
 )
-from traceanalyze.metrics.steps import record_steps
 
-__all__ = ["MACROS", "RankMetrics", "StepMetrics", "compute_run_metrics", "record_steps", "run_mode", "save",
+__all__ = ["MACROS", "RankMetrics", "StepMetrics", "compute_run_metrics", "run_mode", "save",
            "top_kernels"]

@@ -6,11 +6,6 @@ macro ``profiler_steps(run_id)`` (see :data:`STEP_MACROS`), so a user's own quer
 
     SELECT rank, step, (end_ns - start_ns) / 1e3 AS us FROM profiler_steps(1) WHERE counted
 
-The steps are computed from ``cpu_ops`` once per run (``profiler_steps_of_ops``), when :func:`record_steps` stores
-them in ``run_profiler_steps``; the macro reads that table. A report reads the steps about 17 times, and the
-computation (a scan of the run's CPU ops, two groupings and a semi-join) costs 9 ms on one 5 MB rank and 37 ms on
-1,024 small ranks each time, against well under 1 ms to read the stored rows.
-
 A *step* is one ``ProfilerStep#N`` range of one rank and profiling window. The PyTorch profiler records it as a
 ``user_annotation`` (PyTorch 1.10 and later) or as a ``cpu_op`` (PyTorch 1.8/1.9, category ``Operator`` in the
 2021 schema, which ingest maps to ``cpu_op``). A step is **counted** when
@@ -59,15 +54,6 @@ class ProfilerStep:
     @property
     def duration_us(self) -> float:
         return (self.end_ns - self.start_ns) / 1e3
-
-
-def record_steps(con: duckdb.DuckDBPyConnection, run_id: int) -> int:
-    """Compute the run's profiler steps from its CPU ops and store them in ``run_profiler_steps``, which the macro
-    ``profiler_steps(run_id)`` reads; call it once the run's files have ``run_id``, ``rank`` and ``window`` set,
-    and again whenever those change. Returns the number of steps stored (counted or not)."""
-    con.execute("DELETE FROM run_profiler_steps WHERE run_id = ?", [run_id])
-    con.execute("INSERT INTO run_profiler_steps SELECT ?, * FROM profiler_steps_of_ops(?)", [run_id, run_id])
-    return con.execute("SELECT count(*) FROM run_profiler_steps WHERE run_id = ?", [run_id]).fetchone()[0]
 
 
 def step_set(con: duckdb.DuckDBPyConnection, run_id: int, *, counted_only: bool = True) -> list[ProfilerStep]:
