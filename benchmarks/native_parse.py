@@ -52,8 +52,8 @@ from traceanalyze.limits import MAX_DUR_US, MAX_TS_US
 _JSON_COLUMNS = ("{ph: 'VARCHAR', cat: 'VARCHAR', name: 'JSON', pid: 'JSON', tid: 'JSON', ts: 'JSON', dur: 'JSON', "
                  "args: 'STRUCT(\"External id\" JSON, correlation JSON, device JSON, stream JSON, "
                  "bytes JSON, \"Input type\" JSON, \"Input Dims\" JSON, kernel_backend JSON)'}")
-_GPU = {k: v for k, v in parse.GPU_CATS.items()}
-_CPU = {k: v for k, v in parse.CPU_CATS.items() if v}
+_GPU = parse.GPU_CATS
+_CPU = {k: v for k, v in parse.CPU_CATS.items() if v}  # python_function stacks are not kept
 
 
 def _events_array(path: Path) -> bytes:
