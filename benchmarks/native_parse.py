@@ -6,8 +6,8 @@ compares what they produce, table by table (rows, and the sums of the integer co
 The native path, in one process:
 1. inflate the file (ISA-L, as the parser does) and cut out the ``traceEvents`` array (the parser's structural
    scanner finds where it ends);
-2. write the array to a temporary file, which ``read_json(format='array')`` reads with DuckDB's threads, every field
-   as JSON text so that no type in a hostile file stops the read;
+2. write the array to a temporary file, which ``read_json(format='array')`` reads with DuckDB's threads, every value
+   but ``ph`` and ``cat`` as JSON so that no type in a hostile file stops the read;
 3. the table rows in SQL: the category mapping, ``ts`` in µs to integer ns with the parser's exact formula, and
    the same validity rules (finite, not negative, in range), each value read with ``TRY_CAST``.
 
@@ -52,7 +52,6 @@ from traceanalyze.limits import MAX_DUR_US, MAX_TS_US
 _JSON_COLUMNS = ("{ph: 'VARCHAR', cat: 'VARCHAR', name: 'JSON', pid: 'JSON', tid: 'JSON', ts: 'JSON', dur: 'JSON', "
                  "args: 'STRUCT(\"External id\" JSON, correlation JSON, device JSON, stream JSON, "
                  "bytes JSON, \"Input type\" JSON, \"Input Dims\" JSON, kernel_backend JSON)'}")
-_GPU = parse.GPU_CATS
 _CPU = {k: v for k, v in parse.CPU_CATS.items() if v}  # python_function stacks are not kept
 
 
@@ -65,7 +64,7 @@ def _events_array(path: Path) -> bytes:
     start = data.index(b"[", data.index(b'"traceEvents"'))
     sc = parse._Scanner()
     sc.depth = 1
-    pos, chars, depth = sc.scan(data, start + 1)
+    pos, _, depth = sc.scan(data, start + 1)
     end = int(pos[np.flatnonzero(depth == 0)[0]])  # the bracket that closes the array
     return data[start:end + 1]
 
@@ -82,7 +81,7 @@ def native(arr: bytes, con: duckdb.DuckDBPyConnection, tmp: str) -> dict[str, in
     f = os.path.join(tmp, "events.json")
     with open(f, "wb") as fh:
         fh.write(arr)
-    gpu = ", ".join(f"('{k}', '{v}')" for k, v in _GPU.items())
+    gpu = ", ".join(f"('{k}', '{v}')" for k, v in parse.GPU_CATS.items())
     cpu = ", ".join(f"('{k}', '{v}')" for k, v in _CPU.items())
     con.execute(f"""CREATE OR REPLACE TEMP TABLE ev AS
         SELECT m.kind, m.gpu, e.name, e.pid, e.tid, e.args,
@@ -118,7 +117,7 @@ def ours(path: Path, con: duckdb.DuckDBPyConnection) -> dict[str, int]:
     _, tables = parse.parse_trace(path)
     for t in ("kernels", "cpu_ops"):
         arrow = tables[t]  # noqa: F841 (read by DuckDB's replacement scan)
-        cols = ", ".join(n for n in arrow.schema.names)
+        cols = ", ".join(arrow.schema.names)
         con.execute(f"INSERT INTO {t} (file_id, {cols}) SELECT 1, {cols} FROM arrow")
     return {t: con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in ("kernels", "cpu_ops")}
 
