@@ -1,7 +1,8 @@
 """A real 2-rank gloo training job on CPU recorded with :mod:`traceanalyze.capture` (run by tests/test_capture.py).
 
 Usage: ``python tests/capture_job.py OUT_DIR [STEPS]``. Each rank trains a tiny MLP with DDP for STEPS steps
-(default 6) inside ``capture.profile(OUT_DIR, wait=1, warmup=1, active=3)``.
+(default 10: the recorded window, then the 5 steps ``time_after`` times without the profiler) inside
+``capture.profile(OUT_DIR, wait=1, warmup=1, active=3)``.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def main() -> None:
     import torch.multiprocessing as mp
 
     out_dir = sys.argv[1]
-    steps = int(sys.argv[2]) if len(sys.argv) > 2 else 6
+    steps = int(sys.argv[2]) if len(sys.argv) > 2 else 10
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(_free_port()))
     os.environ.setdefault("WORLD_SIZE", "2")

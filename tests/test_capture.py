@@ -22,7 +22,7 @@ from traceanalyze.discover import discover
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
-    """Run tests/capture_job.py once: 2 gloo ranks, 6 steps, capture.profile(wait=1, warmup=1, active=3)."""
+    """Run tests/capture_job.py once: 2 gloo ranks, 10 steps, capture.profile(wait=1, warmup=1, active=3)."""
     pytest.importorskip("torch")
     out = tmp_path_factory.mktemp("capture") / "traces"
     env = {**os.environ, "NCCL_DEBUG": "INFO", "PYTHONPATH": str(ROOT)}
@@ -46,6 +46,12 @@ def test_capture_writes_ranked_traces_and_env(job):
     with gzip.open(job / traces[0], "rt") as fh:
         head = json.load(fh)
     assert head["distributedInfo"]["rank"] == 0 and head["record_shapes"] == 1
+    # the steps without the profiler: the 5 after the window (the wait step is the loop's first, kept apart)
+    steps = json.loads((job / "steps_rank1.json").read_text())
+    assert steps["rank"] == 1 and steps["unprofiled_steps"] == [5, 6, 7, 8, 9] and steps["profiled_steps"] == [2, 3, 4]
+    assert all(ms > 0 for ms in steps["unprofiled_step_ms"] + steps["profiled_step_ms"])
+    assert steps["first_step_ms"] > 0 and steps["timing"] == "perf_counter"
+    assert steps["profiler"] == {"record_shapes": True, "with_stack": False, "profile_memory": False}
 
 
 def test_analyze_capture_output(job, tmp_path):
@@ -54,10 +60,13 @@ def test_analyze_capture_output(job, tmp_path):
         assert run["mode"] == "cpu" and run["world_size"] == 2 and run["backend"] == "gloo"
         assert run["ranks_found"] == [0, 1]
         assert not [w for w in a.warnings if w.get("level") in ("error", "partial")]
-        assert sorted(s["kind"] for s in run["sidecars"]) == ["env", "env"]
-        # the scheduled window: wait 1 + warmup 1, then 3 active steps (ProfilerStep#2..#4) on each rank
-        assert {r["rank"]: r["n_steps"] for r in run["ranks"]} == {0: 3, 1: 3}
-        assert sorted({s["step"] for s in run["steps"]}) == [2, 3, 4]
+        assert sorted(s["kind"] for s in run["sidecars"]) == ["env", "env", "steps", "steps"]
+        # the scheduled window: wait 1 + warmup 1, then 3 active steps (ProfilerStep#2..#4) on each rank; the last
+        # is the window's edge (partial), not counted (store.STEP_MACROS)
+        assert {r["rank"]: r["n_steps"] for r in run["ranks"]} == {0: 2, 1: 2}
+        assert sorted({s["step"] for s in run["steps"]}) == [2, 3]
+        assert a.con.execute("SELECT list(DISTINCT step ORDER BY step) FROM profiler_steps(?)",
+                             [run["run_id"]]).fetchone()[0] == [2, 3, 4]
         mm = a.con.execute("""SELECT f.rank, c.input_types FROM cpu_ops c JOIN files f USING (file_id)
                               WHERE c.name = 'aten::mm' GROUP BY ALL""").fetchall()
         assert {r for r, _ in mm} == {0, 1} and all(json.loads(t)[:2] == ["float", "float"] for _, t in mm)
@@ -65,6 +74,19 @@ def test_analyze_capture_output(job, tmp_path):
         assert "NCCL_DEBUG=INFO" in run["log_facts"]["env"]
         res = a.export(tmp_path / "merged.json.gz")
     assert res.ranks == [0, 1] and res.n_events > 0
+
+
+def test_capture_step_times_reach_the_pipeline(job, monkeypatch):
+    from traceanalyze import pipeline
+
+    sides: list[dict] = []
+    real = pipeline._read_sidecars
+    monkeypatch.setattr(pipeline, "_read_sidecars", lambda *a, **kw: sides.append(real(*a, **kw)) or sides[-1])
+    with ta.analyze(job, jobs=1) as a:
+        assert not [w for w in a.warnings if "steps_rank" in w["file"]]
+    unp = sides[-1]["unprofiled"]
+    assert (unp["source"], unp["n_ranks"], unp["n_steps"], unp["timing"]) == ("capture", 2, 10, "perf_counter")
+    assert unp["step_time_us"] > 0 and unp["profiled_step_time_us"] > 0
 
 
 def test_prepare_env(tmp_path, monkeypatch):

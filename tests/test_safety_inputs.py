@@ -223,6 +223,7 @@ SIDECARS = {  # file name -> (its first bytes, which make discovery classify it,
     "topo.txt.gz": (b"\tGPU0\tGPU1\tCPU Affinity\nGPU0\t X \tNV12\t0-63\nGPU1\tNV12\t X \t0-63\n", "topology"),
     "config.yaml.gz": (b"gradient_accumulation_steps: 4\nper_device_train_batch_size: 8\n", "config"),
     "env_rank0.json.gz": (b'{"traceanalyze_capture": 1, "env": {"NCCL_IB_HCA": "mlx5"}' + b" " * 10, "env"),
+    "steps_rank0.json.gz": (b'{"traceanalyze_capture": 1, "unprofiled_step_ms": [42.0]' + b" " * 10, "steps"),
 }
 
 
@@ -232,9 +233,9 @@ def test_a_sidecar_gzip_bomb_is_a_warning_row_never_a_memory_error(tmp_path, nam
     d.mkdir()
     write_trace(d / "rank0.json", 0, 1)
     head, kind = SIDECARS[name]
-    tail = b"}" if kind == "env" else b""
+    tail = b"}" if kind in ("env", "steps") else b""
     # 8 MiB inflated, a few KiB on disk: blanks in a file read whole, lines of 1,000 bytes in a line-read one
-    pad = b" " * (8 << 20) if kind in ("env", "config") else (b"x" * 1000 + b"\n") * (8 << 10)
+    pad = b" " * (8 << 20) if kind in ("env", "config", "steps") else (b"x" * 1000 + b"\n") * (8 << 10)
     bomb = d / name
     bomb.write_bytes(gzip.compress(head + pad + tail, compresslevel=9))
     assert bomb.stat().st_size < 64 << 10

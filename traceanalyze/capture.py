@@ -20,6 +20,11 @@ precision analysis) and CUDA activity when a GPU is present, and writes into ``o
   (python, torch, CUDA, NCCL, cuDNN), GPU names, the backend, and the environment variables that change
   communication (``NCCL_*``, ``TORCH_NCCL_*``, ``CUDA_VISIBLE_DEVICES``, ``MASTER_ADDR``/``MASTER_PORT``,
   ``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``, ...). traceanalyze reads it as facts about the run;
+- ``steps_rank{r}.json``: the step time without the profiler (the profiler slows host-bound steps: recording
+  each op costs µs). The steps of the schedule that run without it (the ``wait`` steps but the loop's first, and
+  up to ``time_after`` steps after the recorded window) are timed from one ``prof.step()`` to the next, each
+  between two ``torch.cuda.synchronize()`` calls when the process uses CUDA, and the recorded steps by the host
+  clock alone (no synchronize the trace would show); :class:`StepTimer`, :func:`steps_record`;
 - ``topo.txt``: ``nvidia-smi topo -m`` output, written by rank 0 when ``nvidia-smi`` exists;
 - ``nccl_rank{r}_<host>_<pid>.log``: NCCL's debug lines, when ``NCCL_DEBUG=INFO`` is set and
   :func:`prepare_env` ran before the process group was created (NCCL reads ``NCCL_DEBUG_FILE`` once, when it
@@ -40,13 +45,16 @@ import shutil
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from traceanalyze.names import UNPROFILED_KEY
 from traceanalyze.safety import env_allowed  # the allow-list of environment variables (README, Safety)
 
 ENV_MARKER = "traceanalyze_capture"  # top-level key that tells discovery this JSON is an env file
+STEPS_FILE = "steps_rank{rank}.json"  # the step-time sidecar (traceanalyze.names.STEPS_SIDECAR_NAME)
 
 
 def prepare_env(out_dir: str | os.PathLike, rank: int | None = None) -> dict[str, str]:
@@ -176,7 +184,8 @@ def write_topology(out_dir: str | os.PathLike, timeout_s: float = 20.0) -> Path 
 def profile(out_dir: str | os.PathLike, *, wait: int = 1, warmup: int = 1, active: int = 3,
             record_shapes: bool = True, profile_memory: bool = False, with_stack: bool = False,
             rank: int | None = None, world_size: int | None = None, cuda: bool | None = None,
-            write_env: bool = True, topology: bool = True, cuda_sync_events: bool = True) -> Iterator[Any]:
+            write_env: bool = True, topology: bool = True, cuda_sync_events: bool = True,
+            time_after: int = 5) -> Iterator[Any]:
     """Profile a short window of a training loop on this rank; yields the ``torch.profiler.profile`` object.
 
     Call ``prof.step()`` once per training step. Steps ``wait`` are skipped, ``warmup`` are traced but
@@ -193,6 +202,10 @@ def profile(out_dir: str | os.PathLike, *, wait: int = 1, warmup: int = 1, activ
         write_env: write ``env_rank{r}.json``. topology: rank 0 writes ``topo.txt`` when nvidia-smi exists.
         cuda_sync_events: with CUDA, also record Kineto's ``cuda_sync`` rows (a stream waiting on another's event),
             which give the what-if replay its cross-stream edges; ignored by a torch without the option.
+        time_after: steps timed without the profiler after the recorded window (0: none), for
+            ``steps_rank{r}.json``, written once they ran, else when the block ends; ``prof.step`` is then the
+            profiler's own again. The ``wait`` steps but the loop's first are timed too (a larger ``wait`` gives
+            more of them).
 
     Raises:
         ImportError: torch is not installed. OSError: ``out_dir`` cannot be created or written.
@@ -227,5 +240,128 @@ def profile(out_dir: str | os.PathLike, *, wait: int = 1, warmup: int = 1, activ
         activities=activities, record_shapes=record_shapes, profile_memory=profile_memory, with_stack=with_stack,
         schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
         on_trace_ready=tensorboard_trace_handler(str(out), worker_name=f"rank{r}", use_gzip=True), **extra)
+    flags = {"record_shapes": record_shapes, "with_stack": with_stack, "profile_memory": profile_memory}
     with prof:
-        yield prof
+        finish = _time_steps(prof, StepTimer(wait, warmup, active, time_after, sync=_cuda_sync),
+                             out / STEPS_FILE.format(rank=r), r, flags)
+        try:
+            yield prof
+        finally:
+            finish()
+
+
+def _time_steps(prof: Any, timer: StepTimer, path: Path, rank: int, flags: dict[str, bool]) -> Callable[[], None]:
+    """Time the steps of the started profiler ``prof`` (its ``step`` wrapped) and write ``path`` once ``timer`` is
+    done (``prof.step`` is then the profiler's own again); returns what writes it at the block's end, if not yet."""
+    written = False
+
+    def write() -> None:
+        nonlocal written
+        if written:
+            return
+        written = True
+        try:
+            path.write_text(json.dumps(steps_record(timer, rank, flags), indent=1), encoding="utf-8")
+        except (OSError, TypeError, ValueError) as exc:  # never the training's end
+            print(f"traceanalyze.capture: could not write the step times ({exc})", file=sys.stderr)
+
+    real_step = prof.step
+
+    def step() -> None:  # prof.step, timed: the step that ends now, then the profiler's own step
+        timer.end_step()
+        real_step()
+        timer.next_step()
+        if timer.done:
+            write()
+            with contextlib.suppress(AttributeError):
+                del prof.step  # the profiler's own step again: nothing left to time
+
+    prof.step = step
+    timer.begin()
+    return write
+
+
+def _cuda_sync() -> bool:
+    """``torch.cuda.synchronize()`` when this process already uses CUDA (never creates a CUDA context on a CPU
+    job); whether it did."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+        return True
+    return False
+
+
+class StepTimer:
+    """Times the steps of a ``torch.profiler.schedule(wait, warmup, active, repeat=1)`` loop (no torch needed).
+
+    Step ``k`` (0-based) runs from the return of the ``k``-th ``prof.step()`` call (the block's start for step 0)
+    to the ``k+1``-th call: :meth:`begin` at the start, :meth:`end_step` before each call, :meth:`next_step`
+    after it, so the profiler's own work in the call (starting, stopping, writing the trace) is in no step.
+    Steps ``1 .. wait-1`` and the ``after`` steps past the window run without the profiler (*unprofiled*): ``sync``
+    (a callable returning whether it synchronized) runs at both ends of each, so the GPU's queue is in its time.
+    The loop's first step (warm-up, compile) is kept apart; ``warmup`` steps are not timed; ``active`` steps are
+    timed by ``clock`` alone (a synchronize would show in the trace). :attr:`done` once the ``after`` steps ran.
+    """
+
+    def __init__(self, wait: int, warmup: int, active: int, after: int,
+                 sync: Callable[[], bool] | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.wait, self.warmup, self.active, self.after = max(wait, 0), max(warmup, 0), max(active, 0), max(after, 0)
+        self.window_end = self.wait + self.warmup + self.active  # first step after the recorded window
+        self.sync, self.clock = sync, clock
+        self.step = 0  # the step that runs now
+        self.synced = False  # whether any time was taken after a CUDA synchronize
+        self.first_ms: float | None = None
+        self.unprofiled: list[tuple[int, float]] = []  # (step, ms)
+        self.profiled: list[tuple[int, float]] = []
+        self._start: float | None = None
+
+    def phase(self, k: int) -> str:
+        """``wait``, ``warmup``, ``active``, ``after`` (timed past the window) or ``done`` (not timed)."""
+        if k < self.wait:
+            return "wait"
+        if k < self.wait + self.warmup:
+            return "warmup"
+        if k < self.window_end:
+            return "active"
+        return "after" if k < self.window_end + self.after else "done"
+
+    @property
+    def done(self) -> bool:
+        return self.step >= self.window_end + self.after
+
+    def _now(self, k: int) -> float:
+        if self.sync is not None and self.phase(k) in ("wait", "after"):
+            self.synced = self.sync() or self.synced
+        return self.clock()
+
+    def begin(self) -> None:
+        self.step = 0
+        self._start = self._now(0) if self.phase(0) != "warmup" else None
+
+    def end_step(self) -> None:
+        k, start, self._start = self.step, self._start, None
+        if start is None:
+            return
+        ms = (self._now(k) - start) * 1e3
+        if k == 0:
+            self.first_ms = ms
+        elif self.phase(k) in ("wait", "after"):
+            self.unprofiled.append((k, ms))
+        elif self.phase(k) == "active":
+            self.profiled.append((k, ms))
+
+    def next_step(self) -> None:
+        self.step += 1
+        self._start = self._now(self.step) if self.phase(self.step) in ("wait", "active", "after") else None
+
+
+def steps_record(timer: StepTimer, rank: int, profiler: dict[str, bool]) -> dict[str, Any]:
+    """What :func:`profile` writes to ``steps_rank{r}.json`` (docs/schema.md, "Input files"): a JSON-ready dict."""
+    return {ENV_MARKER: 1, "rank": rank, UNPROFILED_KEY: [round(ms, 4) for _, ms in timer.unprofiled],
+            "unprofiled_steps": [k for k, _ in timer.unprofiled],
+            "profiled_step_ms": [round(ms, 4) for _, ms in timer.profiled],
+            "profiled_steps": [k for k, _ in timer.profiled],
+            "first_step_ms": None if timer.first_ms is None else round(timer.first_ms, 4),
+            "schedule": {"wait": timer.wait, "warmup": timer.warmup, "active": timer.active, "after": timer.after},
+            "timing": "cuda_synchronize" if timer.synced else "perf_counter", "profiler": dict(profiler)}

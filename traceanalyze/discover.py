@@ -2,8 +2,8 @@
 
 What a file is (:func:`classify`), from its name and first :data:`~traceanalyze.names.SNIFF_BYTES`: a Kineto trace,
 a Chakra execution trace (skipped), our own output (ignored), or, by :func:`sniff`, a training log (also a user's
-step-time JSON), NCCL debug output, ``nvidia-smi topo -m`` output, a training config or a capture env file; the
-log parsers (:mod:`traceanalyze.logs`) then read each by its kind.
+step-time JSON), NCCL debug output, ``nvidia-smi topo -m`` output, a training config, a capture env file or
+capture's step times (``steps_rank{r}.json``); the log parsers (:mod:`traceanalyze.logs`) then read each by its kind.
 
 A *run* is the trace files of one job's ranks plus the logs and system files beside them. Trace files are
 grouped by the folder they sit in. Logs, NCCL debug output, ``nvidia-smi topo -m`` output and configs
@@ -33,7 +33,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from traceanalyze.errors import InputError
-from traceanalyze.names import MAX_WORLD_SIZE, SNIFF_BYTES, is_step_times_json, rank_from_name, worker_name
+from traceanalyze.names import (
+    MAX_WORLD_SIZE,
+    SNIFF_BYTES,
+    STEPS_SIDECAR_NAME,
+    UNPROFILED_KEY,
+    is_step_times_json,
+    rank_from_name,
+    worker_name,
+)
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 CHAKRA_MARKERS = (".et.json", "_et.json", ".et.", "execution_trace")
@@ -44,7 +52,8 @@ TRACE_SUBFOLDERS = frozenset({"traces", "trace", "profiler", "profile", "profile
 
 @dataclass
 class Sidecar:
-    """A non-trace input: ``kind`` is training_log, nccl_debug, topology, config or env (capture facts)."""
+    """A non-trace input: ``kind`` is training_log, nccl_debug, topology, config, env (capture facts) or steps
+    (capture's step times without the profiler)."""
 
     path: Path
     kind: str
@@ -112,6 +121,7 @@ _TRAINING_MARKERS = re.compile(
     r"|Recompiling function|FX codegen and compilation took|hit config\.(?:cache_size|recompile)_limit",
     re.MULTILINE | re.IGNORECASE,
 )
+_UNPROFILED = re.compile(rf'(?<!\\)"{UNPROFILED_KEY}"\s*:')  # the key itself, not inside a string value
 _NCCL_MARKER = re.compile(r"NCCL INFO|NCCL WARN")
 _TOPO_MARKER = re.compile(
     r"^\s*GPU0\s.*(?:CPU Affinity|GPU1|NIC0|mlx5_0)"
@@ -162,7 +172,8 @@ def sniff(path: Path, head: bytes) -> str | None:
     ``trainer_log.jsonl`` and HF ``trainer_state.json``), ``"nccl_debug"`` (NCCL_DEBUG output alone),
     ``"topology"`` (``nvidia-smi topo -m``), ``"config"`` (YAML/TOML/JSON whose keys look like a training
     config; JSON holding ``traceEvents`` or a Chakra ``nodes``/``schema`` pair is never a config), ``"env"``
-    (``env_rank{r}.json`` written by :mod:`traceanalyze.capture`), or None (not ours). Never raises.
+    (``env_rank{r}.json`` written by :mod:`traceanalyze.capture`), ``"steps"`` (its ``steps_rank{r}.json``: named
+    so, or a capture file holding :data:`~traceanalyze.names.UNPROFILED_KEY`), or None (not ours). Never raises.
     """
     path = Path(path)
     name = path.name.lower()
@@ -180,6 +191,8 @@ def sniff(path: Path, head: bytes) -> str | None:
     if suffix == ".json":
         if '"traceEvents"' in text or ('"nodes"' in text and '"schema"' in text):
             return None
+        if STEPS_SIDECAR_NAME.fullmatch(name) or ('"traceanalyze_capture"' in text and _UNPROFILED.search(text)):
+            return "steps"
         if is_step_times_json(head):
             return "training_log"
         if '"traceanalyze_capture"' in text or re.fullmatch(r"env_rank\d+\.json", name):
@@ -206,7 +219,8 @@ def classify(path: Path) -> tuple[str | None, str]:
     """Classify one file from its name and first 64 KiB.
 
     Returns ``(kind, note)``: kind is ``"trace"``, ``"chakra"``, ``"training_log"``, ``"nccl_debug"``,
-    ``"topology"``, ``"config"``, ``"env"`` (capture facts) or None (not ours); note says why a file is skipped.
+    ``"topology"``, ``"config"``, ``"env"`` (capture facts), ``"steps"`` (capture's step times) or None (not ours);
+    note says why a file is skipped.
     Raises :class:`InputError` when the file cannot be read.
     """
     name = path.name.lower()
@@ -217,6 +231,8 @@ def classify(path: Path) -> tuple[str | None, str]:
     if name.endswith(TRACE_SUFFIXES) or name.endswith(".json.gz"):
         if _is_own_output(head):
             return None, ""  # our JSON report or merged export written beside the traces: not an input
+        if STEPS_SIDECAR_NAME.fullmatch(name) and b'"traceEvents"' not in head:
+            return "steps", ""  # capture's step times, whatever they hold (the reader says what is wrong)
         if any(m in name for m in CHAKRA_MARKERS):
             return "chakra", "Chakra execution trace (not a Kineto trace); skipped"
         stripped = head.lstrip(b"\xef\xbb\xbf \t\r\n")
@@ -368,7 +384,7 @@ def _classify_files(walk: _Walk) -> tuple[dict[Path, list[Path]], list[Sidecar],
             continue
         if kind == "trace":
             traces.setdefault(f.parent, []).append(f)
-        elif kind in ("training_log", "nccl_debug", "topology", "config", "env"):
+        elif kind in ("training_log", "nccl_debug", "topology", "config", "env", "steps"):
             sidecars.append(Sidecar(f, kind))
         elif note:
             walk.skipped.append((str(f), note))
@@ -379,20 +395,21 @@ def _classify_files(walk: _Walk) -> tuple[dict[Path, list[Path]], list[Sidecar],
 
 def _attach_sidecars(runs: list[Run], sidecars: list[Sidecar], skipped: list[tuple[str, str]]) -> None:
     """Give each sidecar to the runs in or below its folder, else to the run above it, else (topology, config,
-    NCCL or env) to the only trace run; a training log with no run becomes a log-only run of its folder (appended
-    to ``runs``), an env file with no run is skipped."""
+    NCCL, env or steps) to the only trace run; a training log with no run becomes a log-only run of its folder
+    (appended to ``runs``), an env or steps file with no run is skipped."""
     # training logs first: a folder of logs without traces becomes a log-only run, and the topology or config
     # files above it then attach to it like to a trace run
-    order = {"training_log": 0, "nccl_debug": 1, "topology": 2, "config": 3, "env": 4}
+    order = {"training_log": 0, "nccl_debug": 1, "topology": 2, "config": 3, "env": 4, "steps": 5}
     trace_runs = list(runs)
     for sc in sorted(sidecars, key=lambda s: (order.get(s.kind, 9), str(s.path))):
         owners = [r for r in runs if _is_within(sc.path.parent, r.path)]
         if not owners:
             owners = [r for r in runs if _is_within(r.path, sc.path.parent)]
-        if not owners and len(trace_runs) == 1 and sc.kind in ("topology", "config", "nccl_debug", "env"):
+        if not owners and len(trace_runs) == 1 and sc.kind in ("topology", "config", "nccl_debug", "env", "steps"):
             owners = trace_runs  # e.g. a topology file kept elsewhere for a single run
-        if not owners and sc.kind == "env":
-            skipped.append((str(sc.path), "capture env file without traces beside it; skipped"))
+        if not owners and sc.kind in ("env", "steps"):
+            what = "env" if sc.kind == "env" else "step-time"
+            skipped.append((str(sc.path), f"capture {what} file without traces beside it; skipped"))
             continue
         if not owners:  # logs without traces still tell a story: a log-only run per folder
             run = Run(name=sc.path.parent.name or str(sc.path.parent), path=sc.path.parent)

@@ -2,7 +2,8 @@
 
 - GPU capabilities: which fast math precisions a GPU has, so that advice names only what it supports. The one
   table of compute capabilities (:data:`GPU_CAPABILITY`) and what each capability offers (:func:`features`).
-- Dense peak TFLOPS per GPU and dtype (:data:`PEAK_TFLOPS`, :func:`peak_tflops`), the denominator of MFU.
+- Dense peak TFLOPS per GPU and math mode and HBM bandwidth (:data:`GPU_SPECS`, :func:`peak_tflops`,
+  :func:`gpu_peaks`): the denominator of MFU and the ratios of the precision what-ifs.
 - Links: what each ``nvidia-smi topo -m`` cell means (:data:`LINK_DESCRIPTIONS`), the GB/s a link class carries
   (:data:`EXPECTED_LINK_GBPS`, :func:`expected_link_gbps`) and what a GPU model's own links reach
   (:data:`GPU_LINK_GBPS`).
@@ -171,27 +172,95 @@ def grad_compression_hook(gpu: GpuInfo) -> str:
 # Peak TFLOPS
 # --------------------------------------------------------------------------------------------------------
 
-# Dense peak TFLOPS per dtype (NVIDIA datasheets; torchtitan get_peak_flops for bf16). Matched by substring.
-PEAK_TFLOPS: list[tuple[str, dict[str, float]]] = [
-    ("H200", {"bf16": 989, "fp16": 989, "tf32": 494, "fp32": 67, "fp8": 1979}),
-    ("H100 PCIe", {"bf16": 756, "fp16": 756, "tf32": 378, "fp32": 51, "fp8": 1513}),
-    ("H100", {"bf16": 989, "fp16": 989, "tf32": 494, "fp32": 67, "fp8": 1979}),
-    ("A100", {"bf16": 312, "fp16": 312, "tf32": 156, "fp32": 19.5}),
-    ("A10", {"bf16": 125, "fp16": 125, "tf32": 62.5, "fp32": 31.2}),
-    ("L4", {"bf16": 121, "fp16": 121, "tf32": 60, "fp32": 30.3}),
-    ("RTX 3090", {"bf16": 71, "fp16": 71, "tf32": 35.6, "fp32": 35.6}),
-    ("V100", {"fp16": 125, "fp32": 15.7}),
+# Dense peak TFLOPS per math mode and HBM GB/s, per GPU model (NVIDIA datasheets and architecture whitepapers, dense
+# figures: the sparse "with sparsity" figures are twice these; PyTorch's ``torch/utils/_device_info`` style tables
+# list the sparse ones). ``fp32`` is the CUDA-core rate, ``tf32``/``bf16``/``fp16``/``fp8`` the tensor-core rates
+# with fp32 accumulation. Sources: V100 datasheet (SXM2: 15.7 / 125 TFLOPS, 900 GB/s); T4 datasheet (8.1 / 65,
+# 320 GB/s); A100 datasheet (19.5 / TF32 156 / 312, 2,039 GB/s for 80 GB SXM); A10 datasheet (31.2 / 62.5 / 125,
+# 600 GB/s); A40 datasheet (37.4 / 74.8 / 149.7, 696 GB/s); GA102 whitepaper, RTX 3090 (35.6 / 35.6 / 71 with fp32
+# accumulate, 936 GB/s); L4 datasheet (30.3 / 60 / 121 / 242, 300 GB/s); L40S datasheet (91.6 / 183 / 362 / 733,
+# 864 GB/s); AD102 whitepaper, RTX 4090 (82.6 / 82.6 / 165, 1,008 GB/s); H100 datasheet (SXM 67 / 495 / 989 /
+# 1,979, 3,350 GB/s; PCIe 51 / 378 / 756 / 1,513, 2,000 GB/s); H200 datasheet (as H100 SXM, 4,800 GB/s); DGX B200
+# datasheet per GPU (fp32 80, TF32 1,100, bf16 2,250, fp8 4,500 dense, 8,000 GB/s). Matched by substring of the
+# device name, longest names first.
+GPU_SPECS: list[tuple[str, dict[str, float]]] = [
+    ("GB200", {"fp32": 80, "tf32": 1250, "bf16": 2500, "fp16": 2500, "fp8": 5000, "hbm_gbps": 8000}),
+    ("B200", {"fp32": 80, "tf32": 1100, "bf16": 2250, "fp16": 2250, "fp8": 4500, "hbm_gbps": 8000}),
+    ("H200", {"fp32": 67, "tf32": 495, "bf16": 989, "fp16": 989, "fp8": 1979, "hbm_gbps": 4800}),
+    ("H100 PCIe", {"fp32": 51, "tf32": 378, "bf16": 756, "fp16": 756, "fp8": 1513, "hbm_gbps": 2000}),
+    ("H100", {"fp32": 67, "tf32": 495, "bf16": 989, "fp16": 989, "fp8": 1979, "hbm_gbps": 3350}),
+    ("H800", {"fp32": 67, "tf32": 495, "bf16": 989, "fp16": 989, "fp8": 1979, "hbm_gbps": 3350}),
+    ("L40S", {"fp32": 91.6, "tf32": 183, "bf16": 362, "fp16": 362, "fp8": 733, "hbm_gbps": 864}),
+    ("L4", {"fp32": 30.3, "tf32": 60, "bf16": 121, "fp16": 121, "fp8": 242, "hbm_gbps": 300}),
+    ("RTX 4090", {"fp32": 82.6, "tf32": 82.6, "bf16": 165, "fp16": 165, "fp8": 330, "hbm_gbps": 1008}),
+    ("A100", {"fp32": 19.5, "tf32": 156, "bf16": 312, "fp16": 312, "hbm_gbps": 2039}),
+    ("A800", {"fp32": 19.5, "tf32": 156, "bf16": 312, "fp16": 312, "hbm_gbps": 2039}),
+    ("A40", {"fp32": 37.4, "tf32": 74.8, "bf16": 149.7, "fp16": 149.7, "hbm_gbps": 696}),
+    ("A10", {"fp32": 31.2, "tf32": 62.5, "bf16": 125, "fp16": 125, "hbm_gbps": 600}),
+    ("RTX 3090", {"fp32": 35.6, "tf32": 35.6, "bf16": 71, "fp16": 71, "hbm_gbps": 936}),
+    ("T4", {"fp32": 8.1, "fp16": 65, "hbm_gbps": 320}),
+    ("V100", {"fp32": 15.7, "fp16": 125, "hbm_gbps": 900}),
 ]
+# The GPU assumed for a compute capability when the name is missing or not listed (its assumption is stated).
+SM_REFERENCE: dict[tuple[int, int], str] = {(7, 0): "V100", (7, 5): "T4", (8, 0): "A100", (8, 6): "A10",
+                                            (8, 9): "L4", (9, 0): "H100", (10, 0): "B200"}
+# Kept for callers that read the peaks as a list of (name, peaks).
+PEAK_TFLOPS: list[tuple[str, dict[str, float]]] = [(k, {d: v for d, v in p.items() if d != "hbm_gbps"})
+                                                   for k, p in GPU_SPECS]
+
+
+def _specs_of(name: str | None) -> tuple[str, dict[str, float]] | None:
+    if not name:
+        return None
+    low = name.lower()
+    for key, spec in GPU_SPECS:
+        if key.lower() in low:
+            return key, spec
+    return None
 
 
 def peak_tflops(gpu_model: str | None, dtype: str) -> float | None:
-    """Dense peak TFLOPS of ``gpu_model`` for ``dtype`` from :data:`PEAK_TFLOPS`; None when unknown."""
-    if not gpu_model:
-        return None
-    for key, peaks in PEAK_TFLOPS:
-        if key.lower() in gpu_model.lower():
-            return peaks.get(dtype)
-    return None
+    """Dense peak TFLOPS of ``gpu_model`` for ``dtype`` (``fp32``, ``tf32``, ``bf16``, ``fp16``, ``fp8``) from
+    :data:`GPU_SPECS`; None when the GPU or that math mode is unknown."""
+    hit = _specs_of(gpu_model)
+    return hit[1].get(dtype) if hit else None
+
+
+@dataclass
+class Peaks:
+    """The dense peaks a model of the GPU uses: TFLOPS per math mode (``fp32`` CUDA cores, ``tf32``, ``bf16``,
+    ``fp16``, ``fp8``; absent when the GPU lacks it), HBM GB/s, the GPU whose datasheet they are (``reference``),
+    and ``assumed``: a sentence when they were assumed rather than read for this GPU (unknown name), else ''."""
+
+    tflops: dict[str, float]
+    hbm_gbps: float
+    reference: str
+    assumed: str = ""
+
+    def ratio(self, old: str, new: str) -> float | None:
+        """Peak ``new`` over peak ``old`` (e.g. ``ratio("fp32", "bf16")`` = 14.8 on an H100); None when either is
+        missing."""
+        a, b = self.tflops.get(old), self.tflops.get(new)
+        return b / a if a and b else None
+
+
+def gpu_peaks(gpu: GpuInfo | None) -> Peaks:
+    """The dense peaks of ``gpu`` (:data:`GPU_SPECS`): by its name; else the reference GPU of its compute capability
+    (:data:`SM_REFERENCE`, the nearest lower capability); else an H100's, said in ``assumed``. Never raises."""
+    gpu = gpu or GpuInfo()
+    hit = _specs_of(gpu.name)
+    if hit:
+        return Peaks({k: v for k, v in hit[1].items() if k != "hbm_gbps"}, hit[1]["hbm_gbps"], hit[0])
+    cc = gpu.capability
+    ref = None
+    if cc:
+        lower = [k for k in SM_REFERENCE if k <= cc]
+        ref = SM_REFERENCE[max(lower)] if lower else None
+    why = (f"{gpu.label} is not in the peak table: assumed the dense peaks of an {ref} (same compute capability "
+           "family)") if ref else f"{gpu.label} is not in the peak table: assumed the dense peaks of an H100 SXM"
+    spec = _specs_of(ref or "H100")
+    assert spec is not None
+    return Peaks({k: v for k, v in spec[1].items() if k != "hbm_gbps"}, spec[1]["hbm_gbps"], spec[0], why)
 
 
 # --------------------------------------------------------------------------------------------------------

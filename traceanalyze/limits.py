@@ -14,6 +14,7 @@ MAX_WHOLE_FILE_BYTES = 64 << 20  # bytes of a file read whole (a config, an env 
 MAX_LINE_BYTES = 1 << 20  # bytes of one log line; the rest of a longer line is skipped and counted
 MAX_EVENT_BYTES = 64 << 20  # bytes of one trace event: a larger one is a corrupt file, not an event
 MAX_STEP_TIMES = 1_000_000  # step records read from one step-time JSON
+MAX_CAPTURE_STEPS = 100_000  # step times read from one list of capture's steps_rank{r}.json (it writes a few)
 SNIFF_BYTES = 64 << 10  # bytes of a file's head read to tell what it is
 
 # --- numbers read from a trace ---------------------------------------------------------------------------

@@ -5,7 +5,10 @@
   :data:`MAX_WORLD_SIZE`;
 - the worker of a ``tensorboard_trace_handler`` file name (:func:`worker_name`);
 - the key names of a user's step-time JSON (:data:`STEP_TIMES_KEY`, :func:`is_step_times_json`): discover calls
-  such a file a training log, and the log parser picks its reader by the same rule.
+  such a file a training log, and the log parser picks its reader by the same rule;
+- the name and key of capture's step-time sidecar (:data:`STEPS_SIDECAR_NAME`, :data:`UNPROFILED_KEY`):
+  :mod:`traceanalyze.capture` writes it, discover calls it a ``steps`` sidecar, :mod:`traceanalyze.logs.steps`
+  reads it.
 
 A leaf: imports nothing of the project.
 """
@@ -30,6 +33,11 @@ _WINDOW_NAME = re.compile(r"^(?P<worker>.+?)\.(?P<ts>\d{10,})\.pt\.trace\.json(?
 #: ``_s``/``_sec``: seconds).
 STEP_TIMES_KEY = re.compile(r'"(?P<k>step_?times?(?:_ms|_s|_sec)?|iter(?:ation)?_?times?(?:_ms|_s)?|'
                             r'(?:step_)?duration(?:_ms|_s)?|time_ms|time_s)"\s*:', re.IGNORECASE)
+
+#: Capture's step-time sidecar, ``steps_rank{r}.json`` (``.gz`` accepted): steps timed without the profiler.
+STEPS_SIDECAR_NAME = re.compile(r"steps_rank\d+\.json(?:\.gz)?", re.IGNORECASE)
+#: Its list of the steps timed without the profiler, in ms (a key no step-time JSON uses: :data:`STEP_TIMES_KEY`).
+UNPROFILED_KEY = "unprofiled_step_ms"
 
 
 def rank_from_name(path: Path | str) -> int | None:

@@ -393,7 +393,7 @@ def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: floa
     con.execute("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [run_id, run.name, str(run.path), role, facts["world_size"], facts["backend"], mode,
                  facts["gpu_model"], facts["gpu_count"], facts["nccl_version"], facts["cuda_runtime_version"]])
-    a = _analyses(con, run_id, run, mode, facts, good, link_bw_gbps, peak_tflops, max_decompressed, warnings)
+    a = _analyses(con, run_id, run, mode, facts, good, link_bw_gbps, peak_tflops, max_decompressed, warnings, gpu)
     # the evidence is gathered while the replay runs on; the run model waits for it
     ev, longest, compile_step_us = _evidence(con, run_id, run, a, facts, gpu, bool(good))
     model = _run_model(run_id, run, role, a, ev, facts, by_rank, grouping, good, ranks, longest, compile_step_us)
@@ -510,7 +510,7 @@ class _RunAnalyses:
 
 
 def _analyses(con, run_id: int, run: Run, mode: str, facts: dict, good: list, link_bw_gbps, peak_tflops,
-              max_decompressed, warnings: list[dict]) -> _RunAnalyses:
+              max_decompressed, warnings: list[dict], gpu=None) -> _RunAnalyses:
     """Every metric of one run, its logs and its what-if replay; the pure-SQL ones and the replay overlap."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -541,13 +541,16 @@ def _analyses(con, run_id: int, run: Run, mode: str, facts: dict, good: list, li
         link = _expected_link(facts, side, link_bw_gbps)
         matched = match_collectives(con, run_id, mode)
         rp = _ReplayRun(con, run_id, mode, facts["world_size"], matched.clock_offsets_us, link,
-                        _cpu_host(side["facts"]), beside=True)
+                        _cpu_host(side["facts"]), beside=True, gpu=gpu, unprofiled=side.get("unprofiled"))
     rank_rows, step_rows = metrics.compute_run_metrics(con, run_id)
     metrics.save(con, rank_rows, step_rows)
     warnings.extend(_window_differences(rank_rows))
     if rp is None:
         side = _read_sidecars(con, run_id, run, side_warnings, max_decompressed)
         link = _expected_link(facts, side, link_bw_gbps)
+    if side["unprofiled"] and side["unprofiled"]["source"] == "log" and step_rows:  # most logged steps unprofiled?
+        from traceanalyze import logs
+        side["unprofiled"] = logs.measured_unprofiled_step(side, len({st.step for st in step_rows}))
     warnings.extend(side_warnings)
     if not good:
         mode = "logs"
@@ -557,9 +560,10 @@ def _analyses(con, run_id: int, run: Run, mode: str, facts: dict, good: list, li
     coll = analyze_collectives(con, run_id, mode, facts["world_size"], steps_by_rank, matched) if good else None
     if rp is None and good and step_rows:  # ... with the analyses below, or in turn for a big run
         rp = _ReplayRun(con, run_id, mode, facts["world_size"], coll.clock_offsets_us if coll else None, link,
-                        _cpu_host(side["facts"]), beside=beside)
+                        _cpu_host(side["facts"]), beside=beside, gpu=gpu, unprofiled=side.get("unprofiled"))
     replay, written = rp.finish(bool(step_rows), warnings) if rp is not None else (lambda: ({}, [], {}), lambda: None)
-    prec = analyze_precision(con, run_id, mode, facts["gpu_model"], peak_tflops) if good else None
+    prec = (analyze_precision(con, run_id, mode, facts["gpu_model"], peak_tflops, gpu.capability if gpu else None)
+            if good else None)
     comp = compile_stats(con, run_id) if good else None
     loader = loader_stats(con, run_id) if good else None
     launch = launch_stats(con, run_id) if good and mode == "gpu" else None
@@ -581,7 +585,7 @@ class _ReplayRun:
     :meth:`finish` is called (its graph built on every CPU)."""
 
     def __init__(self, con, run_id: int, mode: str, world: int | None, offsets: dict | None, link: dict, cpu: tuple,
-                 beside: bool) -> None:
+                 beside: bool, gpu=None, unprofiled: dict | None = None) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
         self.cur = con.cursor()
@@ -589,7 +593,7 @@ class _ReplayRun:
         self.warnings: list[dict] = []  # the replay's, added to the run's once it is kept and written
         self.pool = ThreadPoolExecutor(max_workers=1) if beside else None
         self.result = _deferred(self.pool, _replay, self.cur, run_id, mode, world, offsets, link, cpu, self.warnings,
-                                self.writes, 1 if beside else None)
+                                self.writes, 1 if beside else None, gpu, unprofiled)
 
     def finish(self, keep: bool, warnings: list[dict]) -> tuple[Callable[[], tuple], Callable[[], None]]:
         """(wait for the replay's models, wait for its tables): with ``keep`` False (a run without steps: no
@@ -692,6 +696,7 @@ def _run_model(run_id: int, run: Run, role: str, a: _RunAnalyses, ev, facts: dic
         "log_facts": {k: [f.value for f in v] for k, v in side["facts"].items()},
         "log_steps": len(side["log_steps"]),
         "log_step_time_ms": _log_step_time(side["log_steps"]),
+        "profiler_overhead": (replay_model or {}).pop("profiler_overhead", None),
         "replay": replay_model or None,
         "whatif": whatif,
         "replay_picture": picture or None,
@@ -739,7 +744,8 @@ def _cpu_host(facts: dict) -> tuple[bool | None, str | None]:
 
 
 def _replay(con, run_id: int, mode: str, world: int | None, offsets: dict | None, link: dict, cpu: tuple,
-            warnings: list[dict], writes: list, build_threads: int | None = None):
+            warnings: list[dict], writes: list, build_threads: int | None = None, gpu=None,
+            unprofiled: dict | None = None):
     """The what-if replay of one run (traceanalyze.replay); a failure costs a warning, not the report. ``offsets``:
     rank -> clock offset (µs, :func:`.metrics.collectives.match_collectives`); ``cpu``: :func:`_cpu_host`;
     ``writes`` receives the writing of its tables (:func:`_write_replay`); ``build_threads``: threads building its
@@ -748,7 +754,8 @@ def _replay(con, run_id: int, mode: str, world: int | None, offsets: dict | None
 
     try:
         return replay_run(con, run_id, mode, world, offsets, link.get("expected_gbps"), link.get("source", ""),
-                          cpu_native_bf16=cpu[0], cpu_model=cpu[1], defer=writes, build_threads=build_threads)
+                          cpu_native_bf16=cpu[0], cpu_model=cpu[1], defer=writes, build_threads=build_threads,
+                          gpu=gpu, unprofiled_measured=unprofiled)
     except (ValueError, IndexError, KeyError, duckdb.Error) as exc:  # a graph the replay cannot handle
         warnings.append({"file": None, "level": "warning", "message": f"what-if replay skipped: {exc}"})
         return {}, [], {}
@@ -817,6 +824,7 @@ def _read_sidecars(con, run_id: int, run: Run, warnings: list[dict], max_bytes: 
     log_steps: list = []
     nccl = None
     topology = None
+    capture_steps: list = []  # logs.CaptureSteps of capture's steps_rank{r}.json
     for sc in run.sidecars:
         try:
             if sc.kind in ("training_log", "nccl_debug"):
@@ -857,6 +865,10 @@ def _read_sidecars(con, run_id: int, run: Run, warnings: list[dict], max_bytes: 
             elif sc.kind == "env":  # env_rank{r}.json from traceanalyze.capture
                 for f in logs.parse_env(sc.path, max_bytes):
                     facts.setdefault(f.key, []).append(f)
+            elif sc.kind == "steps":  # steps_rank{r}.json: steps capture timed without the profiler
+                capture_steps.append(logs.parse_capture_steps(sc.path, max_bytes))
+                warnings.extend({"file": str(sc.path), "message": m, "level": "warning"}
+                                for m in capture_steps[-1].warnings)
         except TraceanalyzeError as exc:
             warnings.append({"file": str(sc.path), "message": str(getattr(exc, "problem", exc)), "level": "warning"})
         except MemoryError:  # never the report's end for one sidecar
@@ -864,7 +876,10 @@ def _read_sidecars(con, run_id: int, run: Run, warnings: list[dict], max_bytes: 
                              "message": "ran out of memory while reading it; skipped (lower --max-decompressed)"})
     store.insert_rows(con, "run_facts", None,
                       [[run_id, key, f.value, f.num, f.source] for key, fs in facts.items() for f in fs])
-    return {"facts": facts, "log_steps": log_steps, "nccl": nccl, "topology": topology}
+    side = {"facts": facts, "log_steps": log_steps, "nccl": nccl, "topology": topology, "capture_steps": capture_steps}
+    # the step time without the profiler (capture, else the log): logs.measured_unprofiled_step
+    side["unprofiled"] = logs.measured_unprofiled_step(side) if run.sidecars else None
+    return side
 
 
 def _expected_link(facts: dict, side: dict, override: float | None) -> dict:

@@ -8,8 +8,10 @@ and the GPU/NIC link matrix (:class:`Topology`).
 
 Modules: :mod:`.model` (the dataclasses), :mod:`.read` (the bounded readers), :mod:`.text` (text logs: one
 dispatcher over the line families of :mod:`.trainers`, :mod:`.hf` and :mod:`.nccl`), :mod:`.hf` (also the
-LLaMA-Factory, ``trainer_state.json`` and step-time JSON files), :mod:`.configs`, :mod:`.topology`, :mod:`.env`.
-What a file is (``training_log``, ``nccl_debug``, ``topology``, ``config``, ``env``) is decided by
+LLaMA-Factory, ``trainer_state.json`` and step-time JSON files), :mod:`.configs`, :mod:`.topology`, :mod:`.env`,
+:mod:`.steps` (capture's ``steps_rank{r}.json``, and :func:`measured_unprofiled_step`: the run's step time without
+the profiler, from capture or the log).
+What a file is (``training_log``, ``nccl_debug``, ``topology``, ``config``, ``env``, ``steps``) is decided by
 :func:`traceanalyze.discover.sniff`; what a link class carries is in :mod:`traceanalyze.hardware`.
 
 The line formats and their regexes are documented in ``FORMATS.md`` §9 (shared with the project); the
@@ -54,10 +56,12 @@ from traceanalyze.logs.model import (
     normalize_precision,
 )
 from traceanalyze.logs.read import DEFAULT_MAX_BYTES, MAX_LINE_BYTES, MAX_WHOLE_FILE_BYTES
+from traceanalyze.logs.steps import CaptureSteps, measured_unprofiled_step, parse_capture_steps
 from traceanalyze.logs.text import parse_text_log
 from traceanalyze.logs.topology import parse_topology
 
 __all__ = [
+    "CaptureSteps",
     "DEFAULT_MAX_BYTES",
     "MAX_LINE_BYTES",
     "MAX_STEP_TIMES",
@@ -69,7 +73,9 @@ __all__ = [
     "NcclInfo",
     "TopoLink",
     "Topology",
+    "measured_unprofiled_step",
     "normalize_precision",
+    "parse_capture_steps",
     "parse_config",
     "parse_env",
     "parse_llamafactory_jsonl",

@@ -158,3 +158,226 @@ def launch_stats(con: duckdb.DuckDBPyConnection, run_id: int) -> LaunchStats:
         res.kernels_per_step = n_kernels / n_steps
         res.launch_us_per_step = float(launch) / n_steps if launch else None
     return res
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The host view of a GPU run's steady steps: blocking calls, the optimizer, the top CPU ops
+
+BLOCKING_COPY_US = 50.0  # a copy call this long blocked the host (a device-to-host or pageable copy)
+MULTI_TENSOR_KERNELS = ("multi_tensor_apply", "_fused_", "fused_adam", "fused_sgd")  # foreach / fused optimizers
+MULTI_TENSOR_OPS = ("aten::_foreach_", "aten::_fused_")
+TOP_OPS = 10  # CPU ops listed per run in the host view
+
+# the profiler steps the host view reads: counted and not the compile step ($2), on the step thread; a run
+# without profiler steps counts each file's whole window as one step
+_STEADY = """st AS MATERIALIZED (
+    SELECT file_id, rank, pid, tid, step, start_ns AS s, end_ns AS e FROM profiler_steps($1)
+    WHERE counted AND ($2 IS NULL OR step <> $2)
+    UNION ALL
+    SELECT f.file_id, f.rank, NULL, NULL, NULL, min(c.ts_ns), max(c.ts_ns + c.dur_ns)
+    FROM files f JOIN cpu_ops c USING (file_id)
+    WHERE f.run_id = $1 AND f.rank IS NOT NULL AND NOT EXISTS (SELECT 1 FROM profiler_steps($1))
+    GROUP BY f.file_id, f.rank),
+n_st AS (SELECT rank, count(*) AS n FROM st GROUP BY rank)"""
+_ON_STEP = ("c.file_id = st.file_id AND (st.tid IS NULL OR (c.pid = st.pid AND c.tid = st.tid)) "
+            "AND c.ts_ns >= st.s AND c.ts_ns < st.e")
+
+_BLOCKING_SQL = f"""
+WITH {_STEADY},
+b AS MATERIALIZED (
+    SELECT row_number() OVER () AS call_id, c.file_id, c.pid, c.tid, st.rank, c.name, c.ts_ns, c.dur_ns
+    FROM cpu_ops c JOIN st ON {_ON_STEP}
+    WHERE c.cat IN ('cuda_runtime', 'cuda_driver')
+      AND (c.name LIKE '%Synchronize'
+           OR ((c.name LIKE 'cudaMemcpy%' OR c.name LIKE 'cuMemcpy%') AND c.dur_ns > $3))),
+enc AS (
+    SELECT b.call_id, arg_min(o.name, o.ts_ns) FILTER (WHERE o.name LIKE 'aten::%') AS outer_op,
+           arg_max(o.name, o.ts_ns) AS inner_op
+    FROM b JOIN cpu_ops o ON o.file_id = b.file_id AND o.pid = b.pid AND o.tid = b.tid
+         AND o.ts_ns <= b.ts_ns AND o.ts_ns + o.dur_ns >= b.ts_ns + b.dur_ns
+    WHERE o.cat = 'cpu_op' GROUP BY b.call_id),
+last AS (
+    SELECT b.call_id, max(least(k.ts_ns + k.dur_ns, b.ts_ns + b.dur_ns)) AS last_end
+    FROM b JOIN kernels k ON k.file_id = b.file_id AND k.ts_ns < b.ts_ns + b.dur_ns
+         AND k.ts_ns + k.dur_ns > b.ts_ns
+    WHERE k.cat = 'kernel' GROUP BY b.call_id)
+SELECT b.rank, b.name, enc.outer_op, enc.inner_op, any_value(n_st.n), count(*), sum(b.dur_ns),
+       sum(b.ts_ns + b.dur_ns - greatest(b.ts_ns, coalesce(last.last_end, b.ts_ns))) AS idle, max(b.dur_ns)
+FROM b LEFT JOIN enc USING (call_id) LEFT JOIN last USING (call_id) JOIN n_st USING (rank)
+GROUP BY ALL ORDER BY b.rank, idle DESC, b.name, enc.outer_op NULLS LAST
+"""
+
+
+@dataclass
+class BlockingCall:
+    """One rank's blocking CUDA call under one op, per steady step (µs): the time the host waits in it, and the
+    part of it during which no kernel runs on the GPU."""
+
+    rank: int
+    call: str  # cudaStreamSynchronize, cudaMemcpyAsync, ...
+    op: str | None  # the outermost aten op around the call (aten::item, aten::to, ...), None outside any
+    inner_op: str | None  # the innermost CPU op around it (aten::_local_scalar_dense, aten::copy_, ...)
+    calls_per_step: float
+    us_per_step: float
+    gpu_idle_us_per_step: float
+    max_us: float  # the longest single call
+
+    def model(self) -> dict:
+        return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in vars(self).items()}
+
+
+def blocking_calls(con: duckdb.DuckDBPyConnection, run_id: int, skip_step: int | None = None) -> list[BlockingCall]:
+    """The host's blocking CUDA calls in the steady steps, per rank, call and enclosing op.
+
+    A call blocks when it is a ``*Synchronize`` (``cudaStreamSynchronize``, ``cudaDeviceSynchronize``,
+    ``cudaEventSynchronize``, their driver forms) or a copy (``cudaMemcpy*``, ``cuMemcpy*``) longer than
+    :data:`BLOCKING_COPY_US` (a device-to-host or pageable copy waits for the GPU). Only the calls on the step
+    thread inside the counted profiler steps count, the compile step ``skip_step`` left out; the op is found by
+    time containment on the same thread. GPU idle = the call's tail after the last kernel of that rank that runs
+    during it ended (the whole call when none runs): the GPU has drained and waits for the host. A sync that waits
+    for queued work has next to none; a copy stuck on the host, or a sync on an idle GPU, has all of it. Rows
+    sorted by rank, then GPU-idle time (most first)."""
+    rows = con.execute(_BLOCKING_SQL, [run_id, skip_step, int(BLOCKING_COPY_US * 1e3)]).fetchall()
+    return [BlockingCall(int(rank), name, outer, inner, n / n_steps, total / 1e3 / n_steps,
+                         max(0.0, float(idle)) / 1e3 / n_steps, mx / 1e3)
+            for rank, name, outer, inner, n_steps, n, total, idle, mx in rows]
+
+
+_OPTIMIZER_SQL = f"""
+WITH {_STEADY},
+o AS MATERIALIZED (
+    SELECT DISTINCT c.file_id, c.pid, c.tid, st.rank, c.name, c.ts_ns AS s, c.ts_ns + c.dur_ns AS e
+    FROM cpu_ops c JOIN st ON {_ON_STEP}
+    WHERE c.cat IN ('cpu_op', 'user_annotation') AND c.name LIKE 'Optimizer.step#%'),
+top AS (SELECT * FROM o WHERE NOT EXISTS (
+    SELECT 1 FROM o p WHERE p.file_id = o.file_id AND p.tid = o.tid AND p.s <= o.s AND p.e >= o.e
+                        AND (p.s < o.s OR p.e > o.e))),
+inside AS (
+    SELECT top.rank, c.cat, c.name, c.file_id, c.correlation
+    FROM top JOIN cpu_ops c ON c.file_id = top.file_id AND c.pid = top.pid AND c.tid = top.tid
+         AND c.ts_ns >= top.s AND c.ts_ns < top.e),
+k AS (
+    SELECT i.rank, count(*) AS n,
+           count(*) FILTER (WHERE {" OR ".join(f"k.name LIKE '%{p}%'" for p in MULTI_TENSOR_KERNELS)}) AS multi
+    FROM inside i JOIN kernels k ON k.file_id = i.file_id AND k.correlation = i.correlation
+    WHERE i.cat IN ('cuda_runtime', 'cuda_driver') AND k.cat = 'kernel' GROUP BY i.rank),
+ops AS (
+    SELECT rank, count(*) FILTER (WHERE {" OR ".join(f"name LIKE '{p}%'" for p in MULTI_TENSOR_OPS)}) AS multi
+    FROM inside WHERE cat = 'cpu_op' GROUP BY rank)
+SELECT top.rank, min(top.name), sum(top.e - top.s), any_value(n_st.n), any_value(coalesce(k.n, 0)),
+       any_value(coalesce(k.multi, 0) + coalesce(ops.multi, 0))
+FROM top JOIN n_st USING (rank) LEFT JOIN k USING (rank) LEFT JOIN ops USING (rank)
+GROUP BY top.rank ORDER BY top.rank
+"""
+
+
+@dataclass
+class OptimizerStats:
+    """The optimizer's step on the host, per steady step: ``Optimizer.step#...`` ranges (µs), the kernels they
+    launch, and whether any is a multi-tensor (``foreach``) or fused kernel."""
+
+    name: str  # Optimizer.step#Adam.step
+    us_per_step: dict[int, float] = field(default_factory=dict)  # rank -> host µs per steady step
+    kernels_per_step: float = 0.0  # median over ranks
+    multi_tensor: bool = False  # a multi_tensor_apply / _fused_ kernel or an aten::_foreach_ / _fused_ op in it
+
+    def model(self) -> dict:
+        return {"name": self.name, "us_per_step": {r: round(v, 3) for r, v in self.us_per_step.items()},
+                "kernels_per_step": round(self.kernels_per_step, 1), "multi_tensor": self.multi_tensor}
+
+
+def optimizer_stats(con: duckdb.DuckDBPyConnection, run_id: int, skip_step: int | None = None) -> OptimizerStats | None:
+    """The optimizer's host time and kernels per steady step (the compile step ``skip_step`` left out); None when
+    the steady steps hold no ``Optimizer.step#...`` range. Nested ranges count once (the outermost)."""
+    rows = con.execute(_OPTIMIZER_SQL, [run_id, skip_step]).fetchall()
+    if not rows:
+        return None
+    res = OptimizerStats(name=rows[0][1])
+    for rank, _name, ns, n_steps, _kernels, _multi in rows:
+        res.us_per_step[int(rank)] = ns / 1e3 / n_steps
+    res.kernels_per_step = float(np.median([k / n for _, _, _, n, k, _ in rows]))
+    res.multi_tensor = any(m for *_, m in rows)
+    return res
+
+
+_TOP_OPS_SQL = f"""
+WITH {_STEADY}
+SELECT c.name, c.cat, count(*), sum(c.dur_ns), (SELECT sum(n) FROM n_st)
+FROM cpu_ops c JOIN st ON {_ON_STEP}
+WHERE c.cat IN ('cpu_op', 'user_annotation') AND profiler_step(c.cat, c.name) IS NULL
+GROUP BY c.name, c.cat ORDER BY sum(c.dur_ns) DESC, c.name LIMIT $3
+"""
+
+
+def top_cpu_ops(con: duckdb.DuckDBPyConnection, run_id: int, skip_step: int | None = None,
+                limit: int = TOP_OPS) -> list[dict]:
+    """The CPU ops and annotations that take the most host time per steady step on the step thread: ``{name, cat,
+    calls_per_step, us_per_step}``, inclusive time (an op's children are in it), per rank-step (the sum over
+    ranks and steady steps over their number)."""
+    rows = con.execute(_TOP_OPS_SQL, [run_id, skip_step, limit]).fetchall()
+    return [{"name": name, "cat": cat, "calls_per_step": round(n / steps, 2),
+             "us_per_step": round(ns / 1e3 / steps, 3)} for name, cat, n, ns, steps in rows if steps]
+
+
+_STEADY_LAUNCH_SQL = f"""
+WITH {_STEADY},
+rt AS MATERIALIZED (
+    SELECT c.file_id, st.rank, c.correlation, c.ts_ns AS launch_ns, c.dur_ns, c.name
+    FROM cpu_ops c JOIN st ON {_ON_STEP}
+    WHERE c.cat IN ('cuda_runtime', 'cuda_driver') AND c.correlation IS NOT NULL),
+k AS (
+    SELECT rt.rank, k.file_id, k.cat, k.stream, k.ts_ns, k.dur_ns, rt.launch_ns,
+           lag(k.ts_ns + k.dur_ns) OVER (PARTITION BY k.file_id, k.stream ORDER BY k.ts_ns, k.dur_ns) AS prev_end
+    FROM kernels k JOIN rt ON rt.file_id = k.file_id AND rt.correlation = k.correlation
+    WHERE k.cat IN ('kernel', 'gpu_memcpy', 'gpu_memset') AND k.stream IS NOT NULL AND k.stream <> -1),
+per AS (
+    SELECT rank, stream, count(*) AS n, sum(greatest(ts_ns - prev_end, 0)) AS idle,
+           sum(ts_ns - prev_end) FILTER (WHERE launch_ns > prev_end) AS host_wait
+    FROM k GROUP BY rank, stream),
+busiest AS (SELECT * FROM per QUALIFY row_number() OVER (PARTITION BY rank ORDER BY n DESC, stream) = 1)
+SELECT (SELECT sum(n) FROM n_st),
+       (SELECT count(*) FROM k WHERE cat = 'kernel'),
+       (SELECT median(dur_ns) / 1e3 FROM k WHERE cat = 'kernel'),
+       (SELECT sum(dur_ns) / 1e3 FROM rt WHERE name LIKE '%LaunchKernel%' OR name = 'cuLaunchKernel'),
+       (SELECT median(100.0 * coalesce(host_wait, 0) / idle) FROM busiest WHERE idle > 0)
+"""
+
+
+def steady_launch_stats(con: duckdb.DuckDBPyConnection, run_id: int,
+                        skip_step: int) -> tuple[LaunchStats, float | None]:
+    """:func:`launch_stats` over the steady steps only (the compile step ``skip_step`` left out), and the host-wait
+    share (%) of the GPU idle on each rank's busiest stream in those steps (median over ranks; the idle breakdown's
+    host wait, :mod:`.idle`, read over the same steps); None without a gap."""
+    n_steps, n_kernels, med, launch, host_wait = con.execute(_STEADY_LAUNCH_SQL, [run_id, skip_step]).fetchone()
+    res = LaunchStats()
+    if not n_steps:
+        return res, None
+    res.median_kernel_us = float(med) if med is not None else None
+    res.kernels_per_step = n_kernels / n_steps
+    res.launch_us_per_step = float(launch) / n_steps if launch else None
+    return res, (float(host_wait) if host_wait is not None else None)
+
+
+@dataclass
+class HostView:
+    """The host side of a GPU run's steady steps (:func:`host_view`)."""
+
+    top_ops: list[dict] = field(default_factory=list)  # top_cpu_ops
+    blocking: list[BlockingCall] = field(default_factory=list)  # blocking_calls
+    optimizer: OptimizerStats | None = None  # optimizer_stats
+    steady_launch: LaunchStats | None = None  # steady_launch_stats, only when a compile step is left out
+    steady_host_wait_pct: float | None = None
+
+    def model(self) -> dict:
+        """The report model's ``runs[i].host``: ``{top_ops, blocking_calls, optimizer}``."""
+        return {"top_ops": self.top_ops, "blocking_calls": [b.model() for b in self.blocking],
+                "optimizer": self.optimizer.model() if self.optimizer else None}
+
+
+def host_view(con: duckdb.DuckDBPyConnection, run_id: int, skip_step: int | None = None) -> HostView:
+    """Every host figure of a GPU run's steady steps, the compile step ``skip_step`` left out."""
+    v = HostView(top_cpu_ops(con, run_id, skip_step), blocking_calls(con, run_id, skip_step),
+                 optimizer_stats(con, run_id, skip_step))
+    if skip_step is not None:
+        v.steady_launch, v.steady_host_wait_pct = steady_launch_stats(con, run_id, skip_step)
+    return v

@@ -26,30 +26,20 @@ from typing import Any
 
 import duckdb
 
+from traceanalyze import matmath
 from traceanalyze.hardware import peak_tflops
 from traceanalyze.metrics._sql import counted_kernels_sql, counted_op_sql
 from traceanalyze.metrics.breakdown import kernel_classes
 
-# (regex searched in the kernel name, dtype, tensor core). First match wins; order matters.
-KERNEL_DTYPE_RULES: list[tuple[str, str, bool | None]] = [
-    (r"_ffma_|sgemm|scudnn|simt_sgemm|gemmSN_|gemmk1_kernel<float|gemv2T_kernel_val<int, int, float", "fp32", False),
-    (r"tf32|s1688gemm|s1684gemm|tensorop_s1688|xmma.*f32f32_tf32", "tf32", True),
-    (r"e4m3|e5m2|fp8", "fp8", True),
-    (r"bf16|bfloat16|__nv_bfloat16|cutlass::bfloat16_t", "bf16", True),
-    (r"fp16|h884|h1688|h16816|s884gemm|s16816gemm|hmma|half_t|f16f16|cutlass::half_t|hgemm", "fp16", True),
-    (r"d884|dmma|dgemm", "fp64", None),
-    (r"i16832|i8816|imma|igemm|int8", "int8", True),
-]
-GEMM_KERNEL = re.compile(
-    r"gemm|gemv|xmma|cutlass|cublas|nvjet|conv|cudnn|wgrad|dgrad|fprop|flash|fmha|attention|sdpa|triton_tem",
-    re.IGNORECASE)
-ELEMENTWISE_EXCLUDE = re.compile(r"elementwise|reduce_kernel|splitKreduce|memcpy|memset|nccl", re.IGNORECASE)
+# The one matrix-math classification (families and name dtypes): traceanalyze.matmath, docs/kernel_names.md.
+KERNEL_DTYPE_RULES = matmath.KERNEL_DTYPE_RULES
+GEMM_KERNEL = re.compile("|".join(p for _, p in matmath.FAMILY_PATTERNS), re.IGNORECASE)
+ELEMENTWISE_EXCLUDE = re.compile(matmath.NOT_MATH, re.IGNORECASE)
 CPU_GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_addmm_activation",
                 "aten::mkldnn_convolution", "aten::cudnn_convolution", "aten::_convolution_mode")
 # Dtype names: the ``Input type`` of an op (c10 names, lower-cased) -> math dtype; any spelling (records, NCCL
 # kernel names, c10) -> bytes per element.
-TYPE_TO_DTYPE = {"float": "fp32", "c10::bfloat16": "bf16", "c10::half": "fp16", "double": "fp64",
-                 "c10::float8_e4m3fn": "fp8", "c10::float8_e5m2": "fp8", "signed char": "int8"}
+TYPE_TO_DTYPE = matmath.TYPE_TO_DTYPE
 DTYPE_BYTES = {
     "float": 4, "float32": 4, "f32": 4, "int": 4, "int32": 4, "i32": 4, "u32": 4, "uint32": 4,
     "bfloat16": 2, "c10::bfloat16": 2, "bf16": 2, "__nv_bfloat16": 2, "half": 2, "c10::half": 2, "f16": 2,
@@ -58,20 +48,16 @@ DTYPE_BYTES = {
     "bool": 1, "f8e4m3": 1, "f8e5m2": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
 }
 
-def kernel_dtype(name: str) -> tuple[str | None, bool | None]:
-    """(math dtype, uses tensor cores) from a kernel name; (None, None) when the name does not tell."""
-    for pat, dt, tc in KERNEL_DTYPE_RULES:
-        if re.search(pat, name, re.IGNORECASE):
-            return dt, tc
-    return None, None
-
+kernel_dtype = matmath.kernel_dtype
 
 _DTYPE_NAMES = {"tf32": "TF32", "fp8": "FP8", "unknown": "dtype unknown"}
 
 
-def mix_label(dtype: str, tensor_core: bool | None, mode: str = "gpu") -> str:
+def mix_label(dtype: str, tensor_core: bool | None, mode: str = "gpu",
+              capability: tuple[int, int] | None = None) -> str:
     """Readable name of one dtype-mix row, unique per (dtype, tensor cores): ``bf16 on tensor cores``, ``fp32 on
-    CUDA cores``, ``fp32, tensor cores unknown (TF32 when allowed)``; on CPU just the dtype."""
+    CUDA cores``, ``fp32, tensor cores unknown (TF32 when allowed)`` (on sm80 or later or an unknown GPU; on an
+    older GPU, which has no TF32, ``fp32 on CUDA cores``); on CPU just the dtype."""
     name = _DTYPE_NAMES.get(dtype, dtype)
     if mode != "gpu" or dtype == "unknown":
         return name
@@ -80,6 +66,8 @@ def mix_label(dtype: str, tensor_core: bool | None, mode: str = "gpu") -> str:
     if tensor_core is False:
         return f"{name} on CUDA cores"
     if dtype == "fp32":
+        if capability is not None and capability < (8, 0):
+            return f"{name} on CUDA cores"
         return "fp32, tensor cores unknown (TF32 when allowed)"
     return f"{name}, tensor cores unknown"
 
@@ -168,8 +156,10 @@ class PrecisionMix:
 
 
 def analyze_precision(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, gpu_model: str | None = None,
-                      peak_override: float | None = None) -> PrecisionMix:
-    """Dtype mix of matrix math for one run (definitions in the module docstring)."""
+                      peak_override: float | None = None,
+                      capability: tuple[int, int] | None = None) -> PrecisionMix:
+    """Dtype mix of matrix math for one run (definitions in the module docstring); ``capability``: the GPU's compute
+    capability when known (the labels offer TF32 only from sm80)."""
     res = PrecisionMix(mode=mode)
     acc: dict[tuple[str, bool | None], float] = {}
     flops = 0.0
@@ -177,7 +167,7 @@ def analyze_precision(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, gp
     if mode == "gpu":
         # matrix-math kernels, picked by name first so only their rows are joined to the launching ops
         gemm = [name for name, klass in kernel_classes(con, run_id).items()
-                if klass == "compute" and GEMM_KERNEL.search(name) and not ELEMENTWISE_EXCLUDE.search(name)]
+                if klass == "compute" and matmath.kernel_family(name)]
         rows = con.execute(f"""
             SELECT k.name, sum(k.dur_ns), any_value(o.input_types), any_value(o.name)
             FROM ({counted_kernels_sql("$1", "k.cat = 'kernel' AND k.name IN (SELECT unnest($2))")}) k
@@ -189,8 +179,8 @@ def analyze_precision(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, gp
             if dt is None:
                 dt = _op_dtype(types) or "unknown"
                 tc = None if dt in ("unknown", "fp32") else True
-                if dt == "fp32":
-                    tc = None  # fp32 inputs may still run as TF32 when allowed; the name does not say
+                if dt == "fp32":  # fp32 inputs may still run as TF32 when allowed (sm80+); the name does not say
+                    tc = False if capability is not None and capability < (8, 0) else None
                 from_op += dur
             else:
                 from_name += dur
@@ -226,7 +216,7 @@ def analyze_precision(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, gp
     if total <= 0:
         return res
     for (dt, tc), t in sorted(acc.items(), key=lambda kv: -kv[1]):  # one row per (dtype, tensor cores)
-        res.mix.append({"dtype": dt, "tensor_core": tc, "label": mix_label(dt, tc, mode),
+        res.mix.append({"dtype": dt, "tensor_core": tc, "label": mix_label(dt, tc, mode, capability),
                         "time_us": round(t / 1e3, 3), "pct": round(100 * t / total, 2)})
     res.main_dtype = res.mix[0]["dtype"]
     res.fp32_share_pct = round(100 * sum(t for (dt, tc), t in acc.items() if dt == "fp32" and not tc) / total, 2)

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 import duckdb
 import numpy as np
 
+from traceanalyze import matmath
 from traceanalyze.ingest import compute as pc  # Arrow's compute functions without importing pyarrow.compute
 from traceanalyze.metrics.collectives import busbw_factor, collective_calls, communication_kernels, int_column
 from traceanalyze.metrics.host import COMPILE_RANGES
@@ -47,6 +48,11 @@ K_HOST, K_KERNEL, K_MEMCPY, K_MEMSET, K_COLL, K_BEGIN, K_END = range(7)
 DEP_TYPES = ("launch", "gpu_cpu_sync", "inter_thread", "collective_wait", "event_wait")
 CATEGORIES = ("dataloader", "compile", "optimizer", "launch", "matmul_fp32")
 GAP_LABELS = ("host", "launch", "optimizer", "compile", "dataloader")  # sim_task.gap_label; code -1: none
+# Graph.prec_class: what the precision what-ifs may re-time (traceanalyze.replay.precision)
+# and, on host tasks, the kernel-launch calls that a CUDA graph replaces (the launch what-if)
+P_MM_FP32, P_ATTN_FP32, P_MM_TF32, P_MEM, P_MM_LOWP, P_LAUNCH = 1, 2, 3, 4, 5, 6
+PRECISION_CLASSES = ("none", "matmul_fp32", "attention_fp32", "matmul_tf32", "memory_autocast", "matmul_16bit",
+                     "launch_call")
 WAIT_GAP_US = 1000.0  # a host gap this long may be a wait on another thread or a collective (Chakra, Lumos: 1 ms)
 WAIT_TAIL = 0.25  # ... when the awaited task ended after this share of the gap
 SYNC_CALLS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaMemcpy",
@@ -116,6 +122,8 @@ class Graph:
     unmatched: list[str] = field(default_factory=list)
     missing_edges: list[str] = field(default_factory=list)
     partial: bool = False
+    prec_class: np.ndarray | None = None  # int8 per task: PRECISION_CLASSES index (GPU runs)
+    prof_events: np.ndarray | None = None  # float32 (2, tasks): profiler-recorded ops and calls (_profiler_events)
 
     @property
     def n_instances(self) -> int:
@@ -375,7 +383,8 @@ def build(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_size: in
               dep_off=dep[3], dep_type=dep[4],
               inst=np.full(c["start"].size, -1, np.int32), inst_transfer=np.zeros(0),
               inst_complete=np.zeros(0, bool), inst_coll=[], inst_bytes=np.zeros(0, np.int64),
-              inst_n=np.zeros(0, np.int64), inst_matched_by=[], steps=c["steps"], missing_edges=[])
+              inst_n=np.zeros(0, np.int64), inst_matched_by=[], steps=c["steps"], missing_edges=[],
+              prec_class=c["prec"], prof_events=c["prof"])
     if mode == "gpu" and not c["event_waits"]:
         g.missing_edges.append("cross-stream event waits (the traces hold no cuda_sync \"Stream Wait Event\" rows: "
                                "streams are ordered only by their launches)")
@@ -480,11 +489,13 @@ def _build_chunk(con, rc: _RunClock, fids: list[int], st: dict[str, np.ndarray],
     del anchor
     _wait_edges(t, rc.mode, edges, cg)
     # categories: host time under dataloader / compile / optimizer ranges and fp32 matmuls (CPU runs)
-    cover, gap_cover, gap_label = _categories(con, rc, t, fids)
+    prec = _precision_classes(t) if rc.mode == "gpu" else np.zeros(t.n, np.int8)  # GPU runs only
+    cover, gap_cover, gap_label = _categories(con, rc, t, fids, prec)
+    prof = _profiler_events(con, rc, t, fids) if rc.mode == "gpu" else np.zeros((2, t.n), np.float32)
     coll = t.kind == K_COLL
     return dict(n=t.n, rank=t.rank, res=t.res, kind=t.kind, name=(t.name_code, t.names), step=step, start=t.start,
                 dur=t.dur, gap=t.gap, first=t.first, cg=cg, cd=cd, gap_label=gap_label, cover=cover,
-                event_waits=event_waits,
+                event_waits=event_waits, prec=prec, prof=prof,
                 gap_cover=gap_cover, dep=edges.arrays(), steps=steps, res_names=t.res_names,
                 coll_fid=t.cols["fid"][coll], coll_ts=t.cols["ts"][coll])
 
@@ -505,7 +516,7 @@ def _join_chunks(chunks: list[dict]) -> dict:
         src, dst, *rest = c["dep"]
         c["dep"] = [src + o, dst + o, *rest]
     for k in ("rank", "res", "kind", "step", "start", "dur", "gap", "first", "cg", "cd", "gap_label", "coll_fid",
-              "coll_ts"):
+              "coll_ts", "prec"):
         out[k] = np.concatenate([c.pop(k) for c in chunks])
     deps = [c.pop("dep") for c in chunks]
     out["dep"] = []
@@ -513,6 +524,7 @@ def _join_chunks(chunks: list[dict]) -> dict:
         out["dep"].append(np.concatenate([d[i] for d in deps]))
         for d in deps:
             d[i] = None
+    out["prof"] = np.concatenate([c.pop("prof") for c in chunks], axis=1)
     for k in ("cover", "gap_cover"):
         out[k] = {}
         for cat in list(chunks[0][k]):
@@ -588,20 +600,29 @@ def _fold_calls(h: dict, dev_keys: np.ndarray) -> dict:
 
 
 def _device_tasks(con, rc: _RunClock, fids: list[int], comm: list[str]) -> dict:
-    """Task columns of the GPU runs' kernels, memcpys and memsets; NCCL kernels are collectives, and ``ext`` marks
-    the GEMM kernels launched by an fp32 matmul op."""
-    k = _fetch_arrow(con, f"""SELECT k.file_id, CASE k.cat WHEN 'gpu_memcpy' THEN 1 WHEN 'gpu_memset' THEN 2
+    """Task columns of the GPU runs' kernels, memcpys and memsets; NCCL kernels are collectives, and ``ext`` is the
+    launching op's code (:func:`_precision_classes`): 0 none or not fp32, bit 0 fp32 inputs, bit 1 on autocast's
+    fp32 list, bit 2 in place."""
+    # the launching op (kernel External id == cpu_op External id) of fp32 inputs: 1 fp32, +2 on autocast's fp32 list,
+    # +4 in place (an update of fp32 state: parameters, gradients, optimizer moments, which autocast leaves fp32)
+    k = _fetch_arrow(con, """SELECT k.file_id, CASE k.cat WHEN 'gpu_memcpy' THEN 1 WHEN 'gpu_memset' THEN 2
                ELSE 0 END AS catc, k.name, k.device, k.stream, k.ts_ns, k.dur_ns, k.correlation,
                k.cat = 'kernel' AND k.name IN (SELECT unnest($3)) AS comm,
-               CASE WHEN m.file_id IS NOT NULL AND k.cat = 'kernel'
-                    THEN regexp_matches(k.name, '{GEMM_KERNEL.pattern}') ELSE FALSE END AS fp32_gemm
+               CASE WHEN k.cat = 'kernel' THEN coalesce(m.code, 0) ELSE 0 END AS opcode
         FROM kernels k JOIN files f USING (file_id)
-        LEFT JOIN (SELECT DISTINCT c.file_id, c.external_id FROM cpu_ops c JOIN files f2 USING (file_id)
-                   WHERE f2.run_id = $1 AND f2.file_id IN (SELECT unnest($4)) AND c.name IN (SELECT unnest($2))
-                     AND (c.input_types LIKE '["float"%' OR c.input_types LIKE '[''float''%')) m
+        LEFT JOIN (SELECT c.file_id, c.external_id,
+                          bit_or(1 + CASE WHEN c.name IN (SELECT unnest($2)) THEN 2 ELSE 0 END
+                                 + CASE WHEN suffix(c.name, '_') OR c.name LIKE 'aten::%foreach%'
+                                             OR c.name LIKE '%fused_adam%' THEN 4 ELSE 0 END) AS code
+                   FROM cpu_ops c JOIN files f2 USING (file_id)
+                   WHERE f2.run_id = $1 AND f2.file_id IN (SELECT unnest($4)) AND c.cat = 'cpu_op'
+                     AND c.external_id IS NOT NULL
+                     AND (c.input_types LIKE '["float"%' OR c.input_types LIKE '[''float''%')
+                   GROUP BY c.file_id, c.external_id) m
              ON m.file_id = k.file_id AND m.external_id = k.external_id
         WHERE f.run_id = $1 AND f.rank IS NOT NULL AND f.file_id IN (SELECT unnest($4))
-          AND k.cat IN ('kernel', 'gpu_memcpy', 'gpu_memset')""", [rc.run_id, list(MATMUL_OPS), comm, fids])
+          AND k.cat IN ('kernel', 'gpu_memcpy', 'gpu_memset')""",
+                     [rc.run_id, list(matmath.AUTOCAST_FP32_OPS), comm, fids])
     cat = np.asarray(k["catc"], np.int64)
     kind = np.where(np.asarray(k["comm"], bool), K_COLL,
                     np.where(cat == 1, K_MEMCPY, np.where(cat == 2, K_MEMSET, K_KERNEL)))
@@ -609,7 +630,7 @@ def _device_tasks(con, rc: _RunClock, fids: list[int], comm: list[str]) -> dict:
                 a=np.asarray(k["device"], np.int64), b=np.asarray(k["stream"], np.int64), kind=kind,
                 ts=np.asarray(k["ts_ns"], np.int64), dur=np.asarray(k["dur_ns"], np.int64),
                 name=k["name"], corr=np.asarray(k["correlation"], np.int64),
-                fid=np.asarray(k["file_id"], np.int64), ext=np.asarray(k["fp32_gemm"], np.int64),
+                fid=np.asarray(k["file_id"], np.int64), ext=np.asarray(k["opcode"], np.int64),
                 flag=np.zeros(cat.size, np.int64), idle=np.full(cat.size, np.inf, np.float32))
 
 
@@ -943,12 +964,73 @@ def _add_launch(d, s, start, end, first, cg, *deps, issue=None) -> None:
     _extend(*deps, s, d, False, off, 0)
 
 
-def _categories(con, rc: _RunClock, t: _Tasks, fids: list[int]
+def _precision_classes(t: _Tasks) -> np.ndarray:
+    """Each task's precision class (int8, :data:`PRECISION_CLASSES`) for the precision what-ifs: a device kernel's
+    matrix-math family and math mode from its name (:mod:`traceanalyze.matmath`), else from its launching op's
+    ``Input type`` (``ext`` bit 0: fp32 inputs); a non-matrix kernel of an fp32 op that autocast would run in 16 bits
+    (``P_MEM``: not on autocast's fp32 list, not an in-place update of fp32 state); 0 for every other task."""
+    names = t.names.to_pylist() if hasattr(t.names, "to_pylist") else list(t.names)
+    fam = np.zeros(len(names) + 1, np.int8)
+    mode = np.zeros(len(names) + 1, np.int8)  # 1 fp32, 2 tf32, 3 16-bit or narrower, 0 unknown
+    codes = {"fp32": 1, "tf32": 2, "bf16": 3, "fp16": 3, "fp8": 3, "int8": 3}
+    for i, nm in enumerate(names):
+        f = matmath.kernel_family(nm or "")
+        if f:
+            fam[i] = {"gemm": 1, "conv": 1, "attention": 2}[f]
+            mode[i] = codes.get(matmath.kernel_dtype(nm)[0] or "", 0)
+    nc = np.clip(t.name_code, 0, len(names))
+    ext = t.cols["ext"]
+    kern = (t.rk == 1) & (t.kind == K_KERNEL)
+    f, m = np.where(kern, fam[nc], 0), np.where(kern, mode[nc], 0)
+    m = np.where((f > 0) & (m == 0) & ((ext & 1) == 1), 1, m)  # a name that does not tell: the op's fp32 inputs
+    out = np.zeros(t.n, np.int8)
+    out[(f == 1) & (m == 1)] = P_MM_FP32
+    out[(f == 2) & (m == 1)] = P_ATTN_FP32
+    out[(f > 0) & (m == 2)] = P_MM_TF32
+    out[(f > 0) & (m == 3)] = P_MM_LOWP
+    out[kern & (f == 0) & (ext == 1)] = P_MEM
+    out[(t.rk == 0) & (t.kind == K_HOST) & (t.cols["flag"] == 2)] = P_LAUNCH
+    return out
+
+
+def _profiler_events(con, rc: _RunClock, t: _Tasks, fids: list[int]) -> np.ndarray:
+    """Per host task (and step marker): the events the profiler recorded on its thread from the end of the thread's
+    previous task to its own end, each counted at its start, as two float32 columns: ``[0]`` cpu ops and
+    annotations, ``[1]`` runtime and driver calls; 0 for device tasks. The profiler's own host cost is paid per
+    recorded event (:mod:`traceanalyze.replay.overhead`)."""
+    out = np.zeros((2, t.n), np.float32)
+    host = t.rk == 0
+    if not host.any():
+        return out
+    r = _fetch(con, """SELECT f.rank, c.pid, c.tid, c.ts_ns, c.cat IN ('cuda_runtime', 'cuda_driver') AS call
+        FROM cpu_ops c JOIN files f USING (file_id)
+        WHERE f.run_id = $1 AND f.rank IS NOT NULL AND f.file_id IN (SELECT unnest($2))
+          AND c.cat IN ('cpu_op', 'user_annotation', 'cuda_runtime', 'cuda_driver')""", [rc.run_id, fids])
+    r_res = t.resource_ids(r["rank"], 0, int_column(r["pid"])[0], int_column(r["tid"])[0])
+    shift = rc.origin + rc.off_ns[np.clip(np.asarray(r["rank"], np.int64), 0, rc.world)]
+    lim = (1 << _T_SHIFT) - 1
+    ok = r_res >= 0
+    is_call = np.asarray(r["call"], bool)
+    all_keys = (r_res.astype(np.int64) << _T_SHIFT) + np.clip(np.asarray(r["ts_ns"], np.int64) - shift, 0, lim)
+    del r, r_res, shift
+    res = t.res.astype(np.int64) << _T_SHIFT
+    e_ns = np.clip((t.end * 1e3).astype(np.int64), 0, lim)
+    s_ns = np.clip((t.start * 1e3).astype(np.int64), 0, lim)
+    p_ns = np.concatenate([[0], e_ns[:-1]])
+    lo = np.where(t.first, s_ns, np.minimum(p_ns, s_ns))
+    for i, m in enumerate((ok & ~is_call, ok & is_call)):
+        keys = np.sort(all_keys[m])
+        cnt = np.searchsorted(keys, res + e_ns, side="left") - np.searchsorted(keys, res + lo, side="left")
+        out[i, host] = np.clip(cnt[host], 0, None)
+    return out
+
+
+def _categories(con, rc: _RunClock, t: _Tasks, fids: list[int], prec: np.ndarray
                 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], np.ndarray]:
-    """µs of each host task and of the gap before it under each category (module docstring), and each gap's label.
-    """
+    """µs of each host task and of the gap before it under each category (module docstring), and each gap's label;
+    ``prec``: :func:`_precision_classes` (GPU runs: the fp32 matrix-math kernels are ``matmul_fp32``)."""
     run_id, mode, origin, off_ns, world = rc.run_id, rc.mode, rc.origin, rc.off_ns, rc.world
-    res, rk, kind, flag, ext = t.res, t.rk, t.kind, t.cols["flag"], t.cols["ext"]
+    res, rk, kind, flag = t.res, t.rk, t.kind, t.cols["flag"]
     start, end, gap, first = t.start, t.end, t.gap, t.first
     n = start.size
     r = _fetch(con, """SELECT f.rank, c.pid, c.tid, c.ts_ns, c.ts_ns + c.dur_ns AS end_ns,
@@ -988,9 +1070,9 @@ def _categories(con, rc: _RunClock, t: _Tasks, fids: list[int]
         del at_start
         cover[cname] = np.where(host, c_task, 0.0)
         gap_cover[cname] = np.where(host & ~first, np.clip(c_gap, 0, None), 0.0)
-    # the fp32 GEMM kernels (GPU runs): the whole kernel
+    # the fp32 matrix-math kernels (GPU runs: GEMM, convolution, attention on CUDA cores): the whole kernel
     if mode == "gpu":
-        fp32 = (rk == 1) & (ext > 0)
+        fp32 = np.isin(prec, (P_MM_FP32, P_ATTN_FP32))
         cover["matmul_fp32"] = np.where(fp32, end - start, 0.0) if fp32.any() else np.zeros(n)
     # launch overhead: the gap between two kernel launches of one thread, outside dataloader/compile ranges
     is_launch = flag == 2

@@ -18,14 +18,16 @@ import numpy as np
 
 from traceanalyze import store
 from traceanalyze.executors import release_free_memory
+from traceanalyze.hardware import GpuInfo
 from traceanalyze.metrics.steps import longest_per_step, median
 from traceanalyze.metrics.where import MAX_TIMELINE_LANES, lanes_to_show
 from traceanalyze.replay import graph as gr
-from traceanalyze.replay import simulate
+from traceanalyze.replay import overhead, precision, simulate
 
-SCENARIOS = ("no_straggler", "ideal_interconnect", "bf16_matmul", "no_dataloader_wait", "no_compile",
+SCENARIOS = ("no_straggler", "ideal_interconnect", "tf32_matmul", "bf16_matmul", "no_dataloader_wait", "no_compile",
              "no_launch_overhead", "all")
 CAUSES = {"no_straggler": "imbalance: straggler ranks", "ideal_interconnect": "interconnect: slow collectives",
+          "tf32_matmul": "precision: fp32 matrix math (TF32 off)",
           "bf16_matmul": "precision: fp32 matrix math", "no_dataloader_wait": "config: data-loader wait",
           "no_compile": "config: torch.compile time", "no_launch_overhead": "config: kernel-launch overhead",
           "all": "every fix above together"}
@@ -57,10 +59,20 @@ def _rw_compile(g, d, cg, tr, ctx):
 
 
 def _rw_launch(g, d, cg, tr, ctx):
+    """CUDA graphs (or torch.compile mode="reduce-overhead"): the host time between consecutive launches and the
+    launch calls themselves go; one graph launch per step remains, a few µs."""
+    if g.prec_class is not None:
+        d = np.where(g.prec_class == gr.P_LAUNCH, 0.0, d)
     return d, _sub(cg, g.gap_cover["launch"]), tr
 
 
-def _rw_bf16(g, d, cg, tr, ctx, speedup: float | None = None):
+def _rw_tf32(g, d, cg, tr, ctx, bound: str = "mid"):
+    return precision.rewrite(g, d, ctx["prec"], "tf32_matmul", bound), cg, tr
+
+
+def _rw_bf16(g, d, cg, tr, ctx, speedup: float | None = None, bound: str = "mid"):
+    if g.mode == "gpu" and ctx.get("prec"):
+        return precision.rewrite(g, d, ctx["prec"], "bf16_matmul", bound), cg, tr
     r = speedup or ctx["bf16"][1]
     mm = g.cover["matmul_fp32"]
     return d - mm * (1 - 1 / r) * (1 - CAST_SHARE), cg, tr
@@ -136,7 +148,7 @@ def _rw_straggler(g, d, cg, tr, ctx):
 
 
 REWRITES: dict[str, Callable] = {"no_straggler": _rw_straggler, "ideal_interconnect": _rw_interconnect,
-                                 "bf16_matmul": _rw_bf16, "no_dataloader_wait": _rw_dataloader,
+                                 "tf32_matmul": _rw_tf32, "bf16_matmul": _rw_bf16, "no_dataloader_wait": _rw_dataloader,
                                  "no_compile": _rw_compile, "no_launch_overhead": _rw_launch}
 
 
@@ -147,6 +159,10 @@ def _applies(g: gr.Graph, scenario: str, ctx: dict) -> bool:
         return bool(ctx.get("link_gbps")) and bool((g.inst_bytes > 0).any())
     if scenario == "bf16_matmul" and ctx.get("native_bf16") is False:
         return False  # emulated bf16 is slower than fp32: no fix on this host (_left_out says why)
+    if scenario in ("tf32_matmul", "bf16_matmul") and g.mode == "gpu":
+        return bool(ctx.get("prec")) and precision.applies(g, ctx["prec"], scenario)
+    if scenario == "tf32_matmul":
+        return False
     key = {"bf16_matmul": "matmul_fp32", "no_dataloader_wait": "dataloader", "no_compile": "compile"}.get(scenario)
     if key:
         return float(g.cover[key].sum() + g.gap_cover.get(key, np.zeros(1)).sum()) >= MIN_SAVING_US
@@ -175,6 +191,8 @@ def _assumptions(scenario: str, ctx: dict, g: gr.Graph) -> str:
     if scenario == "ideal_interconnect":
         return (f"transfer = bytes × busbw factor ÷ {ctx['link_gbps']:g} GB/s ({ctx['link_source']}), capped at "
                 "the measured transfer; latency term ignored")
+    if scenario in ("tf32_matmul", "bf16_matmul") and ctx.get("prec"):
+        return precision.assumptions(scenario, ctx["prec"])
     if scenario == "bf16_matmul":
         lo, mid, hi = ctx["bf16"]
         return (f"fp32 matrix math {mid:g}× faster in bf16 (range {lo:g}–{hi:g}× gives the range), plus casts at "
@@ -185,7 +203,8 @@ def _assumptions(scenario: str, ctx: dict, g: gr.Graph) -> str:
     if scenario == "no_compile":
         return "host time under dynamo/inductor compile ranges removed (a warm cache still traces frames)"
     if scenario == "no_launch_overhead":
-        return "host time between consecutive kernel launches cut to the launch calls alone (CUDA graphs)"
+        return ("CUDA graphs: the kernel-launch calls and the host time between consecutive launches removed (one "
+                "graph launch per step remains); the host's other work, the GPU's kernels unchanged")
     return "every applicable rewrite at once; savings do not add up"
 
 
@@ -197,7 +216,8 @@ def _longest(times: dict[tuple[int, int], float], counted: set[tuple[int, int]])
 def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_size: int | None,
                clock_offsets_us: dict | None = None, link_gbps: float | None = None, link_source: str = "",
                gpu_sm: str | None = None, cpu_native_bf16: bool | None = None, cpu_model: str | None = None,
-               defer: list | None = None, build_threads: int | None = None) -> tuple[dict, list[dict], dict]:
+               defer: list | None = None, build_threads: int | None = None, gpu: GpuInfo | None = None,
+               unprofiled_measured: dict | None = None) -> tuple[dict, list[dict], dict]:
     """Build, store and replay the run's graph, then every what-if that applies.
 
     ``defer``: when a list, the writes (the graph's ``sim_*`` tables and ``sim_result``) are appended to it as one
@@ -205,10 +225,19 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_siz
     the graph only once that callable has run. ``cpu_native_bf16``/``cpu_model``: the host CPU
     (``env_rank{r}.json``); on a CPU run, False leaves ``bf16_matmul`` out (the replay model's ``left_out`` says
     why); None assumes native bf16. ``build_threads``: threads that build the graph (:func:`.graph.build`).
+    ``gpu``: the run's GPU (peaks of the precision what-ifs, :mod:`.precision`). ``unprofiled_measured``: the step
+    time measured without the profiler, ``{"step_time_us", "source"}`` (``capture`` sidecar or training ``log``),
+    or None: then it is estimated from the trace (:mod:`.overhead`).
+
+    On GPU runs every what-if is priced on the step without the profiler: its rewrite applies to the graph with the
+    profiler's host cost taken out, its predicted step time and saving are for the unprofiled job, and no
+    prediction is below the busy time of the work the rewrite leaves (:func:`_floors`). ``profiled_*`` fields keep
+    the profiled figures.
 
     Returns:
-        ``(replay, whatif, picture)``: ``replay`` and ``whatif`` as in the JSON contract (``docs/replay.md``),
-        ``picture`` the cross-rank lanes of the median step for the HTML report.
+        ``(replay, whatif, picture)``: ``replay`` and ``whatif`` as in the JSON contract (``docs/replay.md``; the
+        replay's ``profiler_overhead`` is the run's), ``picture`` the cross-rank lanes of the median step for the
+        HTML report.
     """
     g = gr.build(con, run_id, mode, world_size, clock_offsets_us, threads=build_threads)
     release_free_memory()  # the build's temporaries: ~100 MB of fragmented heap at 1,024 ranks
@@ -235,6 +264,8 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_siz
     ctx = {"link_gbps": link_gbps, "link_source": link_source or "expected link",
            "bf16": BF16_SPEEDUP_GPU if mode == "gpu" else BF16_SPEEDUP_CPU,
            "native_bf16": cpu_native_bf16 if mode == "cpu" else None, "cpu_model": cpu_model}
+    if mode == "gpu":
+        ctx["prec"] = precision.context(con, g, gpu)
     replay_model["left_out"] = _left_out(g, ctx)
     picture = _picture(g, base, measured, counted, m_long)  # now: base (3 graph-sized arrays) is not held below
     del base
@@ -243,35 +274,116 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_siz
     applicable = [s for s in SCENARIOS[:-1] if _applies(g, s, ctx)]
     d0, cg0, tr0 = g.chain_dur, g.chain_gap, g.inst_transfer
 
-    def predict(arrs: Arrays) -> tuple[float, dict]:
+    def replay_long(arrs: Arrays) -> tuple[dict, dict]:
         rp = simulate.replay(g, *arrs)
         t = rp.step_times(g)
         del rp
         release_free_memory()  # each replay's graph-sized arrays: not stacked up in the heap
-        w_long = _longest(t, counted)
-        per_step = {s: m_long[s] - (b_long[s] - w_long[s]) for s in m_long}
-        return median(per_step.values()) or m_run, t
+        return _longest(t, counted), t
+
+    # the step without the profiler: measured (capture, log) or estimated by the replay of the graph less the
+    # profiler's host cost; the what-ifs are rewrites of that graph
+    u_long, per_op, cfg = b_long, 0.0, None
+    if mode == "gpu":
+        cfg = overhead.profiler_config(con, run_id)
+        per_op = overhead.per_op_us(cfg)
+        d0, cg0 = overhead.unprofiled(g, d0, cg0, per_op)
+        u_long, _ = replay_long((d0, cg0, tr0))
+    floor_u = _floors(g, d0, cg0)
+    # a floor above the measured step (work assigned to a step that runs past its end) never raises an estimate
+    est = {s: max(m_long[s] - (b_long[s] - u_long[s]), min(floor_u.get(s, 0.0), m_long[s])) for s in m_long}
+    est_run = median(est.values()) or m_run
+    u_run, source = est_run, "estimate"
+    if unprofiled_measured and (unprofiled_measured.get("step_time_us") or 0) > 0:
+        u_run, source = float(unprofiled_measured["step_time_us"]), str(unprofiled_measured.get("source"))
+    scale = u_run / est_run if est_run else 1.0  # a measured unprofiled step rescales the estimated predictions
+    replay_model["profiler_overhead"] = {
+        "unprofiled_step_time_us": round(u_run, 3), "profiled_step_time_us": round(m_run, 3),
+        "overhead_pct": round(100 * (m_run - u_run) / m_run, 2) if m_run else 0.0, "source": source,
+        "per_op_us": round(per_op, 3), "per_call_us": overhead.PER_CALL_US if per_op else 0.0,
+        "estimated_step_time_us": round(est_run, 3),
+        "profiler": cfg or {}, "events_per_step": _events_per_step(g, counted)}
+
+    def predict(arrs: Arrays) -> tuple[float, dict, bool]:
+        w_long, t = replay_long(arrs)
+        floor = {s: min(v, est.get(s, v)) for s, v in _floors(g, arrs[0], arrs[1]).items()}
+        per_step = {s: est[s] - (u_long[s] - w_long[s]) for s in m_long}
+        clamped = any(per_step[s] < floor.get(s, 0.0) - 1e-6 for s in per_step)
+        per_step = {s: max(v, floor.get(s, 0.0)) for s, v in per_step.items()}
+        return (median(per_step.values()) or est_run) * scale, t, clamped
 
     for sc in [*applicable, *(["all"] if len(applicable) > 1 else [])]:
         if sc == "all":
             arrs: Arrays = (d0, cg0, tr0)
             for s in applicable:
+                if s == "tf32_matmul" and "bf16_matmul" in applicable:
+                    continue  # bf16 supersedes TF32
                 arrs = REWRITES[s](g, *arrs, ctx)
         else:
             arrs = REWRITES[sc](g, d0, cg0, tr0, ctx)
-        pred, t = predict(arrs)
+        pred, t, clamped = predict(arrs)
         results += [[run_id, sc, r, s, measured[(r, s)], t[(r, s)]] for r, s in sorted(measured)]
-        row = _whatif_row(g, sc, ctx, pred, m_run, err, replay_model["reliable"])
-        if sc == "bf16_matmul":
-            lo_hi = [predict(_rw_bf16(g, d0, cg0, tr0, ctx, speedup=x))[0] for x in (ctx["bf16"][0], ctx["bf16"][2])]
-            row["range_us"] = [round(min(lo_hi), 3), round(max(lo_hi), 3)]
-            row["range_saving_pct"] = [round(100 * (m_run - max(lo_hi)) / m_run, 2),
-                                       round(100 * (m_run - min(lo_hi)) / m_run, 2)]
+        row = _whatif_row(g, sc, ctx, pred, u_run, err, replay_model["reliable"])
+        row["profiled_predicted_step_time_us"] = round(max(m_run - (u_run - pred), 0.0), 3)
+        row["profiled_saving_pct"] = round(100 * (u_run - pred) / m_run, 2) if m_run else 0.0
+        if clamped:
+            row["assumptions"] += ("; clamped to the floor: no step shorter than the busy time of the work this "
+                                   "fix leaves (each GPU stream's kernels, the host's remaining work)")
+        if sc in ("tf32_matmul", "bf16_matmul"):
+            if g.mode == "gpu" and ctx.get("prec"):
+                ends = [predict((REWRITES[sc](g, d0, cg0, tr0, ctx, bound=b)[0], cg0, tr0))[0]
+                        for b in ("low", "high")]
+            else:
+                ends = [predict(_rw_bf16(g, d0, cg0, tr0, ctx, speedup=x))[0]
+                        for x in (ctx["bf16"][0], ctx["bf16"][2])]
+            row["range_us"] = [round(min(ends), 3), round(max(ends), 3)]
+            row["range_saving_pct"] = [round(100 * (u_run - max(ends)) / u_run, 2),
+                                       round(100 * (u_run - min(ends)) / u_run, 2)]
         if row["saving_us"] >= MIN_SAVING_US or sc == "all":
             whatif.append(row)
     if defer is None:
         store.insert_rows(con, "sim_result", None, results)
     return replay_model, whatif, picture
+
+
+def _floors(g: gr.Graph, d: np.ndarray, cg: np.ndarray) -> dict[int, float]:
+    """Per counted step: the busy time no replay of these durations can beat, µs: the longest, over ranks, of each
+    GPU stream's kernels, copies and sets in the step (``d``) and of each host thread's tasks and the gaps before
+    them (``d + cg``: its remaining work). A step is never shorter than the work its busiest resource must do.
+    GPU runs only (``{}`` for CPU runs, whose replay of measured ops already holds each thread's work)."""
+    if g.mode != "gpu":
+        return {}
+    dev = np.isin(g.kind, (gr.K_KERNEL, gr.K_MEMCPY, gr.K_MEMSET))
+    host = g.kind == gr.K_HOST
+    sel = np.flatnonzero((g.step >= 0) & (dev | host))
+    if sel.size == 0:
+        return {}
+    w = np.where(dev[sel], d[sel], d[sel] + cg[sel])
+    width = int(g.step.max(initial=0)) + 2
+    key = (g.res[sel].astype(np.int64) * width + g.step[sel]).astype(np.int64)
+    keys, inv = np.unique(key, return_inverse=True)
+    busy = np.bincount(inv.reshape(-1), weights=w)
+    out: dict[int, float] = {}
+    for k, b in zip(keys.tolist(), busy.tolist(), strict=True):
+        step = k % width
+        out[step] = max(out.get(step, 0.0), b)
+    return out
+
+
+def _events_per_step(g: gr.Graph, counted: set) -> float | None:
+    """Median over counted (rank, step) of the profiler-recorded host events, or None."""
+    if g.prof_events is None:
+        return None
+    ev = g.prof_events.sum(axis=0)
+    sel = (g.step >= 0) & (ev > 0)
+    if not sel.any():
+        return None
+    width = int(g.step.max(initial=0)) + 2
+    key = g.rank[sel].astype(np.int64) * width + g.step[sel]
+    keys, inv = np.unique(key, return_inverse=True)
+    tot = np.bincount(inv.reshape(-1), weights=ev[sel])
+    vals = [v for k, v in zip(keys.tolist(), tot.tolist(), strict=True) if divmod(k, width) in counted]
+    return round(float(np.median(vals)), 1) if vals else None
 
 
 def _replay_model(g: gr.Graph, base: simulate.Replay, measured: dict, base_t: dict, counted: set, m_run: float,

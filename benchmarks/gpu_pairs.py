@@ -1,0 +1,145 @@
+"""Predicted against measured savings on the real H200 pairs (issue 29), and the step time without the profiler.
+
+    python benchmarks/gpu_pairs.py                     # every pair and side in ../shared/traces/gpu/h200
+    python benchmarks/gpu_pairs.py --without-capture   # also with the capture sidecars (steps_rank*.json) removed
+    python benchmarks/gpu_pairs.py --calibrate         # the profiler's per-event host cost each side implies
+
+Each pair is a slow run and the same job with one cause fixed (``../shared/traces/gpu/h200/README.md``). Measured
+saving = 1 − fixed / slow on the unprofiled wall time per step (``truth.json``: the mean of both repetitions'
+``wall_ms_per_step_mean``); predicted = the slow side's what-if ``saving_pct`` for the scenario that removes the
+cause, from its trace alone. The unprofiled step estimate (``runs[0].profiler_overhead``) is checked against the
+side's own measured wall time (its ``truth_side.json``, the repetition that was traced). The compile pair checks the
+compile time against the measured step 0. Targets (issue 29): what-if |error| ≤ 10 pp mean and ≤ 15 pp max;
+every estimate within 15 %; compile within 15 % of step 0; no fixed side with a high finding of the fixed cause.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+H200 = ROOT.parent / "shared" / "traces" / "gpu" / "h200"
+# (pair, slow side, fixed side, scenario, the finding cause that the fix removes)
+PAIRS = [("precision", "slow", "fixed", "bf16_matmul", "precision"),
+         ("precision", "slow", "tf32", "tf32_matmul", "precision"),
+         ("launch", "slow", "fixed", "no_launch_overhead", "launch"),
+         ("dataloader", "slow", "fixed", "no_dataloader_wait", "dataloader")]
+FIXED_KINDS = {"precision": ("fp32_matmul", "precision"), "launch": ("launch_bound", "host_optimizer"),
+               "dataloader": ("dataloader",), "compile": ("compile_overhead",)}
+
+
+def model_of(folder: Path, without_capture: bool = False) -> dict:
+    """The report model of one side (in-memory database); with ``without_capture`` its ``steps_rank*.json`` are
+    left out (a copy of the folder without them)."""
+    from traceanalyze.pipeline import analyze
+
+    if without_capture and any(folder.glob("steps_rank*.json")):
+        with tempfile.TemporaryDirectory() as tmp:
+            dst = Path(tmp) / folder.name
+            shutil.copytree(folder, dst, ignore=shutil.ignore_patterns("steps_rank*.json"))
+            a = analyze(dst, jobs=1)
+    else:
+        a = analyze(folder, jobs=1)
+    a.con.close()
+    return a.model
+
+
+def wall_ms(pair: str, side: str) -> float | None:
+    """Mean over both repetitions of the side's unprofiled ms per step (``truth.json``)."""
+    truth = json.loads((H200 / "truth.json").read_text())
+    reps = truth["pairs"][pair][side]
+    vals = [r.get("wall_ms_per_step_mean", r.get("steady_wall_ms_per_step")) for r in reps.values()]
+    vals = [v for v in vals if v]
+    return statistics.mean(vals) if vals else None
+
+
+def side_wall_ms(pair: str, side: str) -> float | None:
+    """The traced repetition's own unprofiled ms per step (``truth_side.json``)."""
+    t = json.loads((H200 / pair / side / "truth_side.json").read_text())
+    return t.get("wall_ms_per_step_mean") or t.get("steady_wall_ms_per_step")
+
+
+def high_findings(model: dict, kinds: tuple[str, ...]) -> list[str]:
+    return [f"{f['kind']}: {f['title']}" for f in model.get("findings", [])
+            if f.get("severity") == "high" and f.get("kind") in kinds]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--without-capture", action="store_true", help="also run with the capture sidecars removed")
+    ap.add_argument("--calibrate", action="store_true", help="print the per-event cost each side implies")
+    args = ap.parse_args()
+    if not H200.exists():
+        print(f"{H200} is missing (the shared traces): nothing to check")
+        return 0
+    variants = [False, True] if args.without_capture else [False]
+    sides = sorted({(p, s) for p, a, b, _, _ in PAIRS for s in (a, b)} | {("compile", "slow"), ("compile", "fixed")})
+    ok = True
+    for wc in variants:
+        models = {ps: model_of(H200 / ps[0] / ps[1], wc) for ps in sides}
+        print(f"\n## {'capture sidecars removed' if wc else 'as recorded'}\n")
+        print("| side | verdict |\n|---|---|")
+        for (p, s), m in models.items():
+            print(f"| {p}/{s} | {m['verdict'][:150]} |")
+        print("\n| pair | scenario | predicted saving | range | measured saving | error |\n|---|---|--:|--:|--:|--:|")
+        errs = []
+        for p, a, b, sc, _ in PAIRS:
+            run = models[(p, a)]["runs"][0]
+            w = next((x for x in run.get("whatif") or [] if x["scenario"] == sc), None)
+            meas = 100 * (1 - wall_ms(p, b) / wall_ms(p, a))
+            if w is None:
+                print(f"| {p} {a}→{b} | {sc} | not offered | | {meas:.1f} % | — |")
+                errs.append(meas)
+                continue
+            rng = w.get("range_saving_pct")
+            e = w["saving_pct"] - meas
+            errs.append(e)
+            rtxt = f"{rng[0]:.1f}–{rng[1]:.1f} %" if rng else ""
+            print(f"| {p} {a}→{b} | {sc} | {w['saving_pct']:.1f} % | {rtxt} | {meas:.1f} % | {e:+.1f} pp |")
+        mean_abs, max_abs = statistics.mean(abs(e) for e in errs), max(abs(e) for e in errs)
+        print(f"\nwhat-if |error|: mean {mean_abs:.1f} pp (target ≤ 10), max {max_abs:.1f} pp (target ≤ 15)")
+        ok &= mean_abs <= 10 and max_abs <= 15
+        print("\n| side | profiled ms | unprofiled estimate ms | source | measured ms | error | events/step |"
+              "\n|---|--:|--:|---|--:|--:|--:|")
+        est_errs = []
+        for (p, s), m in models.items():
+            po = m["runs"][0].get("profiler_overhead") or {}
+            truth = side_wall_ms(p, s)
+            est = po.get("unprofiled_step_time_us")
+            if not (truth and est):
+                continue
+            e = 100 * (est / 1e3 - truth) / truth
+            est_errs.append(e)
+            print(f"| {p}/{s} | {po['profiled_step_time_us'] / 1e3:.1f} | {est / 1e3:.1f} | {po.get('source')} | "
+                  f"{truth:.1f} | {e:+.1f} % | {po.get('events_per_step')} |")
+            if args.calibrate and po.get("events_per_step"):
+                implied = (po["profiled_step_time_us"] - truth * 1e3) / po["events_per_step"]
+                print(f"|   implied per-event cost if host-bound: {implied:.2f} µs (model {po['per_op_us']} µs) |")
+        if est_errs:
+            print(f"\nestimates: max |error| {max(abs(e) for e in est_errs):.1f} % (target ≤ 15 %)")
+            ok &= max(abs(e) for e in est_errs) <= 15
+        comp = models[("compile", "slow")]["runs"][0].get("compile") or {}
+        t0 = json.loads((H200 / "compile" / "slow" / "truth_side.json").read_text())["step0_ms"]
+        cu = comp.get("compile_us") or {}
+        c_ms = (max(cu.values()) if isinstance(cu, dict) and cu else float(cu or 0)) / 1e3
+        if c_ms:
+            print(f"\ncompile: {c_ms:,.0f} ms against step 0 {t0:,.0f} ms ({100 * (c_ms - t0) / t0:+.1f} %, "
+                  "target within 15 %)")
+            ok &= abs(c_ms - t0) / t0 <= 0.15
+        for p, _, b, _, _ in [*PAIRS, ("compile", "slow", "fixed", "", "")]:
+            bad = high_findings(models[(p, b)], FIXED_KINDS[p])
+            if bad:
+                ok = False
+                print(f"fixed side {p}/{b} still has a high finding of the fixed cause: {bad}")
+    print("\nall targets met" if ok else "\nsome targets missed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

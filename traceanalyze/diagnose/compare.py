@@ -1,0 +1,193 @@
+"""Comparing two runs: the step-time delta as a sum of parts, which finding explains each part, config
+differences, and findings from throughput alone."""
+
+from __future__ import annotations
+
+import statistics
+
+from traceanalyze import hardware
+from traceanalyze.diagnose.evidence import RunEvidence, severity
+from traceanalyze.diagnose.interconnect import interconnect_recommendation, slow_topology_pairs, transport_note
+from traceanalyze.diagnose.precision import CPU_PRECISION_ADVICE
+from traceanalyze.findings import Finding
+
+
+def effective_batch_of(ev: RunEvidence) -> float | None:
+    """Effective (global) batch = per-device micro-batch × gradient accumulation × data-parallel size."""
+    gb = ev.fact("global_batch")
+    if gb:
+        return float(gb)
+    pdb, ga = ev.fact("per_device_batch"), ev.fact("gradient_accumulation_steps")
+    ws = ev.fact("world_size") or ev.world_size
+    if pdb and ga and ws:
+        return float(pdb) * float(ga) * float(ws)
+    return None
+
+
+def throughput_per_rank(ev: RunEvidence) -> tuple[float, str] | None:
+    """Per-rank speed, higher is better: (value, what). Tokens/s per GPU from the logs, else 1e6 / step time (µs)
+    from the trace's profiler steps, else from the logs' step time. None when nothing says."""
+    tps = [s.tokens_per_s for s in ev.log_steps if s.tokens_per_s]
+    if tps:
+        return statistics.median(tps), "tokens/s per GPU (log)"
+    if ev.step_time_us:
+        return 1e6 / ev.step_time_us, "steps/s (trace)"
+    ms = [s.step_time_ms for s in ev.log_steps if s.step_time_ms]
+    if ms:
+        return 1e3 / statistics.median(ms), "steps/s (log)"
+    return None
+
+
+def _ranks_of(ev: RunEvidence) -> int:
+    ws = ev.fact("world_size") or ev.world_size or len(ev.ranks) or 1
+    return int(float(ws))
+
+
+def compare(subject: RunEvidence, baseline: RunEvidence, subject_findings: list[Finding],
+            baseline_findings: list[Finding] | None = None) -> tuple[dict, list[Finding]]:
+    """Explain subject − baseline step time as a sum of parts and flag config differences.
+
+    Parts per counted profiler step (median over ranks of each rank's median over its steps): compute, exposed
+    communication, idle, and other (the rest of the run's step time, :mod:`traceanalyze.metrics.steps`), each
+    subject − baseline in µs; they add up to the step-time delta. A part that grew names the subject's finding
+    that explains it, only when that finding can (:func:`explains`): its cause differs between the runs, or its
+    estimated cost grew with the delta. Returns ``(comparison dict, extra findings)``.
+    """
+    def parts(ev: RunEvidence) -> dict[str, float]:
+        if not ev.steps:
+            return {}
+        ranks = sorted({s["rank"] for s in ev.steps})
+
+        def med(key: str) -> float:
+            return statistics.median(statistics.median(s[key] for s in ev.steps_of(r)) for r in ranks)
+        d = {"step": ev.step_time_us or med("step_time_us"), "compute": med("compute_us"),
+             "exposed communication": med("exposed_comm_us"), "idle": med("idle_us")}
+        d["other"] = d["step"] - d["compute"] - d["exposed communication"] - d["idle"]
+        return d
+
+    ps, pb = parts(subject), parts(baseline)
+    kinds_of = {"compute": ("fp32_matmul", "autocast_missing", "straggler"),
+                "exposed communication": ("slow_collectives", "topology", "straggler"),
+                "idle": ("dataloader", "launch_bound", "idle_rank", "compile_overhead", "straggler"),
+                "other": ("compile_overhead", "dataloader", "launch_bound")}
+    rows = []
+    for part in ("compute", "exposed communication", "idle", "other"):
+        if part in ps and part in pb:
+            d = ps[part] - pb[part]
+            f = next((f for f in subject_findings if f.kind in kinds_of[part] and f.severity != "low"
+                      and explains(f, d, subject, baseline, baseline_findings or [])), None)
+            rows.append({"part": part, "subject_us": round(ps[part], 1), "baseline_us": round(pb[part], 1),
+                         "delta_us": round(d, 1), "finding": f.title if f else None})
+    diffs = []
+    for key in ("precision", "gradient_accumulation_steps", "per_device_batch", "global_batch", "world_size",
+                "compile", "learning_rate"):
+        a, b = subject.fact(key), baseline.fact(key)
+        if a is not None and b is not None and str(a) != str(b):
+            diffs.append({"key": key, "subject": a, "baseline": b})
+    if subject.world_size != baseline.world_size:
+        diffs.append({"key": "ranks in trace", "subject": subject.world_size, "baseline": baseline.world_size})
+    sm, bm = (subject.prec.main_dtype if subject.prec else None), (baseline.prec.main_dtype if baseline.prec else None)
+    if sm and bm and sm != bm:
+        diffs.append({"key": "matmul dtype", "subject": sm, "baseline": bm})
+    extra: list[Finding] = []
+    extra += _compare_throughput(subject, baseline, subject_findings)
+    es, eb = effective_batch_of(subject), effective_batch_of(baseline)
+    if es and eb and es != eb and _ranks_of(subject) < _ranks_of(baseline):
+        subject, baseline, es, eb = baseline, subject, eb, es  # the finding belongs to the run that scaled out
+    if es and eb and es != eb:
+        ratio = es / eb
+        diffs.append({"key": "effective batch", "subject": es, "baseline": eb})
+        ga = subject.fact("gradient_accumulation_steps")
+        impact = round(100 * (1 - 1 / ratio), 1) if ratio > 1 else 0.0
+        ev_lines = [f"effective batch {es:,.0f} vs {eb:,.0f} in the baseline ({ratio:g}×)",
+                    f"gradient accumulation {ga if ga is not None else '?'} in both runs while the data-parallel "
+                    f"size went {baseline.fact('world_size') or baseline.world_size} → "
+                    f"{subject.fact('world_size') or subject.world_size}"]
+        losses_s = [s.loss for s in subject.log_steps if s.loss is not None]
+        losses_b = [s.loss for s in baseline.log_steps if s.loss is not None]
+        if losses_s and losses_b:
+            ev_lines.append(f"final logged loss {losses_s[-1]:g} vs {losses_b[-1]:g} in the baseline")
+        extra.append(Finding(
+            "config", "gradient_accumulation", "high" if ratio >= 2 or ratio <= 0.5 else "medium", impact, [],
+            f"Effective batch grew {ratio:g}× against the baseline: gradient accumulation was not scaled with the "
+            "number of ranks", ev_lines,
+            f"divide gradient_accumulation_steps by the world-size ratio ({ga} → "
+            f"{max(1, round(float(ga) / ratio)) if ga else '?'}) to keep the baseline's effective batch, or scale "
+            "the learning rate with the batch (linear scaling) and expect fewer optimizer steps per epoch",
+            run=subject.name))
+    comp = {"subject": subject.name, "baseline": baseline.name,
+            "subject_step_us": ps.get("step") or subject.step_time_us,
+            "baseline_step_us": pb.get("step") or baseline.step_time_us,
+            "parts": rows, "config_diffs": diffs}
+    if comp["subject_step_us"] is not None and comp["baseline_step_us"] is not None:
+        comp["delta_us"] = round(comp["subject_step_us"] - comp["baseline_step_us"], 1)
+    return comp, extra
+
+
+PRECISION_KINDS = ("fp32_matmul", "autocast_missing")
+MIN_SHARE_DIFF_POINTS = 10.0  # fp32 share of matrix math that must differ for precision to explain a delta
+
+
+def explains(f: Finding, delta_us: float, subject: RunEvidence, baseline: RunEvidence,
+             baseline_findings: list[Finding]) -> bool:
+    """Whether the subject's finding ``f`` can explain a part of the step that grew by ``delta_us`` (µs).
+
+    Only a slowdown is explained (``delta_us`` > 0). The cause must differ between the runs: the baseline has no
+    finding of that kind (precision: and the fp32 share of matrix math differs by :data:`MIN_SHARE_DIFF_POINTS`
+    points or more), or it scales with the delta: the finding's estimated cost per step (impact % × step time)
+    grew by at least half of ``delta_us`` against the baseline's finding of that kind.
+    """
+    if delta_us <= 0:
+        return False
+    if f.kind in PRECISION_KINDS and subject.prec and baseline.prec and f.kind != "autocast_missing":
+        if abs(subject.prec.fp32_share_pct - baseline.prec.fp32_share_pct) < MIN_SHARE_DIFF_POINTS:
+            return False  # both runs do their matrix math in the same precision: it cannot explain a difference
+    same = [b for b in baseline_findings if b.kind == f.kind]
+    if not same:
+        return True
+    b = max(same, key=lambda x: x.impact_pct)
+    grown = (f.impact_pct * (subject.step_time_us or 0.0) - b.impact_pct * (baseline.step_time_us or 0.0)) / 100
+    return grown >= 0.5 * delta_us
+
+
+def _same_precision_advice(subject: RunEvidence, prec_b: str) -> str:
+    """Advice for a run in fp32 whose baseline uses ``prec_b``: what the subject's GPU supports
+    (:func:`traceanalyze.hardware.precision_advice`; both options when the GPU is unknown)."""
+    if subject.mode == "cpu":
+        return (f"set the same precision as the baseline ({prec_b}; the single-device default is often fp32): "
+                + CPU_PRECISION_ADVICE)
+    return (f"set the same precision as the baseline ({prec_b}; the single-device default is often fp32): "
+            + hardware.precision_advice(subject.gpu))
+
+
+def _compare_throughput(subject: RunEvidence, baseline: RunEvidence, have: list[Finding]) -> list[Finding]:
+    """Findings from logs alone when two runs differ: poor scaling to more ranks, fp32 against bf16."""
+    out: list[Finding] = []
+    ts, tb = throughput_per_rank(subject), throughput_per_rank(baseline)
+    ns, nb = _ranks_of(subject), _ranks_of(baseline)
+    rel = ts[0] / tb[0] if ts and tb and tb[0] > 0 and ts[1] == tb[1] else None
+    prec_s, prec_b = subject.fact("precision"), baseline.fact("precision")
+    if prec_s == "fp32" and prec_b in ("bf16", "fp16") and not any(f.cause == "precision" for f in have):
+        impact = round(100 * (1 - rel), 1) if rel is not None and rel < 1 else 10.0
+        ev_lines = [f"precision {prec_s} in {subject.name} vs {prec_b} in {baseline.name} (config/log)"]
+        if rel is not None:
+            ev_lines.append(f"per-rank speed {ts[0]:,.1f} vs {tb[0]:,.1f} {ts[1]}: {1 / rel:.1f}× slower")
+        out.append(Finding("precision", "autocast_missing", severity(impact), impact, [],
+                           f"{subject.name} runs in fp32 while {baseline.name} uses {prec_b}", ev_lines,
+                           _same_precision_advice(subject, prec_b), run=subject.name))
+    if ns > nb and rel is not None and rel < 0.5 and not any(f.cause == "interconnect" for f in have):
+        eff = rel
+        impact = round(100 * (1 - eff), 1)
+        ev_lines = [f"per-rank speed on {ns} ranks {ts[0]:,.1f} vs {tb[0]:,.1f} {ts[1]} on {nb}: scaling efficiency "
+                    f"{100 * eff:.0f}%", f"{ns} ranks deliver {ns * eff:.2f}× the throughput of {nb}"]
+        note = transport_note(subject)
+        if note:
+            ev_lines.append(note)
+        pairs = slow_topology_pairs(subject)
+        if pairs:
+            ev_lines.append("GPU links: " + ", ".join(f"{a}–{b} {lk}" for a, b, lk in pairs[:4]))
+        kind = "topology" if pairs else "slow_collectives"
+        out.append(Finding("interconnect", kind, severity(impact), impact, [],
+                           f"Scaling to {ns} ranks loses {impact:.0f}% of per-rank throughput", ev_lines,
+                           interconnect_recommendation(subject, pairs), run=subject.name))
+    return out

@@ -1,0 +1,137 @@
+"""Every rule over one run (:func:`diagnose`), the idle no rule explains, ranking, impact from the what-if replay
+and the report's first sentence (:func:`verdict`)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import asdict
+from dataclasses import replace as dataclasses_replace
+
+from traceanalyze.diagnose.config import rule_compile, rule_dataloader, rule_effective_batch_single, rule_launch_bound
+from traceanalyze.diagnose.evidence import (
+    CPU_PRECISION_TICKET_PCT,
+    HOST_BOUND_WAIT_PCT,
+    RunEvidence,
+    main_stream_host_wait,
+    severity,
+)
+from traceanalyze.diagnose.imbalance import rule_idle_rank, rule_straggler
+from traceanalyze.diagnose.interconnect import rule_exposed_communication, rule_untraced_ranks
+from traceanalyze.diagnose.precision import rule_precision
+from traceanalyze.findings import Finding
+
+IDLE_EXPLAIN_PCT = 50.0  # a GPU idle above this is never healthy without a finding that explains it
+IDLE_EXPLAINERS = ("slow_collectives", "topology", "untraced_ranks", "straggler", "idle_rank", "dataloader",
+                   "launch_bound", "host_bound", "compile_overhead")
+
+
+RULES = [rule_exposed_communication, rule_untraced_ranks, rule_straggler, rule_idle_rank, rule_precision, rule_compile,
+         rule_dataloader, rule_launch_bound, rule_effective_batch_single]
+
+
+def diagnose(ev: RunEvidence) -> list[Finding]:
+    """Every finding of one run, ranked by impact (then severity); a GPU idle that no finding explains gets one."""
+    out: list[Finding] = []
+    for rule in RULES:
+        for f in rule(ev):
+            f.run = ev.name
+            out.append(f)
+    out += [dataclasses_replace(f, run=ev.name) for f in unexplained_idle(ev, out)]
+    return rank_findings(out)
+
+
+def unexplained_idle(ev: RunEvidence, found: list[Finding]) -> list[Finding]:
+    """Config, medium: the GPU is idle more than :data:`IDLE_EXPLAIN_PCT` % of the window and no finding of medium
+    or high severity among :data:`IDLE_EXPLAINERS` says why. The report must not call such a run healthy."""
+    if ev.mode != "gpu" or not ev.ranks:
+        return []
+    idle = statistics.median(r["idle_pct"] for r in ev.ranks)
+    if idle <= IDLE_EXPLAIN_PCT or any(f.kind in IDLE_EXPLAINERS and f.severity != "low" for f in found):
+        return []
+    evidence = [f"GPU idle {idle:.0f}% of the trace window (median over {len(ev.ranks)} rank(s))"]
+    hw = main_stream_host_wait(ev)
+    if hw is not None:
+        evidence.append(f"on the busiest stream, host wait is {hw:.0f}% of the idle time (below the "
+                        f"{HOST_BOUND_WAIT_PCT:g}% that makes a step host-bound): the rest waits on other streams, "
+                        "syncs or copies")
+    if ev.prec is not None and ev.prec.mfu_pct is not None:
+        evidence.append(f"MFU {ev.prec.mfu_pct:.1f}%")
+    return [Finding("config", "unexplained_idle", "medium", round(idle - IDLE_EXPLAIN_PCT, 1),
+                    [r["rank"] for r in ev.ranks],
+                    f"The GPU is idle {idle:.0f}% of the time and no rule explains it", evidence,
+                    "open the trace around the idle gaps (traceanalyze export, Perfetto): look for host syncs, "
+                    "waits on other streams, CPU work between steps, or ranks missing from the traces")]
+
+
+def rank_findings(fs: list[Finding]) -> list[Finding]:
+    """Sort by severity then impact, highest first."""
+    order = {"high": 0, "medium": 1, "low": 2}
+    return sorted(fs, key=lambda f: (order[f.severity], -f.impact_pct))
+
+
+# finding kind -> the what-if scenario that removes its cause
+KIND_TO_SCENARIO = {"straggler": "no_straggler", "idle_rank": "no_straggler", "slow_collectives": "ideal_interconnect",
+                    "topology": "ideal_interconnect", "exposed_communication": "ideal_interconnect",
+                    "fp32_matmul": "bf16_matmul", "autocast_missing": "bf16_matmul", "compile_overhead": "no_compile",
+                    "recompiles": "no_compile", "dataloader": "no_dataloader_wait",
+                    "launch_bound": "no_launch_overhead"}
+# One-time costs: their rule spreads them over an assumed job length, while no_compile prices the profiled
+# steps (the compile step included); the two are not the same share, so these findings keep the rule's figure.
+AMORTIZED_KINDS = frozenset({"compile_overhead", "recompiles"})
+
+
+def apply_to_findings(findings: list[Finding], whatifs: list[dict] | None, mode: str | None = None) -> list[Finding]:
+    """Set each finding's ``impact_pct`` from the what-if that removes its cause (:data:`KIND_TO_SCENARIO`) and its
+    severity from that impact (:func:`severity`), except that a finding its rule judged not worth a ticket
+    (severity low: within the run's noise, or an assumed gain the trace cannot confirm) stays low; findings without
+    a what-if keep the rule's estimate. On a CPU run (``mode="cpu"``) the bf16 speed-up is assumed, not known for
+    that CPU, so a precision finding priced below :data:`CPU_PRECISION_TICKET_PCT` is low, and never high. Returns
+    the findings ranked by severity, then impact (:func:`rank_findings`). ``whatifs``: the run model's ``whatif``
+    rows (:func:`traceanalyze.replay.whatif.replay_run`). The rules decide which causes exist; the replay decides
+    what each costs."""
+    by = {w["scenario"]: w for w in whatifs or []}
+    for f in findings:
+        if f.kind in AMORTIZED_KINDS:
+            continue
+        w = by.get(KIND_TO_SCENARIO.get(f.kind, ""))
+        if w is None or not w.get("reliable", False):
+            continue
+        impact = max(0.0, float(w["saving_pct"]))
+        if math.isfinite(impact):
+            f.impact_pct = round(impact, 1)
+            if f.severity != "low":  # the rules decide what is worth a ticket; the replay, what it costs
+                f.severity = severity(impact)
+                if mode == "cpu" and w["scenario"] == "bf16_matmul":
+                    f.severity = "low" if impact < CPU_PRECISION_TICKET_PCT else "medium"
+            f.evidence = [*f.evidence, f"impact from the what-if replay ({w['scenario']}): predicted step time "
+                                       f"{w['predicted_step_time_us'] / 1e3:.2f} ms, {impact:.1f}% saved"]
+    return rank_findings(findings)
+
+
+def to_dicts(fs: list[Finding]) -> list[dict]:
+    """Findings as plain dicts for the JSON report."""
+    return [asdict(f) for f in fs]
+
+
+def verdict(findings: list[Finding], runs: list[RunEvidence] | None = None) -> str:
+    """One sentence for the top of the report (see the module docstring). ``runs`` (the subject runs' evidence)
+    adds the GPU idle share to an inconclusive verdict."""
+    top = [f for f in findings if f.severity in ("high", "medium")]
+    if not top:
+        return "No significant slowdown found: no finding reaches medium severity."
+    inc = next((f for f in top if f.kind == "untraced_ranks"), None)
+    if inc is not None:
+        ev = next((e for e in runs or [] if e.name == inc.run), None)
+        s = inc.title + (f" ({len(ev.ranks)} of {ev.world_size} ranks traced)" if ev and ev.world_size else "")
+        if ev is not None and ev.mode == "gpu" and ev.ranks:
+            s += f"; the GPU is idle {statistics.median(r['idle_pct'] for r in ev.ranks):.0f}%"
+        other = next((f for f in top if f is not inc and f.cause != "interconnect"), None)
+        if other is not None:
+            s += f". Also: {other.title} (about {other.impact_pct:.0f}% of step time)"
+        return s + "."
+    f = top[0]
+    if f.kind == "unexplained_idle":
+        return f"Not healthy: {f.title[0].lower()}{f.title[1:]}; see the GPU idle breakdown and the timeline."
+    s = f"Main cause: {f.cause} ({f.kind.replace('_', ' ')}): {f.title} — about {f.impact_pct:.0f}% of step time"
+    return s + (f" ({f.assumption})." if f.assumption else ".")

@@ -1,0 +1,89 @@
+"""The profiler's own host cost, and the step time without the profiler.
+
+The profiler pays host time for every event it records: entering and leaving each op and annotation (more with
+``record_shapes``, which copies every input's shape and dtype, and with ``with_stack``, which walks the Python
+stack) and CUPTI's callback around every runtime and driver call. A GPU-bound step hides that cost; a host-bound
+step (small kernels, a Python-heavy loop) runs slower under the profiler than without it. NVIDIA's Nsight and NeMo
+guides list "compare profiled and unprofiled step time" as a pitfall; nothing in the trace says how much.
+
+The estimate (:func:`unprofiled`): each host task's gap, then its own duration (at most half of it), shrinks by
+``ops × per_op_us + calls × per_call_us`` (:func:`per_op_us`, :data:`PER_CALL_US`; the events from
+:func:`traceanalyze.replay.graph._profiler_events`),
+and the graph is replayed: a GPU-bound step stays, a host-bound one shrinks.
+
+Calibration (``benchmarks/gpu_pairs.py --calibrate`` prints it): per recorded event, fitted on the shared H200 sides
+whose unprofiled wall time was measured (``../shared/traces/gpu/h200``, ``truth_side.json``). With
+``record_shapes=True``: the launch pair's slow side (about 6,800 events per step) takes 69.8 ms profiled and
+44.3 ms without the profiler (3.7 µs per event), the data-loader pair's slow side 68.8 against 62.1 ms (2.8 µs
+per event), and the bf16 GPT 47.9 against 33.5 ms (host-bound in part). Without ``record_shapes`` (the compile
+pair's eager side: 21.5 against 18.8 ms over about 3,300 events per step) about a third of that.
+"""
+
+from __future__ import annotations
+
+import json
+
+import duckdb
+import numpy as np
+
+from traceanalyze.replay import graph as gr
+
+# µs of host time per recorded event (module docstring: the calibration): per op or annotation, by what is recorded;
+# per runtime or driver call (CUPTI's callback and activity record, whatever the options)
+PER_OP_US = {"base": 1.0, "record_shapes": 1.9, "with_stack": 4.0, "profile_memory": 0.5}
+PER_CALL_US = 5.9
+# µs of GPU time CUPTI's kernel activity record adds between two queued kernels of a stream: a CUDA graph that
+# replays ~3,850 kernels per step with no host work between them takes 13.8 ms per step profiled against 6.9 ms
+# without the profiler (launch pair, fixed side): 1.8 µs per kernel
+PER_KERNEL_US = 1.8
+RANGE = (0.6, 1.4)  # the estimate's range: per-event cost × these (the sides above spread by about that much)
+MAX_DUR_CUT = 0.5  # a task's own duration shrinks by at most this share (the call itself is real work)
+
+
+def profiler_config(con: duckdb.DuckDBPyConnection, run_id: int) -> dict:
+    """What the run's profiler recorded: ``record_shapes``, ``with_stack``, ``profile_memory`` (bool each), from the
+    trace headers where they say (PyTorch writes ``record_shapes`` in the header from 2.5), else from the events
+    (``Input Dims`` on most ops: shapes were recorded)."""
+    cfg = {"record_shapes": None, "with_stack": None, "profile_memory": None}
+    for (hdr,) in con.execute("SELECT header FROM files WHERE run_id = ? AND rank IS NOT NULL LIMIT 64",
+                              [run_id]).fetchall():
+        try:
+            h = json.loads(hdr) if isinstance(hdr, str) else (hdr or {})
+        except ValueError:
+            continue
+        if not isinstance(h, dict):
+            continue
+        for k in cfg:
+            v = h.get(k)
+            if isinstance(v, (bool, int)) and not isinstance(v, float):
+                cfg[k] = bool(v) or bool(cfg[k])
+    if cfg["record_shapes"] is None:
+        n, shaped = con.execute("""SELECT count(*), count(c.input_dims) FROM (
+                SELECT c.input_dims FROM cpu_ops c JOIN files f USING (file_id)
+                WHERE f.run_id = ? AND c.cat = 'cpu_op' LIMIT 20000) c""", [run_id]).fetchone()
+        cfg["record_shapes"] = bool(n) and shaped > 0.3 * n
+    return {k: bool(v) for k, v in cfg.items()}
+
+
+def per_op_us(cfg: dict) -> float:
+    """µs of host time the profiler adds per recorded op or annotation under ``cfg`` (:func:`profiler_config`):
+    :data:`PER_OP_US` ``base`` plus each option's share."""
+    return PER_OP_US["base"] + sum(PER_OP_US[k] for k in ("record_shapes", "with_stack", "profile_memory")
+                                   if cfg.get(k))
+
+
+def unprofiled(g: gr.Graph, d: np.ndarray, cg: np.ndarray, per_op: float, per_call: float = PER_CALL_US
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """``(durations, chain gaps)`` with the profiler's host cost taken out: per host task ``ops × per_op + calls ×
+    per_call`` µs, from the gap before it first, then from its own duration (at most :data:`MAX_DUR_CUT` of it).
+    Copies."""
+    if g.prof_events is None or (per_op <= 0 and per_call <= 0):
+        return d, cg
+    cut = g.prof_events[0].astype(np.float64) * per_op + g.prof_events[1].astype(np.float64) * per_call
+    dev = np.isin(g.kind, (gr.K_KERNEL, gr.K_MEMCPY, gr.K_MEMSET)) & ~g.first
+    cut[dev] = PER_KERNEL_US
+    from_gap = np.minimum(cg, cut)
+    cg2 = cg - from_gap
+    rest = cut - from_gap
+    d2 = d - np.where(dev, 0.0, np.minimum(rest, d * MAX_DUR_CUT))
+    return d2, cg2

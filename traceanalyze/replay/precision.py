@@ -1,0 +1,168 @@
+"""The precision what-ifs on GPU runs: ``tf32_matmul`` and ``bf16_matmul`` re-time each kernel the switch changes,
+by its class (:data:`traceanalyze.replay.graph.PRECISION_CLASSES`), then the graph is replayed.
+
+The model (a roofline per kernel class; ``shared/WHATIF.md`` §6 and §10):
+
+- **Compute-bound matrix math** (GEMM, convolution, attention on CUDA cores in fp32) is re-timed by the ratio of the
+  GPU's dense peaks, old math mode to new (:func:`traceanalyze.hardware.gpu_peaks`: fp32 CUDA cores → TF32 or
+  bf16 tensor cores; on an H100/H200 495/67 = 7.4× and 989/67 = 14.8×). A kernel keeps the share of its peak that
+  the trace shows it reaching only at best: on the same shape, tensor cores finish the math several times sooner
+  and memory traffic takes a larger share, so the low end of the range assumes half the share (ratio / 2), the
+  high end the whole share (ratio), and the point estimate their geometric mean (ratio / √2). No kernel is
+  brought below :data:`MIN_KERNEL_US`.
+- **Already TF32** matrix math gains bf16/TF32 (2× on sm80+) under ``bf16_matmul`` and nothing under ``tf32_matmul``.
+- **Attention in fp32** (PyTorch's memory-efficient SDPA kernels ``fmha_cutlass*_f32``) has no TF32 path: unchanged
+  by ``tf32_matmul`` (``torch.backends.cuda.matmul.allow_tf32`` does not reach SDPA), re-timed like GEMMs by
+  ``bf16_matmul``.
+- **Memory-bound kernels that autocast moves to bf16** (kernels of fp32 ops that are not on autocast's fp32 list and
+  do not update fp32 state in place) move 2 bytes per element instead of 4 when every operand is bf16, and the same
+  bytes when autocast keeps an operand fp32 (the residual stream, a norm's statistics): time × 0.5 at best, × 1.0 at
+  worst, × 0.75 as the point estimate.
+- **The casts autocast adds**: every fp32 input of a forward matrix op (``aten::linear``, ``conv*``, SDPA, ...:
+  :data:`traceanalyze.matmath.AUTOCAST_LOWP_OPS`) read in fp32 and written in bf16 (6 bytes per element), and each
+  weight gradient cast back (6 bytes per weight element), over the HBM bandwidth at :data:`COPY_EFFICIENCY`. The
+  bytes come from the ops' ``Input Dims`` (``record_shapes=True``); without shapes the casts cost
+  :data:`CAST_SHARE_NO_SHAPES` of the matrix-math time saved.
+
+``tf32_matmul`` is ``torch.set_float32_matmul_precision("high")`` plus ``torch.backends.cudnn.allow_tf32 = True``;
+it needs sm80 or later. ``bf16_matmul`` on sm70/sm75 is fp16 autocast with a GradScaler (no bf16 there).
+"""
+
+from __future__ import annotations
+
+import math
+
+import duckdb
+import numpy as np
+
+from traceanalyze import matmath
+from traceanalyze.hardware import GpuInfo, Peaks, features, gpu_peaks
+from traceanalyze.replay import graph as gr
+
+MIN_KERNEL_US = 2.0  # no kernel re-timed below this: a launch's own latency on the GPU (a few µs)
+MEMORY_FACTORS = (1.0, 0.75, 0.5)  # memory-bound kernels under autocast: time × factor (low, mid, high saving)
+COPY_EFFICIENCY = 0.8  # share of the HBM peak a large cast kernel reaches (streaming copy)
+CAST_SHARE_NO_SHAPES = 0.1  # casts as a share of the matrix-math time saved, when the trace has no Input Dims
+BOUNDS = ("low", "mid", "high")  # the range's ends and the point estimate, by saving
+
+
+def target_dtype(gpu: GpuInfo, scenario: str) -> str | None:
+    """The math mode ``scenario`` switches fp32 matrix math to on ``gpu``: ``tf32`` (sm80+, else None), ``bf16``
+    (sm80+ or unknown) or ``fp16`` (sm70/sm75 autocast with GradScaler); None when the GPU has no such mode
+    (before sm70, or TF32 before sm80)."""
+    cc = gpu.capability
+    if scenario == "tf32_matmul":
+        return "tf32" if cc is None or features(cc).tf32 else None
+    if cc is not None and not features(cc).tensor_cores:
+        return None
+    return "fp16" if cc is not None and not features(cc).bf16 else "bf16"
+
+
+def cast_bytes(con: duckdb.DuckDBPyConnection, run_id: int) -> float | None:
+    """Bytes the casts of bf16 autocast would move over the run's traced window: 6 per element of every fp32 tensor
+    input of a forward matrix op (:data:`traceanalyze.matmath.AUTOCAST_LOWP_OPS`), plus 6 per element of its weight
+    (the second input) for the gradient cast back. None when no such op records ``Input Dims``."""
+    rows = con.execute("""
+        SELECT c.input_dims, c.input_types FROM cpu_ops c JOIN files f USING (file_id)
+        WHERE f.run_id = $1 AND c.cat = 'cpu_op' AND c.name IN (SELECT unnest($2)) AND c.input_dims IS NOT NULL
+          AND (c.input_types LIKE '["float"%' OR c.input_types LIKE '[''float''%')""",
+                       [run_id, list(matmath.AUTOCAST_LOWP_OPS)]).fetchall()
+    import json
+
+    total, seen = 0.0, False
+    for dims_text, types_text in rows[:2_000_000]:  # bounded: a forward op per layer and step
+        try:
+            dims, types = json.loads(dims_text), json.loads(types_text or "[]")
+        except ValueError:
+            continue
+        if not isinstance(dims, list):
+            continue
+        for i, d in enumerate(dims[:8]):
+            if not (isinstance(d, list) and d and all(isinstance(x, int) and 0 <= x < 1 << 40 for x in d)):
+                continue
+            if i < len(types) and types[i] != "float":
+                continue
+            n = float(math.prod(d))
+            total += 6.0 * n * (2 if i == 1 else 1)
+            seen = True
+    return total if seen else None
+
+
+def context(con: duckdb.DuckDBPyConnection, g: gr.Graph, gpu: GpuInfo | None) -> dict:
+    """What the precision rewrites need for run ``g``: the GPU's peaks (:class:`~traceanalyze.hardware.Peaks`), the
+    target math modes, and the casts' µs per µs of fp32 matrix math (``cast_frac``, None without shapes)."""
+    gpu = gpu or GpuInfo()
+    peaks = gpu_peaks(gpu)
+    mm = np.isin(g.prec_class, (gr.P_MM_FP32, gr.P_ATTN_FP32, gr.P_MM_TF32)) if g.prec_class is not None else None
+    mm_us = float(g.dur[mm].sum()) if mm is not None else 0.0
+    cb = cast_bytes(con, g.run_id) if mm_us > 0 else None
+    cast_us = cb / (peaks.hbm_gbps * 1e3 * COPY_EFFICIENCY) if cb else None  # GB/s × 1e3 = bytes per µs
+    return {"gpu": gpu, "peaks": peaks, "tf32": target_dtype(gpu, "tf32_matmul"),
+            "bf16": target_dtype(gpu, "bf16_matmul"),
+            "cast_frac": (cast_us / mm_us) if cast_us and mm_us else None, "cast_us": cast_us}
+
+
+def _retime(d: np.ndarray, sel: np.ndarray, ratio: float | None, bound: str) -> None:
+    """``d[sel]`` divided by the peak ratio at ``bound`` (module docstring), in place, never below
+    :data:`MIN_KERNEL_US` (or the kernel's own time when shorter)."""
+    if ratio is None or ratio <= 1.0 or not sel.any():
+        return
+    eff = {"low": ratio / 2.0, "mid": ratio / math.sqrt(2.0), "high": ratio}[bound]
+    eff = max(eff, 1.0)
+    old = d[sel]
+    d[sel] = np.maximum(old / eff, np.minimum(old, MIN_KERNEL_US))
+
+
+def rewrite(g: gr.Graph, d: np.ndarray, pc: dict, scenario: str, bound: str = "mid") -> np.ndarray:
+    """Task durations after ``scenario`` (``tf32_matmul`` or ``bf16_matmul``) at ``bound`` (``low``/``mid``/``high``
+    saving): a copy of ``d`` with the precision classes re-timed (module docstring). ``pc``: :func:`context`."""
+    d = d.copy()
+    cls = g.prec_class
+    if cls is None:
+        return d
+    peaks: Peaks = pc["peaks"]
+    new = pc["tf32"] if scenario == "tf32_matmul" else pc["bf16"]
+    if new is None:
+        return d
+    mm, attn, tf = cls == gr.P_MM_FP32, cls == gr.P_ATTN_FP32, cls == gr.P_MM_TF32
+    before = d.copy() if scenario == "bf16_matmul" else None
+    _retime(d, mm, peaks.ratio("fp32", new), bound)
+    if scenario == "bf16_matmul":
+        _retime(d, attn, peaks.ratio("fp32", new), bound)
+        _retime(d, tf, peaks.ratio("tf32", new), bound)
+        mem = cls == gr.P_MEM
+        d[mem] = d[mem] * MEMORY_FACTORS[BOUNDS.index(bound)]
+        sel = mm | attn | tf
+        if pc.get("cast_frac"):
+            d[sel] += before[sel] * pc["cast_frac"]
+        else:
+            d[sel] += (before[sel] - d[sel]) * CAST_SHARE_NO_SHAPES
+    return d
+
+
+def applies(g: gr.Graph, pc: dict, scenario: str) -> bool:
+    """Whether ``scenario`` changes any kernel of ``g`` on this GPU."""
+    if g.prec_class is None or (pc["tf32"] if scenario == "tf32_matmul" else pc["bf16"]) is None:
+        return False
+    classes = (gr.P_MM_FP32,) if scenario == "tf32_matmul" else (gr.P_MM_FP32, gr.P_ATTN_FP32, gr.P_MM_TF32)
+    return bool(np.isin(g.prec_class, classes).any())
+
+
+def assumptions(scenario: str, pc: dict) -> str:
+    """The model's assumptions for ``scenario``, with the peaks it used and where they come from."""
+    peaks: Peaks = pc["peaks"]
+    new = pc["tf32"] if scenario == "tf32_matmul" else pc["bf16"]
+    r = peaks.ratio("fp32", new or "bf16")
+    src = f"dense datasheet peaks of an {peaks.reference}" + (f" ({peaks.assumed})" if peaks.assumed else "")
+    if scenario == "tf32_matmul":
+        return (f"fp32 GEMMs and convolutions on CUDA cores re-timed by the TF32/fp32 peak ratio "
+                f"{r or 0:.1f}× ({src}); range {(r or 0) / 2:.1f}–{r or 0:.1f}×, point estimate at ratio/√2; "
+                "fp32 attention (SDPA) and every other kernel unchanged; no kernel below "
+                f"{MIN_KERNEL_US:g} µs")
+    casts = (f"casts {pc['cast_us'] / 1e3:.2f} ms over the window (6 bytes per fp32 input element of each forward "
+             f"matrix op, weight gradients cast back, at {COPY_EFFICIENCY:.0%} of {peaks.hbm_gbps:,.0f} GB/s)"
+             if pc.get("cast_us") else f"casts at {CAST_SHARE_NO_SHAPES:.0%} of the time saved (no Input Dims)")
+    return (f"fp32 matrix math (GEMM, convolution, attention) re-timed by the {new}/fp32 peak ratio {r or 0:.1f}× "
+            f"({src}; TF32 kernels by {new}/TF32), range ratio/2 to ratio, point estimate ratio/√2; memory-bound "
+            f"kernels that autocast moves × {MEMORY_FACTORS[1]:g} (range {MEMORY_FACTORS[0]:g}–"
+            f"{MEMORY_FACTORS[2]:g}); {casts}; collective bytes unchanged (DDP reduces fp32 gradients)")
