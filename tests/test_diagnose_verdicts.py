@@ -158,12 +158,18 @@ def test_cpu_precision_advice_and_main_cause_only_when_worth_a_ticket():
 
 # -- 4. one unit per table ----------------------------------------------------------------------------------
 
-def test_compile_step_is_apart_and_the_assumed_job_length_is_in_the_verdict():
+def test_compile_step_is_apart_and_its_cost_is_per_cold_start_without_a_stated_job_length():
     m = analyze(sample("compile_cold"), jobs=1).model
     (run,) = m["runs"]
     assert run["step_time_us"] == 62894.588 and run["step_stat"] == "1 step"  # step 1, not the mean with step 0
     assert run["compile_step"] == {"step": 0, "step_time_us": 24055272.136}
-    assert m["verdict"].endswith("(assuming a 1,000-step job: no log or config states the number of steps).")
+    # no invented job length: the cost of one cold start (the compile step above the steady step), medium at most
+    assert m["verdict"] == ("Main cause: config (compile overhead): torch.compile took 24.0 s once (a cold start), the "
+                            "time of 394 steady steps (a one-time cost per cold start: no log or config states the "
+                            "number of steps).")
+    f = m["findings"][0]
+    assert (f["kind"], f["severity"]) == ("compile_overhead", "medium")
+    assert "1,000" not in " ".join(f["evidence"]) and "TORCHINDUCTOR_CACHE_DIR" in f["recommendation"]
     doc = render_html(m)
     assert "Step time <small>(1 step)</small>" in doc and "Compile step <small>(step 0, apart)</small>" in doc
     assert "24,055.27" in doc and "Median step time" not in doc

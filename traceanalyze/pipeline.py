@@ -550,7 +550,8 @@ def _analyses(con, run_id: int, run: Run, mode: str, facts: dict, good: list, li
         link = _expected_link(facts, side, link_bw_gbps)
     if side["unprofiled"] and side["unprofiled"]["source"] == "log" and step_rows:  # most logged steps unprofiled?
         from traceanalyze import logs
-        side["unprofiled"] = logs.measured_unprofiled_step(side, len({st.step for st in step_rows}))
+        # the trace's profiled steps: the counted ones and the window's last (recorded, partial, not counted)
+        side["unprofiled"] = logs.measured_unprofiled_step(side, len({st.step for st in step_rows}) + 1)
     warnings.extend(side_warnings)
     if not good:
         mode = "logs"
@@ -622,7 +623,7 @@ def _evidence(con, run_id: int, run: Run, a: _RunAnalyses, facts: dict, gpu, goo
     """What the rules read about the run (:class:`diagnose.RunEvidence`); returns (evidence, longest rank's µs
     per counted step without the compile step, the compile step's µs)."""
     from traceanalyze import diagnose
-    from traceanalyze.metrics import steps, where
+    from traceanalyze.metrics import host, steps, where
 
     mode, rank_rows, step_rows, side, coll, link = a.mode, a.rank_rows, a.step_rows, a.side, a.coll, a.link
     prec, comp, loader, launch, idle_rows = a.prec, a.comp, a.loader, a.launch, a.idle_rows
@@ -652,6 +653,9 @@ def _evidence(con, run_id: int, run: Run, a: _RunAnalyses, facts: dict, gpu, goo
     if good and steps_model:
         ev.rank_ops = where.op_time_per_step(con, run_id, mode)
         ev.host_gaps, ev.gap_us_per_step = where.host_gaps(con, run_id)
+    if good and mode == "gpu":  # blocking calls, the optimizer, the top CPU ops of the steady steps
+        ev.host = host.host_view(con, run_id, compile_step)
+    ev.unprofiled = side.get("unprofiled")  # the step without the profiler, measured (capture or log)
     return ev, longest, compile_step_us
 
 
@@ -693,6 +697,7 @@ def _run_model(run_id: int, run: Run, role: str, a: _RunAnalyses, ev, facts: dic
         "precision": ({k: v for k, v in asdict(prec).items() if k != "mix"} if prec else None),
         "compile": asdict(comp) if comp and (comp.compile_us or comp.compiled_regions) else None,
         "dataloader": asdict(loader) if loader and loader.loader_us else None,
+        "host": ev.host.model() if ev.host is not None else None,
         "log_facts": {k: [f.value for f in v] for k, v in side["facts"].items()},
         "log_steps": len(side["log_steps"]),
         "log_step_time_ms": _log_step_time(side["log_steps"]),

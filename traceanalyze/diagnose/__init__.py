@@ -9,8 +9,9 @@ step is below :data:`CPU_PRECISION_TICKET_PCT` or within the run's own step-to-s
 ticket on this evidence; a straggler within that noise too), and a GPU idle above
 :data:`IDLE_EXPLAIN_PCT` that no finding explains gets a medium ``unexplained_idle`` finding (never "healthy").
 
-:func:`verdict` turns the ranked findings into the report's first sentence: "Inconclusive: ..." when the traced
-ranks wait in collectives for ranks whose traces are missing, "Main cause: ..." for the top finding of high or
+:func:`verdict` turns the ranked findings into the report's first sentence: "Inconclusive: ..." when the profiled
+window holds only the torch.compile step, or the traced ranks wait in collectives for ranks whose traces are missing
+(unless a blocking host call explains the wait), "Main cause: ..." for the top finding of high or
 medium severity (with the assumption it rests on, when it has one), else "No significant slowdown found".
 
 Each rule is a plain function ``rule(ev: RunEvidence) -> list[Finding]``; :data:`RULES` lists them. The

@@ -3,10 +3,12 @@ differences, and findings from throughput alone."""
 
 from __future__ import annotations
 
+import math
 import statistics
 
 from traceanalyze import hardware
-from traceanalyze.diagnose.evidence import RunEvidence, severity
+from traceanalyze.diagnose.config import compile_cost_us, compile_fills_window
+from traceanalyze.diagnose.evidence import RunEvidence, rank_steps, severity
 from traceanalyze.diagnose.interconnect import interconnect_recommendation, slow_topology_pairs, transport_note
 from traceanalyze.diagnose.precision import CPU_PRECISION_ADVICE
 from traceanalyze.findings import Finding
@@ -78,17 +80,7 @@ def compare(subject: RunEvidence, baseline: RunEvidence, subject_findings: list[
                       and explains(f, d, subject, baseline, baseline_findings or [])), None)
             rows.append({"part": part, "subject_us": round(ps[part], 1), "baseline_us": round(pb[part], 1),
                          "delta_us": round(d, 1), "finding": f.title if f else None})
-    diffs = []
-    for key in ("precision", "gradient_accumulation_steps", "per_device_batch", "global_batch", "world_size",
-                "compile", "learning_rate"):
-        a, b = subject.fact(key), baseline.fact(key)
-        if a is not None and b is not None and str(a) != str(b):
-            diffs.append({"key": key, "subject": a, "baseline": b})
-    if subject.world_size != baseline.world_size:
-        diffs.append({"key": "ranks in trace", "subject": subject.world_size, "baseline": baseline.world_size})
-    sm, bm = (subject.prec.main_dtype if subject.prec else None), (baseline.prec.main_dtype if baseline.prec else None)
-    if sm and bm and sm != bm:
-        diffs.append({"key": "matmul dtype", "subject": sm, "baseline": bm})
+    diffs = config_diffs(subject, baseline)
     extra: list[Finding] = []
     extra += _compare_throughput(subject, baseline, subject_findings)
     es, eb = effective_batch_of(subject), effective_batch_of(baseline)
@@ -119,9 +111,27 @@ def compare(subject: RunEvidence, baseline: RunEvidence, subject_findings: list[
             "subject_step_us": ps.get("step") or subject.step_time_us,
             "baseline_step_us": pb.get("step") or baseline.step_time_us,
             "parts": rows, "config_diffs": diffs}
+    if (t := compile_tradeoff(subject, baseline, [*subject_findings, *(baseline_findings or [])])) is not None:
+        comp["compile"] = t
     if comp["subject_step_us"] is not None and comp["baseline_step_us"] is not None:
         comp["delta_us"] = round(comp["subject_step_us"] - comp["baseline_step_us"], 1)
     return comp, extra
+
+
+def config_diffs(subject: RunEvidence, baseline: RunEvidence) -> list[dict]:
+    """The settings the two runs' logs, configs and traces state differently: ``{key, subject, baseline}``."""
+    diffs = []
+    for key in ("precision", "gradient_accumulation_steps", "per_device_batch", "global_batch", "world_size",
+                "compile", "learning_rate"):
+        a, b = subject.fact(key), baseline.fact(key)
+        if a is not None and b is not None and str(a) != str(b):
+            diffs.append({"key": key, "subject": a, "baseline": b})
+    if subject.world_size != baseline.world_size:
+        diffs.append({"key": "ranks in trace", "subject": subject.world_size, "baseline": baseline.world_size})
+    sm, bm = (subject.prec.main_dtype if subject.prec else None), (baseline.prec.main_dtype if baseline.prec else None)
+    if sm and bm and sm != bm:
+        diffs.append({"key": "matmul dtype", "subject": sm, "baseline": bm})
+    return diffs
 
 
 PRECISION_KINDS = ("fp32_matmul", "autocast_missing")
@@ -190,4 +200,77 @@ def _compare_throughput(subject: RunEvidence, baseline: RunEvidence, have: list[
         out.append(Finding("interconnect", kind, severity(impact), impact, [],
                            f"Scaling to {ns} ranks loses {impact:.0f}% of per-rank throughput", ev_lines,
                            interconnect_recommendation(subject, pairs), run=subject.name))
+    return out
+
+
+def compile_cost_s(ev: RunEvidence) -> float | None:
+    """torch.compile's one-time cost of a run (s): from its trace (:func:`~.config.compile_cost_us`), else the
+    compile time its log states; None for an eager run."""
+    if ev.compile is not None and ev.compile.compile_us:
+        return compile_cost_us(ev)[0] / 1e6
+    secs = ev.fact("compile_time_s")
+    return float(secs) if secs else None
+
+
+def steady_step_ms(ev: RunEvidence, source: str) -> float | None:
+    """A run's steady step (ms) from ``source``: ``unprofiled`` (measured without the profiler: a capture sidecar or
+    the training log, :func:`traceanalyze.logs.measured_unprofiled_step`), ``log`` (the logged step times after the
+    first), ``trace`` (the profiler steps, the compile step left out) or ``gpu`` (the GPU's busy time per steady
+    step: the device work, whatever the host adds); None when the run has none (a window that holds only the
+    compile step has no trace figure)."""
+    if source == "unprofiled":
+        us = (ev.unprofiled or {}).get("step_time_us")
+        return us / 1e3 if us else None
+    if source == "log":
+        timed = sorted((s.step, s.step_time_ms) for s in ev.log_steps if s.step_time_ms)
+        steady = [ms for step, ms in timed if step != timed[0][0]] if timed else []
+        return statistics.median(steady) if steady else None
+    if compile_fills_window(ev) is not None or not ev.step_time_us:
+        return None
+    if source == "trace":
+        return ev.step_time_us / 1e3
+    busy = [statistics.median(s["step_time_us"] - s["idle_us"] for s in rs) for r in ev.ranks
+            if (rs := rank_steps(ev, r["rank"])) and "idle_us" in rs[0]]
+    return statistics.median(busy) / 1e3 if busy else None
+
+
+def compile_tradeoff(subject: RunEvidence, baseline: RunEvidence, findings: list[Finding]) -> dict | None:
+    """When one run is compiled and the other eager: the compile's one-time cost, the steady saving per step of the
+    compiled run (both runs' steady steps from their traces, else both from their logs) and the break-even step
+    count (compile cost / saving per step; None when the compiled steps are not faster). The compiled run's
+    ``compile_overhead`` finding gets the figures as evidence. None when the runs do not pair that way."""
+    costs = {id(e): compile_cost_s(e) for e in (subject, baseline)}
+    compiled = [e for e in (subject, baseline) if costs[id(e)]]
+    if len(compiled) != 1:
+        return None
+    comp_ev = compiled[0]
+    eager = baseline if comp_ev is subject else subject
+    for source in ("unprofiled", "log", "trace"):
+        c_ms, e_ms = steady_step_ms(comp_ev, source), steady_step_ms(eager, source)
+        if c_ms and e_ms:
+            break
+    else:
+        return None
+    cost = costs[id(comp_ev)]
+    saving = e_ms - c_ms
+    gc, ge = steady_step_ms(comp_ev, "gpu"), steady_step_ms(eager, "gpu")
+    if source == "trace" and gc and ge and ge - gc > saving:
+        # the profiled steps hide the saving (the profiler slows the host of both runs): the device work saved is
+        # the figure the traces can vouch for
+        source, c_ms, e_ms, saving = "gpu", gc, ge, ge - gc
+    even = math.ceil(cost * 1e3 / saving) if saving > 0 else None
+    out = {"compiled": comp_ev.name, "eager": eager.name, "compile_s": round(cost, 3), "source": source,
+           "compiled_step_ms": round(c_ms, 3), "eager_step_ms": round(e_ms, 3),
+           "saving_ms_per_step": round(saving, 3), "saving_pct": round(100 * saving / e_ms, 1),
+           "break_even_steps": even}
+    what = {"unprofiled": "steady step without the profiler", "log": "steady step in the logs",
+            "trace": "profiled steady step", "gpu": "GPU busy time per steady step (the profiled steps do not show "
+            "the saving: the profiler slows the host of both runs)"}[source]
+    line = (f"against {eager.name} (eager): {what} {c_ms:,.1f} ms compiled vs {e_ms:,.1f} ms "
+            f"eager, " + (f"{saving:,.1f} ms ({100 * saving / e_ms:.0f}%) saved per step: the {cost:,.1f} s compile "
+                          f"pays back after {even:,} steps" if even is not None else
+                          "the compiled steps are not faster: the compile never pays back"))
+    for f in findings:
+        if f.kind == "compile_overhead" and f.run == comp_ev.name and line not in f.evidence:
+            f.evidence = [*f.evidence, line]
     return out

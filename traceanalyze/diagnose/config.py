@@ -4,74 +4,169 @@ from __future__ import annotations
 
 import statistics
 
-from traceanalyze.diagnose.evidence import HOST_BOUND_WAIT_PCT, RunEvidence, main_stream_host_wait, ms_text, severity
+from traceanalyze.diagnose.evidence import (
+    HOST_BOUND_WAIT_PCT,
+    RunEvidence,
+    main_stream_host_wait,
+    ms_text,
+    rank_steps,
+    severity,
+    step_us,
+)
 from traceanalyze.findings import Finding
+from traceanalyze.fmt import ranges
 
-MIN_COMPILE_PCT = 10.0
-COMPILE_HORIZON_STEPS = 1000  # job length assumed when logs do not state total_optimization_steps
+MIN_COMPILE_PCT = 10.0  # compile share of a job whose length a log or config states, worth a finding
+MIN_COMPILE_STEADY_STEPS = 100  # without a stated job length: a compile that costs this many steady steps ...
+MIN_COMPILE_S = 60.0  # ... or this many seconds is a finding (medium: its share of the job is not known)
+COMPILE_FILLS_PCT = 50.0  # compile share of a window without a steady step that makes the window a compile window
+COMPILE_FILLS_TITLE = "torch.compile fills the profiled window"
+COMPILE_CACHE_ADVICE = ("keep the compile cache warm between runs: a persistent TORCHINDUCTOR_CACHE_DIR with "
+                        "TORCHINDUCTOR_FX_GRAPH_CACHE=1 (and TORCHINDUCTOR_AUTOGRAD_CACHE=1), or the mega-cache "
+                        "torch.compiler.save_cache_artifacts() / load_cache_artifacts() across machines; compile per "
+                        "block (regional compilation) for large models")
+PROFILE_AFTER_WARMUP = ("profile after warm-up: torch.profiler.schedule(wait=1, warmup=2, active=3) with the compile "
+                        "step in wait/warmup, so the trace holds steady steps")
 MIN_LOADER_PCT = 10.0
 HOST_BOUND_IDLE_PCT = 40.0  # GPU idle from which host wait is looked at
+MIN_HOST_SYNC_PCT = 10.0  # GPU idle inside blocking calls, % of the step, worth a finding
+MIN_OPTIMIZER_PCT = 10.0  # host-bound optimizer time, % of the step, worth a finding
+OPTIMIZER_MIN_KERNELS = 50  # kernels per optimizer step from which a loop over parameters shows
 TINY_KERNEL_US = 20.0  # median kernel at or below this: the host's launches, not its other work, set the pace
 
 
-def rule_compile(ev: RunEvidence) -> list[Finding]:
-    """Config: torch.compile time is a large share of the profiled time, or frames recompile."""
-    out = []
+def job_steps(ev: RunEvidence) -> float | None:
+    """The job's number of optimizer steps when a log or config states it (``total_optimization_steps``, which
+    ``max_steps`` and ``training.steps`` also state), else None."""
+    v = ev.fact("total_optimization_steps")
+    try:
+        n = float(v) if v is not None else 0.0
+    except ValueError:
+        return None
+    return n if n > 0 else None
+
+
+def compile_fills_window(ev: RunEvidence) -> float | None:
+    """The share (%) of the profiled window that torch.compile takes when the window holds no steady step to measure
+    (no step besides the compile step, or a single step), and it is :data:`COMPILE_FILLS_PCT` % or more; else
+    None."""
     c = ev.compile
-    log_compile_s = ev.fact("compile_time_s")
+    if c is None or not c.compile_us:
+        return None
+    others = {s["step"] for s in ev.steps if s["step"] != ev.compile_step}
+    if (ev.compile_step is None and len(others) >= 2) or (ev.compile_step is not None and others):
+        return None
+    worst = max(c.compile_us, key=c.compile_us.get)
+    window = c.window_us.get(worst) or 0.0
+    share = 100 * c.compile_us[worst] / window if window else 0.0
+    return min(share, 100.0) if share >= COMPILE_FILLS_PCT else None
+
+
+def compile_cost_us(ev: RunEvidence) -> tuple[float, str]:
+    """What torch.compile costs once (µs) and how it was measured: the compile step's time above the steady step
+    when the trace has a compile step, else the longest rank's dynamo/inductor compile ranges."""
+    c = ev.compile
+    ranges_us = max(c.compile_us.values()) if c and c.compile_us else 0.0
+    if ev.compile_step is not None and c and c.first_step_us and c.steady_step_us:
+        return c.first_step_us - c.steady_step_us, "the compile step above the steady step"
+    return ranges_us, "dynamo/inductor compile ranges"
+
+
+def rule_compile(ev: RunEvidence) -> list[Finding]:
+    """Config: torch.compile's one-time cost (per cold start), weighed against the job when a log or config states
+    its length (impact = compile / (steps × steady step)); without one the finding says the cost per restart and is
+    medium at most. A window that holds only the compile step is said as such (the steady step is unknown). Frames
+    that recompile are a finding of their own."""
+    c = ev.compile
     if c is not None and c.compile_us:
-        worst = max(c.compile_us, key=c.compile_us.get)
-        comp = c.compile_us[worst]
-        steady = c.steady_step_us or ev.step_time_us or 0.0
-        horizon = ev.fact("total_optimization_steps") or COMPILE_HORIZON_STEPS
-        job_us = comp + float(horizon) * steady
-        # the trace covers a few steps; compile is paid once per job, so weigh it against the job, not the window
-        share = 100 * comp / job_us if job_us else 0.0
-        if share >= MIN_COMPILE_PCT or comp >= 600e6:
-            impact = round(share, 1)
-            ev_lines = [f"rank {worst} spends {ms_text(comp)} in dynamo/inductor compile ranges: {share:.0f}% of a job "
-                        f"of {float(horizon):,.0f} steps at the steady {ms_text(steady)} per step",
-                        f"{c.frames} compiled frame(s), {c.recompiles} recompile(s)"]
-            if c.first_step_us and c.steady_step_us:
-                ev_lines.append(f"first profiled step {ms_text(c.first_step_us)} vs steady state "
-                                f"{ms_text(c.steady_step_us)} "
-                                f"({c.first_step_us / c.steady_step_us:.0f}×)")
-            if log_compile_s:
-                ev_lines.append(f"log: compile took {float(log_compile_s):,.0f} s")
-            assumed = "" if ev.fact("total_optimization_steps") else (
-                f"assuming a {COMPILE_HORIZON_STEPS:,}-step job: no log or config states the number of steps")
-            if assumed:
-                ev_lines.append(assumed)
-            out.append(Finding("config", "compile_overhead", severity(impact), impact, sorted(c.compile_us),
-                               f"torch.compile takes {ms_text(comp)}, {share:.0f}% of a {float(horizon):,.0f}-step job",
-                               ev_lines,
-                               "keep the inductor cache warm between runs (persistent TORCHINDUCTOR_CACHE_DIR, FX "
-                               "graph and AOTAutograd caches, torch.compiler.save_cache_artifacts), compile "
-                               "per block (regional compilation) for large models, and profile after warm-up",
-                               assumption=assumed))
+        fills = compile_fills_window(ev)
+        out = [_compile_window_finding(ev, fills)] if fills is not None else _compile_trace_finding(ev)
         if c.recompiles:
-            impact = round(min(share, 5.0), 1)
+            impact = round(min(out[0].impact_pct if out else 0.0, 5.0), 1)
             out.append(Finding("config", "recompiles", "medium" if c.recompiles > 2 else "low", impact,
                                sorted(c.compile_us), f"{c.recompiles} recompilation(s) of compiled frames",
                                [f"{c.frames} frame(s) compiled, {c.recompiles} recompiled (compile id R > 0)"],
                                "run with TORCH_LOGS=recompiles to see the failing guard; mark dynamic dims with "
                                "torch._dynamo.mark_dynamic or keep shapes static (pad batches)"))
-    elif log_compile_s:
-        secs = float(log_compile_s)
-        steps = [s.step_time_ms for s in ev.log_steps if s.step_time_ms]
-        impact = 0.0
-        if secs >= 600:
-            impact = 30.0
-        elif steps:
-            impact = round(min(100.0, 100 * secs * 1e3 / (secs * 1e3 + sum(steps))), 1)
-        if secs >= 60 or impact >= MIN_COMPILE_PCT:
-            out.append(Finding("config", "compile_overhead", severity(impact), impact, [],
-                               f"torch.compile took {secs / 60:,.0f} min before training started",
-                               [f"log: compile time {secs:,.0f} s"],
-                               "keep the inductor cache warm (persistent TORCHINDUCTOR_CACHE_DIR, "
-                               "torch.compiler.save_cache_artifacts), compile per transformer block (regional "
-                               "compilation), and check host memory: compile workers of every rank share it"))
-    return out
+        return out
+    return _compile_log_finding(ev) if ev.fact("compile_time_s") else []
+
+
+def _compile_window_finding(ev: RunEvidence, share: float) -> Finding:
+    c = ev.compile
+    worst = max(c.compile_us, key=c.compile_us.get)
+    comp, window = c.compile_us[worst], c.window_us.get(worst) or 0.0
+    title = (f"{COMPILE_FILLS_TITLE} ({comp / 1e6:,.1f} s of {window / 1e6:,.1f} s on rank {worst}): "
+             "the steady step is unknown")
+    lines = [f"rank {worst} spends {comp / 1e6:,.1f} s in dynamo/inductor compile ranges, {share:.0f}% of its "
+             f"{window / 1e6:,.1f} s profiled window, and the trace holds no step after the compile step: the "
+             "steady step time cannot be measured from it",
+             f"{len(c.compile_us)} rank(s) compile; {c.frames} compiled frame(s), {c.recompiles} recompile(s)"]
+    return Finding("config", "compile_overhead", "medium", round(share, 1), sorted(c.compile_us), title, lines,
+                   f"{PROFILE_AFTER_WARMUP}; {COMPILE_CACHE_ADVICE}",
+                   assumption="a one-time cost per cold start; the steady step is not in the trace")
+
+
+def _compile_trace_finding(ev: RunEvidence) -> list[Finding]:
+    c = ev.compile
+    worst = max(c.compile_us, key=c.compile_us.get)
+    cost, how = compile_cost_us(ev)
+    steady = c.steady_step_us or ev.step_time_us or 0.0
+    n_job = job_steps(ev)
+    equiv = cost / steady if steady else 0.0
+    lines = [f"torch.compile costs {cost / 1e6:,.1f} s ({how}) once per cold start: every restart without a warm "
+             f"compile cache pays it again; {c.compile_us[worst] / 1e6:,.1f} s in dynamo/inductor compile ranges on "
+             f"rank {worst}", f"{c.frames} compiled frame(s), {c.recompiles} recompile(s)"]
+    if c.first_step_us and c.steady_step_us:
+        lines.append(f"first profiled step {ms_text(c.first_step_us)} vs steady state {ms_text(c.steady_step_us)} "
+                     f"({c.first_step_us / c.steady_step_us:.0f}×)")
+    if ev.fact("compile_time_s"):
+        lines.append(f"log: compile took {float(ev.fact('compile_time_s')):,.0f} s")
+    if n_job:
+        share = 100 * cost / (cost + n_job * steady) if cost + n_job * steady else 0.0
+        if share < MIN_COMPILE_PCT:
+            return []
+        impact, sev, assumed = round(share, 1), severity(share), ""
+        title = f"torch.compile took {cost / 1e6:,.1f} s once (a cold start): {share:.0f}% of a {n_job:,.0f}-step job"
+        lines.insert(1, f"{share:.0f}% of the job's {n_job:,.0f} steps (stated by a log or config) at the steady "
+                        f"{ms_text(steady)} per step")
+    else:
+        if equiv < MIN_COMPILE_STEADY_STEPS and cost < MIN_COMPILE_S * 1e6:
+            return []
+        window = c.window_us.get(worst) or 0.0
+        impact = round(min(100.0, 100 * cost / window), 1) if window else 0.0
+        sev, assumed = "medium", "a one-time cost per cold start: no log or config states the number of steps"
+        title = (f"torch.compile took {cost / 1e6:,.1f} s once (a cold start), the time of {equiv:,.0f} steady "
+                 "steps" if steady else f"torch.compile took {cost / 1e6:,.1f} s once (a cold start)")
+        lines.insert(1, f"no log or config states the job's length: the cost is per restart, {equiv:,.0f} steady "
+                        f"steps of {ms_text(steady)}; {impact:.0f}% of the profiled window (its impact here)")
+    return [Finding("config", "compile_overhead", sev, impact, sorted(c.compile_us), title, lines,
+                    f"{COMPILE_CACHE_ADVICE}; {PROFILE_AFTER_WARMUP}", assumption=assumed)]
+
+
+def _compile_log_finding(ev: RunEvidence) -> list[Finding]:
+    """A compile time a log states (no compile ranges in a trace): weighed against the stated job, else against the
+    logged steps (medium at most)."""
+    secs = float(ev.fact("compile_time_s"))
+    steps = [s.step_time_ms for s in ev.log_steps if s.step_time_ms]
+    n_job = job_steps(ev)
+    impact = 0.0
+    if n_job and steps:
+        impact = round(100 * secs * 1e3 / (secs * 1e3 + n_job * statistics.median(steps)), 1)
+    elif steps:
+        impact = round(min(100.0, 100 * secs * 1e3 / (secs * 1e3 + sum(steps))), 1)
+    elif n_job is not None and secs >= 600:
+        impact = 30.0  # a stated job without step times: ten minutes or more of compile is worth a ticket
+    if not (secs >= 60 or impact >= MIN_COMPILE_PCT):
+        return []
+    sev = severity(impact)
+    if not (n_job and steps) and sev == "high":
+        sev = "medium"  # without a stated job length (or step time) the share of the job is not known
+    return [Finding("config", "compile_overhead", sev, impact, [],
+                    f"torch.compile took {secs / 60:,.0f} min before training started",
+                    [f"log: compile time {secs:,.0f} s, once per cold start (every restart pays it again)"]
+                    + ([f"the job states {n_job:,.0f} steps"] if n_job else []),
+                    f"{COMPILE_CACHE_ADVICE}; check host memory: compile workers of every rank share it")]
 
 
 def rule_dataloader(ev: RunEvidence) -> list[Finding]:
@@ -97,17 +192,22 @@ def rule_launch_bound(ev: RunEvidence) -> list[Finding]:
     :data:`HOST_BOUND_IDLE_PCT` % or more and host wait (the next kernel launched only after the previous one
     ended; HTA idle-time breakdown) is :data:`HOST_BOUND_WAIT_PCT` % or more of the busiest stream's idle time.
     ``launch_bound`` when kernels are tiny (median ≤ :data:`TINY_KERNEL_US` µs: launches set the pace, CUDA graphs
-    help), else ``host_bound`` (the CPU does other work between launches). Impact: half the idle share."""
-    ln = ev.launch
-    if ev.mode != "gpu" or not ev.ranks:
+    help), else ``host_bound`` (the CPU does other work between launches). Impact: half the idle share.
+
+    Read from the steady steps only: with a compile step, the idle share is the steady steps' and the host wait and
+    kernel figures those of :func:`traceanalyze.metrics.host.steady_launch_stats`; a window that holds only the
+    compile step gives no finding."""
+    if ev.mode != "gpu" or not ev.ranks or compile_fills_window(ev) is not None:
         return []
-    idle = statistics.median(r["idle_pct"] for r in ev.ranks)
-    host_wait = main_stream_host_wait(ev)
+    steady = steady_launch(ev)
+    if steady is None:
+        return []
+    idle, host_wait, ln, where = steady
     if idle < HOST_BOUND_IDLE_PCT or host_wait is None or host_wait < HOST_BOUND_WAIT_PCT:
         return []
     step = ev.step_time_us or 0.0
     tiny = ln is not None and ln.median_kernel_us is not None and ln.median_kernel_us <= TINY_KERNEL_US
-    evidence = [f"GPU idle {idle:.0f}% of the trace window (median over ranks); host wait is {host_wait:.0f}% of the "
+    evidence = [f"GPU idle {idle:.0f}% of {where} (median over ranks); host wait is {host_wait:.0f}% of the "
                 "idle time on the busiest stream (the CPU had not launched the next kernel yet; HTA idle-time "
                 "breakdown)"]
     if ln is not None and ln.kernels_per_step:
@@ -131,6 +231,123 @@ def rule_launch_bound(ev: RunEvidence) -> list[Finding]:
                     "launches): remove host syncs (.item(), .cpu(), print of tensors), move data loading "
                     "to DataLoader workers with pin_memory, and compile the step (torch.compile) to cut Python "
                     "overhead")]
+
+
+def steady_launch(ev: RunEvidence) -> tuple[float, float | None, object, str] | None:
+    """(GPU idle %, host wait % of the busiest stream's idle, launch stats, what the idle covers) for the launch rule:
+    the trace window's figures, or with a compile step the steady steps' (None when they are missing)."""
+    if ev.compile_step is None:
+        return (statistics.median(r["idle_pct"] for r in ev.ranks), main_stream_host_wait(ev), ev.launch,
+                "the trace window")
+    if ev.host is None or ev.host.steady_launch is None:
+        return None
+    per_rank = []
+    for r in ev.ranks:
+        rs = [s for s in rank_steps(ev, r["rank"]) if s["step"] != ev.compile_step and s.get("step_time_us")]
+        if rs:
+            per_rank.append(statistics.median(100 * s["idle_us"] / s["step_time_us"] for s in rs))
+    if not per_rank:
+        return None
+    return (statistics.median(per_rank), ev.host.steady_host_wait_pct, ev.host.steady_launch,
+            "the steady steps")
+
+
+def rule_host_sync(ev: RunEvidence) -> list[Finding]:
+    """Config: the GPU idles while the host waits in a blocking CUDA call (a ``*Synchronize``, or a copy that blocks:
+    ``.item()``, ``.cpu()``, a device-to-host or pageable ``.to()``), per steady step
+    (:func:`traceanalyze.metrics.host.blocking_calls`). Impact: on the rank where it is largest, the GPU-idle time
+    in those calls over that rank's step (the other ranks wait for it in their collectives). A finding from
+    :data:`MIN_HOST_SYNC_PCT` %."""
+    if ev.mode != "gpu" or ev.host is None or not ev.host.blocking or not ev.ranks:
+        return []
+    by_rank: dict[int, list] = {}
+    for b in ev.host.blocking:
+        by_rank.setdefault(b.rank, []).append(b)
+    shares = {}
+    for r in ev.ranks:
+        step = step_us(ev, r)
+        if r["rank"] in by_rank and step > 0:
+            shares[r["rank"]] = 100 * sum(b.gpu_idle_us_per_step for b in by_rank[r["rank"]]) / step
+    if not shares:
+        return []
+    worst = max(shares, key=shares.get)
+    impact = round(shares[worst], 1)
+    if impact < MIN_HOST_SYNC_PCT:
+        return []
+    rows = sorted(by_rank[worst], key=lambda b: -b.gpu_idle_us_per_step)
+    top = rows[0]
+    ranks = sorted(r for r, v in shares.items() if v >= MIN_HOST_SYNC_PCT)
+    step = next(step_us(ev, r) for r in ev.ranks if r["rank"] == worst)
+    where = f" under {top.op}" if top.op else ""
+    idle_us = sum(b.gpu_idle_us_per_step for b in rows)
+    evidence = [f"rank {worst}: {ms_text(sum(b.us_per_step for b in rows))} of its {ms_text(step)} step in blocking "
+                f"CUDA calls, the GPU idle for {ms_text(idle_us)} of it ({impact:.0f}% of the step)"]
+    evidence += [f"{b.call}{_op_path(b)}: {b.calls_per_step:g} call(s) per step, {ms_text(b.us_per_step)} per step, "
+                 f"GPU idle {ms_text(b.gpu_idle_us_per_step)} (longest call {ms_text(b.max_us)})" for b in rows[:3]]
+    if len(ranks) > 1 or len(ev.ranks) > 1:
+        evidence.append(f"ranks blocking {MIN_HOST_SYNC_PCT:g}% of the step or more: {ranges(ranks)} of "
+                        f"{len(ev.ranks)} traced; the others wait for them in their collectives")
+    return [Finding("config", "host_sync", severity(impact), impact, ranks,
+                    f"The host blocks in {top.call}{where}: the GPU idles {ms_text(idle_us)} "
+                    f"({impact:.0f}%) of each step on rank {worst}", evidence, _sync_advice(rows))]
+
+
+def _op_path(b) -> str:
+    ops = [o for o in (b.op, b.inner_op) if o]
+    ops = ops[:1] if len(ops) == 2 and ops[0] == ops[1] else ops
+    return f" under {' › '.join(ops)}" if ops else " (outside any op)"
+
+
+def _sync_advice(rows: list) -> str:
+    names = {o for b in rows[:3] for o in (b.op, b.inner_op) if o}
+    calls = {b.call for b in rows[:3]}
+    out = []
+    if names & {"aten::item", "aten::_local_scalar_dense", "aten::is_nonzero"}:
+        out.append(".item() (or a Python if/print on a GPU tensor) waits for the GPU each step: keep the value on "
+                   "the GPU (accumulate the loss in a tensor) and read it every N steps")
+    if names & {"aten::to", "aten::_to_copy", "aten::copy_", "aten::cpu"} or any("Memcpy" in c for c in calls):
+        out.append("a copy between host and GPU blocks: copy from pinned memory (DataLoader(pin_memory=True) or "
+                   "tensor.pin_memory()) with .to(device, non_blocking=True), and no .cpu()/.tolist()/.numpy() "
+                   "inside the step")
+    if any("Synchronize" in c for c in calls) and not names:
+        out.append("an explicit torch.cuda.synchronize() (or stream/event synchronize) in the step: remove it, "
+                   "time with CUDA events")
+    out.append("find every sync in the step with torch.cuda.set_sync_debug_mode('warn')")
+    return "; ".join(out)
+
+
+def rule_host_optimizer(ev: RunEvidence) -> list[Finding]:
+    """Config: the optimizer's step takes a large share of a host-bound step because it launches kernels per
+    parameter (no ``multi_tensor_apply`` or fused kernel, no ``aten::_foreach_``/``_fused_`` op in it:
+    ``foreach=False``), :func:`traceanalyze.metrics.host.optimizer_stats`. Impact: its host time per steady step
+    over the step, times the GPU's idle share of the step (a GPU-bound step hides host time)."""
+    o = ev.host.optimizer if ev.host is not None else None
+    if ev.mode != "gpu" or o is None or o.multi_tensor or o.kernels_per_step < OPTIMIZER_MIN_KERNELS:
+        return []
+    step = ev.step_time_us or 0.0
+    if not step or not ev.ranks:
+        return []
+    opt_us = statistics.median(o.us_per_step.values())
+    idle = statistics.median(_steady_idle_pct(ev, r["rank"]) for r in ev.ranks)
+    share = 100 * opt_us / step
+    impact = round(share * idle / 100, 1)
+    if impact < MIN_OPTIMIZER_PCT:
+        return []
+    evidence = [f"{o.name} takes {ms_text(opt_us)} of the {ms_text(step)} step on the host ({share:.0f}%), "
+                f"launching {o.kernels_per_step:,.0f} kernels per step, none of them multi-tensor or fused: the "
+                "optimizer loops over the parameters (foreach=False)",
+                f"the GPU is idle {idle:.0f}% of the steady step: the host's time is the step's"]
+    return [Finding("config", "host_optimizer", severity(impact), impact, sorted(o.us_per_step),
+                    f"The optimizer step takes {share:.0f}% of the step on the host, one kernel per parameter",
+                    evidence,
+                    "construct the optimizer with fused=True (e.g. torch.optim.AdamW(params, fused=True): one "
+                    "kernel for all parameters), or foreach=True (a few multi-tensor kernels); or compile or "
+                    "CUDA-graph the optimizer step")]
+
+
+def _steady_idle_pct(ev: RunEvidence, rank: int) -> float:
+    rs = [s for s in rank_steps(ev, rank) if s.get("step_time_us")]
+    return statistics.median(100 * s["idle_us"] / s["step_time_us"] for s in rs) if rs else 0.0
 
 
 def rule_effective_batch_single(ev: RunEvidence) -> list[Finding]:

@@ -46,6 +46,7 @@ class RunEvidence:
     gap_us_per_step: dict[int, float] = field(default_factory=dict)  # rank -> host gap µs per counted step
     compile_step: int | None = None  # the profiler step that holds torch.compile (left out of step times)
     host: HostView | None = None  # the steady steps' host side: blocking calls, optimizer, top ops (GPU runs)
+    unprofiled: dict | None = None  # the step time measured without the profiler: {"step_time_us", "source", ...}
     # steps grouped by rank, made on first use (the rules ask per rank: one pass over the steps, not one per rank)
     _by_rank: tuple | None = field(default=None, init=False, repr=False, compare=False)
 

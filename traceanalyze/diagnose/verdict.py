@@ -8,7 +8,15 @@ import statistics
 from dataclasses import asdict
 from dataclasses import replace as dataclasses_replace
 
-from traceanalyze.diagnose.config import rule_compile, rule_dataloader, rule_effective_batch_single, rule_launch_bound
+from traceanalyze.diagnose.config import (
+    COMPILE_FILLS_TITLE,
+    rule_compile,
+    rule_dataloader,
+    rule_effective_batch_single,
+    rule_host_optimizer,
+    rule_host_sync,
+    rule_launch_bound,
+)
 from traceanalyze.diagnose.evidence import (
     CPU_PRECISION_TICKET_PCT,
     HOST_BOUND_WAIT_PCT,
@@ -23,11 +31,20 @@ from traceanalyze.findings import Finding
 
 IDLE_EXPLAIN_PCT = 50.0  # a GPU idle above this is never healthy without a finding that explains it
 IDLE_EXPLAINERS = ("slow_collectives", "topology", "untraced_ranks", "straggler", "idle_rank", "dataloader",
-                   "launch_bound", "host_bound", "compile_overhead")
+                   "launch_bound", "host_bound", "compile_overhead", "host_sync", "host_optimizer")
 
 
 RULES = [rule_exposed_communication, rule_untraced_ranks, rule_straggler, rule_idle_rank, rule_precision, rule_compile,
-         rule_dataloader, rule_launch_bound, rule_effective_batch_single]
+         rule_dataloader, rule_launch_bound, rule_effective_batch_single, rule_host_sync, rule_host_optimizer]
+# A specific cause ranks above the general findings it explains, which are then its symptoms: kind -> (the kinds it
+# explains, the share of a symptom's impact its own impact must exceed). A blocking call the GPU idles in makes
+# the other ranks wait in their collectives (and its rank look slow); an optimizer that loops over the parameters
+# is what a launch-bound step launches, when it is more than half of that finding's cost.
+SPECIFIC_CAUSES = {
+    "host_sync": (("slow_collectives", "topology", "untraced_ranks", "straggler", "idle_rank", "launch_bound",
+                   "host_bound", "unexplained_idle"), 0.0),
+    "host_optimizer": (("launch_bound", "host_bound"), 0.5),
+}
 
 
 def diagnose(ev: RunEvidence) -> list[Finding]:
@@ -65,9 +82,19 @@ def unexplained_idle(ev: RunEvidence, found: list[Finding]) -> list[Finding]:
 
 
 def rank_findings(fs: list[Finding]) -> list[Finding]:
-    """Sort by severity then impact, highest first."""
+    """Sort by severity then impact, highest first; then a specific cause of medium or high severity moves just
+    above the first general finding of its run that it explains (:data:`SPECIFIC_CAUSES`)."""
     order = {"high": 0, "medium": 1, "low": 2}
-    return sorted(fs, key=lambda f: (order[f.severity], -f.impact_pct))
+    out = sorted(fs, key=lambda f: (order[f.severity], -f.impact_pct))
+    for spec in [f for f in out if f.kind in SPECIFIC_CAUSES and f.severity != "low"]:
+        kinds, ratio = SPECIFIC_CAUSES[spec.kind]
+        at = next((i for i, g in enumerate(out) if g.kind in kinds and g.run == spec.run
+                   and spec.impact_pct > ratio * g.impact_pct
+                   and (g.kind != "straggler" or set(g.ranks) <= set(spec.ranks))), None)
+        if at is not None and at < out.index(spec):
+            out.remove(spec)
+            out.insert(at, spec)
+    return out
 
 
 # finding kind -> the what-if scenario that removes its cause
@@ -120,8 +147,13 @@ def verdict(findings: list[Finding], runs: list[RunEvidence] | None = None) -> s
     top = [f for f in findings if f.severity in ("high", "medium")]
     if not top:
         return "No significant slowdown found: no finding reaches medium severity."
+    window = next((f for f in top if f.kind == "compile_overhead" and f.title.startswith(COMPILE_FILLS_TITLE)), None)
+    if window is not None:
+        return (f"Inconclusive: {window.title[0].lower()}{window.title[1:]}; profile after warm-up (a profiler "
+                "schedule with the compile step in wait/warmup) and keep the compile cache warm "
+                "(TORCHINDUCTOR_CACHE_DIR, the FX graph cache or torch.compiler's mega-cache).")
     inc = next((f for f in top if f.kind == "untraced_ranks"), None)
-    if inc is not None:
+    if inc is not None and top[0].kind != "host_sync":
         ev = next((e for e in runs or [] if e.name == inc.run), None)
         s = inc.title + (f" ({len(ev.ranks)} of {ev.world_size} ranks traced)" if ev and ev.world_size else "")
         if ev is not None and ev.mode == "gpu" and ev.ranks:
@@ -133,5 +165,9 @@ def verdict(findings: list[Finding], runs: list[RunEvidence] | None = None) -> s
     f = top[0]
     if f.kind == "unexplained_idle":
         return f"Not healthy: {f.title[0].lower()}{f.title[1:]}; see the GPU idle breakdown and the timeline."
+    if f.kind == "compile_overhead" and f.assumption:  # a one-time cost: no share of a job that is not stated
+        return f"Main cause: config (compile overhead): {f.title} ({f.assumption})."
     s = f"Main cause: {f.cause} ({f.kind.replace('_', ' ')}): {f.title} — about {f.impact_pct:.0f}% of step time"
+    if f.kind == "host_sync" and any(g.kind in SPECIFIC_CAUSES["host_sync"][0][:5] for g in top):
+        s += "; the other ranks' wait in collectives is its symptom"
     return s + (f" ({f.assumption})." if f.assumption else ".")

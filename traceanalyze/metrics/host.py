@@ -8,7 +8,11 @@
   thread, within the counted profiler steps (µs, % of the step): with ``num_workers=0`` the loader runs inline and
   the step waits for it.
 - **launch-bound** (GPU): kernels launched per counted step and the median kernel duration against GPU idle %:
-  many tiny kernels with an idle GPU mean the host cannot launch fast enough.
+  many tiny kernels with an idle GPU mean the host cannot launch fast enough; over the steady steps only when a
+  compile step is left out (:func:`steady_launch_stats`).
+- **host view** (GPU, :func:`host_view`), per steady step (counted, the compile step left out) on the step thread:
+  the blocking CUDA calls with the op around them and the GPU idle inside them (:func:`blocking_calls`), the
+  optimizer's host time and kernels (:func:`optimizer_stats`), the top CPU ops (:func:`top_cpu_ops`).
 """
 
 from __future__ import annotations

@@ -274,44 +274,10 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_siz
     applicable = [s for s in SCENARIOS[:-1] if _applies(g, s, ctx)]
     d0, cg0, tr0 = g.chain_dur, g.chain_gap, g.inst_transfer
 
-    def replay_long(arrs: Arrays) -> tuple[dict, dict]:
-        rp = simulate.replay(g, *arrs)
-        t = rp.step_times(g)
-        del rp
-        release_free_memory()  # each replay's graph-sized arrays: not stacked up in the heap
-        return _longest(t, counted), t
-
-    # the step without the profiler: measured (capture, log) or estimated by the replay of the graph less the
-    # profiler's host cost; the what-ifs are rewrites of that graph
-    u_long, per_op, cfg = b_long, 0.0, None
-    if mode == "gpu":
-        cfg = overhead.profiler_config(con, run_id)
-        per_op = overhead.per_op_us(cfg)
-        d0, cg0 = overhead.unprofiled(g, d0, cg0, per_op)
-        u_long, _ = replay_long((d0, cg0, tr0))
-    floor_u = _floors(g, d0, cg0)
-    # a floor above the measured step (work assigned to a step that runs past its end) never raises an estimate
-    est = {s: max(m_long[s] - (b_long[s] - u_long[s]), min(floor_u.get(s, 0.0), m_long[s])) for s in m_long}
-    est_run = median(est.values()) or m_run
-    u_run, source = est_run, "estimate"
-    if unprofiled_measured and (unprofiled_measured.get("step_time_us") or 0) > 0:
-        u_run, source = float(unprofiled_measured["step_time_us"]), str(unprofiled_measured.get("source"))
-    scale = u_run / est_run if est_run else 1.0  # a measured unprofiled step rescales the estimated predictions
-    replay_model["profiler_overhead"] = {
-        "unprofiled_step_time_us": round(u_run, 3), "profiled_step_time_us": round(m_run, 3),
-        "overhead_pct": round(100 * (m_run - u_run) / m_run, 2) if m_run else 0.0, "source": source,
-        "per_op_us": round(per_op, 3), "per_call_us": overhead.PER_CALL_US if per_op else 0.0,
-        "estimated_step_time_us": round(est_run, 3),
-        "profiler": cfg or {}, "events_per_step": _events_per_step(g, counted)}
-
-    def predict(arrs: Arrays) -> tuple[float, dict, bool]:
-        w_long, t = replay_long(arrs)
-        floor = {s: min(v, est.get(s, v)) for s, v in _floors(g, arrs[0], arrs[1]).items()}
-        per_step = {s: est[s] - (u_long[s] - w_long[s]) for s in m_long}
-        clamped = any(per_step[s] < floor.get(s, 0.0) - 1e-6 for s in per_step)
-        per_step = {s: max(v, floor.get(s, 0.0)) for s, v in per_step.items()}
-        return (median(per_step.values()) or est_run) * scale, t, clamped
-
+    pr = _Pricer(g, counted, m_long, b_long, m_run)
+    if mode == "gpu":  # the what-ifs are rewrites of the graph without the profiler's host cost
+        d0, cg0 = pr.unprofiled(con, run_id, d0, cg0, tr0)
+    replay_model["profiler_overhead"] = pr.base(d0, cg0, unprofiled_measured)
     for sc in [*applicable, *(["all"] if len(applicable) > 1 else [])]:
         if sc == "all":
             arrs: Arrays = (d0, cg0, tr0)
@@ -321,29 +287,94 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_siz
                 arrs = REWRITES[s](g, *arrs, ctx)
         else:
             arrs = REWRITES[sc](g, d0, cg0, tr0, ctx)
-        pred, t, clamped = predict(arrs)
+        pred, t, clamped = pr.predict(arrs)
         results += [[run_id, sc, r, s, measured[(r, s)], t[(r, s)]] for r, s in sorted(measured)]
-        row = _whatif_row(g, sc, ctx, pred, u_run, err, replay_model["reliable"])
-        row["profiled_predicted_step_time_us"] = round(max(m_run - (u_run - pred), 0.0), 3)
-        row["profiled_saving_pct"] = round(100 * (u_run - pred) / m_run, 2) if m_run else 0.0
+        row = _whatif_row(g, sc, ctx, pred, pr.u_run, err, replay_model["reliable"])
+        row["profiled_predicted_step_time_us"] = round(max(m_run - (pr.u_run - pred), 0.0), 3)
+        row["profiled_saving_pct"] = round(100 * (pr.u_run - pred) / m_run, 2) if m_run else 0.0
         if clamped:
             row["assumptions"] += ("; clamped to the floor: no step shorter than the busy time of the work this "
                                    "fix leaves (each GPU stream's kernels, the host's remaining work)")
         if sc in ("tf32_matmul", "bf16_matmul"):
-            if g.mode == "gpu" and ctx.get("prec"):
-                ends = [predict((REWRITES[sc](g, d0, cg0, tr0, ctx, bound=b)[0], cg0, tr0))[0]
-                        for b in ("low", "high")]
-            else:
-                ends = [predict(_rw_bf16(g, d0, cg0, tr0, ctx, speedup=x))[0]
-                        for x in (ctx["bf16"][0], ctx["bf16"][2])]
-            row["range_us"] = [round(min(ends), 3), round(max(ends), 3)]
-            row["range_saving_pct"] = [round(100 * (u_run - max(ends)) / u_run, 2),
-                                       round(100 * (u_run - min(ends)) / u_run, 2)]
+            _add_range(row, pr, sc, pred, arrs, (d0, cg0, tr0), ctx)
         if row["saving_us"] >= MIN_SAVING_US or sc == "all":
             whatif.append(row)
     if defer is None:
         store.insert_rows(con, "sim_result", None, results)
     return replay_model, whatif, picture
+
+
+class _Pricer:
+    """Prices rewrites of one run's graph: each counted step's replayed saving taken off its step time without the
+    profiler (measured, or estimated by :meth:`unprofiled`), never below the step's floor (:func:`_floors`)."""
+
+    def __init__(self, g: gr.Graph, counted: set, m_long: dict, b_long: dict, m_run: float) -> None:
+        self.g, self.counted, self.m_long, self.b_long, self.m_run = g, counted, m_long, b_long, m_run
+        self.u_long, self.per_op, self.cfg = b_long, 0.0, None
+        self.est: dict = {}
+        self.est_run = self.u_run = m_run
+        self.scale = 1.0
+
+    def replay_long(self, arrs: Arrays) -> tuple[dict, dict]:
+        """(step -> longest replayed time over the counted ranks, (rank, step) -> replayed time)."""
+        rp = simulate.replay(self.g, *arrs)
+        t = rp.step_times(self.g)
+        del rp
+        release_free_memory()  # each replay's graph-sized arrays: not stacked up in the heap
+        return _longest(t, self.counted), t
+
+    def unprofiled(self, con, run_id: int, d: np.ndarray, cg: np.ndarray, tr: np.ndarray) -> tuple:
+        """The graph's durations and gaps less the profiler's host cost (:mod:`.overhead`), replayed."""
+        self.cfg = overhead.profiler_config(con, run_id)
+        self.per_op = overhead.per_op_us(self.cfg)
+        d, cg = overhead.unprofiled(self.g, d, cg, self.per_op)
+        self.u_long, _ = self.replay_long((d, cg, tr))
+        return d, cg
+
+    def base(self, d: np.ndarray, cg: np.ndarray, measured: dict | None) -> dict:
+        """Set the step without the profiler (``measured`` when it says, else the estimate) and return the run's
+        ``profiler_overhead``."""
+        floor_u = _floors(self.g, d, cg)
+        m, b, u = self.m_long, self.b_long, self.u_long
+        # a floor above the measured step (work assigned to a step that runs past its end) never raises an estimate
+        self.est = {s: max(m[s] - (b[s] - u[s]), min(floor_u.get(s, 0.0), m[s])) for s in m}
+        self.est_run = median(self.est.values()) or self.m_run
+        self.u_run, source = self.est_run, "estimate"
+        if measured and (measured.get("step_time_us") or 0) > 0:
+            self.u_run, source = float(measured["step_time_us"]), str(measured.get("source"))
+        self.scale = self.u_run / self.est_run if self.est_run else 1.0  # a measurement rescales the estimates
+        m_run = self.m_run
+        return {"unprofiled_step_time_us": round(self.u_run, 3), "profiled_step_time_us": round(m_run, 3),
+                "overhead_pct": round(100 * (m_run - self.u_run) / m_run, 2) if m_run else 0.0, "source": source,
+                "per_op_us": round(self.per_op, 3), "per_call_us": overhead.PER_CALL_US if self.per_op else 0.0,
+                "estimated_step_time_us": round(self.est_run, 3), "profiler": self.cfg or {},
+                "events_per_step": _events_per_step(self.g, self.counted)}
+
+    def predict(self, arrs: Arrays) -> tuple[float, dict, bool]:
+        """(predicted step without the profiler, replayed (rank, step) times, whether a floor clamped it)."""
+        w_long, t = self.replay_long(arrs)
+        floor = {s: min(v, self.est.get(s, v)) for s, v in _floors(self.g, arrs[0], arrs[1]).items()}
+        per_step = {s: self.est[s] - (self.u_long[s] - w_long[s]) for s in self.m_long}
+        clamped = any(per_step[s] < floor.get(s, 0.0) - 1e-6 for s in per_step)
+        per_step = {s: max(v, floor.get(s, 0.0)) for s, v in per_step.items()}
+        return (median(per_step.values()) or self.est_run) * self.scale, t, clamped
+
+
+def _add_range(row: dict, pr: _Pricer, sc: str, pred: float, arrs: Arrays, base: Arrays, ctx: dict) -> None:
+    """A precision what-if's range (``range_us``, ``range_saving_pct``). GPU runs: without two more replays, the
+    replayed saving scaled by the kernel time each end of the model's range removes against the point estimate's
+    (the same kernels, so the same share on the path); CPU runs: replays at the assumed speed-ups' ends."""
+    g, (d0, cg0, tr0), u = pr.g, base, pr.u_run
+    if g.mode == "gpu" and ctx.get("prec"):
+        cut_mid = float((d0 - arrs[0]).sum())
+        ends = []
+        for b in ("low", "high"):
+            cut_b = float((d0 - REWRITES[sc](g, d0, cg0, tr0, ctx, bound=b)[0]).sum())
+            ends.append(u - (u - pred) * (cut_b / cut_mid if cut_mid > 0 else 1.0))
+    else:
+        ends = [pr.predict(_rw_bf16(g, d0, cg0, tr0, ctx, speedup=x))[0] for x in (ctx["bf16"][0], ctx["bf16"][2])]
+    row["range_us"] = [round(min(ends), 3), round(max(ends), 3)]
+    row["range_saving_pct"] = [round(100 * (u - max(ends)) / u, 2), round(100 * (u - min(ends)) / u, 2)]
 
 
 def _floors(g: gr.Graph, d: np.ndarray, cg: np.ndarray) -> dict[int, float]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from traceanalyze.fmt import basename, finite, fmt_ms, fmt_pct, fmt_signed_ms, text
+from traceanalyze.fmt import basename, finite, fmt_float, fmt_int, fmt_ms, fmt_pct, fmt_signed_ms, text
 from traceanalyze.report import charts
 from traceanalyze.report.model import (
     as_dict,
@@ -87,6 +87,14 @@ def _comparison_md(comp: dict | None) -> list[str]:
     for p in comp["parts"]:
         out.append(f"| {_md(p.get('part'))} | {fmt_ms(p.get('subject_us'))} | {fmt_ms(p.get('baseline_us'))} "
                    f"| {fmt_signed_ms(p.get('delta_us'))} | {_md(p.get('finding')) if p.get('finding') else ''} |")
+    k = comp.get("compile") if isinstance(comp.get("compile"), dict) else None
+    if k:
+        pays = (f"{fmt_float(k.get('saving_ms_per_step'), 2)} ms saved per step: pays back after "
+                f"{fmt_int(k.get('break_even_steps'))} steps" if k.get("break_even_steps") else "never pays back")
+        out += ["", f"torch.compile: {fmt_float(k.get('compile_s'), 1)} s once in {_md(k.get('compiled'))}; "
+                    f"steady step {fmt_float(k.get('compiled_step_ms'), 1)} vs "
+                    f"{fmt_float(k.get('eager_step_ms'), 1)} ms eager "
+                    f"({_md(k.get('source'))}): {pays}"]
     diffs = comp["config_diffs"][:8]
     if diffs:
         out += ["", "Config differences: " + "; ".join(

@@ -20,6 +20,7 @@ from traceanalyze.report.replay import replay_view
 MAX_STEP_ROWS = 40
 MAX_STEP_COLS = 16
 MAX_FILE_ROWS = 256
+MAX_HOST_ROWS = 12  # rows of each host table (top CPU ops, blocking calls: the most GPU idle first)
 SLOW_STEP_FRAC = 0.05  # a rank's step is marked slow when it is this much above the step's median across ranks
 OUTLIER_POINTS = 15.0  # a rank whose compute % or idle % is this many points off the run's median is flagged
 
@@ -470,6 +471,24 @@ def _run_tables(run: dict, ranks: list[dict], mode: str | None) -> dict:
     }
 
 
+def host_view(run: dict) -> dict | None:
+    """The host side of a GPU run's steady steps (``runs[i].host``): the top CPU ops and the blocking CUDA calls
+    (names as text), each at most :data:`MAX_HOST_ROWS` rows; None without either."""
+    host = as_dict(run.get("host"))
+
+    def rows(key: str, names: tuple[str, ...], by: str) -> list[dict]:
+        out = [{**d, **{n: None if d.get(n) is None else str(d.get(n)) for n in names}}
+               for d in as_list(host.get(key)) if isinstance(d, dict)]
+        out.sort(key=lambda d: -(finite(d.get(by)) or 0.0))
+        return out[:MAX_HOST_ROWS]
+
+    top = rows("top_ops", ("name", "cat"), "us_per_step")
+    blocking = rows("blocking_calls", ("call", "op", "inner_op"), "gpu_idle_us_per_step")
+    if not top and not blocking:
+        return None
+    return {"top_ops": top, "blocking_calls": blocking}
+
+
 def run_view(run: dict, findings: list[dict], idx: int = 1) -> dict:
     """Everything the report page shows of one run (``findings``: :func:`sorted_findings`; ``idx``: its position,
     for chart ids)."""
@@ -507,6 +526,8 @@ def run_view(run: dict, findings: list[dict], idx: int = 1) -> dict:
         **_rank_extra(run, ranks),
         **replay_view(run),
         "step_time_us": run.get("step_time_us"),
+        "profiler_overhead": as_dict(run.get("profiler_overhead")) or None,
+        "host": host_view(run),
         "mean_idle": mean(r.get("idle_pct") for r in ranks),
         "mean_compute": mean(r.get("compute_pct") for r in ranks),
         "mean_non_compute": mean(r.get("non_compute_pct") for r in ranks),
