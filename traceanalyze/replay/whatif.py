@@ -278,27 +278,8 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_siz
     if mode == "gpu":  # the what-ifs are rewrites of the graph without the profiler's host cost
         d0, cg0 = pr.unprofiled(con, run_id, d0, cg0, tr0)
     replay_model["profiler_overhead"] = pr.base(d0, cg0, unprofiled_measured)
-    for sc in [*applicable, *(["all"] if len(applicable) > 1 else [])]:
-        if sc == "all":
-            arrs: Arrays = (d0, cg0, tr0)
-            for s in applicable:
-                if s == "tf32_matmul" and "bf16_matmul" in applicable:
-                    continue  # bf16 supersedes TF32
-                arrs = REWRITES[s](g, *arrs, ctx)
-        else:
-            arrs = REWRITES[sc](g, d0, cg0, tr0, ctx)
-        pred, t, clamped = pr.predict(arrs)
-        results += [[run_id, sc, r, s, measured[(r, s)], t[(r, s)]] for r, s in sorted(measured)]
-        row = _whatif_row(g, sc, ctx, pred, pr.u_run, err, replay_model["reliable"])
-        row["profiled_predicted_step_time_us"] = round(max(m_run - (pr.u_run - pred), 0.0), 3)
-        row["profiled_saving_pct"] = round(100 * (pr.u_run - pred) / m_run, 2) if m_run else 0.0
-        if clamped:
-            row["assumptions"] += ("; clamped to the floor: no step shorter than the busy time of the work this "
-                                   "fix leaves (each GPU stream's kernels, the host's remaining work)")
-        if sc in ("tf32_matmul", "bf16_matmul"):
-            _add_range(row, pr, sc, pred, arrs, (d0, cg0, tr0), ctx)
-        if row["saving_us"] >= MIN_SAVING_US or sc == "all":
-            whatif.append(row)
+    whatif += _price_scenarios(pr, applicable, ctx, (d0, cg0, tr0), measured, results, err,
+                               replay_model["reliable"])
     if defer is None:
         store.insert_rows(con, "sim_result", None, results)
     return replay_model, whatif, picture
@@ -375,6 +356,36 @@ def _add_range(row: dict, pr: _Pricer, sc: str, pred: float, arrs: Arrays, base:
         ends = [pr.predict(_rw_bf16(g, d0, cg0, tr0, ctx, speedup=x))[0] for x in (ctx["bf16"][0], ctx["bf16"][2])]
     row["range_us"] = [round(min(ends), 3), round(max(ends), 3)]
     row["range_saving_pct"] = [round(100 * (u - max(ends)) / u, 2), round(100 * (u - min(ends)) / u, 2)]
+
+
+def _price_scenarios(pr: _Pricer, applicable: list[str], ctx: dict, base: Arrays, measured: dict, results: list,
+                     err: float, reliable: bool) -> list[dict]:
+    """The ``whatif`` rows of the applicable scenarios, each alone, then ``all`` together (when several); each
+    replay's step times are appended to ``results`` (``sim_result`` rows)."""
+    g, (d0, cg0, tr0), m_run, run_id = pr.g, base, pr.m_run, pr.g.run_id
+    whatif: list[dict] = []
+    for sc in [*applicable, *(["all"] if len(applicable) > 1 else [])]:
+        if sc == "all":
+            arrs: Arrays = (d0, cg0, tr0)
+            for s in applicable:
+                if s == "tf32_matmul" and "bf16_matmul" in applicable:
+                    continue  # bf16 supersedes TF32
+                arrs = REWRITES[s](g, *arrs, ctx)
+        else:
+            arrs = REWRITES[sc](g, d0, cg0, tr0, ctx)
+        pred, t, clamped = pr.predict(arrs)
+        results += [[run_id, sc, r, s, measured[(r, s)], t[(r, s)]] for r, s in sorted(measured)]
+        row = _whatif_row(g, sc, ctx, pred, pr.u_run, err, reliable)
+        row["profiled_predicted_step_time_us"] = round(max(m_run - (pr.u_run - pred), 0.0), 3)
+        row["profiled_saving_pct"] = round(100 * (pr.u_run - pred) / m_run, 2) if m_run else 0.0
+        if clamped:
+            row["assumptions"] += ("; clamped to the floor: no step shorter than the busy time of the work this "
+                                   "fix leaves (each GPU stream's kernels, the host's remaining work)")
+        if sc in ("tf32_matmul", "bf16_matmul"):
+            _add_range(row, pr, sc, pred, arrs, (d0, cg0, tr0), ctx)
+        if row["saving_us"] >= MIN_SAVING_US or sc == "all":
+            whatif.append(row)
+    return whatif
 
 
 def _floors(g: gr.Graph, d: np.ndarray, cg: np.ndarray) -> dict[int, float]:
