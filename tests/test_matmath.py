@@ -180,7 +180,7 @@ def test_sql_agrees_with_python_on_every_observed_name():
     assert {"fp32", "tf32"} <= {kernel_dtype(n)[0] for n in names}
 
 
-# Names the patterns misread (reported; xfail until traceanalyze.matmath is fixed, then drop the mark):
+# Names a looser pattern would misread:
 # ``gemm`` matches ``fbgemm_gpu`` (FBGEMM's permute/bucketize/FP8-quantize kernels, observed in HTA's traces) and
 # ``conv`` matches ``convert`` (cuDNN SDPA's ``convert_dq_to_16bits``, observed in the bf16 GPT on the H200) and
 # inductor's pointwise epilogues named after the ``convolution`` they follow.
@@ -194,8 +194,6 @@ MISREAD = [
 ]
 
 
-@pytest.mark.xfail(strict=True, reason="matmath.FAMILY_PATTERNS: 'gemm' matches fbgemm_gpu, 'conv' matches convert "
-                                       "and inductor's fused convolution epilogues")
 @pytest.mark.parametrize("name", MISREAD, ids=[n[:48] for n in MISREAD])
 def test_misread_names_are_not_matrix_math(name):
     assert kernel_family(name) is None

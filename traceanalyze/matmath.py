@@ -28,7 +28,8 @@ FAMILY_PATTERNS: list[tuple[str, str]] = [
     ("gemm", r"gemm|gemv|xmma|cutlass|cublas|nvjet|wgmma|triton_tem|matmul"),
 ]
 # Kernels that match a family pattern but are not matrix math: elementwise, reductions, copies, collectives.
-NOT_MATH = r"elementwise_kernel|reduce_kernel|splitkreduce|memcpy|memset|nccl|_copy_kernel|softmax|layer_norm"
+NOT_MATH = (r"elementwise_kernel|reduce_kernel|splitkreduce|memcpy|memset|nccl|_copy_kernel|softmax|layer_norm|"
+            r"fbgemm_gpu|convert|triton_poi_|triton_red_|triton_per_|scal_kernel|globalkernel")
 
 # (pattern, dtype, tensor cores). First match wins; order matters (``f32f32_tf32f32`` is TF32, not fp32).
 KERNEL_DTYPE_RULES: list[tuple[str, str, bool | None]] = [
