@@ -94,8 +94,8 @@ def test_real_h100_step_is_launch_bound():
     assert (f["kind"], f["impact_pct"]) == ("launch_bound", 54.2)
     assert f["evidence"][1:] == ["60 kernels per step, 13.6 per ms of step, median 4.6 µs each; launch calls take "
                                  "0.3 ms per step on the host", "MFU 4.1% (40.6 TFLOPS of 989)",
-                                 "impact from the what-if replay (no_launch_overhead): predicted step time 1.03 ms, "
-                                 "76.7% saved"]
+                                 "impact from the what-if replay (no_launch_overhead): predicted step time 0.63 ms, "
+                                 "54.2% saved"]
 
 
 def test_gpu_idle_above_half_is_never_healthy_without_a_finding():
