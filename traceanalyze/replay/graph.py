@@ -491,7 +491,7 @@ def _build_chunk(con, rc: _RunClock, fids: list[int], st: dict[str, np.ndarray],
     # categories: host time under dataloader / compile / optimizer ranges and fp32 matmuls (CPU runs)
     prec = _precision_classes(t) if rc.mode == "gpu" else np.zeros(t.n, np.int8)  # GPU runs only
     cover, gap_cover, gap_label = _categories(con, rc, t, fids, prec)
-    prof = _profiler_events(con, rc, t, fids) if rc.mode == "gpu" else np.zeros((2, t.n), np.float32)
+    prof = _profiler_events(con, rc, t, fids) if rc.mode == "gpu" else np.zeros((3, t.n), np.float32)
     coll = t.kind == K_COLL
     return dict(n=t.n, rank=t.rank, res=t.res, kind=t.kind, name=(t.name_code, t.names), step=step, start=t.start,
                 dur=t.dur, gap=t.gap, first=t.first, cg=cg, cd=cd, gap_label=gap_label, cover=cover,
@@ -995,14 +995,20 @@ def _precision_classes(t: _Tasks) -> np.ndarray:
 
 def _profiler_events(con, rc: _RunClock, t: _Tasks, fids: list[int]) -> np.ndarray:
     """Per host task (and step marker): the events the profiler recorded on its thread from the end of the thread's
-    previous task to its own end, each counted at its start, as two float32 columns: ``[0]`` cpu ops and
-    annotations, ``[1]`` runtime and driver calls; 0 for device tasks. The profiler's own host cost is paid per
+    previous task to its own end, each counted at its start, as three float32 rows: ``[0]`` cpu ops and
+    annotations recorded in C++, ``[1]`` runtime and driver calls, ``[2]`` the ranges Python opens only while a
+    profiler runs (inductor's ``triton_*`` launches, ``## Call CompiledFxGraph``, compiled regions); 0 for device
+    tasks. The profiler's own host cost is paid per
     recorded event (:mod:`traceanalyze.replay.overhead`)."""
-    out = np.zeros((2, t.n), np.float32)
+    out = np.zeros((3, t.n), np.float32)
     host = t.rk == 0
     if not host.any():
         return out
-    r = _fetch(con, """SELECT f.rank, c.pid, c.tid, c.ts_ns, c.cat IN ('cuda_runtime', 'cuda_driver') AS call
+    r = _fetch(con, """SELECT f.rank, c.pid, c.tid, c.ts_ns,
+               CASE WHEN c.cat IN ('cuda_runtime', 'cuda_driver') THEN 1
+                    WHEN c.name LIKE 'triton\\_%' ESCAPE '\\' OR c.name LIKE '## Call CompiledFxGraph%'
+                         OR c.name LIKE 'Torch-Compiled Region%' OR c.name IN ('CompiledFunction',
+                         'CompiledFunctionBackward') THEN 2 ELSE 0 END AS kind
         FROM cpu_ops c JOIN files f USING (file_id)
         WHERE f.run_id = $1 AND f.rank IS NOT NULL AND f.file_id IN (SELECT unnest($2))
           AND c.cat IN ('cpu_op', 'user_annotation', 'cuda_runtime', 'cuda_driver')""", [rc.run_id, fids])
@@ -1010,7 +1016,7 @@ def _profiler_events(con, rc: _RunClock, t: _Tasks, fids: list[int]) -> np.ndarr
     shift = rc.origin + rc.off_ns[np.clip(np.asarray(r["rank"], np.int64), 0, rc.world)]
     lim = (1 << _T_SHIFT) - 1
     ok = r_res >= 0
-    is_call = np.asarray(r["call"], bool)
+    kind = np.asarray(r["kind"], np.int64)
     all_keys = (r_res.astype(np.int64) << _T_SHIFT) + np.clip(np.asarray(r["ts_ns"], np.int64) - shift, 0, lim)
     del r, r_res, shift
     res = t.res.astype(np.int64) << _T_SHIFT
@@ -1018,7 +1024,8 @@ def _profiler_events(con, rc: _RunClock, t: _Tasks, fids: list[int]) -> np.ndarr
     s_ns = np.clip((t.start * 1e3).astype(np.int64), 0, lim)
     p_ns = np.concatenate([[0], e_ns[:-1]])
     lo = np.where(t.first, s_ns, np.minimum(p_ns, s_ns))
-    for i, m in enumerate((ok & ~is_call, ok & is_call)):
+    for i in range(3):
+        m = ok & (kind == i)
         keys = np.sort(all_keys[m])
         cnt = np.searchsorted(keys, res + e_ns, side="left") - np.searchsorted(keys, res + lo, side="left")
         out[i, host] = np.clip(cnt[host], 0, None)

@@ -30,8 +30,12 @@ from traceanalyze.replay import graph as gr
 
 # µs of host time per recorded event (module docstring: the calibration): per op or annotation, by what is recorded;
 # per runtime or driver call (CUPTI's callback and activity record, whatever the options)
-PER_OP_US = {"base": 1.0, "record_shapes": 1.9, "with_stack": 4.0, "profile_memory": 0.5}
+PER_OP_US = {"base": 1.0, "record_shapes": 1.9, "with_stack": 2.2, "profile_memory": 0.5}
 PER_CALL_US = 5.9
+# µs per range Python opens only while a profiler runs (inductor's record_function around each Triton launch, the
+# compiled graph's call): an empty torch.profiler.record_function costs 9.4 µs under the profiler on this project's
+# CPU (benchmarks/profiler_overhead.py), all of it profiler-only
+PER_PY_RANGE_US = 9.4
 # µs of GPU time CUPTI's kernel activity record adds between two queued kernels of a stream: a CUDA graph that
 # replays ~3,850 kernels per step with no host work between them takes 13.8 ms per step profiled against 6.9 ms
 # without the profiler (launch pair, fixed side): 1.8 µs per kernel
@@ -79,21 +83,31 @@ def unprofiled(g: gr.Graph, d: np.ndarray, cg: np.ndarray, per_op: float, per_ca
     Copies."""
     if g.prof_events is None or (per_op <= 0 and per_call <= 0):
         return d, cg
-    cut = g.prof_events[0].astype(np.float64) * per_op + g.prof_events[1].astype(np.float64) * per_call
+    ev = g.prof_events.astype(np.float64)
+    cut = ev[0] * per_op + ev[1] * per_call + ev[2] * PER_PY_RANGE_US
     dev = np.isin(g.kind, (gr.K_KERNEL, gr.K_MEMCPY, gr.K_MEMSET)) & ~g.first
     cut[dev] = PER_KERNEL_US
     # a CUDA graph launch: CUPTI instruments every node it enqueues, so the call takes nodes × PER_KERNEL_US more
     share = np.full(cut.size, MAX_DUR_CUT)
     graph = _graph_launches(g)
+    node_cg = None
     if graph.size:
         launch = (g.dep_type == 0) & np.isin(g.dep_src, graph)
         nodes = np.bincount(g.dep_src[launch], minlength=cut.size)
         cut[graph] += nodes[graph] * PER_KERNEL_US
         share[graph] = 0.99
+        # the graph's kernels wait for that slow enqueue: without the profiler they follow each other at the gap
+        # the graph shows between most of its kernels (the median), not at the stalls the enqueue left
+        node = np.unique(g.dep_dst[launch])
+        node = node[dev[node]]
+        if node.size:
+            node_cg = (node, float(np.median(cg[node])))
     from_gap = np.minimum(cg, cut)
     cg2 = cg - from_gap
     rest = cut - from_gap
     d2 = d - np.where(dev, 0.0, np.minimum(rest, d * share))
+    if node_cg is not None:
+        cg2[node_cg[0]] = np.minimum(cg2[node_cg[0]], node_cg[1])
     return d2, cg2
 
 
@@ -104,3 +118,4 @@ def _graph_launches(g: gr.Graph) -> np.ndarray:
     if not codes:
         return np.zeros(0, np.int64)
     return np.flatnonzero(np.isin(g.name_code, codes) & (g.kind == gr.K_HOST))
+

@@ -312,6 +312,7 @@ class _Pricer:
         self.u_long, _ = self.replay_long((d, cg, tr))
         return d, cg
 
+
     def base(self, d: np.ndarray, cg: np.ndarray, measured: dict | None) -> dict:
         """Set the step without the profiler (``measured`` when it says, else the estimate) and return the run's
         ``profiler_overhead``."""
