@@ -152,7 +152,7 @@ def test_cpu_precision_advice_and_main_cause_only_when_worth_a_ticket():
     assert (h["severity"], h["impact_pct"]) == ("low", 12.5)  # the replay's price; the rule keeps it low
     # the predicted step is of the job without the profiler: the training log's step time (110.7 ms) less 12.5 %
     assert h["evidence"][-1] == ("impact from the what-if replay (bf16_matmul): predicted step time 96.82 ms, "
-                                 "12.5% saved")
+                                 "12.5% saved (model range 7.5–18.8%)")
     assert h["evidence"][-2] == ("estimated gain 30.9 ms per step is within 2 standard deviations of this run's step "
                                  "times (σ 22.3 ms over 8 rank-steps): not worth a ticket on this evidence; measure it "
                                  "with one bf16 run")

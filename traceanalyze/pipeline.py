@@ -214,6 +214,12 @@ def _diagnose_runs(con, disc: Discovery, roles: dict, loaded, warnings: list[dic
         findings = diagnose.diagnose(ev)
         # impact from the what-if replay
         findings = diagnose.apply_to_findings(findings, run_model.get("whatif"), run_model.get("mode"))
+        findings, dropped = diagnose.drop_profiler_only(findings, run_model.get("ranks") or [],
+                                                        run_model.get("profiler_overhead"))
+        if dropped:  # the report says so: in the JSON and as a data-quality row
+            run_model["profiler_overhead"]["dropped_findings"] = dropped
+            run_warnings += [{"file": None, "level": "info", "message": f"finding left out ({d['kind']}: "
+                              f"{d['title']}): it {d['why']}"} for d in dropped]
         run_model["findings"] = diagnose.to_dicts(findings)
         if run_model["steps"] and run_model["mode"] in ("gpu", "cpu"):
             run_model["timeline"] = _timeline(con, run_id, run_model, ev, findings)

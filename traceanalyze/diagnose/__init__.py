@@ -37,6 +37,7 @@ from traceanalyze.diagnose.verdict import (
                                            RULES,
                                            apply_to_findings,
                                            diagnose,
+                                           drop_profiler_only,
                                            rank_findings,
                                            to_dicts,
                                            unexplained_idle,
@@ -45,6 +46,7 @@ from traceanalyze.diagnose.verdict import (
 from traceanalyze.findings import Finding
 
 __all__ = ["HIGH", "KIND_TO_SCENARIO", "MEDIUM", "RULES", "Finding", "RunEvidence", "apply_to_findings", "compare",
+           "drop_profiler_only",
            "compile_step_of", "diagnose", "effective_batch_of", "explains", "rank_findings", "rule_compile",
            "rule_dataloader", "rule_effective_batch_single", "rule_exposed_communication", "rule_idle_rank",
            "rule_launch_bound", "rule_precision", "rule_straggler", "rule_untraced_ranks", "severity", "step_stat",

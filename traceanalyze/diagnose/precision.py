@@ -18,7 +18,7 @@ from traceanalyze.findings import Finding
 from traceanalyze.replay.whatif import CPU_BF16_SPEEDUP  # the speed-up the what-if replay assumes at most
 
 MIN_FP32_SHARE = 50.0  # % of matrix-math time in fp32 without tensor cores
-GPU_FP32_SPEEDUP_DEFAULT = 4.0  # bf16 tensor cores vs fp32 CUDA cores, conservative (peaks differ 8-16x)
+GPU_FP32_SPEEDUP_DEFAULT = 4.0  # bf16 over fp32 when no peak is known (never: gpu_peaks assumes one and says so)
 CPU_PRECISION_ADVICE = ("on a CPU with AMX or AVX512-BF16 (lscpu | grep -E 'amx|avx512_bf16'), run the step under "
                         "torch.autocast('cpu', dtype=torch.bfloat16) (bf16: true / --bf16 in a trainer config); "
                         "without them bf16 matmuls are emulated and can be slower than fp32: keep fp32 there")
@@ -33,12 +33,9 @@ def rule_precision(ev: RunEvidence) -> list[Finding]:
     n_ranks = max(1, len(ev.ranks))
     gemm_per_rank = p.gemm_time_us / n_ranks
     fp32_us = gemm_per_rank * p.fp32_share_pct / 100
-    if ev.mode == "gpu":
-        k = GPU_FP32_SPEEDUP_DEFAULT
-        hi, lo = (hardware.peak_tflops(ev.gpu_model, hardware.half_dtype(ev.gpu)),
-                  hardware.peak_tflops(ev.gpu_model, "fp32"))
-        if hi and lo:
-            k = min(max(hi / lo / 2, 2.0), 8.0)  # half the peak ratio: memory-bound parts gain less
+    if ev.mode == "gpu":  # the precision what-if's point estimate (replay.precision): peak ratio / √2
+        ratio = hardware.gpu_peaks(ev.gpu).ratio("fp32", hardware.half_dtype(ev.gpu))
+        k = max(ratio / 2 ** 0.5, 1.0) if ratio else GPU_FP32_SPEEDUP_DEFAULT
     else:
         k = CPU_BF16_SPEEDUP
     window = statistics.median(r["window_us"] for r in ev.ranks) if ev.ranks else 0

@@ -132,8 +132,63 @@ def apply_to_findings(findings: list[Finding], whatifs: list[dict] | None, mode:
                 if mode == "cpu" and w["scenario"] == "bf16_matmul":
                     f.severity = "low" if impact < CPU_PRECISION_TICKET_PCT else "medium"
             f.evidence = [*f.evidence, f"impact from the what-if replay ({w['scenario']}): predicted step time "
-                                       f"{w['predicted_step_time_us'] / 1e3:.2f} ms, {impact:.1f}% saved"]
+                                       f"{w['predicted_step_time_us'] / 1e3:.2f} ms, {impact:.1f}% saved"
+                                       + _range_text(w)]
+        if f.kind == "fp32_matmul" and by.get("tf32_matmul", {}).get("reliable"):
+            _offer_tf32_first(f, by["tf32_matmul"])
     return rank_findings(findings)
+
+
+PROFILER_ONLY_KINDS = {"unexplained_idle": IDLE_EXPLAIN_PCT, "launch_bound": 40.0, "host_bound": 40.0}
+
+
+def drop_profiler_only(findings: list[Finding], ranks: list[dict], overhead: dict | None
+                       ) -> tuple[list[Finding], list[dict]]:
+    """The findings that exist only because of the profiler left out: a GPU-idle finding (``unexplained_idle``,
+    ``launch_bound``, ``host_bound``) whose GPU idle, on the step without the profiler (``overhead``: the run's
+    ``profiler_overhead``), falls below the idle its rule starts at (:data:`PROFILER_ONLY_KINDS`). The GPU's busy
+    time per step is the profiled step × (1 − the median rank's GPU idle share); without the profiler the step is
+    ``unprofiled_step_time_us``. Returns (kept findings, ``[{kind, title, why}]`` of those left out)."""
+    if not overhead or not ranks:
+        return findings, []
+    u, m = overhead.get("unprofiled_step_time_us"), overhead.get("profiled_step_time_us")
+    idle = [r.get("idle_pct") for r in ranks if isinstance(r.get("idle_pct"), (int, float))]
+    if not (u and m and idle) or u >= m:
+        return findings, []
+    busy = m * (1 - sorted(idle)[len(idle) // 2] / 100)
+    idle_u = max(0.0, 100 * (1 - busy / u))
+    kept, dropped = [], []
+    for f in findings:
+        floor = PROFILER_ONLY_KINDS.get(f.kind)
+        if floor is not None and idle_u < floor:
+            dropped.append({"kind": f.kind, "title": f.title,
+                            "why": f"exists only under the profiler: the GPU is busy {busy / 1e3:.2f} ms a step, "
+                                   f"{idle_u:.0f}% idle of the {u / 1e3:.2f} ms step without the profiler "
+                                   f"({overhead.get('source')}) against {100 * (1 - busy / m):.0f}% of the "
+                                   f"{m / 1e3:.2f} ms profiled one (the rule starts at {floor:g}%)"})
+        else:
+            kept.append(f)
+    return kept, dropped
+
+
+def _range_text(w: dict) -> str:
+    """`` (model range a–b%)`` for a what-if that carries one, else ''."""
+    r = w.get("range_saving_pct")
+    return f" (model range {r[0]:.1f}–{r[1]:.1f}%)" if r and len(r) == 2 else ""
+
+
+TF32_ONE_LINE = ("torch.set_float32_matmul_precision('high') and torch.backends.cudnn.allow_tf32 = True (TF32 tensor "
+                 "cores for fp32 matmuls and convolutions, one line before training)")
+
+
+def _offer_tf32_first(f: Finding, w: dict) -> None:
+    """A GPU precision finding offers TF32 first (one line of code, no change of dtype), with its own what-if;
+    bf16 autocast, the larger change, follows."""
+    saved = max(0.0, float(w["saving_pct"]))
+    f.evidence = [*f.evidence, f"TF32 alone (what-if tf32_matmul): predicted step time "
+                               f"{w['predicted_step_time_us'] / 1e3:.2f} ms, {saved:.1f}% saved" + _range_text(w)]
+    f.recommendation = (f"first, one line: {TF32_ONE_LINE}, predicted to save {saved:.0f}%; then, for the rest, "
+                        + f.recommendation)
 
 
 def to_dicts(fs: list[Finding]) -> list[dict]:
