@@ -656,11 +656,24 @@ def _evidence(con, run_id: int, run: Run, a: _RunAnalyses, facts: dict, gpu, goo
         steps=steps_model, step_time_us=step_time, coll=coll, prec=prec, compile=comp, loader=loader,
         launch=launch, facts=side["facts"], log_steps=side["log_steps"], nccl=side["nccl"],
         topology=side["topology"], link=link, idle=[r.model() for r in idle_rows], gpu=gpu, compile_step=compile_step)
+    view = None
+    if good and mode == "gpu":  # blocking calls, the optimizer, the top CPU ops of the steady steps: on a cursor
+        # and thread of their own, beside the two analyses below (DuckDB works without the GIL)
+        from concurrent.futures import ThreadPoolExecutor
+
+        n_rows = con.execute("SELECT coalesce(sum(n_kernels + n_cpu_ops), 0) FROM files WHERE run_id = ?",
+                             [run_id]).fetchone()[0]
+        pool = ThreadPoolExecutor(max_workers=1) if n_rows <= OVERLAP_MAX_ROWS else None  # big: in turn (memory)
+        cur = con.cursor()
+        view = _deferred(pool, host.host_view, cur, run_id, compile_step)
+        if pool is not None:
+            pool.shutdown(wait=False)
     if good and steps_model:
         ev.rank_ops = where.op_time_per_step(con, run_id, mode)
         ev.host_gaps, ev.gap_us_per_step = where.host_gaps(con, run_id)
-    if good and mode == "gpu":  # blocking calls, the optimizer, the top CPU ops of the steady steps
-        ev.host = host.host_view(con, run_id, compile_step)
+    if view is not None:
+        ev.host = view()
+        cur.close()
     ev.unprofiled = side.get("unprofiled")  # the step without the profiler, measured (capture or log)
     return ev, longest, compile_step_us
 

@@ -292,6 +292,7 @@ class _Pricer:
     def __init__(self, g: gr.Graph, counted: set, m_long: dict, b_long: dict, m_run: float) -> None:
         self.g, self.counted, self.m_long, self.b_long, self.m_run = g, counted, m_long, b_long, m_run
         self.u_long, self.per_op, self.cfg = b_long, 0.0, None
+        self.groups = _floor_groups(g)  # the floors' grouping, the same for every rewrite
         self.est: dict = {}
         self.est_run = self.u_run = m_run
         self.scale = 1.0
@@ -316,7 +317,7 @@ class _Pricer:
     def base(self, d: np.ndarray, cg: np.ndarray, measured: dict | None) -> dict:
         """Set the step without the profiler (``measured`` when it says, else the estimate) and return the run's
         ``profiler_overhead``."""
-        floor_u = _floors(self.g, d, cg)
+        floor_u = _floors(self.g, d, cg, self.groups)
         m, b, u = self.m_long, self.b_long, self.u_long
         # a floor above the measured step (work assigned to a step that runs past its end) never raises an estimate
         self.est = {s: max(m[s] - (b[s] - u[s]), min(floor_u.get(s, 0.0), m[s])) for s in m}
@@ -335,7 +336,7 @@ class _Pricer:
     def predict(self, arrs: Arrays) -> tuple[float, dict, bool]:
         """(predicted step without the profiler, replayed (rank, step) times, whether a floor clamped it)."""
         w_long, t = self.replay_long(arrs)
-        floor = {s: min(v, self.est.get(s, v)) for s, v in _floors(self.g, arrs[0], arrs[1]).items()}
+        floor = {s: min(v, self.est.get(s, v)) for s, v in _floors(self.g, arrs[0], arrs[1], self.groups).items()}
         per_step = {s: self.est[s] - (self.u_long[s] - w_long[s]) for s in self.m_long}
         clamped = any(per_step[s] < floor.get(s, 0.0) - 1e-6 for s in per_step)
         per_step = {s: max(v, floor.get(s, 0.0)) for s, v in per_step.items()}
@@ -365,8 +366,11 @@ def _price_scenarios(pr: _Pricer, applicable: list[str], ctx: dict, base: Arrays
     replay's step times are appended to ``results`` (``sim_result`` rows)."""
     g, (d0, cg0, tr0), m_run, run_id = pr.g, base, pr.m_run, pr.g.run_id
     whatif: list[dict] = []
+    n_steps = max(1, len(pr.m_long))
     for sc in [*applicable, *(["all"] if len(applicable) > 1 else [])]:
         if sc == "all":
+            if sum(w["scenario"] != "all" for w in whatif) < 2:
+                break  # one fix that saves anything: "all" would replay it again
             arrs: Arrays = (d0, cg0, tr0)
             for s in applicable:
                 if s == "tf32_matmul" and "bf16_matmul" in applicable:
@@ -374,6 +378,10 @@ def _price_scenarios(pr: _Pricer, applicable: list[str], ctx: dict, base: Arrays
                 arrs = REWRITES[s](g, *arrs, ctx)
         else:
             arrs = REWRITES[sc](g, d0, cg0, tr0, ctx)
+            # a replay never saves more than the work the rewrite removes: below MIN_SAVING_US a step, no replay
+            if sc in ("tf32_matmul", "bf16_matmul") and g.mode == "gpu" and \
+                    float(np.clip(d0 - arrs[0], 0, None).sum()) / n_steps < MIN_SAVING_US:
+                continue
         pred, t, clamped = pr.predict(arrs)
         results += [[run_id, sc, r, s, measured[(r, s)], t[(r, s)]] for r, s in sorted(measured)]
         row = _whatif_row(g, sc, ctx, pred, pr.u_run, err, reliable)
@@ -389,28 +397,37 @@ def _price_scenarios(pr: _Pricer, applicable: list[str], ctx: dict, base: Arrays
     return whatif
 
 
-def _floors(g: gr.Graph, d: np.ndarray, cg: np.ndarray) -> dict[int, float]:
+def _floors(g: gr.Graph, d: np.ndarray, cg: np.ndarray, groups: tuple | None = None) -> dict[int, float]:
     """Per counted step: the busy time no replay of these durations can beat, µs: the longest, over ranks, of each
     GPU stream's kernels, copies and sets in the step (``d``) and of each host thread's tasks and the gaps before
     them (``d + cg``: its remaining work). A step is never shorter than the work its busiest resource must do.
-    GPU runs only (``{}`` for CPU runs, whose replay of measured ops already holds each thread's work)."""
-    if g.mode != "gpu":
+    GPU runs only (``{}`` for CPU runs, whose replay of measured ops already holds each thread's work).
+    ``groups``: :func:`_floor_groups` of ``g`` when already computed."""
+    groups = groups if groups is not None else _floor_groups(g)
+    if groups is None:
         return {}
-    dev = np.isin(g.kind, (gr.K_KERNEL, gr.K_MEMCPY, gr.K_MEMSET))
-    host = g.kind == gr.K_HOST
-    sel = np.flatnonzero((g.step >= 0) & (dev | host))
-    if sel.size == 0:
-        return {}
-    w = np.where(dev[sel], d[sel], d[sel] + cg[sel])
-    width = int(g.step.max(initial=0)) + 2
-    key = (g.res[sel].astype(np.int64) * width + g.step[sel]).astype(np.int64)
-    keys, inv = np.unique(key, return_inverse=True)
-    busy = np.bincount(inv.reshape(-1), weights=w)
+    sel, dev, inv, steps = groups
+    w = np.where(dev, d[sel], d[sel] + cg[sel])
+    busy = np.bincount(inv, weights=w, minlength=steps.size)
     out: dict[int, float] = {}
-    for k, b in zip(keys.tolist(), busy.tolist(), strict=True):
-        step = k % width
+    for step, b in zip(steps.tolist(), busy.tolist(), strict=True):
         out[step] = max(out.get(step, 0.0), b)
     return out
+
+
+def _floor_groups(g: gr.Graph) -> tuple | None:
+    """(the tasks a floor sums, which of them are device tasks, each one's (resource, step) group, each group's
+    step): the same for every rewrite of ``g``, so :class:`_Pricer` computes it once; None for CPU runs or
+    without such tasks."""
+    if g.mode != "gpu":
+        return None
+    dev_all = np.isin(g.kind, (gr.K_KERNEL, gr.K_MEMCPY, gr.K_MEMSET))
+    sel = np.flatnonzero((g.step >= 0) & (dev_all | (g.kind == gr.K_HOST)))
+    if sel.size == 0:
+        return None
+    width = int(g.step.max(initial=0)) + 2
+    keys, inv = np.unique(g.res[sel].astype(np.int64) * width + g.step[sel], return_inverse=True)
+    return sel, dev_all[sel], inv.reshape(-1), keys % width
 
 
 def _events_per_step(g: gr.Graph, counted: set) -> float | None:
