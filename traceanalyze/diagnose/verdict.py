@@ -155,7 +155,8 @@ def drop_profiler_only(findings: list[Finding], ranks: list[dict], overhead: dic
     idle = [r.get("idle_pct") for r in ranks if isinstance(r.get("idle_pct"), (int, float))]
     if not (u and m and idle) or u >= m:
         return findings, []
-    busy = m * (1 - sorted(idle)[len(idle) // 2] / 100)
+    # the replay's GPU busy time per counted step when it has one (a window-wide idle share counts a compile step)
+    busy = overhead.get("gpu_busy_us") or m * (1 - sorted(idle)[len(idle) // 2] / 100)
     idle_u = max(0.0, 100 * (1 - busy / u))
     kept, dropped = [], []
     for f in findings:

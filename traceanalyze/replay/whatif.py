@@ -331,7 +331,8 @@ class _Pricer:
                 "overhead_pct": round(100 * (m_run - self.u_run) / m_run, 2) if m_run else 0.0, "source": source,
                 "per_op_us": round(self.per_op, 3), "per_call_us": overhead.PER_CALL_US if self.per_op else 0.0,
                 "estimated_step_time_us": round(self.est_run, 3), "profiler": self.cfg or {},
-                "events_per_step": _events_per_step(self.g, self.counted)}
+                "events_per_step": _events_per_step(self.g, self.counted),
+                "gpu_busy_us": _gpu_busy_us(self.groups, d, self.m_long)}
 
     def predict(self, arrs: Arrays) -> tuple[float, dict, bool]:
         """(predicted step without the profiler, replayed (rank, step) times, whether a floor clamped it)."""
@@ -413,6 +414,20 @@ def _floors(g: gr.Graph, d: np.ndarray, cg: np.ndarray, groups: tuple | None = N
     for step, b in zip(steps.tolist(), busy.tolist(), strict=True):
         out[step] = max(out.get(step, 0.0), b)
     return out
+
+
+def _gpu_busy_us(groups: tuple | None, d: np.ndarray, m_long: dict) -> float | None:
+    """Median over the counted steps of the busiest GPU stream's kernels, copies and sets in the step (µs), or
+    None (a CPU run, no device work)."""
+    if groups is None:
+        return None
+    sel, dev, inv, steps = groups
+    busy = np.bincount(inv, weights=np.where(dev, d[sel], 0.0), minlength=steps.size)
+    per: dict[int, float] = {}
+    for step, b in zip(steps.tolist(), busy.tolist(), strict=True):
+        per[step] = max(per.get(step, 0.0), b)
+    vals = [per[s] for s in m_long if per.get(s)]
+    return round(float(np.median(vals)), 3) if vals else None
 
 
 def _floor_groups(g: gr.Graph) -> tuple | None:
