@@ -123,7 +123,7 @@ class Graph:
     missing_edges: list[str] = field(default_factory=list)
     partial: bool = False
     prec_class: np.ndarray | None = None  # int8 per task: PRECISION_CLASSES index (GPU runs)
-    prof_events: np.ndarray | None = None  # float32 (2, tasks): profiler-recorded ops and calls (_profiler_events)
+    prof_events: np.ndarray | None = None  # uint16 (3, tasks): profiler-recorded events by kind (_profiler_events)
 
     @property
     def n_instances(self) -> int:
@@ -505,7 +505,7 @@ def _build_chunk(con, rc: _RunClock, fids: list[int], st: dict[str, np.ndarray],
     # categories: host time under dataloader / compile / optimizer ranges and fp32 matmuls (CPU runs)
     prec = _precision_classes(t) if rc.mode == "gpu" else np.zeros(t.n, np.int8)  # GPU runs only
     cover, gap_cover, gap_label = _categories(con, rc, t, fids, prec)
-    prof = _profiler_events(con, rc, t, fids) if rc.mode == "gpu" else np.zeros((3, t.n), np.float32)
+    prof = _profiler_events(con, rc, t, fids) if rc.mode == "gpu" else np.zeros((3, t.n), np.uint16)
     coll = t.kind == K_COLL
     return dict(n=t.n, rank=t.rank, res=t.res, kind=t.kind, name=(t.name_code, t.names), step=step, start=t.start,
                 dur=t.dur, gap=t.gap, first=t.first, cg=cg, cd=cd, gap_label=gap_label, cover=cover,
@@ -1009,54 +1009,59 @@ def _precision_classes(t: _Tasks) -> np.ndarray:
 
 def _profiler_events(con, rc: _RunClock, t: _Tasks, fids: list[int]) -> np.ndarray:
     """Per host task (and step marker): the events the profiler recorded on its thread from the end of the thread's
-    previous task to its own end, each counted at its start, as three float32 rows: ``[0]`` cpu ops and
+    previous task to its own end, each counted at its start, as three uint16 rows (6 bytes a task; a count over
+    65,535 is clipped): ``[0]`` cpu ops and
     annotations recorded in C++, ``[1]`` runtime and driver calls, ``[2]`` the ranges Python opens only while a
     profiler runs (inductor's ``triton_*`` launches, ``## Call CompiledFxGraph``, compiled regions); 0 for device
     tasks. The profiler's own host cost is paid per
     recorded event (:mod:`traceanalyze.replay.overhead`)."""
-    out = np.zeros((3, t.n), np.float32)
+    out = np.zeros((3, t.n), np.uint16)
     host = t.rk == 0
     if not host.any():
         return out
     # each thread once (a code per row from SQL: no per-row lookup), the events by thread and time
-    th = _fetch(con, """SELECT DISTINCT f.rank, c.pid, c.tid FROM cpu_ops c JOIN files f USING (file_id)
-        WHERE f.run_id = $1 AND f.rank IS NOT NULL AND f.file_id IN (SELECT unnest($2))
-          AND c.cat IN ('cpu_op', 'user_annotation', 'cuda_runtime', 'cuda_driver')
-        ORDER BY 1, 2, 3""", [rc.run_id, fids])
-    th_rank = np.asarray(th["rank"], np.int64)
-    th_res = t.resource_ids(th_rank, 0, int_column(th["pid"])[0], int_column(th["tid"])[0])
-    th_shift = rc.origin + rc.off_ns[np.clip(th_rank, 0, rc.world)]
-    r = _fetch(con, """WITH th AS (SELECT DISTINCT f.rank, c.pid, c.tid FROM cpu_ops c JOIN files f USING (file_id)
+    r = _fetch(con, """WITH ev AS MATERIALIZED (
+                SELECT f.rank, c.pid, c.tid, c.ts_ns,
+                       CASE WHEN c.cat IN ('cuda_runtime', 'cuda_driver') THEN 1
+                            WHEN c.name LIKE 'triton\\_%' ESCAPE '\\' OR c.name LIKE '## Call CompiledFxGraph%'
+                                 OR c.name LIKE 'Torch-Compiled Region%' OR c.name IN ('CompiledFunction',
+                                 'CompiledFunctionBackward') THEN 2 ELSE 0 END AS kind
+                FROM cpu_ops c JOIN files f USING (file_id)
                 WHERE f.run_id = $1 AND f.rank IS NOT NULL AND f.file_id IN (SELECT unnest($2))
                   AND c.cat IN ('cpu_op', 'user_annotation', 'cuda_runtime', 'cuda_driver')),
-            code AS (SELECT rank, pid, tid, row_number() OVER (ORDER BY rank, pid, tid) - 1 AS th FROM th)
-        SELECT code.th, c.ts_ns,
-               CASE WHEN c.cat IN ('cuda_runtime', 'cuda_driver') THEN 1
-                    WHEN c.name LIKE 'triton\\_%' ESCAPE '\\' OR c.name LIKE '## Call CompiledFxGraph%'
-                         OR c.name LIKE 'Torch-Compiled Region%' OR c.name IN ('CompiledFunction',
-                         'CompiledFunctionBackward') THEN 2 ELSE 0 END AS kind
-        FROM cpu_ops c JOIN files f USING (file_id)
-        JOIN code ON code.rank = f.rank AND code.pid IS NOT DISTINCT FROM c.pid
-                 AND code.tid IS NOT DISTINCT FROM c.tid
-        WHERE f.run_id = $1 AND f.rank IS NOT NULL AND f.file_id IN (SELECT unnest($2))
-          AND c.cat IN ('cpu_op', 'user_annotation', 'cuda_runtime', 'cuda_driver')""", [rc.run_id, fids])
+            code AS (SELECT rank, pid, tid, row_number() OVER (ORDER BY rank, pid, tid) - 1 AS th
+                     FROM (SELECT DISTINCT rank, pid, tid FROM ev))
+        SELECT code.th, ev.ts_ns, ev.kind, code.rank AS th_rank, code.pid AS th_pid, code.tid AS th_tid
+        FROM ev JOIN code ON code.rank = ev.rank AND code.pid IS NOT DISTINCT FROM ev.pid
+                         AND code.tid IS NOT DISTINCT FROM ev.tid""", [rc.run_id, fids])
     code = np.asarray(r["th"], np.int64)
+    if code.size == 0:
+        return out
+    # the threads, in code order: the first row of each code
+    first = np.zeros(int(code.max()) + 1, np.int64)
+    first[code[::-1]] = np.arange(code.size - 1, -1, -1)
+    th_rank = np.asarray(r["th_rank"], np.int64)[first]
+    th_res = t.resource_ids(th_rank, 0, int_column(r["th_pid"])[0][first], int_column(r["th_tid"])[0][first])
+    th_shift = rc.origin + rc.off_ns[np.clip(th_rank, 0, rc.world)]
     lim = (1 << _T_SHIFT) - 1
     r_res = th_res[code]
     ok = r_res >= 0
-    kind = np.asarray(r["kind"], np.int64)
-    all_keys = (r_res << _T_SHIFT) + np.clip(np.asarray(r["ts_ns"], np.int64) - th_shift[code], 0, lim)
+    kind = np.asarray(r["kind"], np.int64)[ok]
+    keys = (r_res[ok] << _T_SHIFT) + np.clip(np.asarray(r["ts_ns"], np.int64)[ok] - th_shift[code[ok]], 0, lim)
     del r, r_res, code
+    o = np.argsort(keys, kind="stable")
+    keys, kind = keys[o], kind[o]
+    del o
     res = t.res.astype(np.int64) << _T_SHIFT
     e_ns = np.clip((t.end * 1e3).astype(np.int64), 0, lim)
     s_ns = np.clip((t.start * 1e3).astype(np.int64), 0, lim)
     p_ns = np.concatenate([[0], e_ns[:-1]])
     lo = np.where(t.first, s_ns, np.minimum(p_ns, s_ns))
-    for i in range(3):
-        m = ok & (kind == i)
-        keys = np.sort(all_keys[m])
-        cnt = np.searchsorted(keys, res + e_ns, side="left") - np.searchsorted(keys, res + lo, side="left")
-        out[i, host] = np.clip(cnt[host], 0, None)
+    hi_i = np.searchsorted(keys, res[host] + e_ns[host], side="left")
+    lo_i = np.searchsorted(keys, res[host] + lo[host], side="left")
+    for i in range(3):  # events of each kind before each position, then the count in [lo, hi)
+        cum = np.concatenate([[0], np.cumsum(kind == i, dtype=np.int64)])
+        out[i, host] = np.clip(cum[hi_i] - cum[lo_i], 0, np.iinfo(np.uint16).max)
     return out
 
 

@@ -83,8 +83,10 @@ def unprofiled(g: gr.Graph, d: np.ndarray, cg: np.ndarray, per_op: float, per_ca
     Copies."""
     if g.prof_events is None or (per_op <= 0 and per_call <= 0):
         return d, cg
-    ev = g.prof_events.astype(np.float64)
-    cut = ev[0] * per_op + ev[1] * per_call + ev[2] * PER_PY_RANGE_US
+    ev = g.prof_events  # uint16 rows: each product is float64, one row at a time
+    cut = ev[0] * float(per_op)
+    cut += ev[1] * float(per_call)
+    cut += ev[2] * PER_PY_RANGE_US
     dev = np.isin(g.kind, (gr.K_KERNEL, gr.K_MEMCPY, gr.K_MEMSET)) & ~g.first
     cut[dev] = PER_KERNEL_US
     # a CUDA graph launch: CUPTI instruments every node it enqueues, so the call takes nodes × PER_KERNEL_US more

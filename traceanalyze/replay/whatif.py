@@ -42,6 +42,7 @@ CAST_SHARE = 0.1  # cast (aten::_to_copy) cost added, as a share of the matrix-m
 STRAGGLER_EXCESS_PCT = 25.0  # a rank working this much longer per step than the median rank is a straggler
 # (4 gloo ranks on 2 cores differ by up to ~20 % from scheduling alone: sample_traces/healthy)
 MIN_SAVING_US = 1.0  # a scenario whose rewrite changes less than this is left out (it does not apply)
+MIN_PRECISION_PCT = 0.5  # a precision rewrite removing less than this share of the step is not replayed
 
 Arrays = tuple[np.ndarray, np.ndarray, np.ndarray]
 
@@ -379,9 +380,11 @@ def _price_scenarios(pr: _Pricer, applicable: list[str], ctx: dict, base: Arrays
                 arrs = REWRITES[s](g, *arrs, ctx)
         else:
             arrs = REWRITES[sc](g, d0, cg0, tr0, ctx)
-            # a replay never saves more than the work the rewrite removes: below MIN_SAVING_US a step, no replay
+            # a replay never saves more than the work the rewrite removes: a precision fix that removes less than
+            # MIN_PRECISION_PCT of the step (within a run's step-to-step noise) is not replayed
             if sc in ("tf32_matmul", "bf16_matmul") and g.mode == "gpu" and \
-                    float(np.clip(d0 - arrs[0], 0, None).sum()) / n_steps < MIN_SAVING_US:
+                    float(np.clip(d0 - arrs[0], 0, None).sum()) / n_steps < max(MIN_SAVING_US,
+                                                                                MIN_PRECISION_PCT / 100 * m_run):
                 continue
         pred, t, clamped = pr.predict(arrs)
         results += [[run_id, sc, r, s, measured[(r, s)], t[(r, s)]] for r, s in sorted(measured)]
