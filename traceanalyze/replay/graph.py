@@ -69,6 +69,7 @@ _FLAG = ("CASE WHEN c.name IN (SELECT unnest($2)) THEN 1 WHEN c.name IN (SELECT 
          "WHEN c.name LIKE 'gloo:%' THEN 3 ELSE 0 END AS flag")
 BUILD_CHUNK_EVENTS = 1_000_000  # kernels + CPU ops of the ranks whose graph is built at once by one thread (bounds what
 # the build holds beside the graph: the 8-rank scale set is 1 chunk on one thread, 2 on two; 1,024 small ranks are 5)
+PROFILER_EVENTS_BATCH = 250_000  # CPU ops whose profiler events are counted at once (_profiler_events)
 BUILD_THREADS_MAX = 2  # threads that build chunks at once (DuckDB and NumPy work without the GIL); each holds a chunk
 FETCH_BATCH_ROWS = 1 << 17  # rows per Arrow batch read from DuckDB by _fetch_arrow
 SAVE_SLICE_ROWS = 1 << 18  # sim_task rows written per INSERT by save
@@ -1019,7 +1020,25 @@ def _profiler_events(con, rc: _RunClock, t: _Tasks, fids: list[int]) -> np.ndarr
     host = t.rk == 0
     if not host.any():
         return out
-    # each thread once (a code per row from SQL: no per-row lookup), the events by thread and time
+    # by batches of files (bounded memory: the events of 8 ranks at once held 55 MB), each thread once (a code per
+    # row from SQL: no per-row lookup), the events by thread and time
+    sizes = dict(con.execute("SELECT file_id, coalesce(n_cpu_ops, 0) FROM files WHERE file_id IN (SELECT unnest(?))",
+                             [fids]).fetchall())
+    batch: list[int] = []
+    n = 0
+    for f in [*fids, None]:
+        if f is not None and (not batch or n + sizes.get(f, 0) <= PROFILER_EVENTS_BATCH):
+            batch.append(f)
+            n += sizes.get(f, 0)
+            continue
+        if batch:
+            _count_events(con, rc, t, batch, host, out)
+        batch, n = ([f], sizes.get(f, 0)) if f is not None else ([], 0)
+    return out
+
+
+def _count_events(con, rc: _RunClock, t: _Tasks, fids: list[int], host: np.ndarray, out: np.ndarray) -> None:
+    """Add the profiler events of the files ``fids`` to ``out`` (:func:`_profiler_events`), in place."""
     r = _fetch(con, """WITH ev AS MATERIALIZED (
                 SELECT f.rank, c.pid, c.tid, c.ts_ns,
                        CASE WHEN c.cat IN ('cuda_runtime', 'cuda_driver') THEN 1
@@ -1036,7 +1055,7 @@ def _profiler_events(con, rc: _RunClock, t: _Tasks, fids: list[int]) -> np.ndarr
                          AND code.tid IS NOT DISTINCT FROM ev.tid""", [rc.run_id, fids])
     code = np.asarray(r["th"], np.int64)
     if code.size == 0:
-        return out
+        return
     # the threads, in code order: the first row of each code
     first = np.zeros(int(code.max()) + 1, np.int64)
     first[code[::-1]] = np.arange(code.size - 1, -1, -1)
@@ -1046,23 +1065,24 @@ def _profiler_events(con, rc: _RunClock, t: _Tasks, fids: list[int]) -> np.ndarr
     lim = (1 << _T_SHIFT) - 1
     r_res = th_res[code]
     ok = r_res >= 0
-    kind = np.asarray(r["kind"], np.int64)[ok]
+    kind = np.asarray(r["kind"], np.int8)[ok]
     keys = (r_res[ok] << _T_SHIFT) + np.clip(np.asarray(r["ts_ns"], np.int64)[ok] - th_shift[code[ok]], 0, lim)
     del r, r_res, code
     o = np.argsort(keys, kind="stable")
     keys, kind = keys[o], kind[o]
     del o
-    res = t.res.astype(np.int64) << _T_SHIFT
+    sel = np.flatnonzero(host & np.isin(t.rank, np.unique(th_rank)))  # the host tasks of these ranks
+    res = t.res[sel].astype(np.int64) << _T_SHIFT
     e_ns = np.clip((t.end * 1e3).astype(np.int64), 0, lim)
-    s_ns = np.clip((t.start * 1e3).astype(np.int64), 0, lim)
-    p_ns = np.concatenate([[0], e_ns[:-1]])
-    lo = np.where(t.first, s_ns, np.minimum(p_ns, s_ns))
-    hi_i = np.searchsorted(keys, res[host] + e_ns[host], side="left")
-    lo_i = np.searchsorted(keys, res[host] + lo[host], side="left")
+    prev_e = np.concatenate([[0], e_ns[:-1]])[sel]
+    s_ns = np.clip((t.start[sel] * 1e3).astype(np.int64), 0, lim)
+    lo = np.where(t.first[sel], s_ns, np.minimum(prev_e, s_ns))
+    hi_i = np.searchsorted(keys, res + e_ns[sel], side="left")
+    lo_i = np.searchsorted(keys, res + lo, side="left")
     for i in range(3):  # events of each kind before each position, then the count in [lo, hi)
         cum = np.concatenate([[0], np.cumsum(kind == i, dtype=np.int64)])
-        out[i, host] = np.clip(cum[hi_i] - cum[lo_i], 0, np.iinfo(np.uint16).max)
-    return out
+        cnt = out[i, sel].astype(np.int64) + np.clip(cum[hi_i] - cum[lo_i], 0, None)
+        out[i, sel] = np.minimum(cnt, np.iinfo(np.uint16).max)
 
 
 def _categories(con, rc: _RunClock, t: _Tasks, fids: list[int], prec: np.ndarray
