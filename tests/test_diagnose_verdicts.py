@@ -95,7 +95,8 @@ def test_real_h100_step_is_launch_bound():
     assert (f["kind"], f["impact_pct"]) == ("launch_bound", 59.7)
     assert m["runs"][0]["profiler_overhead"]["unprofiled_step_time_us"] == pytest.approx(1615.0, abs=0.1)
     assert f["evidence"][1:] == ["60 kernels per step, 13.6 per ms of step, median 4.6 µs each; launch calls take "
-                                 "0.3 ms per step on the host", "MFU 4.1% (40.6 TFLOPS of 989)",
+                                 "0.3 ms per step on the host",
+                                 "matrix-math efficiency 4.1% (40.6 TFLOPS of 989 while GEMMs run)",
                                  "impact from the what-if replay (no_launch_overhead): predicted step time 0.65 ms, "
                                  "59.7% saved"]
 

@@ -188,7 +188,7 @@ def _fill_row(a, row: dict, result: dict, out: Path, rel: str) -> None:
         row["group_name"] = str(facts["model_name"][0])
     findings = model.get("findings") or []
     top = next((f for f in findings if f.get("severity") in ("high", "medium")), None)
-    mfu = (run.get("precision") or {}).get("mfu_pct")
+    mfu = run.get("mfu_pct")  # model FLOPs over the step against the GPU's best dense peak
     if mfu is None:
         mfu = a.con.execute("SELECT median(mfu_pct) FROM log_steps WHERE run_id = ?", [rid]).fetchone()[0]
     row.update(name=run.get("name"), world_size=run.get("world_size"), backend=run.get("backend"),

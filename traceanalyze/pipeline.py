@@ -726,6 +726,7 @@ def _run_model(run_id: int, run: Run, role: str, a: _RunAnalyses, ev, facts: dic
         "replay_picture": picture or None,
     }
     model["effective_batch"] = diagnose.effective_batch_of(ev)
+    model["mfu_pct"], model["mfu"] = _mfu(prec, ev.gpu, model)
     return model
 
 
@@ -759,6 +760,30 @@ def _timeline(con, run_id: int, run_model: dict, ev, findings) -> dict | None:
                     marked.setdefault(g.rank, []).append({"start_us": g.offset_us, "dur_us": g.dur_us,
                                                           "label": "host gap", "cause": f.cause})
     return where.timeline_model(con, run_id, run_model["mode"], run_model["steps"], marked, named)
+def _mfu(prec, gpu, run: dict) -> tuple[float | None, dict | None]:
+    """MFU (%) and how it was made: model FLOPs per rank and step (:func:`.metrics.precision.model_flops`) over the
+    step time (without the profiler when known: ``profiler_overhead``, else the profiled one), against the GPU's best
+    dense peak (bf16 on sm80+, fp16 before: :func:`traceanalyze.hardware.gpu_peaks`). (None, None) on CPU runs or
+    without shapes."""
+    flops = getattr(prec, "model_flops_per_step", None)
+    if not flops or run.get("mode") != "gpu":
+        return None, None
+    po = run.get("profiler_overhead") or {}
+    step, source = po.get("unprofiled_step_time_us"), po.get("source")
+    if not step:
+        step, source = run.get("step_time_us"), "profiled"
+    peaks = hardware.gpu_peaks(gpu)
+    dtype = hardware.half_dtype(gpu) if gpu is not None else "bf16"
+    peak = peaks.tflops.get(dtype) or max(peaks.tflops.values())
+    if not step or not peak:
+        return None, None
+    mfu = 100 * flops / (step / 1e6) / (peak * 1e12)
+    return round(mfu, 2), {"model_flops_per_step": round(flops), "step_time_us": round(step, 3),
+                           "step_source": source, "peak_tflops": peak, "peak_dtype": dtype,
+                           "peak_reference": peaks.reference, "assumed": peaks.assumed or None,
+                           "ops": getattr(prec, "model_flops_ops", 0)}
+
+
 def _cpu_host(facts: dict) -> tuple[bool | None, str | None]:
     """(native bf16, CPU model) of the run's hosts from ``env_rank{r}.json`` facts: False when any rank's CPU lacks
     native bf16, True when every one that says has it, None when none says."""

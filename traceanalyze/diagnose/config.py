@@ -216,8 +216,9 @@ def rule_launch_bound(ev: RunEvidence) -> list[Finding]:
                         f"{ln.median_kernel_us or 0:.1f} µs each; launch calls take "
                         f"{ms_text(ln.launch_us_per_step)} per "
                         "step on the host")
-    if ev.prec is not None and ev.prec.mfu_pct is not None:
-        evidence.append(f"MFU {ev.prec.mfu_pct:.1f}% ({ev.prec.achieved_tflops:.1f} TFLOPS of {ev.prec.peak_tflops:g})")
+    if ev.prec is not None and ev.prec.matmul_efficiency_pct is not None:
+        evidence.append(f"matrix-math efficiency {ev.prec.matmul_efficiency_pct:.1f}% "
+                        f"({ev.prec.achieved_tflops:.1f} TFLOPS of {ev.prec.peak_tflops:g} while GEMMs run)")
     impact = round(idle * 0.5, 1)
     if tiny:
         return [Finding("config", "launch_bound", severity(impact), impact, [r["rank"] for r in ev.ranks],

@@ -46,8 +46,9 @@ def rule_precision(ev: RunEvidence) -> list[Finding]:
                 f"{p.fp32_share_pct:.0f}% of matrix-math time runs in fp32"]
     evidence.append("dtype mix: " + ", ".join(f"{m.get('label') or m['dtype']} {m['pct']:.0f}%" for m in p.mix[:4])
                     + f" (from {p.source})")
-    if p.mfu_pct is not None:
-        evidence.append(f"achieved {p.achieved_tflops:.1f} TFLOPS = {p.mfu_pct:.1f}% of {p.peak_tflops:g} TFLOPS "
+    if p.matmul_efficiency_pct is not None:
+        evidence.append(f"achieved {p.achieved_tflops:.1f} TFLOPS = {p.matmul_efficiency_pct:.1f}% of "
+                        f"{p.peak_tflops:g} TFLOPS "
                         f"({p.peak_source})")
     sev = None
     no_bf16 = ev.mode == "cpu" and any(f.value == "false" for f in ev.facts.get("cpu_native_bf16") or [])

@@ -72,8 +72,8 @@ def unexplained_idle(ev: RunEvidence, found: list[Finding]) -> list[Finding]:
         evidence.append(f"on the busiest stream, host wait is {hw:.0f}% of the idle time (below the "
                         f"{HOST_BOUND_WAIT_PCT:g}% that makes a step host-bound): the rest waits on other streams, "
                         "syncs or copies")
-    if ev.prec is not None and ev.prec.mfu_pct is not None:
-        evidence.append(f"MFU {ev.prec.mfu_pct:.1f}%")
+    if ev.prec is not None and ev.prec.matmul_efficiency_pct is not None:
+        evidence.append(f"matrix-math efficiency {ev.prec.matmul_efficiency_pct:.1f}%")
     return [Finding("config", "unexplained_idle", "medium", round(idle - IDLE_EXPLAIN_PCT, 1),
                     [r["rank"] for r in ev.ranks],
                     f"The GPU is idle {idle:.0f}% of the time and no rule explains it", evidence,

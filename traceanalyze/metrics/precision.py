@@ -20,6 +20,7 @@ torchtitan ``get_peak_flops``), or ``--peak-tflops``.
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -150,9 +151,11 @@ class PrecisionMix:
     achieved_tflops: float | None = None
     main_dtype: str | None = None
     peak_tflops: float | None = None
-    mfu_pct: float | None = None
+    matmul_efficiency_pct: float | None = None  # GEMM time efficiency: achieved / the main dtype's peak
     peak_source: str | None = None
     source: str = ""  # how dtypes were read
+    model_flops_per_step: float | None = None  # per rank and counted step (model_flops), FLOPs
+    model_flops_ops: int = 0  # matrix ops whose shapes gave FLOPs
 
 
 def analyze_precision(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, gpu_model: str | None = None,
@@ -228,5 +231,80 @@ def analyze_precision(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, gp
         if peak and mode == "gpu":
             res.peak_tflops = peak
             res.peak_source = "--peak-tflops" if peak_override else f"{gpu_model} datasheet ({res.main_dtype})"
-            res.mfu_pct = round(100 * res.achieved_tflops / peak, 2)
+            res.matmul_efficiency_pct = round(100 * res.achieved_tflops / peak, 2)
+    res.model_flops_per_step, res.model_flops_ops = model_flops(con, run_id)
     return res
+
+
+# Leaf matrix ops whose Input Dims give the model's FLOPs (forward and backward as the trace records them: linear
+# and matmul run one of the GEMM leaves, so only the leaves count)
+GEMM_LEAVES = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_addmm_activation")
+SDPA_FORWARD = ("aten::_scaled_dot_product_efficient_attention", "aten::_scaled_dot_product_flash_attention",
+                "aten::_scaled_dot_product_cudnn_attention", "aten::_flash_attention_forward",
+                "aten::_efficient_attention_forward")
+SDPA_BACKWARD = ("aten::_scaled_dot_product_efficient_attention_backward",
+                 "aten::_scaled_dot_product_flash_attention_backward",
+                 "aten::_scaled_dot_product_cudnn_attention_backward", "aten::_flash_attention_backward",
+                 "aten::_efficient_attention_backward")
+CONV_FORWARD = ("aten::cudnn_convolution", "aten::mkldnn_convolution", "aten::miopen_convolution",
+                "aten::_slow_conv2d_forward", "aten::slow_conv3d_forward")
+CONV_BACKWARD = ("aten::convolution_backward",)
+FLOP_OPS = GEMM_LEAVES + SDPA_FORWARD + SDPA_BACKWARD + CONV_FORWARD + CONV_BACKWARD
+
+
+def _dims(d, i: int) -> list[int] | None:
+    x = d[i] if isinstance(d, list) and len(d) > i else None
+    return x if isinstance(x, list) and x and all(isinstance(v, int) and 0 <= v < 1 << 40 for v in x) else None
+
+
+def op_flops(op: str, dims_json: str | None) -> float | None:
+    """FLOPs of one recorded matrix op from its ``Input Dims``; None when the shapes are missing or do not fit.
+
+    - GEMMs: 2·(B·)M·N·K (:func:`gemm_flops`).
+    - Attention (SDPA forward): q [B,H,Sq,D], k [B,H,Sk,D]: 4·B·H·Sq·Sk·D (QKᵀ and PV; a causal mask's skipped half
+      counted, as PyTorch's flop counter does); backward 2.5× its forward (five GEMMs against two: FlashAttention-2,
+      Dao 2023), from q and k after the output gradient.
+    - Convolution: input [N,C,H,W…], weight [K,C/g,R,S…]: 2·N·K·(C/g)·R·S·P·Q; forward with P·Q = H·W (stride and
+      padding are not recorded: exact for a stride-1 "same" convolution, an upper bound otherwise); backward
+      (``convolution_backward``: grad_out [N,K,P,Q…] first) 2× that, from the output gradient's own P·Q."""
+    if op in GEMM_LEAVES:
+        return gemm_flops("aten::addmm" if op == "aten::_addmm_activation" else op, dims_json)
+    d = record_json(dims_json)
+    if op in SDPA_FORWARD or op in SDPA_BACKWARD:
+        off = 1 if op in SDPA_BACKWARD else 0
+        q, k = _dims(d, off), _dims(d, off + 1)
+        if not (q and k and len(q) == 4 and len(k) == 4):
+            return None
+        f = 4.0 * q[0] * q[1] * q[2] * k[2] * q[3]
+        return f * 2.5 if off else f
+    if op in CONV_FORWARD or op in CONV_BACKWARD:
+        back = op in CONV_BACKWARD
+        x, w = (_dims(d, 1), _dims(d, 2)) if back else (_dims(d, 0), _dims(d, 1))
+        out = _dims(d, 0) if back else None
+        if not (x and w and len(x) == len(w) and len(x) >= 3):
+            return None
+        spatial = out[2:] if out and len(out) == len(x) else x[2:]
+        f = 2.0 * x[0] * w[0] * w[1] * math.prod(w[2:]) * math.prod(spatial)
+        return 2 * f if back else f
+    return None
+
+
+def model_flops(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[float | None, int]:
+    """(model FLOPs per rank and counted step, ops that gave FLOPs): every leaf matrix op (:data:`FLOP_OPS`, on any
+    thread: backward runs on autograd's) that starts inside a counted profiler step of its file, summed with
+    :func:`op_flops`, over the counted (rank, step) pairs. (None, 0) without shapes (``record_shapes`` off) or
+    steps."""
+    rows = con.execute("""
+        WITH st AS (SELECT file_id, rank, step, start_ns, end_ns FROM profiler_steps($1) WHERE counted)
+        SELECT c.name, c.input_dims, (SELECT count(*) FROM st) FROM cpu_ops c
+        JOIN st ON st.file_id = c.file_id AND c.ts_ns >= st.start_ns AND c.ts_ns < st.end_ns
+        WHERE c.cat = 'cpu_op' AND c.name IN (SELECT unnest($2)) AND c.input_dims IS NOT NULL""",
+                       [run_id, list(FLOP_OPS)]).fetchall()
+    total, n_ops, n_steps = 0.0, 0, 0
+    for name, dims, steps in rows:
+        n_steps = steps
+        f = op_flops(name, dims)
+        if f:
+            total += f
+            n_ops += 1
+    return (total / n_steps if n_steps and n_ops else None), n_ops
