@@ -1,4 +1,5 @@
-"""Shared fixtures: locations of the real traces in ../shared (skipped when absent) and the committed samples."""
+"""Shared fixtures: locations of the real traces (vendored under tests/data/third_party, else in ../shared, skipped
+when absent) and the committed samples."""
 
 from __future__ import annotations
 
@@ -10,10 +11,14 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 REAL = SHARED / "traces" / "real"
+VENDORED = ROOT / "tests" / "data" / "third_party"  # small third-party real traces, same sub-paths as REAL
 SAMPLES = ROOT / "sample_traces"
 
 
-_SHARED_SKIPS: list[str] = []  # tests skipped for a missing ../shared, named in the run's summary
+# The reason of a skip for a missing ../shared, counted in the run's summary. Counted from the skip reports, not in
+# a module list: the tests import this file as ``tests.conftest`` while pytest loads it as ``conftest``, two
+# module objects.
+_SHARED_SKIP_NOTE = "(a fresh clone has no ../shared)"
 
 
 def shared(rel: str) -> Path:
@@ -25,23 +30,27 @@ def shared(rel: str) -> Path:
     p = SHARED / rel
     if not p.exists():
         if os.environ.get("CI"):
-            pytest.fail(f"{p} is missing under CI: the HTA-agreement and real-log tests need ../shared beside the "
+            pytest.fail(f"{p} is missing under CI: the H200 and real-log tests need ../shared beside the "
                         "checkout", pytrace=False)
-        _SHARED_SKIPS.append(rel)
-        pytest.skip(f"{p} not present (a fresh clone has no ../shared)")
+        pytest.skip(f"{p} not present {_SHARED_SKIP_NOTE}")
     return p
 
 
 def real(rel: str) -> Path:
-    """Path of a real trace folder under ../shared/traces/real (:func:`shared`)."""
+    """Path of a real trace folder: the vendored copy under tests/data/third_party/<rel> (byte-identical, with its
+    SOURCE.md and LICENSE) where there is one, else ../shared/traces/real/<rel> (:func:`shared`)."""
+    p = VENDORED / rel
+    if p.exists():
+        return p
     return shared(f"traces/real/{rel}")
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
-    """Say it when tests were skipped for a missing ../shared: the HTA agreement was then not checked."""
-    if _SHARED_SKIPS:
-        terminalreporter.write_line(f"{len(_SHARED_SKIPS)} test(s) skipped: ../shared is absent, so the agreement "
-                                    "with HTA and the real-log checks did not run (clone shared/ beside the checkout)",
+    """Say it when tests were skipped for a missing ../shared: what only ../shared holds was then not checked."""
+    n = sum(_SHARED_SKIP_NOTE in str(getattr(r, "longrepr", "")) for r in terminalreporter.stats.get("skipped", []))
+    if n:
+        terminalreporter.write_line(f"{n} test(s) skipped: ../shared is absent, so the H200 traces, the real logs and "
+                                    "kernel_names_observed.txt were not checked (clone shared/ beside the checkout)",
                                     yellow=True)
 
 

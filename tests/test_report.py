@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from markupsafe import escape
 
-from tests.conftest import shared
+from tests.conftest import real
 from traceanalyze import fmt
 from traceanalyze.pipeline import analyze
 from traceanalyze.report import charts, render_html, render_markdown
@@ -18,8 +18,6 @@ from traceanalyze.report import html as report_html
 from traceanalyze.report import model as report_model
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-TRACE_FILTER = SHARED / "traces" / "real" / "hta" / "trace_filter"
 STRAGGLER = REPO / "sample_traces" / "straggler"
 
 XSS = '<script>alert(1)</script> "quotes" & amp'
@@ -32,8 +30,7 @@ W3_NS = {"http://www.w3.org/2000/svg", "http://www.w3.org/1999/xlink"}
 
 @pytest.fixture(scope="module")
 def trace_filter_model() -> dict:
-    shared("traces/real/hta/trace_filter")
-    a = analyze(TRACE_FILTER)
+    a = analyze(real("hta/trace_filter"))
     a.con.close()
     return a.model
 
