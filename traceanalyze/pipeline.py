@@ -275,6 +275,10 @@ def _report_model(con, runs_model: list[dict], evidence: list, all_findings: lis
         "findings": diagnose.to_dicts(ranked),
         "warnings": warnings,
     }
+    if model["verdict"].startswith("Main cause"):  # the finding the verdict names leads the report's cards
+        top = next((f for f in model["findings"] if f["severity"] in ("high", "medium")), None)
+        if top is not None:
+            top["main"] = True
     if comparison is not None:
         model["comparison"] = comparison
     return model

@@ -111,13 +111,15 @@ def _cause(f: dict) -> str:
 
 
 def sorted_findings(model: dict) -> list[dict]:
-    """The findings by impact (unknown last), then severity, each with ``cause_key``, ``cause_label``,
-    ``severity_key``, ``evidence`` (strings) and ``ranks_text`` added."""
+    """The findings: the one the verdict names first (``main``: a specific cause the diagnosis ranks above the symptom
+    it explains, e.g. the optimizer above launch-bound), then by impact (unknown last), then severity, each with
+    ``cause_key``, ``cause_label``, ``severity_key``, ``evidence`` (strings) and ``ranks_text`` added."""
     fs = [f for f in as_list(model.get("findings")) if isinstance(f, dict)]
 
     def key(f: dict) -> tuple:
         imp = finite(f.get("impact_pct"))
-        return (-(imp if imp is not None else -1.0), SEVERITY_ORDER.get(str(f.get("severity")), 3))
+        return (f.get("main") is not True, -(imp if imp is not None else -1.0),
+                SEVERITY_ORDER.get(str(f.get("severity")), 3))
 
     out = []
     for f in sorted(fs, key=key):
