@@ -517,6 +517,7 @@ class _RunAnalyses:
     top: list
     replay: Callable[[], tuple]  # waits for the replay: (replay, whatif, picture) models
     written: Callable[[], None]  # waits for the replay's tables (_write_replay)
+    n_rows: int = 0  # kernels and CPU ops of the run (what decides whether analyses overlap)
 
 
 def _analyses(con, run_id: int, run: Run, mode: str, facts: dict, good: list, link_bw_gbps, peak_tflops,
@@ -548,6 +549,7 @@ def _analyses(con, run_id: int, run: Run, mode: str, facts: dict, good: list, li
         # ... with every analysis below: it needs the clock offsets, the expected link and the host CPU, not the
         # step metrics (its result is kept only if the run has steps, as before)
         side = _read_sidecars(con, run_id, run, side_warnings, max_decompressed)
+        _log_covers_run(con, run_id, side)
         link = _expected_link(facts, side, link_bw_gbps)
         matched = match_collectives(con, run_id, mode)
         rp = _ReplayRun(con, run_id, mode, facts["world_size"], matched.clock_offsets_us, link,
@@ -557,11 +559,8 @@ def _analyses(con, run_id: int, run: Run, mode: str, facts: dict, good: list, li
     warnings.extend(_window_differences(rank_rows))
     if rp is None:
         side = _read_sidecars(con, run_id, run, side_warnings, max_decompressed)
+        _log_covers_run(con, run_id, side)
         link = _expected_link(facts, side, link_bw_gbps)
-    if side["unprofiled"] and side["unprofiled"]["source"] == "log" and step_rows:  # most logged steps unprofiled?
-        from traceanalyze import logs
-        # the trace's profiled steps: the counted ones and the window's last (recorded, partial, not counted)
-        side["unprofiled"] = logs.measured_unprofiled_step(side, len({st.step for st in step_rows}) + 1)
     warnings.extend(side_warnings)
     if not good:
         mode = "logs"
@@ -587,7 +586,7 @@ def _analyses(con, run_id: int, run: Run, mode: str, facts: dict, good: list, li
         store.insert_rows(con, "collective_calls", ["run_id", *cols],
                     [[run_id, *(getattr(c, f) for f in cols)] for c in coll.summaries])
     return _RunAnalyses(mode, rank_rows, step_rows, side, coll, link, prec, comp, loader, launch, idle_rows, top,
-                        replay, written)
+                        replay, written, n_rows)
 
 
 class _ReplayRun:
@@ -665,9 +664,7 @@ def _evidence(con, run_id: int, run: Run, a: _RunAnalyses, facts: dict, gpu, goo
         # and thread of their own, beside the two analyses below (DuckDB works without the GIL)
         from concurrent.futures import ThreadPoolExecutor
 
-        n_rows = con.execute("SELECT coalesce(sum(n_kernels + n_cpu_ops), 0) FROM files WHERE run_id = ?",
-                             [run_id]).fetchone()[0]
-        pool = ThreadPoolExecutor(max_workers=1) if n_rows <= OVERLAP_MAX_ROWS else None  # big: in turn (memory)
+        pool = ThreadPoolExecutor(max_workers=1) if a.n_rows <= OVERLAP_MAX_ROWS else None  # big: in turn (memory)
         cur = con.cursor()
         view = _deferred(pool, host.host_view, cur, run_id, compile_step)
         if pool is not None:
@@ -764,6 +761,8 @@ def _timeline(con, run_id: int, run_model: dict, ev, findings) -> dict | None:
                     marked.setdefault(g.rank, []).append({"start_us": g.offset_us, "dur_us": g.dur_us,
                                                           "label": "host gap", "cause": f.cause})
     return where.timeline_model(con, run_id, run_model["mode"], run_model["steps"], marked, named)
+
+
 def _mfu(prec, gpu, run: dict) -> tuple[float | None, dict | None]:
     """MFU (%) and how it was made: model FLOPs per rank and step (:func:`.metrics.precision.model_flops`) over the
     step time (without the profiler when known: ``profiler_overhead``, else the profiled one), against the GPU's best
@@ -786,6 +785,19 @@ def _mfu(prec, gpu, run: dict) -> tuple[float | None, dict | None]:
                            "step_source": source, "peak_tflops": peak, "peak_dtype": dtype,
                            "peak_reference": peaks.reference, "assumed": peaks.assumed or None,
                            "ops": getattr(prec, "model_flops_ops", 0)}
+
+
+def _log_covers_run(con, run_id: int, side: dict) -> None:
+    """Keep a training log's step time as the step without the profiler only when most logged steps ran without it
+    (:func:`traceanalyze.logs.measured_unprofiled_step` against the trace's profiled steps, the window's last,
+    partial one included); before either replay starts, so both see the same value."""
+    if not (side["unprofiled"] and side["unprofiled"]["source"] == "log"):
+        return
+    from traceanalyze import logs
+
+    n = con.execute("SELECT count(DISTINCT step) FROM profiler_steps(?)", [run_id]).fetchone()[0]
+    if n:
+        side["unprofiled"] = logs.measured_unprofiled_step(side, n)
 
 
 def _cpu_host(facts: dict) -> tuple[bool | None, str | None]:

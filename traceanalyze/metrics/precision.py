@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,9 +32,6 @@ from traceanalyze.metrics._sql import counted_kernels_sql, counted_op_sql
 from traceanalyze.metrics.breakdown import kernel_classes
 
 # The one matrix-math classification (families and name dtypes): traceanalyze.matmath, docs/kernel_names.md.
-KERNEL_DTYPE_RULES = matmath.KERNEL_DTYPE_RULES
-GEMM_KERNEL = re.compile("|".join(p for _, p in matmath.FAMILY_PATTERNS), re.IGNORECASE)
-ELEMENTWISE_EXCLUDE = re.compile(matmath.NOT_MATH, re.IGNORECASE)
 CPU_GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_addmm_activation",
                 "aten::mkldnn_convolution", "aten::cudnn_convolution", "aten::_convolution_mode")
 # Dtype names: the ``Input type`` of an op (c10 names, lower-cased) -> math dtype; any spelling (records, NCCL
@@ -76,10 +72,7 @@ def mix_label(dtype: str, tensor_core: bool | None, mode: str = "gpu",
 def _op_dtype(types_json: str | None) -> str | None:
     """Math dtype (:data:`TYPE_TO_DTYPE`: ``fp32``, ``bf16``, ...) of an op from its ``Input type`` JSON: the first
     input of a known type; None when none is."""
-    for x in input_types(types_json):
-        if isinstance(x, str) and x.lower() in TYPE_TO_DTYPE:
-            return TYPE_TO_DTYPE[x.lower()]
-    return None
+    return matmath.op_dtype(input_types(types_json))
 
 
 def record_json(text: str | None) -> Any:
@@ -250,6 +243,7 @@ CONV_FORWARD = ("aten::cudnn_convolution", "aten::mkldnn_convolution", "aten::mi
                 "aten::_slow_conv2d_forward", "aten::slow_conv3d_forward")
 CONV_BACKWARD = ("aten::convolution_backward",)
 FLOP_OPS = GEMM_LEAVES + SDPA_FORWARD + SDPA_BACKWARD + CONV_FORWARD + CONV_BACKWARD
+DISTINCT_SHAPES_MAX = 100_000  # distinct (op, Input Dims) read for the model FLOPs, the most frequent first
 
 
 def _dims(d, i: int) -> list[int] | None:
@@ -294,17 +288,20 @@ def model_flops(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[float | No
     thread: backward runs on autograd's) that starts inside a counted profiler step of its file, summed with
     :func:`op_flops`, over the counted (rank, step) pairs. (None, 0) without shapes (``record_shapes`` off) or
     steps."""
+    # each distinct (op, shapes) once with its count: shapes repeat over layers, steps and ranks (bounded: the
+    # DISTINCT_SHAPES_MAX most frequent)
     rows = con.execute("""
         WITH st AS (SELECT file_id, rank, step, start_ns, end_ns FROM profiler_steps($1) WHERE counted)
-        SELECT c.name, c.input_dims, (SELECT count(*) FROM st) FROM cpu_ops c
+        SELECT c.name, c.input_dims, count(*) AS n, any_value((SELECT count(*) FROM st)) FROM cpu_ops c
         JOIN st ON st.file_id = c.file_id AND c.ts_ns >= st.start_ns AND c.ts_ns < st.end_ns
-        WHERE c.cat = 'cpu_op' AND c.name IN (SELECT unnest($2)) AND c.input_dims IS NOT NULL""",
-                       [run_id, list(FLOP_OPS)]).fetchall()
+        WHERE c.cat = 'cpu_op' AND c.name IN (SELECT unnest($2)) AND c.input_dims IS NOT NULL
+        GROUP BY c.name, c.input_dims ORDER BY n DESC LIMIT $3""",
+                       [run_id, list(FLOP_OPS), DISTINCT_SHAPES_MAX]).fetchall()
     total, n_ops, n_steps = 0.0, 0, 0
-    for name, dims, steps in rows:
+    for name, dims, count, steps in rows:
         n_steps = steps
         f = op_flops(name, dims)
         if f:
-            total += f
-            n_ops += 1
+            total += f * count
+            n_ops += count
     return (total / n_steps if n_steps and n_ops else None), n_ops

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import threading
 from dataclasses import dataclass, field
 
@@ -63,7 +62,6 @@ LAUNCH_CALLS = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cu
                 "hipModuleLaunchKernel", "hipMemcpyAsync", "hipMemsetAsync")
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear",
               "aten::_scaled_mm")
-GEMM_KERNEL = re.compile(r"(?i)gemm|xmma|cutlass|cublas|wgmma")
 # host-row flag computed by DuckDB (a Python pass over 500k names costs seconds): 1 sync, 2 launch, 3 gloo
 _FLAG = ("CASE WHEN c.name IN (SELECT unnest($2)) THEN 1 WHEN c.name IN (SELECT unnest($3)) THEN 2 "
          "WHEN c.name LIKE 'gloo:%' THEN 3 ELSE 0 END AS flag")
@@ -1024,6 +1022,15 @@ def _profiler_events(con, rc: _RunClock, t: _Tasks, fids: list[int]) -> np.ndarr
     # row from SQL: no per-row lookup), the events by thread and time
     sizes = dict(con.execute("SELECT file_id, coalesce(n_cpu_ops, 0) FROM files WHERE file_id IN (SELECT unnest(?))",
                              [fids]).fetchall())
+    # each host task's window [lo, hi) as sortable keys (resource << _T_SHIFT + ns), computed once for all batches
+    lim = (1 << _T_SHIFT) - 1
+    idx = np.flatnonzero(host)
+    res = t.res[idx].astype(np.int64) << _T_SHIFT
+    e_ns = np.clip((t.end * 1e3).astype(np.int64), 0, lim)
+    s_ns = np.clip((t.start[idx] * 1e3).astype(np.int64), 0, lim)
+    prev_e = np.concatenate([[0], e_ns[:-1]])[idx]
+    win = (idx, t.rank[idx], res + np.where(t.first[idx], s_ns, np.minimum(prev_e, s_ns)), res + e_ns[idx])
+    del res, e_ns, s_ns, prev_e
     batch: list[int] = []
     n = 0
     for f in [*fids, None]:
@@ -1032,13 +1039,14 @@ def _profiler_events(con, rc: _RunClock, t: _Tasks, fids: list[int]) -> np.ndarr
             n += sizes.get(f, 0)
             continue
         if batch:
-            _count_events(con, rc, t, batch, host, out)
+            _count_events(con, rc, t, batch, win, out)
         batch, n = ([f], sizes.get(f, 0)) if f is not None else ([], 0)
     return out
 
 
-def _count_events(con, rc: _RunClock, t: _Tasks, fids: list[int], host: np.ndarray, out: np.ndarray) -> None:
-    """Add the profiler events of the files ``fids`` to ``out`` (:func:`_profiler_events`), in place."""
+def _count_events(con, rc: _RunClock, t: _Tasks, fids: list[int], win: tuple, out: np.ndarray) -> None:
+    """Add the profiler events of the files ``fids`` to ``out`` (:func:`_profiler_events`), in place. ``win``: the
+    host tasks (ids, ranks, window start and end keys)."""
     r = _fetch(con, """WITH ev AS MATERIALIZED (
                 SELECT f.rank, c.pid, c.tid, c.ts_ns,
                        CASE WHEN c.cat IN ('cuda_runtime', 'cuda_driver') THEN 1
@@ -1071,14 +1079,11 @@ def _count_events(con, rc: _RunClock, t: _Tasks, fids: list[int], host: np.ndarr
     o = np.argsort(keys, kind="stable")
     keys, kind = keys[o], kind[o]
     del o
-    sel = np.flatnonzero(host & np.isin(t.rank, np.unique(th_rank)))  # the host tasks of these ranks
-    res = t.res[sel].astype(np.int64) << _T_SHIFT
-    e_ns = np.clip((t.end * 1e3).astype(np.int64), 0, lim)
-    prev_e = np.concatenate([[0], e_ns[:-1]])[sel]
-    s_ns = np.clip((t.start[sel] * 1e3).astype(np.int64), 0, lim)
-    lo = np.where(t.first[sel], s_ns, np.minimum(prev_e, s_ns))
-    hi_i = np.searchsorted(keys, res + e_ns[sel], side="left")
-    lo_i = np.searchsorted(keys, res + lo, side="left")
+    idx, ranks, lo_key, hi_key = win
+    m = np.flatnonzero(np.isin(ranks, np.unique(th_rank)))  # the host tasks of these ranks
+    sel = idx[m]
+    hi_i = np.searchsorted(keys, hi_key[m], side="left")
+    lo_i = np.searchsorted(keys, lo_key[m], side="left")
     for i in range(3):  # events of each kind before each position, then the count in [lo, hi)
         cum = np.concatenate([[0], np.cumsum(kind == i, dtype=np.int64)])
         cnt = out[i, sel].astype(np.int64) + np.clip(cum[hi_i] - cum[lo_i], 0, None)

@@ -30,6 +30,7 @@ it needs sm80 or later. ``bf16_matmul`` on sm70/sm75 is fp16 autocast with a Gra
 
 from __future__ import annotations
 
+import json
 import math
 
 import duckdb
@@ -44,6 +45,7 @@ MEMORY_FACTORS = (1.0, 0.75, 0.5)  # memory-bound kernels under autocast: time Ã
 COPY_EFFICIENCY = 0.8  # share of the HBM peak a large cast kernel reaches (streaming copy)
 CAST_SHARE_NO_SHAPES = 0.1  # casts as a share of the matrix-math time saved, when the trace has no Input Dims
 BOUNDS = ("low", "mid", "high")  # the range's ends and the point estimate, by saving
+DISTINCT_SHAPES_MAX = 100_000  # distinct (Input Dims, Input type) of forward matrix ops read for the casts
 
 
 def target_dtype(gpu: GpuInfo, scenario: str) -> str | None:
@@ -62,15 +64,16 @@ def cast_bytes(con: duckdb.DuckDBPyConnection, run_id: int) -> float | None:
     """Bytes the casts of bf16 autocast would move over the run's traced window: 6 per element of every fp32 tensor
     input of a forward matrix op (:data:`traceanalyze.matmath.AUTOCAST_LOWP_OPS`), plus 6 per element of its weight
     (the second input) for the gradient cast back. None when no such op records ``Input Dims``."""
+    # each distinct shape once, with its count: shapes repeat over layers, steps and ranks (bounded: the first
+    # DISTINCT_SHAPES_MAX, largest counts first)
     rows = con.execute("""
-        SELECT c.input_dims, c.input_types FROM cpu_ops c JOIN files f USING (file_id)
+        SELECT c.input_dims, c.input_types, count(*) AS n FROM cpu_ops c JOIN files f USING (file_id)
         WHERE f.run_id = $1 AND c.cat = 'cpu_op' AND c.name IN (SELECT unnest($2)) AND c.input_dims IS NOT NULL
-          AND (c.input_types LIKE '["float"%' OR c.input_types LIKE '[''float''%')""",
-                       [run_id, list(matmath.AUTOCAST_LOWP_OPS)]).fetchall()
-    import json
-
+          AND (c.input_types LIKE '["float"%' OR c.input_types LIKE '[''float''%')
+        GROUP BY ALL ORDER BY n DESC LIMIT $3""",
+                       [run_id, list(matmath.AUTOCAST_LOWP_OPS), DISTINCT_SHAPES_MAX]).fetchall()
     total, seen = 0.0, False
-    for dims_text, types_text in rows[:2_000_000]:  # bounded: a forward op per layer and step
+    for dims_text, types_text, count in rows:
         try:
             dims, types = json.loads(dims_text), json.loads(types_text or "[]")
         except ValueError:
@@ -83,7 +86,7 @@ def cast_bytes(con: duckdb.DuckDBPyConnection, run_id: int) -> float | None:
             if i < len(types) and types[i] != "float":
                 continue
             n = float(math.prod(d))
-            total += 6.0 * n * (2 if i == 1 else 1)
+            total += 6.0 * n * (2 if i == 1 else 1) * count
             seen = True
     return total if seen else None
 

@@ -314,7 +314,6 @@ class _Pricer:
         self.u_long, _ = self.replay_long((d, cg, tr))
         return d, cg
 
-
     def base(self, d: np.ndarray, cg: np.ndarray, measured: dict | None) -> dict:
         """Set the step without the profiler (``measured`` when it says, else the estimate) and return the run's
         ``profiler_overhead``."""
@@ -410,8 +409,13 @@ def _floors(g: gr.Graph, d: np.ndarray, cg: np.ndarray, groups: tuple | None = N
     groups = groups if groups is not None else _floor_groups(g)
     if groups is None:
         return {}
-    sel, dev, inv, steps = groups
-    w = np.where(dev, d[sel], d[sel] + cg[sel])
+    sel, dev, _, _ = groups
+    return _busiest(groups, np.where(dev, d[sel], d[sel] + cg[sel]))
+
+
+def _busiest(groups: tuple, w: np.ndarray) -> dict[int, float]:
+    """Step -> the largest sum of ``w`` (per task of ``groups``' selection) over one resource in that step."""
+    _, _, inv, steps = groups
     busy = np.bincount(inv, weights=w, minlength=steps.size)
     out: dict[int, float] = {}
     for step, b in zip(steps.tolist(), busy.tolist(), strict=True):
@@ -424,11 +428,8 @@ def _gpu_busy_us(groups: tuple | None, d: np.ndarray, m_long: dict) -> float | N
     None (a CPU run, no device work)."""
     if groups is None:
         return None
-    sel, dev, inv, steps = groups
-    busy = np.bincount(inv, weights=np.where(dev, d[sel], 0.0), minlength=steps.size)
-    per: dict[int, float] = {}
-    for step, b in zip(steps.tolist(), busy.tolist(), strict=True):
-        per[step] = max(per.get(step, 0.0), b)
+    sel, dev, _, _ = groups
+    per = _busiest(groups, np.where(dev, d[sel], 0.0))
     vals = [per[s] for s in m_long if per.get(s)]
     return round(float(np.median(vals)), 3) if vals else None
 
