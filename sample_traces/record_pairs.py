@@ -38,6 +38,8 @@ STRAGGLER: dict = {"cause": "imbalance", "kind": "straggler", "ranks": [2]}
 STRAGGLER_SLEEP_MS = 100.0
 # 8 samples per micro-batch x 10 ms = 80 ms of I/O wait per step (~1.5x the 2-rank step's compute).
 SAMPLE_READ_MS = 10.0
+# A host stall before backward of ~2.5x a step's compute (issue 30's case: 150 ms on a 2-rank job).
+STALL_MS = 150.0
 # 4 MiB fp32 buffer: 0.17 s per round at the shaped 25 MB/s, a few ms unshaped.
 LINK_PROBE_BYTES = 4 * 2**20
 
@@ -95,6 +97,36 @@ PAIRS: dict[str, Pair] = {
             {"straggler_rank": 1, "straggler_sleep_ms": STRAGGLER_SLEEP_MS},
         ),
         Side("2 gloo ranks, balanced (nobody sleeps). The fixed twin of the straggler_sleep pair.", NONE),
+    ),
+    "straggler_compute_2": Pair(
+        "no_straggler",
+        "2 gloo ranks on 2 cores, one compute thread each; slow: rank 1 alone runs 3 extra torch.no_grad() "
+        "forward passes before backward every step (about 2x its compute); fixed: the same job without them.",
+        2,
+        Side(
+            "2 gloo ranks; rank 1 alone runs 3 extra forward passes under torch.no_grad() before backward every "
+            "step, so rank 0 waits for it in the gradient all-reduce. The slow run of the straggler_compute_2 "
+            "pair.",
+            {"cause": "imbalance", "kind": "straggler", "ranks": [1]},
+            {"straggler_rank": 1, "straggler_extra_forwards": 3},
+        ),
+        Side("2 gloo ranks, balanced (no extra forward passes). The fixed twin of the straggler_compute_2 pair.",
+             NONE),
+    ),
+    "host_stall": Pair(
+        "no_straggler",
+        f"2 gloo ranks on 2 cores, one compute thread each; slow: rank 1 sleeps {STALL_MS:g} ms between forward "
+        "and backward (time.sleep, host idle, no profiler range) every step; fixed: the same job without it. "
+        "(With 2 threads per rank the ranks share the cores and the step times vary 2x from run to run on this "
+        "VM, too noisy to check a prediction.)",
+        2,
+        Side(
+            f"2 gloo ranks; rank 1 sleeps {STALL_MS:g} ms before backward every step, so rank 0 "
+            "waits for it in the gradient all-reduce. The slow run of the host_stall pair.",
+            {"cause": "imbalance", "kind": "straggler", "ranks": [1]},
+            {"straggler_rank": 1, "straggler_stall_ms": STALL_MS},
+        ),
+        Side("2 gloo ranks, balanced (nobody stalls). The fixed twin of the host_stall pair.", NONE),
     ),
     "slow_interconnect": Pair(
         "ideal_interconnect",

@@ -63,6 +63,10 @@ class JobConfig:
     straggler_extra_forwards: int = 0
     # ms that straggler_rank sleeps (host idle, outside any profiler range) at the start of every step.
     straggler_sleep_ms: float = 0.0
+    # ms that straggler_rank sleeps between forward and backward (a host stall: host idle, no profiler range).
+    straggler_stall_ms: float = 0.0
+    # torch intra-op threads per rank: with world x threads above the cores, the ranks share cores.
+    threads: int = 1
     # Merge rounds of the pure-Python "tokenizer" run per sample in Dataset.__getitem__ (0 = none).
     tokenizer_rounds: int = 0
     tokenizer_text_chars: int = 256
@@ -227,7 +231,7 @@ def batches(loader: DataLoader) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
 def run(cfg: JobConfig, result_dir: Path) -> None:
     """Train ``cfg.steps`` optimizer steps under the profiler; write step times to
     ``result_dir/result_rank{r}.json``."""
-    torch.set_num_threads(1)
+    torch.set_num_threads(cfg.threads)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     out_dir = Path(cfg.out_dir)
@@ -267,6 +271,7 @@ def run(cfg: JobConfig, result_dir: Path) -> None:
     stream = batches(loader)
     extra = cfg.straggler_extra_forwards if cfg.straggler_rank == rank else 0
     sleep_s = cfg.straggler_sleep_ms / 1000 if cfg.straggler_rank == rank else 0.0
+    stall_s = cfg.straggler_stall_ms / 1000 if cfg.straggler_rank == rank else 0.0
 
     step_times: list[float] = []
     prof = profile(
@@ -294,6 +299,8 @@ def run(cfg: JobConfig, result_dir: Path) -> None:
                     if extra:
                         with autocast_ctx(cfg):
                             extra_forwards(model, x, extra)
+                    if stall_s:
+                        time.sleep(stall_s)  # host stall before backward, in no profiler range
                     (loss / cfg.grad_accum).backward()
                 total += loss.item() / cfg.grad_accum
             opt.step()

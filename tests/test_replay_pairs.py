@@ -26,6 +26,8 @@ PAIRS = SAMPLES / "pairs"
 WHATIF = {
     "straggler_compute": "no_straggler",
     "straggler_sleep": "no_straggler",
+    "straggler_compute_2": "no_straggler",
+    "host_stall": "no_straggler",
     "slow_interconnect": "ideal_interconnect",
     "precision": "bf16_matmul",
     "dataloader": "no_dataloader_wait",
@@ -37,6 +39,8 @@ ALLOWED = {"no_straggler", "ideal_interconnect", "bf16_matmul", "no_dataloader_w
 KNOBS = {
     "straggler_compute": {"straggler_rank", "straggler_extra_forwards"},
     "straggler_sleep": {"straggler_rank", "straggler_sleep_ms"},
+    "straggler_compute_2": {"straggler_rank", "straggler_extra_forwards"},
+    "host_stall": {"straggler_rank", "straggler_stall_ms"},
     "slow_interconnect": set(),
     "precision": {"dtype"},
     "dataloader": {"num_workers"},

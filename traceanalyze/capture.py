@@ -136,7 +136,10 @@ NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # x86 flags for bf16 dot produc
 
 
 def cpu_facts(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> dict[str, Any]:
-    """The host CPU as the precision what-if needs it: ``model`` (name), ``cpus`` (logical cores), ``isa``
+    """The host CPU as the precision what-if needs it: ``model`` (name), ``cpus`` (logical cores), ``cpus_allowed``
+    (cores this process may run on, ``os.sched_getaffinity``; None where unsupported), ``threads`` (torch's
+    intra-op threads in this process, ``torch.get_num_threads()``; None without torch: with ``cpus_allowed`` and
+    the world size it tells whether ranks share cores), ``isa``
     (torch's CPU capability, e.g. ``AVX2``, ``AVX512``) and ``native_bf16`` (True when ``cpuinfo`` lists
     one of :data:`NATIVE_BF16_FLAGS`; False when it lists flags but none of them; None when it cannot be read,
     e.g. not Linux; ``isa`` None without torch). Without native bf16, oneDNN emulates bf16 matmuls and they run
@@ -158,9 +161,14 @@ def cpu_facts(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> dict[str, Any]:
         import torch
 
         isa = torch.backends.cpu.get_cpu_capability()
+        threads: int | None = torch.get_num_threads()
     except Exception:  # no torch, or an old one without it
-        isa = None
-    return {"model": model, "cpus": os.cpu_count(), "isa": isa,
+        isa, threads = None, None
+    try:
+        allowed: int | None = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        allowed = None
+    return {"model": model, "cpus": os.cpu_count(), "cpus_allowed": allowed, "threads": threads, "isa": isa,
             "native_bf16": None if flags is None else bool(flags.intersection(NATIVE_BF16_FLAGS))}
 
 
