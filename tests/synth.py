@@ -96,3 +96,39 @@ def write_gpu_job(folder: Path, world: int, steps: int = 6, **kw) -> Path:
     for r in range(world):
         write_trace(folder / f"rank{r}.json", r, gpu_job(r, world, steps, **kw), world_size=world, backend="nccl")
     return folder
+
+
+A2A_KERNEL = "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)"
+
+
+def all_to_all_job(rank: int, waits_us: list[float], *, compute_us: float = 15_000.0, transfer_us: float = 10.0,
+                   steps: int = 1, lead_us: float = 0.0) -> list[dict]:
+    """An NCCL rank of a job whose step is a GEMM then one all-to-all, as older PyTorch records it: a bare
+    ``ncclKernel_SendRecv`` kernel (no "Collective name") launched inside a ``nccl:all_to_all`` annotation, on the
+    GEMM's stream. ``waits_us[r]``: how long rank r sits in the all-to-all before the last rank arrives (0 for the
+    last one): its GEMM is that much shorter than the last rank's ``compute_us``; every rank leaves the all-to-all
+    ``transfer_us`` after the last arrival, and a ``cudaStreamSynchronize`` ends the step. Every rank starts each
+    step at the same time, except that ``lead_us`` starts this rank's ``ProfilerStep`` that much earlier (idle host
+    time before the step's work: a longer step that holds no work). ``steps`` profiler steps, each a full one."""
+    ev: list[dict] = [{"ph": "M", "name": "thread_name", "pid": 1, "tid": 1, "args": {"name": "thread 1 (python)"}}]
+    corr = rank * 100_000 + 1
+    t = 10_000.0
+    last_gemm = compute_us + max(waits_us)
+    for s in range(steps):
+        gemm = last_gemm - waits_us[rank]
+        k0 = t + 60.0
+        arrive = k0 + gemm
+        end = k0 + last_gemm + transfer_us
+        step_end = end + 100.0
+        ev.append(x("user_annotation", f"ProfilerStep#{s + 1}", t - lead_us, step_end - t + lead_us))
+        ev.append(x("cpu_op", "aten::mm", t + 20.0, 30.0, **{"Input type": ["c10::BFloat16", "c10::BFloat16"],
+                                                              "Input Dims": [[4096, 4096], [4096, 4096]]}))
+        ev += kernel("ampere_bf16_s16816gemm_bf16_128x128_mm", k0, gemm, 7, corr, t + 30.0)
+        corr += 1
+        ev.append(x("user_annotation", "nccl:all_to_all", t + 55.0, 20.0, **{"Input Dims": [[1 << 20]],
+                                                                            "Input type": ["c10::BFloat16"]}))
+        ev += kernel(A2A_KERNEL, arrive, end - arrive, 7, corr, t + 60.0)
+        corr += 1
+        ev.append(x("cuda_runtime", "cudaStreamSynchronize", t + 80.0, end - t - 80.0 + 5.0))
+        t = step_end
+    return ev

@@ -361,8 +361,8 @@ def test_picture_draws_at_most_32_lanes(tmp_path):
     assert ranks == sorted(set(ranks)) and pic["slowest_rank"] in ranks
     assert [ln["critical"] for ln in pic["lanes"]].count(True) == 1
     assert {0, 39} <= set(ranks)  # the spread reaches both ends
-    assert "(replayed: 32 of 40 ranks shown: the slowest, the fastest and ranks spread evenly, in rank order)" in (
-        render_html(a.model))
+    assert ("(replayed: 32 of 40 ranks shown: the one that kept the others waiting, the slowest, the fastest and "
+            "ranks spread evenly, in rank order)") in render_html(a.model)
 
 
 @pytest.mark.parametrize("job", ["gpu40", "straggler"])

@@ -31,7 +31,7 @@ from traceanalyze.errors import (
     EnvironmentFailure,
     TraceanalyzeError,
 )
-from traceanalyze.fmt import ranges
+from traceanalyze.fmt import finite, fmt_float, ranges
 from traceanalyze.ingest import block_pandas
 from traceanalyze.limits import DEFAULT_MAX_EVENTS, REGRESSION_THRESHOLD
 from traceanalyze.pipeline import analyze, to_json
@@ -93,14 +93,55 @@ def summary_lines(model: dict, limit: int = SUMMARY_FINDINGS) -> list[str]:
     """The verdict and up to ``limit`` findings of high or medium severity, one line each (terminal-safe text is
     made by the caller): ``verdict: ...`` then ``[high] 53.3% imbalance/straggler: title (ranks 2)``."""
     out = [f"verdict: {model.get('verdict') or '—'}"]
+    conf = model.get("verdict_confidence")
+    if isinstance(conf, dict) and conf.get("level"):
+        why = conf.get("why") or []
+        out.append(f"confidence: {conf.get('level')}" + (f" · {conf['line']}" if conf.get("line") else "")
+                   + (f" (not higher because: {'; '.join(str(w) for w in why[:6])})" if why else ""))
     top = [f for f in model.get("findings") or [] if f.get("severity") in ("high", "medium")]
     for f in top[:limit]:
         ranks = f.get("ranks") or []
         where = f" (rank{'s' if len(ranks) > 1 else ''} {ranges(ranks)})" if 0 < len(ranks) <= 8 else ""
+        level = (f.get("confidence") or {}).get("level") if isinstance(f.get("confidence"), dict) else None
         out.append(f"[{f.get('severity')}] {float(f.get('impact_pct') or 0):.1f}% {f.get('cause')}/{f.get('kind')}: "
-                   f"{f.get('title')}{where}")
+                   f"{f.get('title')}{where}" + (f" ({level} confidence)" if level else ""))
     if len(top) > limit:
         out.append(f"... {len(top) - limit} more finding(s) in the report")
+    return out + comparison_lines(model)
+
+
+def _signed(x) -> str:
+    """A number with one decimal and its sign (``+4.2``, ``-3.6``), or ``—``."""
+    v = finite(x)
+    return "—" if v is None else f"{v:+.1f}"
+
+
+def comparison_lines(model: dict) -> list[str]:
+    """With a baseline: each what-if the baseline checks, ``what-if bf16_matmul: predicted 78.6% saved, measured
+    82.2% (-3.6 points; step without the profiler, estimate/estimate)``, then ``next bottleneck (fixed): ...`` or
+    that the faster run is healthy (``comparison.whatif_check``, ``comparison.next_bottleneck``)."""
+    comp = model.get("comparison")
+    if not isinstance(comp, dict):
+        return []
+    out = []
+    if comp.get("whatif_check") == []:
+        out.append("what-if check: none of this run's what-ifs has its cause fixed in the baseline")
+    for w in comp.get("whatif_check") or []:
+        if not isinstance(w, dict):
+            continue
+        src = w.get("basis_source") if isinstance(w.get("basis_source"), dict) else {}
+        basis = ("step without the profiler" if w.get("basis") == "unprofiled" else "profiled step") + (
+            f", {src.get('subject')}/{src.get('baseline')}" if src else "")
+        out.append(f"what-if {w.get('scenario')}: predicted {fmt_float(w.get('predicted_saving_pct'), 1)}% saved, "
+                   f"measured {fmt_float(w.get('measured_saving_pct'), 1)}% against the baseline "
+                   f"({_signed(w.get('error_pp'))} points; {basis})")
+    if "next_bottleneck" in comp:
+        nb = comp.get("next_bottleneck")
+        if isinstance(nb, dict):
+            out.append(f"next bottleneck ({nb.get('run')}): [{nb.get('severity')}] {nb.get('cause')}/{nb.get('kind')}: "
+                       f"{nb.get('title')}")
+        else:
+            out.append("next bottleneck: none, the faster run has no finding of medium or high severity")
     return out
 
 

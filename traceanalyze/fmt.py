@@ -152,6 +152,166 @@ def _fold(s: str, open_: str, close: str) -> str:
     return "".join(out)
 
 
+KERNEL_NAME_CHARS = NAME_CHARS  # the short kernel name's bound (characters)
+_KERNEL_INPUT_CHARS = 4000  # a longer (hostile) name is read up to here only: the work stays linear and small
+_OPEN, _CLOSE = "<([{", ">)]}"
+# template arguments every instance of a kernel family carries alike: they tell no two rows apart
+_NOISE_ARG = re.compile(r"^(?:array<char\*|Array<char\*|\w*OffsetCalculator<|\w*WithCast<|identity_decomposer_t$|"
+                        r"vsmem_t$|VSMemHelper$|use_default$)")
+# a plain type argument (``float``, ``unsigned int``, ``BFloat16 const*``): dropped beside a functor argument
+_TYPE_ARG = re.compile(r"^(?:(?:unsigned|signed|long|short|const|volatile)\s+)*(?:float|double|int|long|bool|char|"
+                       r"short|half|Half|BFloat16|Float8\w*|u?int\d+_t|size_t)(?:\s*(?:const|\*|&))*$")
+# a value: a number (4, 2ul, 0x10), a bool, a cast value ((SortOrder)0)
+_LITERAL = re.compile(r"^(?:-?(?:0x[0-9a-fA-F]+|\d+)[uUlL]*|true|false|\(.*)$")
+_ENCLOSING = re.compile(r"([A-Za-z_]\w*)(?=(?:<|\(|::operator\(\)))")
+
+
+def _depth_scan(s: str):
+    """(index, character, depth before it) of each character of ``s``; depth counts ``<([{`` pairs (a ``>`` that
+    closes nothing, as in ``operator->``, is read as text)."""
+    depth = 0
+    for i, ch in enumerate(s):
+        if ch in _OPEN:
+            yield i, ch, depth
+            depth += 1
+        elif ch in _CLOSE and depth > 0:
+            depth -= 1
+            yield i, ch, depth
+        else:
+            yield i, ch, depth
+
+
+def _split_args(s: str) -> list[str]:
+    """``s`` split at its top-level commas."""
+    out, start = [], 0
+    for i, ch, d in _depth_scan(s):
+        if ch == "," and d == 0:
+            out.append(s[start:i])
+            start = i + 1
+    out.append(s[start:])
+    return [a.strip() for a in out if a.strip()]
+
+
+def _first_top(s: str, chars: str) -> int:
+    """Index of the first top-level character of ``chars`` in ``s`` (an opening bracket counts at its own
+    level), or -1."""
+    for i, ch, d in _depth_scan(s):
+        if d == 0 and ch in chars:
+            return i
+    return -1
+
+
+def _matching(s: str, i: int) -> int:
+    """Index of the bracket closing the one at ``i`` (``len(s)`` when it never closes)."""
+    depth = 0
+    for j in range(i, len(s)):
+        if s[j] in _OPEN:
+            depth += 1
+        elif s[j] in _CLOSE:
+            depth -= 1
+            if depth == 0:
+                return j
+    return len(s)
+
+
+def _last_component(s: str) -> str:
+    """``a::b<x::y>::c`` → ``c`` for a top-level qualified name, keeping a component that carries template
+    arguments: ``policy_hub<…>::Policy1000`` stays whole after its namespaces."""
+    parts, start = [], 0
+    for i, ch, d in _depth_scan(s):
+        if d == 0 and ch == ":" and s[i:i + 2] == "::":
+            parts.append(s[start:i])
+            start = i + 2
+    parts.append(s[start:])
+    parts = [p for p in parts if p and p != ":"]
+    if not parts:
+        return s
+    keep = len(parts) - 1
+    while keep > 0 and "<" in parts[keep - 1]:  # a templated class owns the next component: keep them together
+        keep -= 1
+    return "::".join(parts[keep:])
+
+
+def _simplify(a: str, depth: int, max_depth: int) -> str:
+    """One template argument (or the kernel itself) shortened: namespaces dropped, parameter lists dropped, a lambda
+    named by its enclosing function, noise arguments left out, plain types left out beside a functor, and template
+    arguments deeper than ``max_depth`` folded to ``…``."""
+    a = a.strip().replace("(anonymous namespace)::", "")
+    if "{lambda" in a and _first_top(a, "{") >= 0:  # a lambda's type: the function that defines it says what it does
+        m = next((m for m in _ENCLOSING.finditer(a) if m.group(1) not in ("operator", "lambda", "const")), None)
+        if m is not None:
+            start = m.start(1)
+            while start >= 2 and a[start - 2:start] == "::":  # back to the qualified name's start
+                k = start - 2
+                while k > 0 and (a[k - 1].isalnum() or a[k - 1] == "_"):
+                    k -= 1
+                start = k
+            name = a[start:]
+            lt = _first_top(name, "<(")
+            name = name[:_matching(name, lt) + 1] if lt >= 0 and name[lt] == "<" else name[:lt] if lt >= 0 else name
+            if name != a:
+                return _simplify(name, depth, max_depth)
+    if a.startswith("("):  # a cast value, (at::native::ADAM_MODE)1
+        end = _matching(a, 0)
+        return f"({_last_component(a[1:end])}){a[end + 1:].strip()}"
+    p = _first_top(a, "(")
+    if p > 0:
+        a = a[:p]  # a parameter list
+    lt = _first_top(a, "<")
+    if lt < 0:
+        return _last_component(a)
+    gt = _matching(a, lt)
+    base, inner, rest = a[:lt], a[lt + 1:gt], a[gt + 1:]
+    rest = re.sub(r"^(::\w+)?.*$", r"\1", rest.strip())  # ::Policy1000 kept; ::Params, const&, * not
+    if depth + 1 > max_depth:
+        return f"{_last_component(base)}<…>{rest}"
+    args = [_simplify(x, depth + 1, max_depth) for x in _split_args(inner)]
+    args = [x for x in args if not _NOISE_ARG.match(x)]
+    if any(_LITERAL.match(x) is None and not _TYPE_ARG.match(x) for x in args):  # a functor beside plain types
+        args = [x for x in args if not _TYPE_ARG.match(x)] or args
+    runs: list[list] = []  # a run of one argument repeated 3 times or more is written once: float×4
+    for x in args:
+        if runs and runs[-1][0] == x:
+            runs[-1][1] += 1
+        else:
+            runs.append([x, 1])
+    args = [x for r in runs for x in ([f"{r[0]}×{r[1]}"] if r[1] >= 3 else [r[0]] * r[1])]
+    return f"{_last_component(base)}<{', '.join(args)}>{rest}"
+
+
+def short_kernel_name(name: Any, limit: int = KERNEL_NAME_CHARS) -> str:
+    """A short name that tells a kernel apart from its siblings, at most ``limit`` characters.
+
+    The kernel's own name without namespaces, return type or parameter list, with its template arguments made
+    short: each argument's namespaces dropped, a lambda named by the function that defines it, arguments every
+    instance carries alike (``std::array<char*, 3ul>``, offset calculators) left out, an argument repeated three
+    times or more written once (``float×4``), and plain types left out beside a functor
+    (``AUnaryFunctor<float, float, float, MulFunctor<float>>`` → ``AUnaryFunctor<MulFunctor<float>>``). Nested
+    template arguments are folded to ``…`` from the deepest level up until the name fits; then it is cut.
+
+    ``void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, std::array<char*, 1ul> >(
+    int, at::native::FillFunctor<float>, std::array<char*, 1ul>)`` →
+    ``vectorized_elementwise_kernel<4, FillFunctor<float>>``.
+    A name without template arguments or parameters (``aten::mm``, ``nvjet_sm90_tst_…``, ``triton_poi_fused_…``) is
+    kept as it is, cut at ``limit``. None → ``—``.
+    """
+    if name is None:
+        return "—"
+    s = str(name).strip()
+    if "<" in s or "(" in s:
+        raw = s[:_KERNEL_INPUT_CHARS]
+        raw = re.sub(r"^void\s+", "", raw)
+        raw = raw.replace("(anonymous namespace)::", "")
+        for max_depth in (6, 4, 3, 2, 1):
+            out = _simplify(raw, 0, max_depth)
+            if len(out) <= limit:
+                break
+        s = out or s
+    if len(s) > limit:
+        s = s[: limit - 1] + "…"
+    return s
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Ranks
 

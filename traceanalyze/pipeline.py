@@ -212,6 +212,9 @@ def _diagnose_runs(con, disc: Discovery, roles: dict, loaded, warnings: list[dic
         run_model, run_warnings, ev = _build_run(con, run_id, run, roles[id(run)], loaded, link_bw_gbps, peak_tflops,
                                                  gpu, max_decompressed, pending=pending)
         findings = diagnose.diagnose(ev)
+        # a what-if for every finding that maps to a scenario, or why there is none (findings[i].whatif_missing)
+        late = diagnose.price_missing_whatifs(findings, run_model["whatif"], ev.price_whatif, _no_replay(run_model))
+        ev.price_whatif = None  # the graph it holds goes
         # impact from the what-if replay
         findings = diagnose.apply_to_findings(findings, run_model.get("whatif"), run_model.get("mode"))
         findings, dropped = diagnose.drop_profiler_only(findings, run_model.get("ranks") or [],
@@ -221,15 +224,25 @@ def _diagnose_runs(con, disc: Discovery, roles: dict, loaded, warnings: list[dic
             run_warnings += [{"file": None, "level": "info", "message": f"finding left out ({d['kind']}: "
                               f"{d['title']}): it {d['why']}"} for d in dropped]
         run_model["findings"] = diagnose.to_dicts(findings)
+        run_model["partial"] = diagnose.partial_run(ev, findings)  # fewer ranks traced than the world size
         if run_model["steps"] and run_model["mode"] in ("gpu", "cpu"):
             run_model["timeline"] = _timeline(con, run_id, run_model, ev, findings)
         for wait in pending:  # the replay's tables, written meanwhile
             wait()
+        if late:  # the replays of the what-ifs priced for a finding, after the replay's own
+            store.insert_rows(con, "sim_result", None, late)
         warnings.extend(dict(w, run=w.get("run", run.name)) for w in run_warnings)
         all_findings.extend(findings)
         runs_model.append(run_model)
         evidence.append(ev)
     return runs_model, evidence, all_findings
+
+
+def _no_replay(run_model: dict) -> str:
+    """Why a run has no what-if replay to price a finding with (its ``whatif_missing``)."""
+    if run_model.get("mode") == "logs":
+        return "a log-only run has no trace to replay"
+    return "the run has no counted profiler step to replay"
 
 
 def _compare(runs_model: list[dict], evidence: list, all_findings: list) -> dict | None:
@@ -243,12 +256,17 @@ def _compare(runs_model: list[dict], evidence: list, all_findings: list) -> dict
         subj_f = [f for f in all_findings if f.run == evidence[si].name]
         base_f = [f for f in all_findings if f.run == evidence[bi].name]
         comparison, extra = diagnose.compare(evidence[si], evidence[bi], subj_f, base_f)
+        diagnose.price_missing_whatifs(extra, list(runs_model[si].get("whatif") or []), None,
+                                       "found by the comparison with the baseline, after the replay")
         all_findings.extend(extra)
         for i in (si, bi):
             mine = [f for f in all_findings if f.run == evidence[i].name]
             runs_model[i]["findings"] = diagnose.to_dicts(diagnose.rank_findings(mine))
         if runs_model[bi]["role"] == "subject":  # implicit pair: say which run is the reference
             runs_model[bi]["role"] = "baseline"
+        # the slow run's predictions checked against the fixed one, and what the faster run is bound by next
+        comparison["whatif_check"] = diagnose.whatif_check(runs_model[si], runs_model[bi], evidence[si], evidence[bi])
+        comparison["next_bottleneck"] = diagnose.next_bottleneck(runs_model[si], runs_model[bi])
     return comparison
 
 
@@ -271,16 +289,21 @@ def _report_model(con, runs_model: list[dict], evidence: list, all_findings: lis
         "tool": {"name": "traceanalyze", "version": __version__},
         "generated_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "verdict": diagnose.verdict(ranked, [e for e in evidence if e.name in subjects]),
+        # the subject run the verdict's "Partial: k of N ranks traced" speaks of (diagnose.partial_run), or None
+        "partial": next(({"run": r["name"], **r["partial"]} for r in runs_model
+                         if r["role"] == "subject" and r.get("partial")), None),
         "runs": runs_model,
         "findings": diagnose.to_dicts(ranked),
         "warnings": warnings,
     }
-    if model["verdict"].startswith("Main cause"):  # the finding the verdict names leads the report's cards
+    if model["verdict"].startswith("Main cause") or (model["partial"] and ". Main cause: " in model["verdict"]):
+        # the finding the verdict names leads the report's cards
         top = next((f for f in model["findings"] if f["severity"] in ("high", "medium")), None)
         if top is not None:
             top["main"] = True
     if comparison is not None:
         model["comparison"] = comparison
+    diagnose.assess_confidence(model)  # levels read the whole model: the what-ifs, the findings and the verdict
     return model
 
 
@@ -406,7 +429,16 @@ def _build_run(con, run_id: int, run: Run, role: str, loaded, link_bw_gbps: floa
     a = _analyses(con, run_id, run, mode, facts, good, link_bw_gbps, peak_tflops, max_decompressed, warnings, gpu)
     # the evidence is gathered while the replay runs on; the run model waits for it
     ev, longest, compile_step_us = _evidence(con, run_id, run, a, facts, gpu, bool(good))
+    compile_kernels = None
+    if good and ev.compile_step is not None:  # the kernel table is of the steady steps: the compile step folded apart
+        a.top = metrics.top_kernels(con, run_id, skip_step=ev.compile_step)
+        compile_kernels = metrics.step_kernels(con, run_id, ev.compile_step)
     model = _run_model(run_id, run, role, a, ev, facts, by_rank, grouping, good, ranks, longest, compile_step_us)
+    # the replay is done: its pricer is set; taken out of the list, so that dropping it frees the graph
+    ev.price_whatif = a.pricer.pop() if a.pricer and a.step_rows else None
+    if compile_kernels is not None and model.get("compile_step"):
+        model["compile_step"].update(n_kernels=compile_kernels["n_kernels"], top_kernels=compile_kernels["top"],
+                                     kernel_time_us=compile_kernels["kernel_time_us"])
     if pending is None:
         a.written()
     else:  # its tables are written while the run is diagnosed
@@ -518,6 +550,7 @@ class _RunAnalyses:
     replay: Callable[[], tuple]  # waits for the replay: (replay, whatif, picture) models
     written: Callable[[], None]  # waits for the replay's tables (_write_replay)
     n_rows: int = 0  # kernels and CPU ops of the run (what decides whether analyses overlap)
+    pricer: list = field(default_factory=list)  # the replay's pricer of one more what-if, once it is done
 
 
 def _analyses(con, run_id: int, run: Run, mode: str, facts: dict, good: list, link_bw_gbps, peak_tflops,
@@ -553,7 +586,8 @@ def _analyses(con, run_id: int, run: Run, mode: str, facts: dict, good: list, li
         link = _expected_link(facts, side, link_bw_gbps)
         matched = match_collectives(con, run_id, mode)
         rp = _ReplayRun(con, run_id, mode, facts["world_size"], matched.clock_offsets_us, link,
-                        _cpu_host(side["facts"]), beside=True, gpu=gpu, unprofiled=side.get("unprofiled"))
+                        _cpu_host(side["facts"], mode, facts["world_size"]), beside=True, gpu=gpu,
+                        unprofiled=side.get("unprofiled"))
     rank_rows, step_rows = metrics.compute_run_metrics(con, run_id)
     metrics.save(con, rank_rows, step_rows)
     warnings.extend(_window_differences(rank_rows))
@@ -570,7 +604,8 @@ def _analyses(con, run_id: int, run: Run, mode: str, facts: dict, good: list, li
     coll = analyze_collectives(con, run_id, mode, facts["world_size"], steps_by_rank, matched) if good else None
     if rp is None and good and step_rows:  # ... with the analyses below, or in turn for a big run
         rp = _ReplayRun(con, run_id, mode, facts["world_size"], coll.clock_offsets_us if coll else None, link,
-                        _cpu_host(side["facts"]), beside=beside, gpu=gpu, unprofiled=side.get("unprofiled"))
+                        _cpu_host(side["facts"], mode, facts["world_size"]), beside=beside, gpu=gpu,
+                        unprofiled=side.get("unprofiled"))
     replay, written = rp.finish(bool(step_rows), warnings) if rp is not None else (lambda: ({}, [], {}), lambda: None)
     prec = (analyze_precision(con, run_id, mode, facts["gpu_model"], peak_tflops, gpu.capability if gpu else None)
             if good else None)
@@ -586,7 +621,7 @@ def _analyses(con, run_id: int, run: Run, mode: str, facts: dict, good: list, li
         store.insert_rows(con, "collective_calls", ["run_id", *cols],
                     [[run_id, *(getattr(c, f) for f in cols)] for c in coll.summaries])
     return _RunAnalyses(mode, rank_rows, step_rows, side, coll, link, prec, comp, loader, launch, idle_rows, top,
-                        replay, written, n_rows)
+                        replay, written, n_rows, rp.pricer if rp is not None else [])
 
 
 class _ReplayRun:
@@ -601,9 +636,10 @@ class _ReplayRun:
         self.cur = con.cursor()
         self.writes: list[Callable[[], None]] = []  # the sim_* tables: written after the replay, on its thread
         self.warnings: list[dict] = []  # the replay's, added to the run's once it is kept and written
+        self.pricer: list = []  # the replay's pricer of one more what-if (whatif.replay_run), once it is done
         self.pool = ThreadPoolExecutor(max_workers=1) if beside else None
         self.result = _deferred(self.pool, _replay, self.cur, run_id, mode, world, offsets, link, cpu, self.warnings,
-                                self.writes, 1 if beside else None, gpu, unprofiled)
+                                self.writes, 1 if beside else None, gpu, unprofiled, self.pricer)
 
     def finish(self, keep: bool, warnings: list[dict]) -> tuple[Callable[[], tuple], Callable[[], None]]:
         """(wait for the replay's models, wait for its tables): with ``keep`` False (a run without steps: no
@@ -687,6 +723,7 @@ def _run_model(run_id: int, run: Run, role: str, a: _RunAnalyses, ev, facts: dic
     coll, prec, comp, loader, side, link, top, idle_rows = a.coll, a.prec, a.comp, a.loader, a.side, a.link, a.top, \
         a.idle_rows
     replay_model, whatif, picture = a.replay()
+    _add_skew(ev, (replay_model or {}).pop("collective_skew", None))
     mode, world, ranks_model, steps_model, step_time, compile_step = ev.mode, ev.world_size, ev.ranks, ev.steps, \
         ev.step_time_us, ev.compile_step
     model = {
@@ -729,6 +766,17 @@ def _run_model(run_id: int, run: Run, role: str, a: _RunAnalyses, ev, facts: dic
     model["effective_batch"] = diagnose.effective_batch_of(ev)
     model["mfu_pct"], model["mfu"] = _mfu(prec, ev.gpu, model)
     return model
+
+
+def _add_skew(ev, sk) -> None:
+    """Who waited for whom (``sk``: :class:`traceanalyze.replay.skew.Skew`, or None without a replay) into the
+    evidence (``ev.skew``) and each rank of the run model: ``waited_for_others_us`` and ``kept_others_waiting_us``
+    (µs summed over the run's complete collective instances; None when no instance is complete)."""
+    ev.skew = sk if sk is not None and sk.n else None
+    for r in ev.ranks:
+        has = ev.skew is not None
+        r["waited_for_others_us"] = round(sk.waited_for_others_us.get(r["rank"], 0.0), 3) if has else None
+        r["kept_others_waiting_us"] = round(sk.kept_others_waiting_us.get(r["rank"], 0.0), 3) if has else None
 
 
 def _log_step_time(log_steps: list) -> dict | None:
@@ -800,29 +848,41 @@ def _log_covers_run(con, run_id: int, side: dict) -> None:
         side["unprofiled"] = logs.measured_unprofiled_step(side, n)
 
 
-def _cpu_host(facts: dict) -> tuple[bool | None, str | None]:
-    """(native bf16, CPU model) of the run's hosts from ``env_rank{r}.json`` facts: False when any rank's CPU lacks
-    native bf16, True when every one that says has it, None when none says."""
+def _cpu_host(facts: dict, mode: str | None = None, world: int | None = None
+              ) -> tuple[bool | None, str | None, dict | None]:
+    """(native bf16, CPU model, core sharing) of the run's hosts from ``env_rank{r}.json`` facts: native bf16 False
+    when any rank's CPU lacks it, True when every one that says has it, None when none says; core sharing
+    (:func:`traceanalyze.logs.core_sharing`) on CPU runs, None on others or when no file states the cores."""
     said = {f.value for f in facts.get("cpu_native_bf16") or []}
     model = next((f.value for f in facts.get("cpu_model") or []), None)
-    return (False if "false" in said else True if said else None), model
+    sharing = None
+    if mode == "cpu" and facts.get("cpu_count"):
+        from traceanalyze import logs
+
+        sharing = logs.core_sharing(facts, world)
+    return (False if "false" in said else True if said else None), model, sharing
 
 
 def _replay(con, run_id: int, mode: str, world: int | None, offsets: dict | None, link: dict, cpu: tuple,
             warnings: list[dict], writes: list, build_threads: int | None = None, gpu=None,
-            unprofiled: dict | None = None):
+            unprofiled: dict | None = None, pricer: list | None = None):
     """The what-if replay of one run (traceanalyze.replay); a failure costs a warning, not the report. ``offsets``:
     rank -> clock offset (µs, :func:`.metrics.collectives.match_collectives`); ``cpu``: :func:`_cpu_host`;
     ``writes`` receives the writing of its tables (:func:`_write_replay`); ``build_threads``: threads building its
-    graph (:func:`traceanalyze.replay.graph.build`)."""
+    graph (:func:`traceanalyze.replay.graph.build`); ``pricer`` receives the pricer of one more what-if for a
+    finding (:func:`traceanalyze.diagnose.price_missing_whatifs`), one that says why on a failure."""
     from traceanalyze.replay.whatif import replay_run
 
     try:
         return replay_run(con, run_id, mode, world, offsets, link.get("expected_gbps"), link.get("source", ""),
                           cpu_native_bf16=cpu[0], cpu_model=cpu[1], defer=writes, build_threads=build_threads,
-                          gpu=gpu, unprofiled_measured=unprofiled)
+                          gpu=gpu, unprofiled_measured=unprofiled, core_sharing=cpu[2] if len(cpu) > 2 else None,
+                          pricer=pricer)
     except (ValueError, IndexError, KeyError, duckdb.Error) as exc:  # a graph the replay cannot handle
         warnings.append({"file": None, "level": "warning", "message": f"what-if replay skipped: {exc}"})
+        if pricer is not None:
+            why = f"the replay was skipped: {exc}"[:300]
+            pricer[:] = [lambda scenario, ranks=None: (None, why, [])]
         return {}, [], {}
 
 

@@ -220,6 +220,22 @@ CREATE OR REPLACE VIEW sim_edge AS
 DDL += REPLAY_DDL
 REPORT_TABLES += ("sim_task", "sim_dep", "sim_coll", "sim_result")
 
+# Arrival skew per collective instance (traceanalyze.replay.skew): who waited for whom, one row per instance x rank.
+SKEW_DDL = """
+CREATE TABLE IF NOT EXISTS collective_skew (  -- complete collective instances of sim_coll, each rank's arrival
+    run_id INTEGER, instance_id BIGINT,  -- instance_id: sim_coll's
+    step INTEGER,                  -- the ProfilerStep#N the rank's call is in (NULL outside steps)
+    collective VARCHAR, rank INTEGER, n_ranks INTEGER,
+    arrival_us DOUBLE,             -- start of the rank's collective, aligned clocks (as sim_task.start_us)
+    step_offset_us DOUBLE,         -- arrival_us minus the start of the rank's step
+    wait_us DOUBLE,                -- last arriver's arrival minus this rank's, at most its duration (0: last)
+    dur_us DOUBLE, transfer_us DOUBLE,  -- the rank's measured duration; the instance's transfer estimate
+    is_last BOOLEAN, last_rank INTEGER   -- this rank arrived last; the rank that arrived last
+);
+"""
+DDL += SKEW_DDL
+REPORT_TABLES += ("collective_skew",)
+
 # The per-rank metrics (traceanalyze.metrics.breakdown.RankMetrics): a table of the report database, and one of the
 # batch catalog (every run of an archive), each after its run_id column.
 RANK_METRIC_COLUMNS = """rank INTEGER, mode VARCHAR, n_files INTEGER,

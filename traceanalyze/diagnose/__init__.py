@@ -12,7 +12,9 @@ ticket on this evidence; a straggler within that noise too), and a GPU idle abov
 :func:`verdict` turns the ranked findings into the report's first sentence: "Inconclusive: ..." when the profiled
 window holds only the torch.compile step, or the traced ranks wait in collectives for ranks whose traces are missing
 (unless a blocking host call explains the wait), "Main cause: ..." for the top finding of high or
-medium severity (with the assumption it rests on, when it has one), else "No significant slowdown found".
+medium severity (with the assumption it rests on, when it has one), else "No significant slowdown found"; a run
+with fewer traced ranks than its world size puts "Partial: k of N ranks traced" (and the findings the missing ranks
+could explain) before it.
 
 Each rule is a plain function ``rule(ev: RunEvidence) -> list[Finding]``; :data:`RULES` lists them. The
 thresholds are module constants so they read as configuration, beside their rules.
@@ -26,7 +28,15 @@ writes the verdict; :mod:`.compare` explains the difference between two runs.
 
 from __future__ import annotations
 
-from traceanalyze.diagnose.compare import compare, effective_batch_of, explains, throughput_per_rank
+from traceanalyze.diagnose.compare import (
+    compare,
+    effective_batch_of,
+    explains,
+    next_bottleneck,
+    throughput_per_rank,
+    whatif_check,
+)
+from traceanalyze.diagnose.confidence import assess as assess_confidence
 from traceanalyze.diagnose.config import rule_compile, rule_dataloader, rule_effective_batch_single, rule_launch_bound
 from traceanalyze.diagnose.evidence import HIGH, MEDIUM, RunEvidence, compile_step_of, severity, step_stat
 from traceanalyze.diagnose.imbalance import rule_idle_rank, rule_straggler
@@ -35,9 +45,13 @@ from traceanalyze.diagnose.precision import rule_precision
 from traceanalyze.diagnose.verdict import (
                                            KIND_TO_SCENARIO,
                                            RULES,
+                                           WHATIF_OF_KIND,
                                            apply_to_findings,
                                            diagnose,
                                            drop_profiler_only,
+                                           partial_run,
+                                           partial_text,
+                                           price_missing_whatifs,
                                            rank_findings,
                                            to_dicts,
                                            unexplained_idle,
@@ -46,8 +60,9 @@ from traceanalyze.diagnose.verdict import (
 from traceanalyze.findings import Finding
 
 __all__ = ["HIGH", "KIND_TO_SCENARIO", "MEDIUM", "RULES", "Finding", "RunEvidence", "apply_to_findings", "compare",
-           "drop_profiler_only",
+           "drop_profiler_only", "next_bottleneck", "whatif_check",
            "compile_step_of", "diagnose", "effective_batch_of", "explains", "rank_findings", "rule_compile",
            "rule_dataloader", "rule_effective_batch_single", "rule_exposed_communication", "rule_idle_rank",
            "rule_launch_bound", "rule_precision", "rule_straggler", "rule_untraced_ranks", "severity", "step_stat",
-           "throughput_per_rank", "to_dicts", "unexplained_idle", "verdict"]
+           "throughput_per_rank", "to_dicts", "unexplained_idle", "verdict", "WHATIF_OF_KIND", "partial_run",
+           "partial_text", "price_missing_whatifs", "assess_confidence"]

@@ -274,3 +274,138 @@ def compile_tradeoff(subject: RunEvidence, baseline: RunEvidence, findings: list
         if f.kind == "compile_overhead" and f.run == comp_ev.name and line not in f.evidence:
             f.evidence = [*f.evidence, line]
     return out
+
+
+# The what-if a fix between the two runs checks (issue 31): the subject's findings of these kinds name the cause
+# the what-if removes. Precision what-ifs are picked by the runs' matrix-math dtypes (:func:`_precision_scenario`).
+CHECK_KINDS: dict[str, tuple[str, ...]] = {
+    "no_straggler": ("straggler", "idle_rank"),
+    "ideal_interconnect": ("slow_collectives", "topology", "exposed_communication"),
+    "bf16_matmul": ("fp32_matmul", "autocast_missing"),
+    "no_dataloader_wait": ("dataloader",),
+    "no_compile": ("compile_overhead", "recompiles"),
+    "no_launch_overhead": ("launch_bound", "host_optimizer", "host_bound"),
+}
+CHANGED_COST_SHARE = 0.5  # a baseline finding costing less than this share of the subject's (µs per step): changed
+_TICKET = ("high", "medium")
+
+
+def _precision_scenario(subject: RunEvidence, baseline: RunEvidence) -> str | None:
+    """The precision what-if the baseline's matrix-math dtype checks: the subject's main dtype is fp32 and the
+    baseline's bf16/fp16 (``bf16_matmul``) or tf32 (``tf32_matmul``); None otherwise or when either is unknown."""
+    sm = subject.prec.main_dtype if subject.prec else None
+    bm = baseline.prec.main_dtype if baseline.prec else None
+    if sm != "fp32" or bm is None:
+        return None
+    return {"bf16": "bf16_matmul", "fp16": "bf16_matmul", "tf32": "tf32_matmul"}.get(bm)
+
+
+def _cost_us(f: dict, step_us: float | None) -> float:
+    """A finding's estimated cost per step (µs): impact % × the run's step time."""
+    imp = f.get("impact_pct")
+    return float(imp) * float(step_us or 0.0) / 100 if isinstance(imp, (int, float)) and math.isfinite(imp) else 0.0
+
+
+def _fixed_cause(scenario: str, subject_run: dict, baseline_run: dict, subject: RunEvidence,
+                 baseline: RunEvidence) -> str | None:
+    """Why the baseline is the subject with ``scenario``'s cause fixed, or None when it is not (the rule of
+    :func:`whatif_check`)."""
+    if scenario in ("bf16_matmul", "tf32_matmul"):
+        ps = _precision_scenario(subject, baseline)
+        if ps is not None:
+            return (f"matrix math in {subject.prec.main_dtype} here, {baseline.prec.main_dtype} in the baseline"
+                    if ps == scenario else None)
+        if scenario == "tf32_matmul":
+            return None
+    kinds = CHECK_KINDS.get(scenario, ())
+    mine = [f for f in subject_run.get("findings") or [] if f.get("kind") in kinds and f.get("severity") in _TICKET]
+    if not mine:
+        return None
+    f = max(mine, key=lambda x: _cost_us(x, subject_run.get("step_time_us")))
+    theirs = [b for b in baseline_run.get("findings") or [] if b.get("kind") in kinds and b.get("severity") in _TICKET]
+    if not theirs:
+        return f"{f.get('kind')} finding here, none in the baseline"
+    cost_s = _cost_us(f, subject_run.get("step_time_us"))
+    cost_b = max(_cost_us(b, baseline_run.get("step_time_us")) for b in theirs)
+    if cost_s > 0 and cost_b < CHANGED_COST_SHARE * cost_s:
+        return (f"{f.get('kind')} finding costs {cost_s / 1e3:,.1f} ms per step here, "
+                f"{cost_b / 1e3:,.1f} ms in the baseline")
+    return None
+
+
+def _step_basis(subject_run: dict, baseline_run: dict) -> tuple[float, float, str, dict] | None:
+    """(subject step µs, baseline step µs, basis, sources): both runs' step time without the profiler
+    (``profiler_overhead.unprofiled_step_time_us``, basis ``unprofiled``) when both have one, else both runs'
+    profiled step time (``step_time_us``, basis ``profiled``); None when a run has neither."""
+    po_s, po_b = subject_run.get("profiler_overhead") or {}, baseline_run.get("profiler_overhead") or {}
+    us, ub = po_s.get("unprofiled_step_time_us"), po_b.get("unprofiled_step_time_us")
+    if _positive(us) and _positive(ub):
+        return float(us), float(ub), "unprofiled", {"subject": po_s.get("source"), "baseline": po_b.get("source")}
+    us, ub = subject_run.get("step_time_us"), baseline_run.get("step_time_us")
+    if _positive(us) and _positive(ub):
+        return float(us), float(ub), "profiled", {"subject": "trace", "baseline": "trace"}
+    return None
+
+
+def _positive(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+
+def whatif_check(subject_run: dict, baseline_run: dict, subject: RunEvidence, baseline: RunEvidence) -> list[dict]:
+    """The subject's what-ifs whose cause the baseline fixed, each with its predicted saving against the one measured
+    between the two runs (``comparison.whatif_check``, ``docs/schema.md``).
+
+    ``subject_run``/``baseline_run``: the runs' report models (``runs[i]``: ``whatif``, ``findings``,
+    ``profiler_overhead``, ``step_time_us``). A what-if of the subject (``all`` left out) is checked when the
+    baseline has its cause fixed:
+
+    - precision (``bf16_matmul``, ``tf32_matmul``): the subject's main matrix-math dtype is fp32 and the
+      baseline's is bf16 or fp16 (``bf16_matmul``) or tf32 (``tf32_matmul``); when either dtype is unknown,
+      ``bf16_matmul`` follows the finding rule below with the precision kinds;
+    - every other what-if (and precision without dtypes): the subject has a finding of the what-if's kinds
+      (:data:`CHECK_KINDS`) of medium or high severity, and the baseline has none of those kinds at medium or high
+      severity, or its costliest one costs less than :data:`CHANGED_COST_SHARE` of the subject's
+      (impact % × step time, µs per step).
+
+    Measured saving = 100 × (1 − baseline step / subject step), both runs' step time without the profiler when both
+    have one (basis ``unprofiled``; the source of each: measured by capture, from the log, or estimated), else both
+    runs' profiled step time (basis ``profiled``). ``error_pp`` = predicted − measured, in points. When several
+    what-ifs are checked, each is set against the same measured saving (the runs differ in all their causes).
+
+    Returns ``[{scenario, cause, predicted_saving_pct, predicted_range_pct, measured_saving_pct, error_pp, basis,
+    basis_source, subject_step_us, baseline_step_us, reliable, why}]``, ``[]`` when nothing is checked.
+    """
+    basis = _step_basis(subject_run, baseline_run)
+    if basis is None:
+        return []
+    s_us, b_us, how, sources = basis
+    measured = 100 * (1 - b_us / s_us)
+    out = []
+    for w in subject_run.get("whatif") or []:
+        if not isinstance(w, dict) or w.get("scenario") == "all" or not _positive(abs(w.get("saving_pct") or 0)):
+            continue
+        why = _fixed_cause(str(w.get("scenario")), subject_run, baseline_run, subject, baseline)
+        if why is None:
+            continue
+        pred = float(w["saving_pct"])
+        rng = w.get("range_saving_pct")
+        out.append({"scenario": w["scenario"], "cause": w.get("cause"), "predicted_saving_pct": round(pred, 2),
+                    "predicted_range_pct": list(rng) if isinstance(rng, list) and len(rng) == 2 else None,
+                    "measured_saving_pct": round(measured, 2), "error_pp": round(pred - measured, 2),
+                    "basis": how, "basis_source": sources, "subject_step_us": round(s_us, 3),
+                    "baseline_step_us": round(b_us, 3), "reliable": bool(w.get("reliable", False)), "why": why})
+    return out
+
+
+def next_bottleneck(subject_run: dict, baseline_run: dict) -> dict | None:
+    """The faster run's own top finding (``comparison.next_bottleneck``): of the run with the shorter step
+    (:func:`_step_basis`; the baseline when neither says), its first finding of high or medium severity in the
+    report's ranking, as ``{run, title, cause, kind, severity, impact_pct}``; None when that run is healthy (no
+    such finding)."""
+    basis = _step_basis(subject_run, baseline_run)
+    faster = subject_run if basis is not None and basis[0] < basis[1] else baseline_run
+    top = next((f for f in faster.get("findings") or [] if isinstance(f, dict) and f.get("severity") in _TICKET), None)
+    if top is None:
+        return None
+    return {"run": faster.get("name"), "title": top.get("title"), "cause": top.get("cause"), "kind": top.get("kind"),
+            "severity": top.get("severity"), "impact_pct": top.get("impact_pct")}

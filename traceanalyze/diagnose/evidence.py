@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
+from typing import Any
 
 from traceanalyze.hardware import GpuInfo
 from traceanalyze.metrics.collectives import CollectiveAnalysis
@@ -47,6 +48,10 @@ class RunEvidence:
     compile_step: int | None = None  # the profiler step that holds torch.compile (left out of step times)
     host: HostView | None = None  # the steady steps' host side: blocking calls, optimizer, top ops (GPU runs)
     unprofiled: dict | None = None  # the step time measured without the profiler: {"step_time_us", "source", ...}
+    # the replay's pricer of one more what-if for a finding (diagnose.price_missing_whatifs; it holds the replay's
+    # graph: dropped once the findings are priced), None without a replay
+    price_whatif: Any = None
+    skew: Any = None  # arrival skew per collective instance (traceanalyze.replay.skew.Skew), None without one
     # steps grouped by rank, made on first use (the rules ask per rank: one pass over the steps, not one per rank)
     _by_rank: tuple | None = field(default=None, init=False, repr=False, compare=False)
 

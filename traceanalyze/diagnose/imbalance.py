@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import statistics
 
+import numpy as np
+
 from traceanalyze.diagnose.evidence import (
     NOISE_SIGMAS,
     RunEvidence,
@@ -22,6 +24,26 @@ IDLE_RANK_PCT = 80.0
 
 
 def rule_straggler(ev: RunEvidence) -> list[Finding]:
+    """Imbalance: a straggler the others wait for, from the work per step (:func:`straggler_by_work`, needs the
+    excess to show in the per-step medians) or from the arrivals at each collective instance
+    (:func:`straggler_by_arrival`, one step is enough). One finding per straggler: when both name the same rank the
+    work finding keeps its figures and takes the arrival evidence; when they name different ranks the arrival one,
+    which measures who kept whom waiting, is kept."""
+    work = straggler_by_work(ev)
+    late = straggler_by_arrival(ev)
+    if not (work and late):
+        return work or late
+    w, a = work[0], late[0]
+    if set(w.ranks) & set(a.ranks):
+        w.evidence = [*w.evidence, *(x for x in a.evidence if x not in w.evidence and not x.startswith(_WHY_PREFIXES))]
+        return [w]
+    return [a]
+
+
+_WHY_PREFIXES = ("per op against the median rank", "host gaps (no op", "largest host gaps on rank")
+
+
+def straggler_by_work(ev: RunEvidence) -> list[Finding]:
     """Imbalance: one rank works longer per step and the others wait for it in the collectives.
 
     Per rank, *work* = step time − time waiting in collectives for slower peers (the collectives' wait, see
@@ -78,6 +100,168 @@ def rule_straggler(ev: RunEvidence) -> list[Finding]:
     return [Finding("imbalance", "straggler", sev, impact, [slow],
                     f"Rank {slow} is a straggler: the other ranks wait {impact:.0f}% of the step for it",
                     evidence, rec)]
+
+
+def _late_steps_text(late: list[int], late_steps: dict[int, list[int]], steps: list[int]) -> list[str]:
+    """Evidence: in how many steps the first of ``late`` arrives last (the same rank each time?), and the others."""
+    main = late[0]
+    if len(steps) >= 2:
+        same = [st for st in steps if st in late_steps[main]]
+        return [f"rank {main} arrives last and costs the others {LATE_WAIT_PCT:g}% or more in {len(same)} of "
+                f"{len(steps)} steps" + ("" if len(late) == 1 else "; also " + ", ".join(
+                    f"rank {x} in {len(late_steps[x])}" for x in late[1:]))
+                + (" (the same rank each time)" if len(late) == 1 and len(same) == len(steps) else "")]
+    return ["also late: " + ", ".join(f"rank {x}" for x in late[1:])] if len(late) > 1 else []
+
+
+def straggler_by_arrival(ev: RunEvidence) -> list[Finding]:
+    """Imbalance: one rank (or a few) arrives last at collective instances and the others' wait there costs them
+    :data:`LATE_WAIT_PCT` % of their step or more: named from a single step.
+
+    Reads ``ev.skew`` (:mod:`traceanalyze.replay.skew`: per complete instance and rank, its arrival and its wait
+    for the last arriver). Per counted step (every step with one when none is counted) and late rank L: each other
+    rank's waits at the instances L arrived last, over that rank's step time; the *cost* is the median over the other
+    ranks. The late ranks are those whose cost reaches the threshold in more than half the steps; more than
+    :data:`LATE_MAX_RANKS_SHARE` of the ranks is a spread, not a straggler, and gives no finding. Impact: the median
+    over the analysed steps of the late ranks' summed cost in that step. The evidence names the instance that cost
+    most (collective, offset into the step on the median waiting rank, the wait median and range over the other
+    ranks), whether the same rank is last in every step, and why it was late (:func:`_straggler_where`)."""
+    sk = ev.skew
+    if sk is None or not sk.n or len(ev.ranks) < 2 or ev.mode == "logs":
+        return []
+    r = sk.rows
+    use = r["counted"].astype(bool) & (r["step"] >= 0) & np.isfinite(r["step_time_us"])
+    if not use.any():
+        use = (r["step"] >= 0) & np.isfinite(r["step_time_us"])
+    if not use.any():
+        return []
+    cost: dict[tuple[int, int], float] = {}  # (step, late rank) -> median over the other ranks of wait / step
+    per: dict[tuple[int, int, int], float] = {}  # (step, late rank, waiting rank) -> wait µs
+    step_of: dict[tuple[int, int], float] = {}  # (step, rank) -> step time µs
+    ranks_in: dict[int, set[int]] = {}  # step -> ranks with a call in it
+    lasts: dict[int, set[int]] = {}  # step -> ranks that arrived last somewhere in it
+    for st, rk, lr, w, t in zip(r["step"][use].tolist(), r["rank"][use].tolist(), r["last_rank"][use].tolist(),
+                                r["wait_us"][use].tolist(), r["step_time_us"][use].tolist(), strict=True):
+        step_of[(st, rk)] = t
+        ranks_in.setdefault(st, set()).add(rk)
+        if rk != lr:
+            per[(st, lr, rk)] = per.get((st, lr, rk), 0.0) + w
+            lasts.setdefault(st, set()).add(lr)
+    for st, members in ranks_in.items():
+        for lr in lasts.get(st, ()):
+            shares = [per.get((st, lr, o), 0.0) / step_of[(st, o)] for o in members if o != lr and step_of[(st, o)] > 0]
+            if shares:
+                cost[(st, lr)] = statistics.median(shares)
+    late_steps: dict[int, list[int]] = {}  # late rank -> the steps it cost the others the threshold or more
+    for (st, lr), c in cost.items():
+        if 100 * c >= LATE_WAIT_PCT:
+            late_steps.setdefault(lr, []).append(st)
+    # a rank late in half the steps or fewer is the run's noise (who reaches a collective last varies), not a
+    # straggler: one step names it alone, two need it late in both, three in two
+    late_steps = {lr: v for lr, v in late_steps.items() if 2 * len(v) > len(ranks_in)}
+    n_ranks = len(set(r["rank"].tolist()))
+    if not late_steps or len(late_steps) > max(1, int(LATE_MAX_RANKS_SHARE * n_ranks)):
+        return []
+    late = sorted(late_steps, key=lambda x: (-len(late_steps[x]), -max(cost[(s, x)] for s in late_steps[x]), x))
+    steps = sorted(ranks_in)
+    per_step_cost = [sum(cost.get((st, lr), 0.0) for lr in late) for st in steps]
+    impact = round(100 * statistics.median(per_step_cost), 1)
+    main = late[0]
+    evidence = _late_instance(r, use, main, late_steps[main], cost)
+    evidence += _late_steps_text(late, late_steps, steps)
+    waited = sk.waited_for_others_us
+    evidence.append(f"over the run, rank {main} kept the others waiting {ms_text(sk.kept_others_waiting_us.get(main))} "
+                    f"in total and waited {ms_text(waited.get(main, 0.0))} itself; the rank that waited most is rank "
+                    f"{max(sorted(waited), key=lambda x: waited[x])} ({ms_text(max(waited.values()))})")
+    med_wait = _median_wait_caused(r, use, main)
+    where, host_idle = _straggler_where(ev, main, med_wait, _comp_excess(ev, main))
+    evidence += where
+    who = f"Rank {main}" if len(late) == 1 else "Ranks " + ", ".join(str(x) for x in sorted(late))
+    coll = _top_collective(r, use, main)
+    title = (f"{who} arrive{'s' if len(late) == 1 else ''} last at the {coll}: the other ranks wait {impact:.0f}% "
+             "of the step for " + ("it" if len(late) == 1 else "them"))
+    if host_idle:
+        rec = (f"rank {main} reaches the {coll} late because its host is idle, not working: look at what it does in "
+               "the gaps listed (data loading on that rank, logging, checkpointing or evaluation on one rank, a "
+               "blocking .item()/sync, garbage collection) and move it off the step or give every rank the same")
+    else:
+        rec = (f"rank {main} reaches the {coll} late: the ops listed take longer there than on the median rank; "
+               "balance the work before that collective across ranks (equal sequence lengths, tokens or samples per "
+               "rank; for all_to_all, equal splits), move rank-specific work off the step, and check that device "
+               "for throttling")
+    return [Finding("imbalance", "straggler", severity(impact), impact, sorted(late), title, evidence, rec)]
+
+
+LATE_WAIT_PCT = 10.0  # the others' wait for a late rank, median share of their step, that names it
+LATE_MAX_RANKS_SHARE = 0.25  # more late ranks than this share of the ranks is a spread, not a straggler
+
+
+def _late_instance(r: dict, use, late: int, steps: list[int], cost: dict) -> list[str]:
+    """Evidence on the instance where rank ``late`` cost the others most (``r``: the skew rows, ``use`` the rows
+    analysed): which collective, where in the step, the wait median and range over the other ranks, its own
+    duration."""
+    worst = max(steps, key=lambda s: (cost[(s, late)], -s))
+    sel = use & (r["last_rank"] == late) & (r["step"] == worst)
+    inst_w: dict[int, float] = {}
+    for i, w, rk in zip(r["instance_id"][sel].tolist(), r["wait_us"][sel].tolist(), r["rank"][sel].tolist(),
+                        strict=True):
+        if rk != late:
+            inst_w[i] = inst_w.get(i, 0.0) + w
+    top = max(sorted(inst_w), key=lambda i: inst_w[i])
+    rows = np.flatnonzero(sel & (r["instance_id"] == top))
+    others = [j for j in rows.tolist() if int(r["rank"][j]) != late]
+    mine = next(j for j in rows.tolist() if int(r["rank"][j]) == late)
+    waits = [float(r["wait_us"][j]) for j in others]
+    offs = [float(r["step_offset_us"][j]) for j in others]
+    steps_t = [float(r["step_time_us"][j]) for j in others]
+    off, st_t = statistics.median(offs), max(statistics.median(steps_t), 1e-9)  # > 0: a cost was computed
+    coll = str(r["collective"][mine])
+    out = [f"step {worst}, {coll} (instance {top}, {len(rows)} ranks): rank {late} arrives last, "
+           f"{ms_text(float(r['arrival_us'][mine]) - min(float(r['arrival_us'][j]) for j in others))} after the first; "
+           f"the others wait a median of {ms_text(statistics.median(waits))} (range "
+           f"{ms_text(min(waits))}–{ms_text(max(waits))}, median {100 * statistics.median(waits) / st_t:.0f}% of "
+           f"their step); rank {late}'s own {coll} takes {float(r['dur_us'][mine]):,.0f} µs",
+           f"where: the others reach it {ms_text(off)} into the step ({100 * off / st_t:.0f}% of the median waiting "
+           f"rank's {ms_text(st_t)} step); rank {late} reaches it {ms_text(float(r['step_offset_us'][mine]))} into "
+           "its own"]
+    nxt = min(others, key=lambda j: (float(r["wait_us"][j]), int(r["rank"][j])))  # the next-to-last to arrive
+    if min(waits) < 0.5 * statistics.median(waits):
+        out.append(f"the next-to-last, rank {int(r['rank'][nxt])}, arrives {ms_text(min(waits))} before rank {late}: "
+                   f"rank {late} arriving with it would save {ms_text(min(waits))} ({100 * min(waits) / st_t:.0f}% "
+                   "of the step); the rest of the others' wait is a spread of arrivals across ranks (uneven work "
+                   f"before the {coll} on every rank)")
+    n_inst = len(inst_w)
+    if n_inst > 1:
+        out.append(f"rank {late} arrives last at {n_inst} instances of step {worst}; the one above costs most")
+    return out
+
+
+def _median_wait_caused(r: dict, use, late: int) -> float:
+    """Median over the other ranks of the wait (µs per analysed step) they spent at instances ``late`` arrived
+    last at."""
+    sel = use & (r["last_rank"] == late) & (r["rank"] != late)
+    if not sel.any():
+        return 0.0
+    n_steps = max(1, len(set(r["step"][use].tolist())))
+    by: dict[int, float] = {}
+    for rk, w in zip(r["rank"][sel].tolist(), r["wait_us"][sel].tolist(), strict=True):
+        by[rk] = by.get(rk, 0.0) + w
+    return statistics.median(by.values()) / n_steps
+
+
+def _top_collective(r: dict, use, late: int) -> str:
+    """The collective at which rank ``late`` kept the others waiting longest in total."""
+    sel = use & (r["last_rank"] == late)
+    by: dict[str, float] = {}
+    for c, w in zip(r["collective"][sel].tolist(), r["wait_us"][sel].tolist(), strict=True):
+        by[str(c)] = by.get(str(c), 0.0) + w
+    return max(sorted(by), key=lambda c: by[c]) if by else "collective"
+
+
+def _comp_excess(ev: RunEvidence, rank: int) -> float:
+    """The rank's compute per step above the median rank's (µs)."""
+    comp = {r["rank"]: per_step(ev, r, "compute_us") or 0.0 for r in ev.ranks}
+    return comp.get(rank, 0.0) - statistics.median(comp.values()) if comp else 0.0
 
 
 def _straggler_where(ev: RunEvidence, slow: int, excess_us: float, comp_excess_us: float) -> tuple[list[str], bool]:

@@ -12,6 +12,9 @@ from traceanalyze.fmt import ranges
 
 MIN_EXPOSED_COMM_PCT = 10.0  # exposed transfer share of step worth a finding
 MIN_UNTRACED_WAIT_PCT = 10.0  # share of the step the traced ranks wait for untraced ones worth an inconclusive verdict
+# On a partial run (fewer traced ranks than the world size) a collective's time may be waiting for an untraced rank:
+# only a transfer that runs at this share of the link's expected bandwidth or more is transfer, not waiting
+PARTIAL_PROVEN_BUSBW_FRAC = 0.5
 
 
 def rule_exposed_communication(ev: RunEvidence) -> list[Finding]:
@@ -69,9 +72,37 @@ def rule_exposed_communication(ev: RunEvidence) -> list[Finding]:
         evidence.append("GPU links: " + ", ".join(f"{a}–{b} {lk}" for a, b, lk in topo_pairs[:4]))
     rec = interconnect_recommendation(ev, topo_pairs)
     impact = round(share, 1)
-    return [Finding("interconnect", kind, severity(impact), impact, [r for r, *_ in rows],
-                    f"Communication is exposed: {share:.0f}% of the step waits on collectives' transfer",
-                    evidence, rec)]
+    title = f"Communication is exposed: {share:.0f}% of the step waits on collectives' transfer"
+    sev = severity(impact)
+    if ev.world_size and ev.world_size > len(ev.ranks):  # partial: the wait may be for ranks not in the traces
+        proof = _partial_proof(ev)
+        evidence.append(proof[1])
+        if not proof[0]:
+            title = (f"Inconclusive: {share:.0f}% of the step is exposed communication, either collectives' "
+                     "transfer or waiting for ranks not in these traces")
+            sev = "low"
+            rec = "trace every rank of the job in one profiling window to tell transfer from waiting; then: " + rec
+    return [Finding("interconnect", kind, sev, impact, [r for r, *_ in rows], title, evidence, rec)]
+
+
+def _partial_proof(ev: RunEvidence) -> tuple[bool, str]:
+    """(whether the transfer itself shows the communication is transfer, why): on a partial run only a measured busbw
+    of :data:`PARTIAL_PROVEN_BUSBW_FRAC` of the link's expected bandwidth or more does (the collectives then run at
+    the link's speed, so their time is transfer); a lower one may be waiting for an untraced rank, or a slow link."""
+    traced = f"{len(ev.ranks)} of {ev.world_size} ranks traced"
+    expected = ev.link.get("expected_gbps")
+    busbw = ev.coll.busbw_gbps if ev.coll else None
+    if not expected or busbw is None:
+        what = "the link's expected bandwidth is unknown" if not expected else "no collective states its size"
+        return False, (f"inconclusive: {traced}, so the collectives' time may be waiting for the missing ranks; "
+                       f"{what}, so the transfer cannot show it is transfer")
+    pct = 100 * busbw / expected
+    if busbw >= PARTIAL_PROVEN_BUSBW_FRAC * expected:
+        return True, (f"{traced}, but busbw {busbw:.3g} GB/s is {pct:.0f}% of the expected {expected:g} GB/s: the "
+                      "collectives run at the link's speed, so their time is transfer, not waiting")
+    return False, (f"inconclusive: {traced}; busbw {busbw:.3g} GB/s is {pct:.0f}% of the expected {expected:g} GB/s, "
+                   "which waiting for the missing ranks and a slow link both explain (at "
+                   f"{100 * PARTIAL_PROVEN_BUSBW_FRAC:.0f}% or more it would be transfer)")
 
 
 def transport_note(ev: RunEvidence) -> str | None:

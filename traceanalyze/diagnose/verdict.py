@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable
 from dataclasses import asdict
 from dataclasses import replace as dataclasses_replace
 
@@ -20,6 +21,7 @@ from traceanalyze.diagnose.config import (
 from traceanalyze.diagnose.evidence import (
     CPU_PRECISION_TICKET_PCT,
     HOST_BOUND_WAIT_PCT,
+    MEDIUM,
     RunEvidence,
     main_stream_host_wait,
     severity,
@@ -44,6 +46,9 @@ SPECIFIC_CAUSES = {
     "host_sync": (("slow_collectives", "topology", "untraced_ranks", "straggler", "idle_rank", "launch_bound",
                    "host_bound", "unexplained_idle"), 0.0),
     "host_optimizer": (("launch_bound", "host_bound"), 0.5),
+    # a rank the others wait for at their collectives: their GPUs sit in the collective or idle behind it, which a
+    # launch- or host-bound finding reads as launch cost
+    "straggler": (("launch_bound", "host_bound"), 0.5),
 }
 
 
@@ -97,12 +102,30 @@ def rank_findings(fs: list[Finding]) -> list[Finding]:
     return out
 
 
-# finding kind -> the what-if scenario that removes its cause
-KIND_TO_SCENARIO = {"straggler": "no_straggler", "idle_rank": "no_straggler", "slow_collectives": "ideal_interconnect",
-                    "topology": "ideal_interconnect", "exposed_communication": "ideal_interconnect",
-                    "fp32_matmul": "bf16_matmul", "autocast_missing": "bf16_matmul", "compile_overhead": "no_compile",
-                    "recompiles": "no_compile", "dataloader": "no_dataloader_wait",
-                    "launch_bound": "no_launch_overhead"}
+# finding kind -> (the what-if scenario that removes its cause, how it is priced) or (None, why no scenario models
+# it): the one table the impacts (apply_to_findings), the pricing of a finding's missing what-if
+# (price_missing_whatifs) and ``whatif_missing`` read. How it is priced: "ranks" prices the scenario for the
+# finding's own ranks (a straggler the rule names, whatever the replay's own test says), "" as the replay finds it.
+WHATIF_OF_KIND: dict[str, tuple[str | None, str]] = {
+    "straggler": ("no_straggler", "ranks"),
+    "idle_rank": ("no_straggler", ""),
+    "slow_collectives": ("ideal_interconnect", ""),
+    "topology": ("ideal_interconnect", ""),
+    "fp32_matmul": ("bf16_matmul", ""),
+    "autocast_missing": ("bf16_matmul", ""),
+    "compile_overhead": ("no_compile", ""),
+    "recompiles": ("no_compile", ""),
+    "dataloader": ("no_dataloader_wait", ""),
+    "launch_bound": ("no_launch_overhead", ""),
+    "untraced_ranks": (None, "the ranks the traced ones wait for have no trace: no scenario can replay their work"),
+    "gradient_accumulation": (None, "no scenario models a gradient-accumulation change"),
+    "host_bound": (None, "no scenario models removing the host's own work between launches (CUDA graphs, "
+                         "no_launch_overhead, only remove the launch calls)"),
+    "host_sync": (None, "no scenario models removing a blocking host call"),
+    "host_optimizer": (None, "no scenario models a fused (foreach) optimizer"),
+    "unexplained_idle": (None, "no rule names the cause of this idle time, so no scenario removes it"),
+}
+KIND_TO_SCENARIO = {k: sc for k, (sc, _) in WHATIF_OF_KIND.items() if sc is not None}
 # One-time costs: their rule spreads them over an assumed job length, while no_compile prices the profiled
 # steps (the compile step included); the two are not the same share, so these findings keep the rule's figure.
 AMORTIZED_KINDS = frozenset({"compile_overhead", "recompiles"})
@@ -137,6 +160,42 @@ def apply_to_findings(findings: list[Finding], whatifs: list[dict] | None, mode:
         if f.kind == "fp32_matmul" and by.get("tf32_matmul", {}).get("reliable"):
             _offer_tf32_first(f, by["tf32_matmul"])
     return rank_findings(findings)
+
+
+# the replay's pricer of one scenario for a finding: (scenario, the finding's ranks or None) -> (the what-if row or
+# None, why there is none, the sim_result rows of its replay); traceanalyze.replay.whatif.replay_run's ``pricer``
+PriceWhatif = Callable[[str, list[int] | None], tuple[dict | None, str, list]]
+
+
+def price_missing_whatifs(findings: list[Finding], whatifs: list[dict], price: PriceWhatif | None,
+                          no_price: str = "the run has no what-if replay (no counted profiler step)") -> list[list]:
+    """A what-if for every finding that maps to a scenario (:data:`WHATIF_OF_KIND`), in the same run: a finding
+    whose scenario the replay did not price on its own gets it priced now by ``price`` (for the finding's own ranks
+    where the table says ``"ranks"``), the row added to ``whatifs`` (before ``all``, which combines the replay's own
+    scenarios only). A finding that still has none gets ``whatif_missing``: the table's reason for a kind no scenario
+    models, else the pricer's (the replay was skipped, the rewrite does not apply or saves nothing). ``price`` None:
+    the run has no replay, ``no_price`` says why. Returns the ``sim_result`` rows of the new replays (``run_id,
+    scenario, rank, step, measured_us, replayed_us``)."""
+    sim_rows: list[list] = []
+    why_not: dict[str, str] = {}
+    for f in findings:
+        sc, how = WHATIF_OF_KIND.get(f.kind, (None, "no scenario models this kind of finding"))
+        if sc is None:
+            f.whatif_missing = how
+            continue
+        if any(w.get("scenario") == sc for w in whatifs):
+            continue
+        if sc not in why_not:
+            row, why, rows = price(sc, f.ranks if how == "ranks" else None) if price is not None else (
+                None, no_price, [])
+            if row is not None:
+                at = next((i for i, w in enumerate(whatifs) if w.get("scenario") == "all"), len(whatifs))
+                whatifs.insert(at, row)
+                sim_rows += rows
+                continue
+            why_not[sc] = why
+        f.whatif_missing = why_not[sc]
+    return sim_rows
 
 
 PROFILER_ONLY_KINDS = {"unexplained_idle": IDLE_EXPLAIN_PCT, "launch_bound": 40.0, "host_bound": 40.0}
@@ -193,14 +252,62 @@ def _offer_tf32_first(f: Finding, w: dict) -> None:
 
 
 def to_dicts(fs: list[Finding]) -> list[dict]:
-    """Findings as plain dicts for the JSON report."""
-    return [asdict(f) for f in fs]
+    """Findings as plain dicts for the JSON report (``whatif_missing`` only where set)."""
+    out = []
+    for f in fs:
+        d = asdict(f)
+        if d.get("whatif_missing") is None:
+            d.pop("whatif_missing", None)
+        out.append(d)
+    return out
+
+
+# the findings that waits inside collectives make, which ranks missing from the traces could explain: the traced
+# ranks may be waiting for them (untraced_ranks), or their wait reads as transfer (slow_collectives, topology)
+PARTIAL_EXPLAINS = ("untraced_ranks", "slow_collectives", "topology")
+
+
+def partial_run(ev: RunEvidence, findings: list[Finding]) -> dict | None:
+    """``{"traced_ranks", "world_size", "could_explain"}`` when fewer of the run's ranks have a trace than its world
+    size (``distributedInfo.world_size``, else the highest rank + 1), else None (log-only runs too).
+    ``could_explain``: the kinds of the run's findings (:data:`PARTIAL_EXPLAINS`, in ranking order) that the missing
+    ranks could explain: waits inside collectives."""
+    traced = {r.get("rank") for r in ev.ranks}
+    if ev.mode == "logs" or not traced or not ev.world_size or ev.world_size <= len(traced):
+        return None
+    kinds: list[str] = []
+    for f in findings:
+        if f.run == ev.name and f.kind in PARTIAL_EXPLAINS and f.kind not in kinds:
+            kinds.append(f.kind)
+    return {"traced_ranks": len(traced), "world_size": int(ev.world_size), "could_explain": kinds}
+
+
+def partial_text(p: dict) -> str:
+    """``Partial: k of N ranks traced`` and the findings the missing ranks could explain (:func:`partial_run`)."""
+    s = f"Partial: {p['traced_ranks']} of {p['world_size']} ranks traced"
+    if p.get("could_explain"):
+        s += (" (the missing ranks could explain the waits inside collectives: "
+              + ", ".join(k.replace("_", " ") for k in p["could_explain"]) + ")")
+    return s
 
 
 def verdict(findings: list[Finding], runs: list[RunEvidence] | None = None) -> str:
     """One sentence for the top of the report (see the module docstring). ``runs`` (the subject runs' evidence)
-    adds the GPU idle share to an inconclusive verdict."""
+    adds the GPU idle share to an inconclusive verdict; when one of them has fewer traced ranks than its world size,
+    the verdict starts with ``Partial: k of N ranks traced`` (:func:`partial_text`)."""
+    part = next((p for e in runs or [] if (p := partial_run(e, findings)) is not None), None)
+    body = _verdict_body(findings, runs, part is not None)
+    return body if part is None else f"{partial_text(part)}. {body}"
+
+
+def _verdict_body(findings: list[Finding], runs: list[RunEvidence] | None, partial: bool) -> str:
+    """The verdict after its ``Partial:`` prefix (:func:`verdict`)."""
     top = [f for f in findings if f.severity in ("high", "medium")]
+    if not top and partial:  # a wait the missing ranks could explain, judged inconclusive, is no healthy run
+        inc = next((f for f in findings if f.kind in PARTIAL_EXPLAINS and f.impact_pct >= MEDIUM), None)
+        if inc is not None:
+            return f"{inc.title}; no other finding reaches medium severity."
+        return "No significant slowdown found in the traced ranks: no finding reaches medium severity."
     if not top:
         return "No significant slowdown found: no finding reaches medium severity."
     window = next((f for f in top if f.kind == "compile_overhead" and f.title.startswith(COMPILE_FILLS_TITLE)), None)
@@ -211,7 +318,8 @@ def verdict(findings: list[Finding], runs: list[RunEvidence] | None = None) -> s
     inc = next((f for f in top if f.kind == "untraced_ranks"), None)
     if inc is not None and top[0].kind != "host_sync":
         ev = next((e for e in runs or [] if e.name == inc.run), None)
-        s = inc.title + (f" ({len(ev.ranks)} of {ev.world_size} ranks traced)" if ev and ev.world_size else "")
+        s = inc.title + (f" ({len(ev.ranks)} of {ev.world_size} ranks traced)" if ev and ev.world_size
+                         and not partial else "")
         if ev is not None and ev.mode == "gpu" and ev.ranks:
             s += f"; the GPU is idle {statistics.median(r['idle_pct'] for r in ev.ranks):.0f}%"
         other = next((f for f in top if f is not inc and f.cause != "interconnect"), None)

@@ -43,7 +43,7 @@ list of numbers under a ``step_times_ms`` / ``step_times_s`` / ``step_times`` ke
 from __future__ import annotations
 
 from traceanalyze.logs.configs import parse_config
-from traceanalyze.logs.env import parse_env
+from traceanalyze.logs.env import core_sharing, parse_env
 from traceanalyze.logs.hf import MAX_STEP_TIMES, parse_llamafactory_jsonl, parse_step_times_json, parse_trainer_state
 from traceanalyze.logs.model import (
     Fact,
@@ -73,6 +73,7 @@ __all__ = [
     "NcclInfo",
     "TopoLink",
     "Topology",
+    "core_sharing",
     "measured_unprofiled_step",
     "normalize_precision",
     "parse_capture_steps",

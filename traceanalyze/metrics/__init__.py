@@ -13,8 +13,9 @@ from traceanalyze.metrics.breakdown import (
     compute_run_metrics,
     run_mode,
     save,
+    step_kernels,
     top_kernels,
 )
 
 __all__ = ["MACROS", "RankMetrics", "StepMetrics", "compute_run_metrics", "run_mode", "save",
-           "top_kernels"]
+           "step_kernels", "top_kernels"]

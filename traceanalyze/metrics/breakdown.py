@@ -37,7 +37,11 @@ import duckdb
 import numpy as np
 
 from traceanalyze import store
-from traceanalyze.metrics._sql import counted_kernels_sql, training_thread_sql  # the latter: export's too
+from traceanalyze.metrics._sql import (  # training_thread_sql: export's too
+    LAUNCH_CATS,
+    counted_kernels_sql,
+    training_thread_sql,
+)
 from traceanalyze.metrics.steps import median, step_set
 
 # Stored in the database (see store.MACROS) so users can classify rows the same way in their own queries.
@@ -390,29 +394,90 @@ def _restrict_cpu_compute(con, run_id, iv, threads):
     return out
 
 
-def top_kernels(con: duckdb.DuckDBPyConnection, run_id: int, limit: int = 15) -> list[dict]:
+def top_kernels(con: duckdb.DuckDBPyConnection, run_id: int, limit: int = 15,
+                skip_step: int | None = None) -> list[dict]:
     """The kernels (GPU mode) or ops (CPU mode) with the most total time across ranks.
 
-    Returns dicts with ``name, klass, count, total_us, mean_us, pct`` (pct of all kernel/op time of the run).
-    In CPU mode only leaf-level ``aten::`` ops and communication ops are listed (nested ops double count).
+    Returns dicts with ``name, klass, count, total_us, mean_us, pct`` (pct of all kernel/op time the table counts),
+    and in GPU mode ``op`` (the CPU op that launched most of the kernel's time: the ``cpu_op`` with the kernel's
+    External id, joined at ingest) and ``n_ops`` (how many distinct ops launched it). In CPU mode only leaf-level
+    ``aten::`` ops and communication ops are listed (nested ops double count). ``skip_step``: the compile step
+    (:func:`traceanalyze.diagnose.compile_step_of`), left out: its kernels (launched inside that profiler step of
+    their file) or ops (starting inside it) are not counted (:func:`step_kernels` folds them apart).
     """
-    if run_mode(con, run_id) == "gpu":
-        sql = """
-            WITH k AS (SELECT k.name, kernel_class(k.cat, k.name) AS klass, k.dur_ns FROM kernels k
-                       JOIN files f USING (file_id) WHERE f.run_id = ? AND k.cat <> 'gpu_user_annotation')
-            SELECT name, klass, count(*) AS count, sum(dur_ns) / 1e3 AS total_us, avg(dur_ns) / 1e3 AS mean_us,
-                   100.0 * sum(dur_ns) / (SELECT sum(dur_ns) FROM k) AS pct
-            FROM k GROUP BY ALL ORDER BY total_us DESC, name, klass LIMIT ?"""  # ties by name: one order every run
-    else:
-        sql = """
-            WITH k AS (SELECT c.name, cpu_op_class(c.cat, c.name) AS klass, c.dur_ns FROM cpu_ops c
-                       JOIN files f USING (file_id) WHERE f.run_id = ? AND cpu_op_class(c.cat, c.name) <> 'other')
-            SELECT name, klass, count(*) AS count, sum(dur_ns) / 1e3 AS total_us, avg(dur_ns) / 1e3 AS mean_us,
-                   100.0 * sum(dur_ns) / (SELECT sum(dur_ns) FROM k) AS pct
-            FROM k GROUP BY ALL ORDER BY total_us DESC, name, klass LIMIT ?"""  # ties by name: one order every run
-    cur = con.execute(sql, [run_id, limit])
+    gpu = run_mode(con, run_id) == "gpu"
+    rows = _kernel_rows(con, run_id, gpu, "outside" if skip_step is not None else None, skip_step, limit)
+    if gpu and rows:
+        _add_launch_ops(con, run_id, rows)
+    return rows
+
+
+def step_kernels(con: duckdb.DuckDBPyConnection, run_id: int, step: int, limit: int = 5) -> dict:
+    """The kernels (GPU mode; ops in CPU mode, as :func:`top_kernels` counts them) of one profiler step, for the
+    compile step's folded row: ``{step, n_kernels, kernel_time_us, top}`` (``top``: its first ``limit`` rows, as
+    :func:`top_kernels` gives them, ``pct`` of that step's time). Kernels count when launched inside the step of
+    their file, ops when they start inside it."""
+    gpu = run_mode(con, run_id) == "gpu"
+    top = _kernel_rows(con, run_id, gpu, "inside", step, limit)
+    n, us = con.execute(f"SELECT count(*), coalesce(sum(dur_ns), 0) / 1e3 FROM ({_kernel_base_sql(gpu, 'inside')})",
+                        [run_id, step]).fetchone()
+    if gpu and top:
+        _add_launch_ops(con, run_id, top)
+    return {"step": step, "n_kernels": int(n), "kernel_time_us": round(float(us), 3), "top": top}
+
+
+def _kernel_base_sql(gpu: bool, where_step: str | None) -> str:
+    """SQL of the rows :func:`top_kernels` counts, ``(name, klass, dur_ns)``; parameters ``$1`` the run and, with
+    ``where_step`` (``inside`` / ``outside`` the profiler step ``$2``), that step."""
+    if gpu:
+        base = ("SELECT k.name, kernel_class(k.cat, k.name) AS klass, k.dur_ns FROM kernels k JOIN files f "
+                "USING (file_id)")
+        where = "f.run_id = $1 AND k.cat <> 'gpu_user_annotation'"
+        if where_step is not None:  # the kernel's launch (runtime row of its correlation) inside the step
+            base += f""" LEFT JOIN (
+                SELECT DISTINCT r.file_id, r.correlation FROM cpu_ops r
+                JOIN profiler_steps($1) ps ON ps.file_id = r.file_id AND ps.step = $2
+                WHERE r.cat IN {LAUNCH_CATS} AND r.correlation IS NOT NULL
+                  AND r.ts_ns >= ps.start_ns AND r.ts_ns < ps.end_ns) l
+                ON l.file_id = k.file_id AND l.correlation = k.correlation"""
+            where += f" AND l.file_id IS {'NOT ' if where_step == 'inside' else ''}NULL"
+        return f"{base} WHERE {where}"
+    base = ("SELECT c.name, cpu_op_class(c.cat, c.name) AS klass, c.dur_ns FROM cpu_ops c JOIN files f "
+            "USING (file_id) WHERE f.run_id = $1 AND cpu_op_class(c.cat, c.name) <> 'other'")
+    if where_step is not None:
+        base += (f" AND {'' if where_step == 'inside' else 'NOT '}EXISTS (SELECT 1 FROM profiler_steps($1) ps "
+                 "WHERE ps.file_id = c.file_id AND ps.step = $2 AND c.ts_ns >= ps.start_ns AND c.ts_ns < ps.end_ns)")
+    return base
+
+
+def _kernel_rows(con, run_id: int, gpu: bool, where_step: str | None, step: int | None, limit: int) -> list[dict]:
+    """The first ``limit`` rows of :func:`_kernel_base_sql` grouped by name and class, by total time."""
+    params = [run_id, step, limit] if where_step is not None else [run_id, limit]
+    lim = "$3" if where_step is not None else "$2"
+    sql = f"""
+        WITH k AS ({_kernel_base_sql(gpu, where_step)})
+        SELECT name, klass, count(*) AS count, sum(dur_ns) / 1e3 AS total_us, avg(dur_ns) / 1e3 AS mean_us,
+               100.0 * sum(dur_ns) / (SELECT sum(dur_ns) FROM k) AS pct
+        FROM k GROUP BY ALL ORDER BY total_us DESC, name, klass LIMIT {lim}"""  # ties by name: one order every run
+    cur = con.execute(sql, params)
     cols = [d[0] for d in cur.description]
     return [dict(zip(cols, row, strict=True)) for row in cur.fetchall()]
+
+
+def _add_launch_ops(con, run_id: int, rows: list[dict]) -> None:
+    """Set each kernel row's ``op`` (the launching CPU op with the most of its time, by name) and ``n_ops``."""
+    found = con.execute("""
+        SELECT k.name, o.name, sum(k.dur_ns) AS ns FROM kernels k JOIN files f USING (file_id)
+        JOIN cpu_ops o ON o.file_id = k.file_id AND o.external_id = k.external_id AND o.cat = 'cpu_op'
+        WHERE f.run_id = $1 AND k.external_id IS NOT NULL AND k.name IN (SELECT unnest($2))
+        GROUP BY k.name, o.name""", [run_id, [r["name"] for r in rows]]).fetchall()
+    ops: dict[str, list[tuple[float, str]]] = {}
+    for kname, op, ns in found:
+        ops.setdefault(kname, []).append((float(ns or 0), str(op)))
+    for r in rows:
+        mine = sorted(ops.get(r["name"], []), key=lambda x: (-x[0], x[1]))
+        r["op"] = mine[0][1] if mine else None
+        r["n_ops"] = len(mine)
 
 
 def save(con: duckdb.DuckDBPyConnection, ranks: list[RankMetrics], steps: list[StepMetrics]) -> None:

@@ -139,7 +139,7 @@ def communication_kernels(con: duckdb.DuckDBPyConnection, run_id: int) -> list[s
 # file, start, name and correlation); CPU mode a gloo:* range. Parameters: the run id, then (GPU) the names of the
 # communication kernels; {groups} adds the process-group columns.
 _GPU_CALLS_SQL = """
-    SELECT f.rank, k.file_id, k.name, coalesce(nullif(m.collective, ''), k.name) AS coll, m.in_nelems,
+    SELECT f.rank, k.file_id, k.name, k.correlation, coalesce(nullif(m.collective, ''), k.name) AS coll, m.in_nelems,
            m.out_nelems, m.comm_dtype, m.group_size, {groups}k.ts_ns, k.ts_ns + k.dur_ns AS end_ns
     FROM kernels k JOIN files f USING (file_id)
     LEFT JOIN comm_events m ON m.file_id = k.file_id AND m.source = 'kernels' AND m.ts_ns = k.ts_ns
@@ -168,6 +168,7 @@ def collective_calls(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, *,
         res = con.execute(sql, [run_id, communication_kernels(con, run_id)]).fetchnumpy()
         # the string helpers run once per distinct value: thousands of calls share a handful of names
         op = apply_distinct(res["coll"].tolist(), normalize_collective, object)
+        _name_send_recv_by_annotation(con, run_id, res, op)
         nelems, has_nelems, size = _gpu_message_sizes(res, op)
         group_size = int_column(res["group_size"])[0]
         group_cols = {c: res[c] for c in ("pg_name", "seq", "pg_ranks", "comms_id")} if groups else None
@@ -187,6 +188,41 @@ def collective_calls(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, *,
                  op=op, nelems=nelems, has_nelems=has_nelems, nbytes=np.where(has_bytes, nelems * size, 0),
                  has_bytes=has_bytes, group_size=group_size, start=np.asarray(res["ts_ns"], dtype=np.int64),
                  end=np.asarray(res["end_ns"], dtype=np.int64), groups=group_cols)
+
+
+# The ``nccl:*`` annotation (``record_function``, older PyTorch) around the launch of each of the run's SendRecv
+# kernels that carry no "Collective name": parameters the run id and the kernels' (file, correlation) pairs.
+_SEND_RECV_ANNOTATION_SQL = """
+    WITH k AS (SELECT unnest(?) AS file_id, unnest(?) AS correlation),
+    launch AS (SELECT c.file_id, c.correlation, c.tid, c.ts_ns FROM cpu_ops c JOIN k USING (file_id, correlation)
+               WHERE c.cat IN ('cuda_runtime', 'cuda_driver')),
+    ann AS (SELECT c.file_id, c.tid, c.ts_ns, c.ts_ns + c.dur_ns AS end_ns, c.name FROM cpu_ops c
+            JOIN files f USING (file_id)
+            WHERE f.run_id = ? AND c.cat = 'user_annotation' AND c.name LIKE 'nccl:%')
+    SELECT l.file_id, l.correlation, arg_max(a.name, a.ts_ns) AS name FROM launch l
+    JOIN ann a ON a.file_id = l.file_id AND a.tid = l.tid AND a.ts_ns <= l.ts_ns AND l.ts_ns < a.end_ns
+    GROUP BY ALL"""
+
+
+def _name_send_recv_by_annotation(con: duckdb.DuckDBPyConnection, run_id: int, res: dict[str, np.ndarray],
+                                  op: np.ndarray) -> None:
+    """Rename in place (``op``: normalised names of the rows of ``res``, :data:`_GPU_CALLS_SQL`) the SendRecv kernels
+    without a "Collective name" after the innermost ``nccl:*`` annotation around their launch (same file and
+    thread): NCCL runs ``all_to_all`` as grouped send/recv, one ``ncclKernel_SendRecv`` per rank, and older
+    PyTorch names the collective only in that annotation (``nccl:all_to_all``). A kernel without one stays
+    ``send_recv`` (a point-to-point transfer)."""
+    bare = np.flatnonzero((op == "send_recv") & np.asarray([c == n for c, n in zip(
+        res["coll"].tolist(), res["name"].tolist(), strict=True)], dtype=bool)) if op.size else np.zeros(0, np.int64)
+    corr = np.ma.filled(res["correlation"], -1).astype(np.int64) if "correlation" in res else None
+    if bare.size == 0 or corr is None:
+        return
+    fid = np.asarray(res["file_id"], dtype=np.int64)
+    rows = con.execute(_SEND_RECV_ANNOTATION_SQL, [fid[bare].tolist(), corr[bare].tolist(), run_id]).fetchall()
+    named = {(int(f), int(c)): normalize_collective(str(n)) for f, c, n in rows if n}
+    for i in bare.tolist():
+        new = named.get((int(fid[i]), int(corr[i])))
+        if new in _OPS and new != "barrier":
+            op[i] = new
 
 
 def _gpu_message_sizes(res: dict[str, np.ndarray], op: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

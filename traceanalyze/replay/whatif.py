@@ -22,7 +22,7 @@ from traceanalyze.hardware import GpuInfo
 from traceanalyze.metrics.steps import longest_per_step, median
 from traceanalyze.metrics.where import MAX_TIMELINE_LANES, lanes_to_show
 from traceanalyze.replay import graph as gr
-from traceanalyze.replay import overhead, precision, simulate
+from traceanalyze.replay import overhead, precision, simulate, skew
 
 SCENARIOS = ("no_straggler", "ideal_interconnect", "tf32_matmul", "bf16_matmul", "no_dataloader_wait", "no_compile",
              "no_launch_overhead", "all")
@@ -110,12 +110,18 @@ def _stragglers(g: gr.Graph) -> set[int]:
     return {r for r, b in busy.items() if b > mid * (1 + STRAGGLER_EXCESS_PCT / 100)}
 
 
+def _straggler_ranks(g: gr.Graph, ctx: dict) -> set[int]:
+    """The ranks ``no_straggler`` rewrites: those the straggler finding names (``ctx["stragglers"]``, priced for
+    it: :func:`_late_pricer`), else the replay's own test (:func:`_stragglers`)."""
+    return set(ctx.get("stragglers") or ()) or _stragglers(g)
+
+
 def _rw_straggler(g, d, cg, tr, ctx):
     """The straggler ranks' op classes (step, name, n-th occurrence on the rank) at the mean over their peers
     (the other ranks); a class that fewer than half the peers run is the straggler's extra work and goes; the gap
     before each task the same. The peers keep their measured times (their own noise stays, as in a healthy run);
     a collective's transfer goes to the median of its (operation, bytes) class."""
-    slow = _stragglers(g)
+    slow = _straggler_ranks(g, ctx)
     sel = np.flatnonzero((g.step >= 0) & np.isin(g.kind, (gr.K_HOST, gr.K_KERNEL, gr.K_MEMCPY, gr.K_MEMSET)))
     d, cg = d.copy(), cg.copy()
     if sel.size and slow:
@@ -185,13 +191,15 @@ def _left_out(g: gr.Graph, ctx: dict) -> list[dict]:
 
 def _assumptions(scenario: str, ctx: dict, g: gr.Graph) -> str:
     if scenario == "no_straggler":
-        return (f"straggler rank(s) {', '.join(str(r) for r in sorted(_stragglers(g)))} (working host time per step "
-                f"> {STRAGGLER_EXCESS_PCT:g} % over the median rank): each op class (step, name, n-th call) and the "
-                "gap before it at the mean of the other ranks, work they do not do removed; the other ranks unchanged; "
-                "each collective's transfer at the median of its size class")
+        why = ("named by the straggler finding" if ctx.get("stragglers") else
+               f"working host time per step > {STRAGGLER_EXCESS_PCT:g} % over the median rank")
+        return (f"straggler rank(s) {', '.join(str(r) for r in sorted(_straggler_ranks(g, ctx)))} ({why}): each op "
+                "class (step, name, n-th call) and the gap before it at the mean of the other ranks, work they do not "
+                "do removed; the other ranks unchanged; each collective's transfer at the median of its size class"
+                + _cores_note(scenario, ctx))
     if scenario == "ideal_interconnect":
         return (f"transfer = bytes × busbw factor ÷ {ctx['link_gbps']:g} GB/s ({ctx['link_source']}), capped at "
-                "the measured transfer; latency term ignored")
+                "the measured transfer; latency term ignored" + _cores_note(scenario, ctx))
     if scenario in ("tf32_matmul", "bf16_matmul") and ctx.get("prec"):
         return precision.assumptions(scenario, ctx["prec"])
     if scenario == "bf16_matmul":
@@ -209,6 +217,80 @@ def _assumptions(scenario: str, ctx: dict, g: gr.Graph) -> str:
     return "every applicable rewrite at once; savings do not add up"
 
 
+# what-ifs that change how many ranks compute at once: on ranks that share CPU cores each op's measured duration
+# holds the others' load, so a replay of measured durations cannot price them (README: How accurate is it)
+CONCURRENCY_SCENARIOS = ("no_straggler", "ideal_interconnect")
+
+
+def _changes_concurrency(scenario: str, ctx: dict) -> bool:
+    """Whether ``scenario`` (``all``: any scenario it combines) changes how many ranks compute at once."""
+    if scenario == "all":
+        return any(s in CONCURRENCY_SCENARIOS for s in ctx.get("applicable") or ())
+    return scenario in CONCURRENCY_SCENARIOS
+
+
+def _cores_note(scenario: str, ctx: dict) -> str:
+    """``; <why>`` in a concurrency what-if's assumptions when it is not known whether the ranks share cores."""
+    cs = ctx.get("core_sharing") or {}
+    if cs.get("shared") is None and cs.get("why") and _changes_concurrency(scenario, ctx):
+        return f"; {cs['why']}"
+    return ""
+
+
+def _why_not(g: gr.Graph, scenario: str, ctx: dict) -> str:
+    """Why ``scenario`` does not apply to the run's graph (:func:`_applies` False), in words."""
+    if scenario == "no_straggler":
+        return (f"no rank's working host time per step is more than {STRAGGLER_EXCESS_PCT:g} % over the median "
+                "rank's (the replay's straggler test)")
+    if scenario == "ideal_interconnect":
+        if not ctx.get("link_gbps"):
+            return "the link's expected bandwidth is unknown (pass --link-bw GB/s)"
+        return "no collective in the replayed steps states its message size"
+    if scenario == "bf16_matmul" and ctx.get("native_bf16") is False:
+        lo = _left_out(g, ctx)
+        return lo[0]["why"] if lo else "no fp32 matrix math in the replayed steps"
+    if scenario == "tf32_matmul" and g.mode != "gpu":
+        return "TF32 is a GPU feature"
+    if scenario in ("tf32_matmul", "bf16_matmul"):
+        return "no fp32 matrix math in the replayed steps that the precision model rewrites"
+    if scenario == "no_dataloader_wait":
+        return "no host time under DataLoader ranges in the replayed steps"
+    if scenario == "no_compile":
+        return "no host time under torch.compile (dynamo/inductor) ranges in the replayed steps"
+    if scenario == "no_launch_overhead":
+        return ("a CPU run launches no kernels" if g.mode != "gpu" else
+                "no host gap between kernel launches in the replayed steps")
+    return f"no scenario {scenario!r}"
+
+
+def _late_pricer(pr: _Pricer, ctx: dict, base: Arrays, measured: dict, err: float, reliable: bool) -> Callable:
+    """The pricer of one more scenario on this run's graph, for a finding the replay's own tests did not price
+    (:func:`traceanalyze.diagnose.price_missing_whatifs`): ``price(scenario, ranks=None) -> (whatif row or None,
+    why there is none, sim_result rows)``. ``ranks``: ``no_straggler`` for the ranks a straggler finding names. It
+    holds the graph until it is dropped."""
+    g = pr.g
+
+    def price(scenario: str, ranks: list[int] | None = None) -> tuple[dict | None, str, list]:
+        if scenario not in REWRITES:
+            return None, f"no scenario {scenario!r}", []
+        c = ctx
+        if scenario == "no_straggler" and ranks:
+            slow = {r for r in ranks if r in set(g.ranks)}
+            if not slow or len(slow) >= len(g.ranks):
+                return None, "the straggler finding's ranks are not among the replayed ranks with peers", []
+            c = dict(ctx, stragglers=slow)
+        elif not _applies(g, scenario, ctx):
+            return None, _why_not(g, scenario, ctx), []
+        rows: list = []
+        out = _price_scenarios(pr, [scenario], c, base, measured, rows, err, reliable)
+        if not out:
+            return None, (f"the {scenario} rewrite saves less than {MIN_SAVING_US:g} µs per step on the replayed graph "
+                          f"(or, for a precision fix, less than {MIN_PRECISION_PCT:g} % of the step)"), []
+        return out[0], "", rows
+
+    return price
+
+
 def _longest(times: dict[tuple[int, int], float], counted: set[tuple[int, int]]) -> dict[int, float]:
     """Step -> its longest time over the ranks, of the counted (rank, step) times."""
     return longest_per_step((s, t) for (r, s), t in times.items() if (r, s) in counted)
@@ -218,17 +300,18 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_siz
                clock_offsets_us: dict | None = None, link_gbps: float | None = None, link_source: str = "",
                gpu_sm: str | None = None, cpu_native_bf16: bool | None = None, cpu_model: str | None = None,
                defer: list | None = None, build_threads: int | None = None, gpu: GpuInfo | None = None,
-               unprofiled_measured: dict | None = None) -> tuple[dict, list[dict], dict]:
+               unprofiled_measured: dict | None = None, core_sharing: dict | None = None,
+               pricer: list | None = None) -> tuple[dict, list[dict], dict]:
     """Build, store and replay the run's graph, then every what-if that applies.
 
-    ``defer``: when a list, the writes (the graph's ``sim_*`` tables and ``sim_result``) are appended to it as one
-    callable instead of done here, so that the caller can overlap them with its other work; the database holds
-    the graph only once that callable has run. ``cpu_native_bf16``/``cpu_model``: the host CPU
-    (``env_rank{r}.json``); on a CPU run, False leaves ``bf16_matmul`` out (the replay model's ``left_out`` says
-    why); None assumes native bf16. ``build_threads``: threads that build the graph (:func:`.graph.build`).
-    ``gpu``: the run's GPU (peaks of the precision what-ifs, :mod:`.precision`). ``unprofiled_measured``: the step
-    time measured without the profiler, ``{"step_time_us", "source"}`` (``capture`` sidecar or training ``log``),
-    or None: then it is estimated from the trace (:mod:`.overhead`).
+    ``defer``: when a list, the writes (the graph's ``sim_*`` tables, ``collective_skew``, ``sim_result``) are
+    appended to it as one callable for the caller to overlap with its other work. ``cpu_native_bf16``/``cpu_model``:
+    the host CPU (``env_rank{r}.json``); on a CPU run, False leaves ``bf16_matmul`` out (``left_out`` says why).
+    ``build_threads``: threads that build the graph. ``gpu``: the run's GPU (the precision peaks).
+    ``unprofiled_measured``: ``{"step_time_us", "source"}`` measured without the profiler (``capture`` or ``log``),
+    or None: estimated (:mod:`.overhead`). ``core_sharing`` (:func:`traceanalyze.logs.core_sharing`): on a CPU run
+    whose ranks share cores, :data:`CONCURRENCY_SCENARIOS` are ``reliable: false`` with an ``unreliable_reason``.
+    ``pricer``: when a list, receives :func:`_late_pricer`'s pricer of one more scenario (it holds the graph).
 
     On GPU runs every what-if is priced on the step without the profiler: its rewrite applies to the graph with the
     profiler's host cost taken out, its predicted step time and saving are for the unprofiled job, and no
@@ -243,14 +326,14 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_siz
     g = gr.build(con, run_id, mode, world_size, clock_offsets_us, threads=build_threads)
     release_free_memory()  # the build's temporaries: ~100 MB of fragmented heap at 1,024 ranks
     results: list[list] = []
+    sk = skew.collective_skew(con, g)  # who waited for whom: the instances as the graph matched them
 
     def write() -> None:
         gr.save(con, g)
+        skew.save(con, run_id, sk)
         store.insert_rows(con, "sim_result", None, results)
 
-    if defer is None:
-        gr.save(con, g)
-    else:
+    if defer is not None:  # else written before each return
         defer.append(write)
     base = simulate.replay(g, keep_binding=True)
     measured = {(r, s): float(g.start[e] - g.start[b]) for r, s, b, e, _ in g.steps}
@@ -259,20 +342,27 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_siz
     m_long, b_long = _longest(measured, counted), _longest(base_t, counted)
     m_run, b_run = median(m_long.values()), median(b_long.values())
     if m_run is None or b_run is None:
+        if defer is None:
+            write()
         return {}, [], {}
     err = abs(b_run - m_run) / m_run * 100 if m_run else 0.0
     replay_model = _replay_model(g, base, measured, base_t, counted, m_run, b_run, err)
     ctx = {"link_gbps": link_gbps, "link_source": link_source or "expected link",
            "bf16": BF16_SPEEDUP_GPU if mode == "gpu" else BF16_SPEEDUP_CPU,
-           "native_bf16": cpu_native_bf16 if mode == "cpu" else None, "cpu_model": cpu_model}
+           "native_bf16": cpu_native_bf16 if mode == "cpu" else None, "cpu_model": cpu_model,
+           "core_sharing": core_sharing if mode == "cpu" else None}
+    if ctx["core_sharing"]:
+        replay_model["core_sharing"] = core_sharing
     if mode == "gpu":
         ctx["prec"] = precision.context(con, g, gpu)
     replay_model["left_out"] = _left_out(g, ctx)
-    picture = _picture(g, base, measured, counted, m_long)  # now: base (3 graph-sized arrays) is not held below
+    replay_model["collective_skew"] = sk  # not for the JSON: the caller takes it out (traceanalyze.pipeline)
+    picture = _picture(g, base, measured, counted, m_long, sk)  # now: base (3 graph-sized arrays) is not held below
     del base
     results += [[run_id, "replay", r, s, measured[(r, s)], base_t[(r, s)]] for r, s in sorted(measured)]
     whatif = []
     applicable = [s for s in SCENARIOS[:-1] if _applies(g, s, ctx)]
+    ctx["applicable"] = applicable
     d0, cg0, tr0 = g.chain_dur, g.chain_gap, g.inst_transfer
 
     pr = _Pricer(g, counted, m_long, b_long, m_run)
@@ -281,8 +371,10 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_siz
     replay_model["profiler_overhead"] = pr.base(d0, cg0, unprofiled_measured)
     whatif += _price_scenarios(pr, applicable, ctx, (d0, cg0, tr0), measured, results, err,
                                replay_model["reliable"])
+    if pricer is not None:
+        pricer.append(_late_pricer(pr, ctx, (d0, cg0, tr0), measured, err, replay_model["reliable"]))
     if defer is None:
-        store.insert_rows(con, "sim_result", None, results)
+        write()
     return replay_model, whatif, picture
 
 
@@ -491,12 +583,25 @@ def _replay_model(g: gr.Graph, base: simulate.Replay, measured: dict, base_t: di
 
 
 def _whatif_row(g: gr.Graph, sc: str, ctx: dict, pred: float, m_run: float, err: float, reliable: bool) -> dict:
-    """One row of the JSON contract's ``whatif``: the scenario's predicted step time and saving."""
-    return {"scenario": sc, "cause": CAUSES[sc], "predicted_step_time_us": round(pred, 3),
-            "saving_pct": round(100 * (m_run - pred) / m_run, 2), "saving_us": round(m_run - pred, 3),
-            "assumptions": _assumptions(sc, ctx, g),
-            "confidence": {"replay_error_pct": round(err, 2), "collective_instances": g.n_instances},
-            "reliable": reliable}
+    """One row of the JSON contract's ``whatif``: the scenario's predicted step time and saving; ``reliable`` false
+    with ``unreliable_reason`` when the replay misses the measured step or did not settle, or when the fix changes
+    how many ranks compute at once on ranks that share CPU cores (``ctx["core_sharing"]``)."""
+    row = {"scenario": sc, "cause": CAUSES[sc], "predicted_step_time_us": round(pred, 3),
+           "saving_pct": round(100 * (m_run - pred) / m_run, 2), "saving_us": round(m_run - pred, 3),
+           "assumptions": _assumptions(sc, ctx, g),
+           "confidence": {"replay_error_pct": round(err, 2), "collective_instances": g.n_instances},
+           "reliable": reliable}
+    why = []
+    if not reliable:
+        why.append(f"the replay misses the measured step time by {err:.1f} % (over {UNRELIABLE_ERROR_PCT:g} %)"
+                   if err > UNRELIABLE_ERROR_PCT else "the replay did not settle")
+    cs = ctx.get("core_sharing") or {}
+    if g.mode == "cpu" and cs.get("shared") and _changes_concurrency(sc, ctx):
+        why.append(cs.get("why") or "the ranks share CPU cores")
+    if why:
+        row["reliable"] = False
+        row["unreliable_reason"] = "; ".join(why)
+    return row
 
 
 LANE_SEGMENTS = 400  # segments drawn per rank lane at most (the longest kept)
@@ -531,13 +636,16 @@ def _merge(start: np.ndarray, length: np.ndarray, lab: np.ndarray, crit: np.ndar
             for a, b, c, k in zip(start[heads], ends, lab[heads], crit[heads], strict=True)]
 
 
-def _picture(g: gr.Graph, rp: simulate.Replay, measured, counted, m_long) -> dict:
+def _picture(g: gr.Graph, rp: simulate.Replay, measured, counted, m_long, sk: skew.Skew | None = None) -> dict:
     """Lanes of the median counted step (one per rank shown; host thread of the step, then collectives), replayed
     times relative to the step's earliest start, critical-path tasks marked.
 
     At most :data:`~traceanalyze.metrics.where.MAX_TIMELINE_LANES` ranks are drawn, as in the measured timeline
-    (:func:`~traceanalyze.metrics.where.lanes_to_show`): the slowest rank, the fastest, then ranks spread evenly;
-    ``n_ranks`` says how many had the step."""
+    (:func:`~traceanalyze.metrics.where.lanes_to_show`): the rank that kept the others waiting, the slowest rank,
+    the fastest, then ranks spread evenly; ``n_ranks`` says how many had the step. ``critical`` (the ★) marks the
+    rank that kept the others waiting longest in that step (``sk``: :func:`.skew.collective_skew`, the others'
+    waits summed at the instances it arrived last), never the one that waited: the slowest rank's step is the
+    longest because it waits; none is marked when no rank kept another waiting (``kept_waiting_rank`` None)."""
     if not m_long:
         return {}
     steps_sorted = sorted(m_long, key=lambda s: m_long[s])
@@ -548,7 +656,9 @@ def _picture(g: gr.Graph, rp: simulate.Replay, measured, counted, m_long) -> dic
     t0 = min(rp.start[b] for b, _ in marks.values())
     slow = max(marks, key=lambda r: rp.start[marks[r][1]] - rp.start[marks[r][0]])
     fast = min(marks, key=lambda r: rp.start[marks[r][1]] - rp.start[marks[r][0]])
-    show = set(lanes_to_show(sorted(marks), [slow, fast], MAX_TIMELINE_LANES))
+    kept = {r: w for r, w in (sk.kept_in_step(step) if sk is not None else {}).items() if r in marks and w > 0}
+    star = max(sorted(kept), key=lambda r: kept[r]) if kept else None
+    show = set(lanes_to_show(sorted(marks), [r for r in (star, slow, fast) if r is not None], MAX_TIMELINE_LANES))
     on_path = np.zeros(g.start.size, dtype=bool)
     on_path[simulate.critical_path(g, rp, marks[slow][1], rp.start[marks[slow][0]])] = True
     waits = np.zeros(g.start.size, dtype=bool)
@@ -580,9 +690,10 @@ def _picture(g: gr.Graph, rp: simulate.Replay, measured, counted, m_long) -> dic
             keep_i = sorted(range(len(segs)), key=lambda k: (-segs[k][3], -segs[k][1]))[:LANE_SEGMENTS]
             segs = [segs[k] for k in sorted(keep_i)]
         lanes.append({"rank": r, "step_us": round(float(hi - lo), 1), "start_us": round(float(lo - t0), 1),
-                      "end_us": round(float(hi - t0), 1), "critical": r == slow, "segments": segs})
+                      "end_us": round(float(hi - t0), 1), "critical": r == star, "segments": segs})
     span = max(ln["end_us"] for ln in lanes) or 1.0
-    return {"step": step, "span_us": span, "lanes": lanes, "slowest_rank": slow, "n_ranks": len(marks)}
+    return {"step": step, "span_us": span, "lanes": lanes, "slowest_rank": slow, "kept_waiting_rank": star,
+            "kept_waiting_us": round(kept[star], 1) if star is not None else None, "n_ranks": len(marks)}
 
 
 __all__ = ["CAUSES", "CPU_BF16_SPEEDUP", "SCENARIOS", "replay_run"]

@@ -29,6 +29,7 @@ from traceanalyze.fmt import (
     fmt_pct,
     fmt_signed_ms,
     ranges,
+    short_kernel_name,
     short_name,
     text,
     where,
@@ -40,7 +41,7 @@ if TYPE_CHECKING:  # imported where used: the Markdown summary and the JSON outp
 
 _FILTERS = {"ms": fmt_ms, "signed_ms": fmt_signed_ms, "pct": fmt_pct, "int": fmt_int, "num": fmt_float,
             "bytes": fmt_bytes, "gbps": fmt_gbps, "text": text, "basename": basename, "where": where,
-            "short": short_name, "ranges": ranges}
+            "short": short_name, "kshort": short_kernel_name, "ranges": ranges}
 _ENV_OPTIONS = {"trim_blocks": True, "lstrip_blocks": True}  # they change the compiled code: part of the cache key
 _AUTOESCAPE = {"default": True, "default_for_string": True}
 _env_made: jinja2.Environment | None = None

@@ -15,7 +15,9 @@ from traceanalyze.report.model import (
     as_dict,
     as_list,
     comparison,
+    confidence_view,
     mean,
+    partial_view,
     per_step_medians,
     sorted_findings,
     sorted_ranks,
@@ -46,6 +48,15 @@ def render_markdown(model: dict) -> str:
     subjects = [_md(r.get("name")) for r in runs if r.get("role", "subject") == "subject"]
     out = [f"## traceanalyze: {', '.join(subjects) or 'report'}", "",
            f"**Verdict:** {_md(verdict(model, findings)[0])}", ""]
+    part = partial_view(model.get("partial"))
+    if part is not None:
+        out += [f"**Partial:** {part['traced']} of {part['world']} ranks traced; {part['missing']} without a trace"
+                + (f"; the missing ranks could explain the waits inside collectives behind: "
+                   f"{_md(', '.join(part['could_explain']))}" if part["could_explain"] else "") + ".", ""]
+    conf = confidence_view(model.get("verdict_confidence"))
+    if conf is not None:
+        out += [f"**Confidence:** {conf['level']}" + (f" · {_md(conf['line'])}" if conf["line"] else "")
+                + (f" (not higher because: {_md('; '.join(conf['why']))})" if conf["why"] else ""), ""]
     out += _findings_md(findings)
     out += _comparison_md(comparison(model, findings))
     for run in runs:
@@ -65,11 +76,14 @@ def _findings_md(findings: list[dict]) -> list[str]:
         impact = (f"impact {fmt_pct(f.get('impact_pct'), 1)} % of step time"
                   if finite(f.get("impact_pct")) is not None else "impact not estimated")
         out.append(f"{i}. **{_md(f.get('title'))}**: {f['cause_key']}/{_md(f.get('kind'))}, "
-                   f"{_md(f.get('severity'))} severity, {impact}{ranks_txt}")
+                   f"{_md(f.get('severity'))} severity, {impact}{ranks_txt}"
+                   + (f", {f['conf']['level']} confidence" if f.get("conf") else ""))
         for e in f["evidence"][:3]:
             out.append(f"   - {_md(e)}")
         if f.get("recommendation"):
             out.append(f"   - **Fix:** {_md(f.get('recommendation'))}")
+        if f.get("whatif_missing"):
+            out.append(f"   - No what-if: {_md(f.get('whatif_missing'))}")
     if len(findings) > MD_MAX_FINDINGS:
         out.append(f"- … {len(findings) - MD_MAX_FINDINGS} more finding(s) in the HTML report")
     out.append("")
@@ -95,11 +109,40 @@ def _comparison_md(comp: dict | None) -> list[str]:
                     f"steady step {fmt_float(k.get('compiled_step_ms'), 1)} vs "
                     f"{fmt_float(k.get('eager_step_ms'), 1)} ms eager "
                     f"({_md(k.get('source'))}): {pays}"]
+    out += _whatif_check_md(comp)
     diffs = comp["config_diffs"][:8]
     if diffs:
         out += ["", "Config differences: " + "; ".join(
             f"{_md(d.get('key'))}: {_md(d.get('subject'))} vs {_md(d.get('baseline'))}" for d in diffs)]
     out.append("")
+    return out
+
+
+def _whatif_check_md(comp: dict) -> list[str]:
+    """The subject's what-ifs the baseline checks (predicted against measured saving) and the faster run's next
+    bottleneck (``comparison.whatif_check``, ``comparison.next_bottleneck``)."""
+    out: list[str] = []
+    checks = comp.get("whatif_check") or []
+    if checks:
+        out += ["", "What-if check (predicted against measured saving):", "",
+                "| what-if | predicted % | measured % | error (points) | step time used | why |",
+                "|---|--:|--:|--:|---|---|"]
+        for w in checks:
+            err = finite(w.get("error_pp"))
+            src = w.get("basis_source") if isinstance(w.get("basis_source"), dict) else {}
+            used = ("without the profiler" if w.get("basis") == "unprofiled" else "profiled") + (
+                f" ({_md(src.get('subject'))} / {_md(src.get('baseline'))})" if src else "")
+            out.append(f"| {_md(w.get('scenario'))} | {fmt_float(w.get('predicted_saving_pct'), 1)} "
+                       f"| {fmt_float(w.get('measured_saving_pct'), 1)} "
+                       f"| {'—' if err is None else f'{err:+.1f}'} | {used}: {fmt_ms(w.get('subject_step_us'))} → "
+                       f"{fmt_ms(w.get('baseline_step_us'))} ms | {_md(w.get('why'))} |")
+    elif comp.get("has_check"):
+        out += ["", "What-if check: none of the subject's what-ifs has its cause fixed in the baseline."]
+    if comp.get("has_check"):
+        nb = comp.get("next_bottleneck")
+        out += ["", f"Next bottleneck ({_md(nb.get('run'))}, the faster run): [{_md(nb.get('severity'))}] "
+                    f"{_md(nb.get('cause'))}/{_md(nb.get('kind'))}: {_md(nb.get('title'))}" if nb else
+                "Next bottleneck: none, the faster run has no finding of medium or high severity."]
     return out
 
 

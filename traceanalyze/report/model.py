@@ -30,6 +30,8 @@ CAUSE_COLORS = {"interconnect": "#6741d9", "precision": "#0c8599", "imbalance": 
 CAUSE_LABELS = {"interconnect": "Interconnect", "precision": "Precision", "imbalance": "Imbalance",
                 "config": "Configuration", "other": "Other"}
 SEVERITY_ORDER = {"high": 0, "medium": 1, "low": 2}
+CONFIDENCE_LEVELS = ("high", "medium", "low")  # traceanalyze.diagnose.confidence.LEVELS
+MAX_WHY = 6  # reasons shown for one confidence level
 LEVEL_ORDER = {"error": 0, "partial": 1, "warning": 2, "info": 3}
 BREAKDOWN_COLORS = ("#3b6fb6", "#f0a73a", "#ced4da")  # compute, non-compute, idle
 
@@ -126,8 +128,24 @@ def sorted_findings(model: dict) -> list[dict]:
         out.append({**f, "cause_key": _cause(f), "cause_label": CAUSE_LABELS[_cause(f)],
                     "severity_key": f.get("severity") if f.get("severity") in SEVERITY_ORDER else "low",
                     "evidence": [str(e) for e in as_list(f.get("evidence"))],
-                    "ranks_text": ranges(as_list(f.get("ranks")))})
+                    "ranks_text": ranges(as_list(f.get("ranks"))), "conf": confidence_view(f.get("confidence"))})
     return out
+
+
+def confidence_view(c: Any) -> dict | None:
+    """A ``confidence`` dict of the model (a finding's, a what-if's or ``verdict_confidence``) for display:
+    ``level`` (high / medium / low, else None), ``why`` (up to :data:`MAX_WHY` strings), ``range`` ([low, high] %
+    when both are finite, else None), ``line`` (str or None) and ``text`` ("medium: one profiled step; ..."); None
+    when ``c`` carries no valid level."""
+    if not isinstance(c, dict) or c.get("level") not in CONFIDENCE_LEVELS:
+        return None
+    why = [str(w) for w in as_list(c.get("why"))[:MAX_WHY]]
+    r = as_list(c.get("range_pct"))
+    rng = [finite(r[0]), finite(r[1])] if len(r) == 2 else None
+    line = c.get("line")
+    return {"level": c["level"], "why": why, "range": rng if rng and None not in rng else None,
+            "line": str(line) if isinstance(line, str) else None,
+            "text": c["level"] + (": " + "; ".join(why) if why else "")}
 
 
 def verdict(model: dict, findings: list[dict]) -> tuple[str, str]:
@@ -140,6 +158,18 @@ def verdict(model: dict, findings: list[dict]) -> tuple[str, str]:
     if top is not None:
         return str(top.get("title") or "See the findings below."), top["cause_key"]
     return "No significant slowdown found: no diagnosis rule fired on these traces.", "healthy"
+
+
+def partial_view(p: Any) -> dict | None:
+    """The model's ``partial`` (``{run, traced_ranks, world_size, could_explain}``: fewer ranks traced than the world
+    size) for the top of the page: ``traced``, ``world``, ``missing``, ``run`` and ``could_explain`` (kinds in words,
+    at most 8); None when absent or not two whole numbers with fewer traced than the world size."""
+    p = as_dict(p)
+    k, n = p.get("traced_ranks"), p.get("world_size")
+    if not all(isinstance(x, int) and not isinstance(x, bool) for x in (k, n)) or not 0 < k < n:
+        return None
+    kinds = [text(x).replace("_", " ") for x in as_list(p.get("could_explain"))[:8]]
+    return {"traced": k, "world": n, "missing": n - k, "run": text(p.get("run")), "could_explain": kinds}
 
 
 def comparison(model: dict, findings: list[dict]) -> dict | None:
@@ -175,8 +205,13 @@ def comparison(model: dict, findings: list[dict]) -> dict | None:
     s, b = finite(c.get("subject_step_us")), finite(c.get("baseline_step_us"))
     if s and b:
         ratio = s / b
+    nb = as_dict(c.get("next_bottleneck"))
     return {**c, "parts": parts, "delta_us": delta, "ratio": ratio,
-            "config_diffs": [d for d in as_list(c.get("config_diffs")) if isinstance(d, dict)]}
+            "config_diffs": [d for d in as_list(c.get("config_diffs")) if isinstance(d, dict)],
+            "whatif_check": [w for w in as_list(c.get("whatif_check")) if isinstance(w, dict)],
+            "has_check": "whatif_check" in c,
+            "next_bottleneck": ({**nb, "cause_key": nb.get("cause") if nb.get("cause") in CAUSES else "other"}
+                                if nb else None)}
 
 
 def warning_rows(model: dict) -> list[dict]:
@@ -328,16 +363,34 @@ def _run_facts(run: dict, mode: str | None, found: list, files: list[dict], stat
     return facts
 
 
+def _kept_waiting_rank(run: dict) -> tuple[int | None, float] | None:
+    """(the rank that kept the others waiting longest at the collectives, or None when none did by
+    :data:`SLOW_STEP_FRAC` of the step per other rank and step; its ``kept_others_waiting_us``), or None when the
+    run has no arrival skew (``runs[i].ranks[j].kept_others_waiting_us``). A rank whose step is the longest because
+    it waited is never the one marked."""
+    kept = {r.get("rank"): finite(r.get("kept_others_waiting_us")) for r in as_list(run.get("ranks"))
+            if isinstance(r, dict) and isinstance(r.get("rank"), int)}
+    kept = {k: v for k, v in kept.items() if v is not None}
+    if not kept:
+        return None
+    top = max(sorted(kept), key=lambda k: kept[k])
+    steps = {s.get("step") for s in as_list(run.get("steps")) if isinstance(s, dict)}
+    step_us = finite(run.get("step_time_us"))
+    per = kept[top] / max(1, len(kept) - 1) / max(1, len(steps))
+    return (top if step_us and per >= SLOW_STEP_FRAC * step_us else None), kept[top]
+
+
 def _step_row(step: Any, times: dict[Any, Any], cols: list[int], stragglers: list[int],
-              compile_step: Any) -> dict:
-    """One row of the per-step table: the columns' step times, each marked when it is the straggler's (or, without
-    a straggler finding, the slowest when it is :data:`SLOW_STEP_FRAC` above the median), max, median, spread."""
+              compile_step: Any, by_time: bool = True) -> dict:
+    """One row of the per-step table: the columns' step times, each marked when it is one of ``stragglers`` (the
+    straggler finding's ranks, or the rank that kept the others waiting); with none and ``by_time`` (a run without
+    arrival skew), the slowest when it is :data:`SLOW_STEP_FRAC` above the median. Then max, median, spread."""
     cells = [times.get(rk) for rk in cols]
     nums = [v for v in (finite(c) for c in times.values()) if v is not None]
     hi = max(nums) if nums else None
     med = median(nums) if nums else None
     slow = hi is not None and med is not None and len(nums) > 1 and hi > med * (1 + SLOW_STEP_FRAC)
-    marks = ([rk in stragglers for rk in cols] if stragglers else  # the straggler finding's rank
+    marks = ([rk in stragglers for rk in cols] if stragglers or not by_time else  # the straggler finding's rank
              [slow and finite(c) == hi for c in cells])
     return {"step": step, "cells": list(zip(cells, marks, strict=True)), "compile": step == compile_step,
             "max": hi, "median": med, "spread_pct": (100 * (hi - min(nums)) / hi) if hi else None}
@@ -351,15 +404,19 @@ def _step_table(run: dict, rank_ids: list[int], order: list[int], stragglers: li
         if isinstance(s, dict):
             by_step.setdefault(s.get("step"), {})[s.get("rank")] = s.get("step_time_us")
     step_ids = sorted(by_step, key=lambda x: x if isinstance(x, int) else 1 << 60)
+    kept = None if stragglers else _kept_waiting_rank(run)
+    marked = stragglers or ([kept[0]] if kept and kept[0] is not None else [])
     step_cols = (order if stragglers else rank_ids)[:MAX_STEP_COLS]
-    step_rows = [_step_row(st, by_step[st], step_cols, stragglers, compile_step) for st in step_ids[:MAX_STEP_ROWS]]
+    step_rows = [_step_row(st, by_step[st], step_cols, marked, compile_step, by_time=kept is None)
+                 for st in step_ids[:MAX_STEP_ROWS]]
     step_note = []
     if len(step_ids) > MAX_STEP_ROWS:
         step_note.append(f"first {MAX_STEP_ROWS} of {len(step_ids)} steps shown")
     if len(rank_ids) > MAX_STEP_COLS:
         step_note.append(f"ranks {ranges(step_cols)} of {len(rank_ids)} shown as columns; max and median cover "
                          "all ranks")
-    return {"step_cols": step_cols, "step_rows": step_rows, "step_note": "; ".join(step_note)}
+    return {"step_cols": step_cols, "step_rows": step_rows, "step_note": "; ".join(step_note),
+            "kept_rank": kept}
 
 
 def _run_charts(run: dict, ranks: list[dict], order: list[int], flags: dict[int, list[str]],
@@ -454,13 +511,23 @@ def _idle_rows(run: dict, order: list[int]) -> tuple[list[dict], list[dict]]:
     return main[:charts.SHOWN_RANKS], main[charts.SHOWN_RANKS:] + rest
 
 
+def _kernel_rows(rows: Any) -> list[dict]:
+    """Kernel (or op) table rows with their names (and launching ops) as text."""
+    return [{**k, "name": "" if k.get("name") is None else str(k.get("name")),
+             "op": None if k.get("op") is None else str(k.get("op"))} for k in as_list(rows) if isinstance(k, dict)]
+
+
 def _run_tables(run: dict, ranks: list[dict], mode: str | None) -> dict:
     """The run's other tables: kernels, dtype mix, windows, collectives, idle breakdown, precision, link, clocks."""
-    kernels = [{**k, "name": "" if k.get("name") is None else str(k.get("name"))}
-               for k in as_list(run.get("top_kernels")) if isinstance(k, dict)]
+    kernels = _kernel_rows(run.get("top_kernels"))
+    cstep = as_dict(run.get("compile_step"))
     offsets = as_dict(run.get("clock_offsets_us"))
     return {
         "kernels": kernels, "kernels_title": "Top ops (CPU)" if mode == "cpu" else "Top GPU kernels",
+        "kernels_have_op": any(k.get("op") for k in kernels),
+        "compile_kernels": ({"step": cstep.get("step"), "n_kernels": cstep.get("n_kernels"),
+                             "kernel_time_us": cstep.get("kernel_time_us"),
+                             "top": _kernel_rows(cstep.get("top_kernels"))} if "n_kernels" in cstep else None),
         "dtype_mix": [d for d in as_list(run.get("dtype_mix")) if isinstance(d, dict)],
         "windows": [dict(w, rank=r.get("rank")) for r in ranks for w in as_list(r.get("windows"))
                     if isinstance(w, dict)] if any(len(as_list(r.get("windows"))) > 1 for r in ranks) else [],
@@ -555,6 +622,8 @@ def report_view(model: dict) -> dict:
     return {
         "title": "traceanalyze report: " + (", ".join(subjects) if subjects else "no run"),
         "verdict": verdict_text, "verdict_cause": verdict_cause, "findings": findings,
+        "confidence": confidence_view(model.get("verdict_confidence")),
+        "partial": partial_view(model.get("partial")),
         "multi_run": len(run_views) > 1, "runs": run_views, "comparison": comparison(model, findings),
         "warnings": warnings, "n_files": n_files, "n_bad": n_bad, "level_counts": counts,
         "tool_name": text(tool.get("name") or "traceanalyze"), "tool_version": text(tool.get("version")),

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 from traceanalyze.fmt import finite
 from traceanalyze.safety import md_text
 
@@ -13,7 +15,7 @@ def replay_view(run: dict) -> dict:
     rp = run.get("replay") if isinstance(run.get("replay"), dict) else None
     if rp is not None:
         rp = dict(rp, left_out=_left_out(rp))
-    wi = [w for w in run.get("whatif") or [] if isinstance(w, dict)]
+    wi = [dict(w, conf=_conf(w.get("confidence"))) for w in run.get("whatif") or [] if isinstance(w, dict)]
     pic = run.get("replay_picture") if isinstance(run.get("replay_picture"), dict) else None
     if pic and finite(pic.get("span_us")):
         lanes = []
@@ -23,10 +25,44 @@ def replay_view(run: dict) -> dict:
                         and finite(s[0]) is not None and finite(s[1]) is not None]
                 lanes.append(dict(ln, segments=segs))
         n = pic.get("n_ranks")
-        pic = dict(pic, lanes=lanes, n_ranks=n if isinstance(n, int) and not isinstance(n, bool) else None)
+        pic = dict(pic, lanes=lanes, n_ranks=n if isinstance(n, int) and not isinstance(n, bool) else None,
+                   ticks=time_ticks(float(pic["span_us"])),
+                   lane_h=max(LANE_H, MIN_PLOT_H // max(1, len(lanes))))
     else:
         pic = None
     return {"replay": rp, "whatif": wi, "picture": pic}
+
+
+LANE_H = 26  # px per rank lane (viewBox units) ...
+MIN_PLOT_H = 120  # ... but the lanes together never less: one rank's lane is not a sliver
+
+
+def time_ticks(span_us: float, target: int = 8) -> list[dict]:
+    """Ticks of the lanes' time axis: ``{frac, label}`` (position as a share of ``span_us``, the time in ms), from
+    0 at a step of 1, 2 or 5 × 10^k ms that gives about ``target`` ticks; ``[]`` for a span that is not positive."""
+    if not (span_us > 0 and math.isfinite(span_us)):
+        return []
+    span_ms = span_us / 1e3
+    raw = span_ms / max(1, target)
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
+    digits = max(0, -math.floor(math.log10(step))) if step < 1 else 0
+    out, k = [], 0
+    while k * step <= span_ms * (1 + 1e-9) and k <= 4 * target:
+        out.append({"frac": round(k * step / span_ms, 5), "label": f"{k * step:,.{digits}f}"})
+        k += 1
+    return out
+
+
+def _conf(c) -> dict:
+    """A what-if's ``confidence`` for display: ``level`` (high / medium / low or None), ``why`` (strings),
+    ``replay_error_pct`` and ``collective_instances`` (finite numbers or None)."""
+    c = c if isinstance(c, dict) else {}
+    level = c.get("level") if c.get("level") in ("high", "medium", "low") else None
+    why = [str(w) for w in c.get("why")[:6]] if isinstance(c.get("why"), list) else []
+    n = finite(c.get("collective_instances"))
+    return {"level": level, "why": why, "replay_error_pct": finite(c.get("replay_error_pct")),
+            "collective_instances": int(n) if n is not None else None}
 
 
 def _left_out(rp: dict) -> list[dict]:
@@ -57,13 +93,18 @@ def replay_markdown(run: dict) -> list[str]:
         out += ["| cause | what-if | predicted step ms | saving ms | saving % | confidence |",
                 "|---|---|--:|--:|--:|---|"]
         for w in rows:
-            c = w.get("confidence") if isinstance(w.get("confidence"), dict) else {}
+            c = _conf(w.get("confidence"))
             rng = w.get("range_us")
             extra = f" ({_f(rng[0])}–{_f(rng[1])})" if isinstance(rng, list) and len(rng) == 2 else ""
             out.append(f"| {_t(w.get('cause'))} | {_t(w.get('scenario'))} | "
                        f"{_f(w.get('predicted_step_time_us'))}{extra} | {_f(w.get('saving_us'))} | "
-                       f"{_f(w.get('saving_pct'), 1)} | replay error {_f(c.get('replay_error_pct'), 1)} %, "
-                       f"{int(finite(c.get('collective_instances')) or 0)} collective instances |")
+                       f"{_f(w.get('saving_pct'), 1)} | {_t(c['level'] or '—')}"
+                       + (f" ({_t('; '.join(c['why']))})" if c["why"] else "")
+                       + f"; replay error {_f(c['replay_error_pct'], 1)} %, {c['collective_instances'] or 0} "
+                       "collective instances |")
+        for w in rows:
+            if w.get("reliable") is False and w.get("unreliable_reason"):
+                out += ["", f"Unreliable: {_t(w.get('scenario'))}: {_t(w.get('unreliable_reason'))}."]
     else:
         out.append("No what-if applies to this run.")
     for lo in _left_out(rp):

@@ -1,0 +1,221 @@
+"""How sure the report is: a confidence level (high / medium / low) for every finding, what-if and verdict.
+
+The level is not the severity (how much a cause costs) nor the replay's self-check alone. It is the lowest of the
+caps that named inputs put on it (the rule, with its thresholds, is in ``docs/confidence.md``):
+
+==========================  =========================================================  =====================
+input                       cap                                                        applies to
+==========================  =========================================================  =====================
+counted profiler steps      0: low; 1: medium ("one profiled step")                    all
+ranks traced                fewer than the world size: medium; a finding the missing   all
+                            ranks could explain (waits inside collectives): low
+step-to-step noise          coefficient of variation (sample σ / mean) of the run's    all
+                            step time over the counted steps: > 10 %: medium,
+                            > 25 %: low
+replay fidelity             replay error > 5 % (the straggler paper's bound,           what-ifs, and findings
+                            :data:`~traceanalyze.replay.whatif.UNRELIABLE_ERROR_PCT`):  priced by one
+                            medium; > 15 %: low; ``reliable: false``: low
+model range                 the what-if's range (precision peaks) wider than 20 pp:     what-ifs with a range
+                            medium, 40 pp: low
+step without the profiler   estimated from the trace while the profiler's cost is      what-ifs
+                            ≥ 10 % of the step: medium
+saving within noise         a predicted saving smaller than the step-to-step noise:    what-ifs
+                            low
+unpriced impact             a finding no what-if prices (``whatif_missing``): medium   findings
+==========================  =========================================================  =====================
+
+So one profiled step, or a partial run, never gives "high". Everything here reads the report model
+(``docs/schema.md``) and adds to it; nothing is measured again.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from traceanalyze.diagnose.verdict import KIND_TO_SCENARIO
+
+LEVELS = ("high", "medium", "low")
+NOISE_MEDIUM_PCT = 10.0  # σ/mean of the step time above which a single figure is not "high"
+NOISE_LOW_PCT = 25.0
+REPLAY_MEDIUM_PCT = 5.0  # = replay.whatif.UNRELIABLE_ERROR_PCT (Lin et al., straggler analysis, §3.3)
+REPLAY_LOW_PCT = 15.0
+RANGE_MEDIUM_PP = 20.0  # width of a what-if's model range, in points of saving
+RANGE_LOW_PP = 40.0
+OVERHEAD_MEDIUM_PCT = 10.0  # profiler cost (% of the profiled step) above which an estimated base step matters
+# findings whose evidence is time spent waiting inside collectives: a missing rank may be what they wait for
+WAIT_CAUSES = frozenset({"interconnect", "imbalance"})
+UNPROFILED_WORDS = {"capture": "measured", "log": "from the log", "estimate": "estimated"}
+
+
+def _cap(caps: list[tuple[str, str]], level: str, why: str) -> None:
+    caps.append((level, why))
+
+
+def _lowest(caps: list[tuple[str, str]]) -> tuple[str, list[str]]:
+    """(the lowest level among ``caps``, the reasons that gave it); ("high", []) when nothing caps it."""
+    if not caps:
+        return "high", []
+    worst = max(LEVELS.index(lv) for lv, _ in caps)
+    return LEVELS[worst], list(dict.fromkeys(w for lv, w in caps if LEVELS.index(lv) == worst))
+
+
+def _num(x: Any) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and x == x else None
+
+
+def basis(run: dict) -> dict:
+    """What a run's figures rest on: ``steps`` (counted profiler steps), ``ranks_traced``, ``world_size``,
+    ``partial`` (fewer ranks traced than the world size), ``step_noise_pct`` (sample σ / mean × 100 of the run's
+    step time, the longest rank's, over the counted steps; None with fewer than two), ``replay_error_pct``,
+    ``unprofiled`` (how the step time without the profiler was had: ``measured`` (capture sidecar), ``from the
+    log``, ``estimated``, or None), ``profiler_overhead_pct`` and ``line``, the sentence the page shows on top.
+
+    Args:
+        run: ``runs[i]`` of the report model (its ``steps``, ``ranks_found``, ``world_size``, ``replay``,
+            ``profiler_overhead``).
+    """
+    longest: dict[int, float] = {}
+    for s in run.get("steps") or []:
+        t = _num(s.get("step_time_us"))
+        if t is not None and isinstance(s.get("step"), int):
+            longest[s["step"]] = max(longest.get(s["step"], 0.0), t)
+    vals = [v for v in longest.values() if v > 0]
+    noise = (round(100 * statistics.stdev(vals) / statistics.fmean(vals), 2) if len(vals) >= 2 else None)
+    traced = len(run.get("ranks_found") or [])
+    world = run.get("world_size") if isinstance(run.get("world_size"), int) else None
+    world = max(world or traced, traced)
+    po = run.get("profiler_overhead") or {}
+    unprof = UNPROFILED_WORDS.get(po.get("source")) if isinstance(po, dict) else None
+    rp = run.get("replay") or {}
+    line = (f"From {len(vals)} step{'s' if len(vals) != 1 else ''} × {traced} of {world} rank"
+            f"{'s' if world != 1 else ''}" + (f" (step time σ {noise:g} % of the mean)" if noise is not None else "")
+            + f"; step time without the profiler: {unprof or 'not estimated'}")
+    return {"steps": len(vals), "ranks_traced": traced, "world_size": world, "partial": traced < world,
+            "step_noise_pct": noise, "replay_error_pct": _num(rp.get("error_pct")) if rp else None,
+            "unprofiled": unprof, "profiler_overhead_pct": _num(po.get("overhead_pct")) if po else None,
+            "line": line}
+
+
+def _run_caps(b: dict, wait_finding: bool = False) -> list[tuple[str, str]]:
+    caps: list[tuple[str, str]] = []
+    if b["steps"] == 0:
+        _cap(caps, "low", "no counted profiler step")
+    elif b["steps"] == 1:
+        _cap(caps, "medium", "one profiled step")
+    if b["partial"]:
+        missing = f"{b['ranks_traced']} of {b['world_size']} ranks traced"
+        if wait_finding:
+            _cap(caps, "low", f"{missing}: the untraced ranks may be what these waits are for")
+        else:
+            _cap(caps, "medium", missing)
+    noise = b["step_noise_pct"]
+    if noise is not None and noise > NOISE_LOW_PCT:
+        _cap(caps, "low", f"step time varies {noise:g} % (σ/mean) from step to step")
+    elif noise is not None and noise > NOISE_MEDIUM_PCT:
+        _cap(caps, "medium", f"step time varies {noise:g} % (σ/mean) from step to step")
+    return caps
+
+
+def saving_range(w: dict, b: dict | None) -> list[float] | None:
+    """[low, high] saving (% of the step) of what-if row ``w``: its model range (``range_saving_pct``, the precision
+    peaks) where it has one, else its saving ± the step-to-step noise (σ/mean, %) of its run, clipped to 0–100;
+    None without a saving."""
+    r = w.get("range_saving_pct")
+    if isinstance(r, list) and len(r) == 2 and all(_num(x) is not None for x in r):
+        lo, hi = float(min(r)), float(max(r))
+    else:
+        saving = _num(w.get("saving_pct"))
+        if saving is None:
+            return None
+        noise = (b or {}).get("step_noise_pct") or 0.0
+        lo, hi = saving - noise, saving + noise
+    return [round(max(0.0, min(100.0, x)), 1) for x in (lo, hi)]
+
+
+def whatif_confidence(w: dict, b: dict) -> tuple[str, list[str]]:
+    """(level, reasons) of one what-if row ``w`` (``runs[i].whatif[j]``) of a run with basis ``b``."""
+    caps = _run_caps(b, wait_finding=w.get("scenario") in ("no_straggler", "ideal_interconnect"))
+    err = b["replay_error_pct"]
+    if w.get("reliable") is False:
+        _cap(caps, "low", str(w.get("unreliable_reason") or "the replay marks this what-if unreliable"))
+    if err is not None and err > REPLAY_LOW_PCT:
+        _cap(caps, "low", f"the replay misses the measured step by {err:g} %")
+    elif err is not None and err > REPLAY_MEDIUM_PCT:
+        _cap(caps, "medium", f"the replay misses the measured step by {err:g} %")
+    rng = w.get("range_saving_pct")
+    if isinstance(rng, list) and len(rng) == 2 and all(_num(x) is not None for x in rng):
+        width = abs(rng[1] - rng[0])
+        if width > RANGE_LOW_PP:
+            _cap(caps, "low", f"the model's range spans {width:.0f} points")
+        elif width > RANGE_MEDIUM_PP:
+            _cap(caps, "medium", f"the model's range spans {width:.0f} points")
+    over = b["profiler_overhead_pct"]
+    if b["unprofiled"] == "estimated" and over is not None and over >= OVERHEAD_MEDIUM_PCT:
+        _cap(caps, "medium", f"priced on an estimated step without the profiler (the profiler costs {over:g} %)")
+    saving, noise = _num(w.get("saving_pct")), b["step_noise_pct"]
+    if saving is not None and noise is not None and 0 < saving < noise:
+        _cap(caps, "low", f"the saving ({saving:g} %) is within the step-to-step noise ({noise:g} %)")
+    return _lowest(caps)
+
+
+def finding_confidence(f: dict, b: dict | None, whatifs: list[dict]) -> dict:
+    """``findings[i].confidence``: ``level``, ``range_pct`` ([low, high] % of the step that fixing it wins back:
+    the what-if's model range, else the impact ± the step-to-step noise, clipped to 0–100) and ``why`` (the
+    reasons for a level below high; empty when high).
+
+    Args:
+        f: a finding (``findings[i]``). b: its run's :func:`basis` (None: run unknown, only the finding's own
+            caps apply). whatifs: its run's ``whatif`` rows (levels already set by :func:`assess`).
+    """
+    caps = _run_caps(b, wait_finding=f.get("cause") in WAIT_CAUSES) if b else []
+    impact = _num(f.get("impact_pct")) or 0.0
+    sc = KIND_TO_SCENARIO.get(f.get("kind", ""))
+    w = next((x for x in whatifs if x.get("scenario") == sc), None) if sc else None
+    if w is not None:
+        conf = w.get("confidence") or {}
+        if conf.get("level") in LEVELS:
+            caps.extend((conf["level"], y) for y in conf.get("why") or [])
+    else:
+        _cap(caps, "medium", "no what-if replays this finding: its impact is the rule's estimate")
+    # the what-if's model range where it has one, else the finding's own impact ± the noise
+    rng = saving_range(w if w is not None and w.get("range_saving_pct") else {"saving_pct": impact}, b)
+    level, why = _lowest(caps)
+    return {"level": level, "range_pct": rng, "why": why}
+
+
+def assess(model: dict) -> None:
+    """Add confidence to a report model in place: ``runs[i].confidence_basis`` (:func:`basis`), ``level`` and
+    ``why`` in each ``runs[i].whatif[j].confidence``, ``findings[i].confidence`` (:func:`finding_confidence`,
+    also in ``runs[i].findings``) and ``verdict_confidence`` = ``{level, why, line}``: the level of the finding the
+    verdict names (``findings[i].main``), else of the subject run's own inputs (a verdict that names no cause is
+    as sure as the steps and ranks it rests on), with that run's ``line``; None without a run."""
+    bases: dict[str, dict] = {}
+    whatifs: dict[str, list[dict]] = {}
+    for run in model.get("runs") or []:
+        b = basis(run)
+        run["confidence_basis"] = b
+        bases[run.get("name", "")] = b
+        rows = [w for w in run.get("whatif") or [] if isinstance(w, dict)]
+        for w in rows:
+            level, why = whatif_confidence(w, b)
+            conf = w.get("confidence") if isinstance(w.get("confidence"), dict) else {}
+            w["confidence"] = {**conf, "level": level, "range_pct": saving_range(w, b), "why": why}
+        whatifs[run.get("name", "")] = rows
+    for f in [*(model.get("findings") or []),
+              *(f for run in model.get("runs") or [] for f in run.get("findings") or [])]:
+        if isinstance(f, dict) and "confidence" not in f:
+            run_name = f.get("run", "")
+            f["confidence"] = finding_confidence(f, bases.get(run_name), whatifs.get(run_name, []))
+    main = next((f for f in model.get("findings") or [] if f.get("main")), None)
+    subject = next((r for r in model.get("runs") or [] if r.get("role") == "subject"), None)
+    if main is not None and isinstance(main.get("confidence"), dict):
+        b = bases.get(main.get("run", ""))
+        model["verdict_confidence"] = {"level": main["confidence"]["level"], "why": main["confidence"]["why"],
+                                       "line": b["line"] if b else None}
+    elif subject is not None:  # no cause named: how sure "nothing found" is rests on the run alone
+        b = bases[subject.get("name", "")]
+        level, why = _lowest(_run_caps(b))
+        model["verdict_confidence"] = {"level": level, "why": why, "line": b["line"]}
+    else:
+        model["verdict_confidence"] = None
