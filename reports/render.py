@@ -9,6 +9,9 @@ One report per scenario (`reports/<scenario>.html` + `.md`), and the comparisons
 Three GPU pages at scale, from NCCL jobs that `tests/synth.py` generates into a temporary folder (nothing large is
 committed): `gpu_2_of_8_ranks` (only 2 of an 8-rank job's traces: an inconclusive verdict), `gpu_8_ranks` and
 `gpu_64_ranks` (rank 5, resp. 37, idles 30 ms on the host each step; the others wait for it in the all_reduce).
+
+With ``../shared`` beside the checkout, also the real H200 pairs (``../shared/traces/gpu/h200``, ours): each slow
+side against its fixed twin (``h200_<pair>``), so the page shows the predicted saving beside the measured one.
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ PAIRS = {
 }
 
 
+H200 = ROOT.parent / "shared" / "traces" / "gpu" / "h200"
+H200_PAIRS = {"h200_precision": ("precision/slow", "precision/fixed"), "h200_launch": ("launch/slow", "launch/fixed"),
+              "h200_dataloader": ("dataloader/slow", "dataloader/fixed")}
 GPU_JOBS = {"gpu_2_of_8_ranks": (8, 6, 6, [0, 1]), "gpu_8_ranks": (8, 6, 5, None), "gpu_64_ranks": (64, 8, 37, None)}
 
 
@@ -68,6 +74,9 @@ def main() -> None:
         for name in GPU_JOBS:
             folder = gpu_job(name, Path(tmp))
             report([str(folder)], name, Path(tmp), root=Path(tmp))
+        for name, (subject, baseline) in H200_PAIRS.items():
+            if (H200 / subject).is_dir() and (H200 / baseline).is_dir():
+                report([str(H200 / subject), "--baseline", str(H200 / baseline)], name, Path(tmp), root=ROOT.parent)
 
 
 if __name__ == "__main__":

@@ -74,3 +74,46 @@ def test_report_opens_offline_without_errors(tmp_path, monkeypatch):
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     if not SCREENSHOT.exists() or SCREENSHOT.read_bytes() != png:
         SCREENSHOT.write_bytes(png)
+
+
+def test_committed_reports_show_confidence_on_top_and_a_time_axis(tmp_path):
+    """The example pages in reports/ (issue 31's screenshot check): in a 1280 x 900 window, the verdict's confidence
+    level and what it rests on are visible without scrolling; every replay lanes chart has a time axis in ms with at
+    least two labelled ticks, and its lanes are not slivers."""
+    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
+    exe = _chromium()
+    pages = sorted((ROOT / "reports").glob("*.html"))
+    assert len(pages) >= 10
+    with sync_api.sync_playwright() as pw:
+        try:
+            browser = pw.chromium.launch(executable_path=exe, args=CHROMIUM_ARGS, headless=True)
+        except Exception as exc:
+            pytest.skip(f"chromium did not start: {str(exc).splitlines()[0]}")
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            n_axes = 0
+            for p in pages:
+                page.goto(p.as_uri(), wait_until="load")
+                conf = page.locator("#confidence")
+                assert conf.is_visible(), p.name
+                box = conf.bounding_box()
+                assert box and box["y"] + box["height"] <= 900, p.name  # on the first screen
+                text = conf.inner_text()
+                # the badge is upper-cased by the stylesheet
+                assert text.split("·")[0].strip().lower() in ("confidence: high", "confidence: medium",
+                                                              "confidence: low"), text
+                assert " ranks" in text or " rank;" in text or " rank " in text, text  # "From N steps × k of N ranks"
+                for svg in page.locator("svg.whatif-lanes").all():
+                    n_axes += 1
+                    labels = [(t or "").strip() for t in svg.locator("g.time-axis text").all_text_contents()]
+                    ticks = sum(x.replace(".", "", 1).isdigit() for x in labels)
+                    assert "ms" in labels and ticks >= 2, (p.name, labels)
+                    b = svg.bounding_box()
+                    assert b and b["height"] >= 80, p.name  # a 1-rank chart is not a sliver
+                if p.name == "straggler.html":
+                    png = page.screenshot(clip={"x": 0, "y": 0, "width": 1280, "height": box["y"] + box["height"] + 8})
+                    (tmp_path / "top.png").write_bytes(png)
+                    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+            assert n_axes >= 5
+        finally:
+            browser.close()

@@ -281,12 +281,11 @@ def _late_pricer(pr: _Pricer, ctx: dict, base: Arrays, measured: dict, err: floa
             c = dict(ctx, stragglers=slow)
         elif not _applies(g, scenario, ctx):
             return None, _why_not(g, scenario, ctx), []
+        if c is ctx and scenario in pr.skipped:  # priced by the replay already, for no row: not again
+            return None, pr.skipped[scenario], []
         rows: list = []
         out = _price_scenarios(pr, [scenario], c, base, measured, rows, err, reliable)
-        if not out:
-            return None, (f"the {scenario} rewrite saves less than {MIN_SAVING_US:g} µs per step on the replayed graph "
-                          f"(or, for a precision fix, less than {MIN_PRECISION_PCT:g} % of the step)"), []
-        return out[0], "", rows
+        return (out[0], "", rows) if out else (None, pr.skipped.get(scenario, "no saving"), [])
 
     return price
 
@@ -389,6 +388,7 @@ class _Pricer:
         self.est: dict = {}
         self.est_run = self.u_run = m_run
         self.scale = 1.0
+        self.skipped: dict[str, str] = {}  # scenario -> why its rewrite gave no row (a late pricer reuses it)
 
     def replay_long(self, arrs: Arrays) -> tuple[dict, dict]:
         """(step -> longest replayed time over the counted ranks, (rank, step) -> replayed time)."""
@@ -476,6 +476,8 @@ def _price_scenarios(pr: _Pricer, applicable: list[str], ctx: dict, base: Arrays
             if sc in ("tf32_matmul", "bf16_matmul") and g.mode == "gpu" and \
                     float(np.clip(d0 - arrs[0], 0, None).sum()) / n_steps < max(MIN_SAVING_US,
                                                                                 MIN_PRECISION_PCT / 100 * m_run):
+                pr.skipped[sc] = (f"the {sc} rewrite removes less than {MIN_PRECISION_PCT:g} % of the step's work "
+                                  "(within a run's step-to-step noise): not replayed")
                 continue
         pred, t, clamped = pr.predict(arrs)
         results += [[run_id, sc, r, s, measured[(r, s)], t[(r, s)]] for r, s in sorted(measured)]
@@ -489,6 +491,8 @@ def _price_scenarios(pr: _Pricer, applicable: list[str], ctx: dict, base: Arrays
             _add_range(row, pr, sc, pred, arrs, (d0, cg0, tr0), ctx)
         if row["saving_us"] >= MIN_SAVING_US or sc == "all":
             whatif.append(row)
+        else:
+            pr.skipped[sc] = f"the {sc} rewrite saves less than {MIN_SAVING_US:g} µs per step on the replayed graph"
     return whatif
 
 
