@@ -98,7 +98,9 @@ def pair_prediction(scenario: str, slow: Path, fixed: Path, link_bw: float | Non
             "kept_pct": round(kept, 2),
             "predicted_pct": predicted, "range_pct": (w or {}).get("range_saving_pct"),
             "error_points": round(abs(predicted - measured), 2),
-            "replay_error_pct": (sl.get("replay") or {}).get("error_pct"), "left_out": left_out(scenario, sl)}
+            "replay_error_pct": (sl.get("replay") or {}).get("error_pct"), "left_out": left_out(scenario, sl),
+            "unreliable": None if not w or w.get("reliable", True) else str(w.get("unreliable_reason") or "unreliable"),
+            "level": ((w or {}).get("confidence") or {}).get("level")}
 
 
 def main() -> None:
@@ -136,22 +138,26 @@ def main() -> None:
     print("|---|---|---|--:|--:|--:|--:|--:|--:|---|")
     errors = []
     declined = []
+    missed: list[str] = []  # pairs off by more than 10 points that the report did not flag unreliable (issue 30)
     for sc, slow, fixed, bw, manifest in pairs():
         p = pair_prediction(sc, slow, fixed, bw, manifest.get("measured_saving_pct"))
         if p["left_out"]:  # a fix that is no fix on this host: right when the twin measures no saving
             declined.append(p["measured_pct"] <= 0)
         else:
             errors.append(p["error_points"])
+            if p["error_points"] > 10 and not p["unreliable"]:
+                missed.append(str(slow))
         rng = f" ({p['range_pct'][0]:.1f}–{p['range_pct'][1]:.1f})" if p["range_pct"] else ""
         label = slow.name if manifest["pair"] == slow.name else f"{manifest['pair']}/{slow.name}"
         pred = "—" if p["left_out"] else f"{p['predicted_pct']:.1f}{rng}"
         err = "—" if p["left_out"] else f"{p['error_points']:.1f}"
-        note = f"left out by the report: {p['left_out']}" if p["left_out"] else ""
+        note = f"left out by the report: {p['left_out']}" if p["left_out"] else (
+            f"flagged unreliable: {p['unreliable']}" if p["unreliable"] else f"confidence {p['level'] or '—'}")
         print(f"| {sc} | {label} | {fixed.name} | {p['slow_us'] / 1e3:.2f} | {p['fixed_us'] / 1e3:.2f} | "
               f"{p['kept_pct']:.1f} | {p['measured_pct']:.1f} | {pred} | {err} | {note}")
     if errors:
         print(f"\nprediction error: mean {statistics.mean(errors):.1f} points, max {max(errors):.1f} over "
-              f"{len(errors)} pairs")
+              f"{len(errors)} pairs; over 10 points and not flagged unreliable: {len(missed)}")
     if declined:
         print(f"what-ifs the report left out as no fix on the host: {len(declined)}, of which the fixed twin was "
               f"indeed no faster: {sum(declined)}")

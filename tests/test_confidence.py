@@ -154,3 +154,10 @@ def test_real_gpu_run_priced_on_an_estimated_step_is_medium(tmp_path):
     assert m["runs"][0]["confidence_basis"]["unprofiled"] == "estimated"
     assert w["confidence"]["level"] == "medium"
     assert w["confidence"]["why"][0].startswith("priced on an estimated step without the profiler")
+
+
+def test_the_compile_step_is_not_step_to_step_noise():
+    run = _run([24000, 100, 102, 98])  # step 2 holds torch.compile: 240x the others
+    run["compile_step"] = {"step": 2, "step_time_us": 24000 * 1000}
+    b = conf.basis(run)
+    assert b["steps"] == 3 and b["step_noise_pct"] == 2.0

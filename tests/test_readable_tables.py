@@ -131,7 +131,7 @@ def test_gpu_kernel_rows_carry_the_launching_op(tmp_path) -> None:
             'long)">cunn_SoftMaxBackward&lt;4, LogSoftMaxBackwardEpilogue&gt;</span>') in html
     assert "compile step (ProfilerStep#0): 12,116 kernels" in html
     # one rank: its lane is drawn 120 units high (the lanes' minimum), not a 26-unit sliver: 128 + axis 40
-    assert '<svg class="whatif-lanes" viewBox="0 0 970 168"' in html
+    assert '<svg class="whatif-lanes" viewBox="0 0 984 168"' in html
 
 
 def test_time_ticks() -> None:

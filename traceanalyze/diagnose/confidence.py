@@ -67,7 +67,8 @@ def _num(x: Any) -> float | None:
 def basis(run: dict) -> dict:
     """What a run's figures rest on: ``steps`` (counted profiler steps), ``ranks_traced``, ``world_size``,
     ``partial`` (fewer ranks traced than the world size), ``step_noise_pct`` (sample σ / mean × 100 of the run's
-    step time, the longest rank's, over the counted steps; None with fewer than two), ``replay_error_pct``,
+    step time, the longest rank's, over the counted steps but the compile step, which is apart; None with fewer
+    than two), ``replay_error_pct``,
     ``unprofiled`` (how the step time without the profiler was had: ``measured`` (capture sidecar), ``from the
     log``, ``estimated``, or None), ``profiler_overhead_pct`` and ``line``, the sentence the page shows on top.
 
@@ -76,9 +77,10 @@ def basis(run: dict) -> dict:
             ``profiler_overhead``).
     """
     longest: dict[int, float] = {}
+    cs = run.get("compile_step") if isinstance(run.get("compile_step"), dict) else {}
     for s in run.get("steps") or []:
         t = _num(s.get("step_time_us"))
-        if t is not None and isinstance(s.get("step"), int):
+        if t is not None and isinstance(s.get("step"), int) and s["step"] != cs.get("step"):
             longest[s["step"]] = max(longest.get(s["step"], 0.0), t)
     vals = [v for v in longest.values() if v > 0]
     noise = (round(100 * statistics.stdev(vals) / statistics.fmean(vals), 2) if len(vals) >= 2 else None)

@@ -30,6 +30,7 @@ from traceanalyze.diagnose.imbalance import rule_idle_rank, rule_straggler
 from traceanalyze.diagnose.interconnect import rule_exposed_communication, rule_untraced_ranks
 from traceanalyze.diagnose.precision import rule_precision
 from traceanalyze.findings import Finding
+from traceanalyze.replay.whatif import NO_SAVING
 
 IDLE_EXPLAIN_PCT = 50.0  # a GPU idle above this is never healthy without a finding that explains it
 IDLE_EXPLAINERS = ("slow_collectives", "topology", "untraced_ranks", "straggler", "idle_rank", "dataloader",
@@ -195,6 +196,11 @@ def price_missing_whatifs(findings: list[Finding], whatifs: list[dict], price: P
                 continue
             why_not[sc] = why
         f.whatif_missing = why_not[sc]
+        if why_not[sc].startswith(NO_SAVING) and f.kind not in AMORTIZED_KINDS and f.impact_pct > 0:
+            # the replay priced the fix and it saves nothing: the rule's estimate would promise what it cannot win
+            f.evidence = [*f.evidence, f"the rule estimated {f.impact_pct:.1f}% of the step, but the what-if replay "
+                                       f"says: {why_not[sc]}"]
+            f.impact_pct, f.severity = 0.0, "low"
     return sim_rows
 
 

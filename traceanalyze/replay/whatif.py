@@ -31,6 +31,7 @@ CAUSES = {"no_straggler": "imbalance: straggler ranks", "ideal_interconnect": "i
           "bf16_matmul": "precision: fp32 matrix math", "no_dataloader_wait": "config: data-loader wait",
           "no_compile": "config: torch.compile time", "no_launch_overhead": "config: kernel-launch overhead",
           "all": "every fix above together"}
+NO_SAVING = "no measurable saving"  # how a late pricer's reason starts when the replay priced the fix to nothing
 UNRELIABLE_ERROR_PCT = 5.0  # replay error above which the what-ifs are marked unreliable (straggler paper §3.3)
 # bf16 over fp32 matrix-math speed-up (low, mid, high). GPUs: bf16 tensor cores vs TF32 (2x) up to fp32 CUDA
 # cores (8-16x on sm80/sm90 datasheets); CPUs without AMX: half the bytes moved, conversions eat part of it, up to
@@ -476,8 +477,8 @@ def _price_scenarios(pr: _Pricer, applicable: list[str], ctx: dict, base: Arrays
             if sc in ("tf32_matmul", "bf16_matmul") and g.mode == "gpu" and \
                     float(np.clip(d0 - arrs[0], 0, None).sum()) / n_steps < max(MIN_SAVING_US,
                                                                                 MIN_PRECISION_PCT / 100 * m_run):
-                pr.skipped[sc] = (f"the {sc} rewrite removes less than {MIN_PRECISION_PCT:g} % of the step's work "
-                                  "(within a run's step-to-step noise): not replayed")
+                pr.skipped[sc] = (f"{NO_SAVING}: the {sc} rewrite removes less than {MIN_PRECISION_PCT:g} % of the "
+                                  "step's work (within a run's step-to-step noise), so it was not replayed")
                 continue
         pred, t, clamped = pr.predict(arrs)
         results += [[run_id, sc, r, s, measured[(r, s)], t[(r, s)]] for r, s in sorted(measured)]
@@ -492,7 +493,8 @@ def _price_scenarios(pr: _Pricer, applicable: list[str], ctx: dict, base: Arrays
         if row["saving_us"] >= MIN_SAVING_US or sc == "all":
             whatif.append(row)
         else:
-            pr.skipped[sc] = f"the {sc} rewrite saves less than {MIN_SAVING_US:g} µs per step on the replayed graph"
+            pr.skipped[sc] = (f"{NO_SAVING}: the {sc} rewrite saves less than {MIN_SAVING_US:g} µs per step on the "
+                              "replayed graph (other work bounds the step)")
     return whatif
 
 
