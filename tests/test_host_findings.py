@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import shared
+from tests.conftest import real, shared
 from tests.synth import kernel, write_trace, x
 from traceanalyze import diagnose
 from traceanalyze.diagnose.compare import compile_tradeoff
@@ -290,3 +290,13 @@ def test_real_h200_compile_against_eager_states_the_break_even():
     assert t["saving_ms_per_step"] == pytest.approx(2.36, abs=0.05) and t["saving_pct"] == pytest.approx(16.5, abs=1)
     assert t["break_even_steps"] == pytest.approx(7_270, rel=0.03)
     assert "pays back after" in render_markdown(m)
+
+
+def test_no_blocking_call_share_without_a_profiler_step():
+    # HTA's triton_example: no ProfilerStep range, one 16.8 µs cudaDeviceSynchronize outside the GPU window (1.8 µs
+    # of kernels): a share of "the step" would read 957 %; there is no step, so no host_sync finding
+    m = analyze(real("hta/triton_example"), jobs=1).model
+    assert m["runs"][0]["host"]["blocking_calls"][0]["call"] == "cudaDeviceSynchronize"
+    assert not [f for f in m["findings"] if f["kind"] == "host_sync"]
+    assert all(0 <= f["impact_pct"] <= 100 for f in m["findings"])
+    assert m["verdict"] == "No significant slowdown found: no finding reaches medium severity."

@@ -258,15 +258,17 @@ def rule_host_sync(ev: RunEvidence) -> list[Finding]:
     ``.item()``, ``.cpu()``, a device-to-host or pageable ``.to()``), per steady step
     (:func:`traceanalyze.metrics.host.blocking_calls`). Impact: on the rank where it is largest, the GPU-idle time
     in those calls over that rank's step (the other ranks wait for it in their collectives). A finding from
-    :data:`MIN_HOST_SYNC_PCT` %."""
-    if ev.mode != "gpu" or ev.host is None or not ev.host.blocking or not ev.ranks:
+    :data:`MIN_HOST_SYNC_PCT` %; none without a profiler step."""
+    # without a profiler step there is no step to take a share of (the GPU window is not one)
+    if ev.mode != "gpu" or ev.host is None or not ev.host.blocking or not ev.ranks or not ev.steps:
         return []
     by_rank: dict[int, list] = {}
     for b in ev.host.blocking:
         by_rank.setdefault(b.rank, []).append(b)
     shares = {}
     for r in ev.ranks:
-        step = step_us(ev, r)
+        # a step is at least as long as the blocking calls in it: a share never passes 100 %
+        step = max(step_us(ev, r), sum(b.us_per_step for b in by_rank.get(r["rank"], [])))
         if r["rank"] in by_rank and step > 0:
             shares[r["rank"]] = 100 * sum(b.gpu_idle_us_per_step for b in by_rank[r["rank"]]) / step
     if not shares:
