@@ -876,7 +876,7 @@ def _replay(con, run_id: int, mode: str, world: int | None, offsets: dict | None
     try:
         return replay_run(con, run_id, mode, world, offsets, link.get("expected_gbps"), link.get("source", ""),
                           cpu_native_bf16=cpu[0], cpu_model=cpu[1], defer=writes, build_threads=build_threads,
-                          gpu=gpu, unprofiled_measured=unprofiled, core_sharing=cpu[2] if len(cpu) > 2 else None,
+                          gpu=gpu, unprofiled_measured=unprofiled, core_sharing=cpu[2],
                           pricer=pricer)
     except (ValueError, IndexError, KeyError, duckdb.Error) as exc:  # a graph the replay cannot handle
         warnings.append({"file": None, "level": "warning", "message": f"what-if replay skipped: {exc}"})

@@ -11,6 +11,7 @@ from traceanalyze.diagnose.config import compile_cost_us, compile_fills_window
 from traceanalyze.diagnose.evidence import RunEvidence, rank_steps, severity
 from traceanalyze.diagnose.interconnect import interconnect_recommendation, slow_topology_pairs, transport_note
 from traceanalyze.diagnose.precision import CPU_PRECISION_ADVICE
+from traceanalyze.diagnose.verdict import KIND_TO_SCENARIO
 from traceanalyze.findings import Finding
 
 
@@ -277,15 +278,12 @@ def compile_tradeoff(subject: RunEvidence, baseline: RunEvidence, findings: list
 
 
 # The what-if a fix between the two runs checks (issue 31): the subject's findings of these kinds name the cause
-# the what-if removes. Precision what-ifs are picked by the runs' matrix-math dtypes (:func:`_precision_scenario`).
+# the what-if removes: the kinds it prices (KIND_TO_SCENARIO), and for the launch what-if also the host-side kinds a
+# fix of the launches (CUDA graphs, a fused optimizer) removes with them. Precision what-ifs are picked by the runs'
+# matrix-math dtypes (:func:`_precision_scenario`).
 CHECK_KINDS: dict[str, tuple[str, ...]] = {
-    "no_straggler": ("straggler", "idle_rank"),
-    "ideal_interconnect": ("slow_collectives", "topology", "exposed_communication"),
-    "bf16_matmul": ("fp32_matmul", "autocast_missing"),
-    "no_dataloader_wait": ("dataloader",),
-    "no_compile": ("compile_overhead", "recompiles"),
-    "no_launch_overhead": ("launch_bound", "host_optimizer", "host_bound"),
-}
+    sc: tuple(k for k, s in KIND_TO_SCENARIO.items() if s == sc) for sc in dict.fromkeys(KIND_TO_SCENARIO.values())}
+CHECK_KINDS["no_launch_overhead"] += ("host_optimizer", "host_bound")
 CHANGED_COST_SHARE = 0.5  # a baseline finding costing less than this share of the subject's (µs per step): changed
 _TICKET = ("high", "medium")
 

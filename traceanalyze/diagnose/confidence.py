@@ -48,10 +48,6 @@ WAIT_CAUSES = frozenset({"interconnect", "imbalance"})
 UNPROFILED_WORDS = {"capture": "measured", "log": "from the log", "estimate": "estimated"}
 
 
-def _cap(caps: list[tuple[str, str]], level: str, why: str) -> None:
-    caps.append((level, why))
-
-
 def _lowest(caps: list[tuple[str, str]]) -> tuple[str, list[str]]:
     """(the lowest level among ``caps``, the reasons that gave it); ("high", []) when nothing caps it."""
     if not caps:
@@ -102,20 +98,20 @@ def basis(run: dict) -> dict:
 def _run_caps(b: dict, wait_finding: bool = False) -> list[tuple[str, str]]:
     caps: list[tuple[str, str]] = []
     if b["steps"] == 0:
-        _cap(caps, "low", "no counted profiler step")
+        caps.append(("low", "no counted profiler step"))
     elif b["steps"] == 1:
-        _cap(caps, "medium", "one profiled step")
+        caps.append(("medium", "one profiled step"))
     if b["partial"]:
         missing = f"{b['ranks_traced']} of {b['world_size']} ranks traced"
         if wait_finding:
-            _cap(caps, "low", f"{missing}: the untraced ranks may be what these waits are for")
+            caps.append(("low", f"{missing}: the untraced ranks may be what these waits are for"))
         else:
-            _cap(caps, "medium", missing)
+            caps.append(("medium", missing))
     noise = b["step_noise_pct"]
     if noise is not None and noise > NOISE_LOW_PCT:
-        _cap(caps, "low", f"step time varies {noise:g} % (σ/mean) from step to step")
+        caps.append(("low", f"step time varies {noise:g} % (σ/mean) from step to step"))
     elif noise is not None and noise > NOISE_MEDIUM_PCT:
-        _cap(caps, "medium", f"step time varies {noise:g} % (σ/mean) from step to step")
+        caps.append(("medium", f"step time varies {noise:g} % (σ/mean) from step to step"))
     return caps
 
 
@@ -140,24 +136,24 @@ def whatif_confidence(w: dict, b: dict) -> tuple[str, list[str]]:
     caps = _run_caps(b, wait_finding=w.get("scenario") in ("no_straggler", "ideal_interconnect"))
     err = b["replay_error_pct"]
     if w.get("reliable") is False:
-        _cap(caps, "low", str(w.get("unreliable_reason") or "the replay marks this what-if unreliable"))
+        caps.append(("low", str(w.get("unreliable_reason") or "the replay marks this what-if unreliable")))
     if err is not None and err > REPLAY_LOW_PCT:
-        _cap(caps, "low", f"the replay misses the measured step by {err:g} %")
+        caps.append(("low", f"the replay misses the measured step by {err:g} %"))
     elif err is not None and err > REPLAY_MEDIUM_PCT:
-        _cap(caps, "medium", f"the replay misses the measured step by {err:g} %")
+        caps.append(("medium", f"the replay misses the measured step by {err:g} %"))
     rng = w.get("range_saving_pct")
     if isinstance(rng, list) and len(rng) == 2 and all(_num(x) is not None for x in rng):
         width = abs(rng[1] - rng[0])
         if width > RANGE_LOW_PP:
-            _cap(caps, "low", f"the model's range spans {width:.0f} points")
+            caps.append(("low", f"the model's range spans {width:.0f} points"))
         elif width > RANGE_MEDIUM_PP:
-            _cap(caps, "medium", f"the model's range spans {width:.0f} points")
+            caps.append(("medium", f"the model's range spans {width:.0f} points"))
     over = b["profiler_overhead_pct"]
     if b["unprofiled"] == "estimated" and over is not None and over >= OVERHEAD_MEDIUM_PCT:
-        _cap(caps, "medium", f"priced on an estimated step without the profiler (the profiler costs {over:g} %)")
+        caps.append(("medium", f"priced on an estimated step without the profiler (the profiler costs {over:g} %)"))
     saving, noise = _num(w.get("saving_pct")), b["step_noise_pct"]
     if saving is not None and noise is not None and 0 < saving < noise:
-        _cap(caps, "low", f"the saving ({saving:g} %) is within the step-to-step noise ({noise:g} %)")
+        caps.append(("low", f"the saving ({saving:g} %) is within the step-to-step noise ({noise:g} %)"))
     return _lowest(caps)
 
 
@@ -179,7 +175,7 @@ def finding_confidence(f: dict, b: dict | None, whatifs: list[dict]) -> dict:
         if conf.get("level") in LEVELS:
             caps.extend((conf["level"], y) for y in conf.get("why") or [])
     else:
-        _cap(caps, "medium", "no what-if replays this finding: its impact is the rule's estimate")
+        caps.append(("medium", "no what-if replays this finding: its impact is the rule's estimate"))
     # the what-if's model range where it has one, else the finding's own impact ± the noise
     rng = saving_range(w if w is not None and w.get("range_saving_pct") else {"saving_pct": impact}, b)
     level, why = _lowest(caps)

@@ -270,13 +270,14 @@ def _late_pricer(pr: _Pricer, ctx: dict, base: Arrays, measured: dict, err: floa
     why there is none, sim_result rows)``. ``ranks``: ``no_straggler`` for the ranks a straggler finding names. It
     holds the graph until it is dropped."""
     g = pr.g
+    replayed = set(g.ranks)
 
     def price(scenario: str, ranks: list[int] | None = None) -> tuple[dict | None, str, list]:
         if scenario not in REWRITES:
             return None, f"no scenario {scenario!r}", []
         c = ctx
         if scenario == "no_straggler" and ranks:
-            slow = {r for r in ranks if r in set(g.ranks)}
+            slow = {r for r in ranks if r in replayed}
             if not slow or len(slow) >= len(g.ranks):
                 return None, "the straggler finding's ranks are not among the replayed ranks with peers", []
             c = dict(ctx, stragglers=slow)
@@ -286,7 +287,7 @@ def _late_pricer(pr: _Pricer, ctx: dict, base: Arrays, measured: dict, err: floa
             return None, pr.skipped[scenario], []
         rows: list = []
         out = _price_scenarios(pr, [scenario], c, base, measured, rows, err, reliable)
-        return (out[0], "", rows) if out else (None, pr.skipped.get(scenario, "no saving"), [])
+        return (out[0], "", rows) if out else (None, pr.skipped.get(scenario, NO_SAVING), [])
 
     return price
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from traceanalyze.fmt import finite, fmt_float, fmt_int, fmt_ms, fmt_pct, ranges, text
 from traceanalyze.report import charts
-from traceanalyze.report.replay import replay_view
+from traceanalyze.report.replay import confidence_view, replay_view  # confidence_view: markdown's too
 
 MAX_STEP_ROWS = 40
 MAX_STEP_COLS = 16
@@ -30,8 +30,6 @@ CAUSE_COLORS = {"interconnect": "#6741d9", "precision": "#0c8599", "imbalance": 
 CAUSE_LABELS = {"interconnect": "Interconnect", "precision": "Precision", "imbalance": "Imbalance",
                 "config": "Configuration", "other": "Other"}
 SEVERITY_ORDER = {"high": 0, "medium": 1, "low": 2}
-CONFIDENCE_LEVELS = ("high", "medium", "low")  # traceanalyze.diagnose.confidence.LEVELS
-MAX_WHY = 6  # reasons shown for one confidence level
 LEVEL_ORDER = {"error": 0, "partial": 1, "warning": 2, "info": 3}
 BREAKDOWN_COLORS = ("#3b6fb6", "#f0a73a", "#ced4da")  # compute, non-compute, idle
 
@@ -130,22 +128,6 @@ def sorted_findings(model: dict) -> list[dict]:
                     "evidence": [str(e) for e in as_list(f.get("evidence"))],
                     "ranks_text": ranges(as_list(f.get("ranks"))), "conf": confidence_view(f.get("confidence"))})
     return out
-
-
-def confidence_view(c: Any) -> dict | None:
-    """A ``confidence`` dict of the model (a finding's, a what-if's or ``verdict_confidence``) for display:
-    ``level`` (high / medium / low, else None), ``why`` (up to :data:`MAX_WHY` strings), ``range`` ([low, high] %
-    when both are finite, else None), ``line`` (str or None) and ``text`` ("medium: one profiled step; ..."); None
-    when ``c`` carries no valid level."""
-    if not isinstance(c, dict) or c.get("level") not in CONFIDENCE_LEVELS:
-        return None
-    why = [str(w) for w in as_list(c.get("why"))[:MAX_WHY]]
-    r = as_list(c.get("range_pct"))
-    rng = [finite(r[0]), finite(r[1])] if len(r) == 2 else None
-    line = c.get("line")
-    return {"level": c["level"], "why": why, "range": rng if rng and None not in rng else None,
-            "line": str(line) if isinstance(line, str) else None,
-            "text": c["level"] + (": " + "; ".join(why) if why else "")}
 
 
 def verdict(model: dict, findings: list[dict]) -> tuple[str, str]:

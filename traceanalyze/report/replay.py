@@ -54,14 +54,33 @@ def time_ticks(span_us: float, target: int = 8) -> list[dict]:
     return out
 
 
+CONFIDENCE_LEVELS = ("high", "medium", "low")  # traceanalyze.diagnose.confidence.LEVELS
+MAX_WHY = 6  # reasons shown for one confidence level
+
+
+def confidence_view(c) -> dict | None:
+    """A ``confidence`` dict of the model (a finding's, a what-if's or ``verdict_confidence``) for display:
+    ``level`` (high / medium / low), ``why`` (up to :data:`MAX_WHY` strings), ``range`` ([low, high] % when both are
+    finite, else None), ``line`` (str or None) and ``text`` ("medium: one profiled step; ..."); None when ``c``
+    carries no valid level."""
+    if not isinstance(c, dict) or c.get("level") not in CONFIDENCE_LEVELS:
+        return None
+    why = [str(w) for w in c["why"][:MAX_WHY]] if isinstance(c.get("why"), list) else []
+    r = c.get("range_pct") if isinstance(c.get("range_pct"), list) else []
+    rng = [finite(r[0]), finite(r[1])] if len(r) == 2 else None
+    line = c.get("line")
+    return {"level": c["level"], "why": why, "range": rng if rng and None not in rng else None,
+            "line": str(line) if isinstance(line, str) else None,
+            "text": c["level"] + (": " + "; ".join(why) if why else "")}
+
+
 def _conf(c) -> dict:
-    """A what-if's ``confidence`` for display: ``level`` (high / medium / low or None), ``why`` (strings),
-    ``replay_error_pct`` and ``collective_instances`` (finite numbers or None)."""
+    """A what-if's ``confidence`` for display: :func:`confidence_view`'s ``level`` (None when invalid) and ``why``,
+    with the replay's ``replay_error_pct`` and ``collective_instances`` (finite numbers or None)."""
+    view = confidence_view(c) or {"level": None, "why": []}
     c = c if isinstance(c, dict) else {}
-    level = c.get("level") if c.get("level") in ("high", "medium", "low") else None
-    why = [str(w) for w in c.get("why")[:6]] if isinstance(c.get("why"), list) else []
     n = finite(c.get("collective_instances"))
-    return {"level": level, "why": why, "replay_error_pct": finite(c.get("replay_error_pct")),
+    return {"level": view["level"], "why": view["why"], "replay_error_pct": finite(c.get("replay_error_pct")),
             "collective_instances": int(n) if n is not None else None}
 
 
