@@ -23,7 +23,7 @@ Kind = Literal[
     "straggler", "idle_rank", "untraced_ranks",
     # config
     "gradient_accumulation", "compile_overhead", "recompiles", "dataloader", "launch_bound", "host_bound",
-    "host_sync", "host_optimizer", "unexplained_idle",
+    "host_sync", "step_sync", "host_optimizer", "unexplained_idle",
 ]
 CAUSES: tuple[str, ...] = get_args(Cause)
 KINDS: tuple[str, ...] = get_args(Kind)

@@ -211,6 +211,7 @@ def _diagnose_runs(con, disc: Discovery, roles: dict, loaded, warnings: list[dic
         pending: list = []
         run_model, run_warnings, ev = _build_run(con, run_id, run, roles[id(run)], loaded, link_bw_gbps, peak_tflops,
                                                  gpu, max_decompressed, pending=pending)
+        ev.whatif = list(run_model.get("whatif") or [])
         findings = diagnose.diagnose(ev)
         # a what-if for every finding that maps to a scenario, or why there is none (findings[i].whatif_missing)
         late = diagnose.price_missing_whatifs(findings, run_model["whatif"], ev.price_whatif, _no_replay(run_model))

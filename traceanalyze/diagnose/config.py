@@ -254,10 +254,12 @@ def steady_launch(ev: RunEvidence) -> tuple[float, float | None, object, str] | 
 
 
 def rule_host_sync(ev: RunEvidence) -> list[Finding]:
-    """Config: the GPU idles while the host waits in a blocking CUDA call (a ``*Synchronize``, or a copy that blocks:
+    """Config: the host waits for the GPU in a blocking CUDA call (a ``*Synchronize``, or a copy that blocks:
     ``.item()``, ``.cpu()``, a device-to-host or pageable ``.to()``), per steady step
-    (:func:`traceanalyze.metrics.host.blocking_calls`). Impact: on the rank where it is largest, the GPU-idle time
-    in those calls over that rank's step (the other ranks wait for it in their collectives). A finding from
+    (:func:`traceanalyze.metrics.host.blocking_calls`). Two costs: the GPU idles while the host sits in the call
+    (impact: on the rank where it is largest, that idle time over the step; the other ranks wait for it in their
+    collectives), or, for a wait at the step's end while the GPU is busy, the GPU idles after it while the host
+    launches the next step (impact: the ``no_host_sync`` replay's saving, the host running ahead). A finding from
     :data:`MIN_HOST_SYNC_PCT` %; none without a profiler step."""
     # without a profiler step there is no step to take a share of (the GPU window is not one)
     if ev.mode != "gpu" or ev.host is None or not ev.host.blocking or not ev.ranks or not ev.steps:
@@ -276,7 +278,7 @@ def rule_host_sync(ev: RunEvidence) -> list[Finding]:
     worst = max(shares, key=shares.get)
     impact = round(shares[worst], 1)
     if impact < MIN_HOST_SYNC_PCT:
-        return []
+        return _step_sync(ev, by_rank)
     rows = sorted(by_rank[worst], key=lambda b: -b.gpu_idle_us_per_step)
     top = rows[0]
     ranks = sorted(r for r, v in shares.items() if v >= MIN_HOST_SYNC_PCT)
@@ -285,14 +287,42 @@ def rule_host_sync(ev: RunEvidence) -> list[Finding]:
     idle_us = sum(b.gpu_idle_us_per_step for b in rows)
     evidence = [f"rank {worst}: {ms_text(sum(b.us_per_step for b in rows))} of its {ms_text(step)} step in blocking "
                 f"CUDA calls, the GPU idle for {ms_text(idle_us)} of it ({impact:.0f}% of the step)"]
-    evidence += [f"{b.call}{_op_path(b)}: {b.calls_per_step:g} call(s) per step, {ms_text(b.us_per_step)} per step, "
-                 f"GPU idle {ms_text(b.gpu_idle_us_per_step)} (longest call {ms_text(b.max_us)})" for b in rows[:3]]
+    evidence += _blocking_lines(rows)
     if len(ranks) > 1 or len(ev.ranks) > 1:
         evidence.append(f"ranks blocking {MIN_HOST_SYNC_PCT:g}% of the step or more: {ranges(ranks)} of "
                         f"{len(ev.ranks)} traced; the others wait for them in their collectives")
     return [Finding("config", "host_sync", severity(impact), impact, ranks,
                     f"The host blocks in {top.call}{where}: the GPU idles {ms_text(idle_us)} "
                     f"({impact:.0f}%) of each step on rank {worst}", evidence, _sync_advice(rows))]
+
+
+def _blocking_lines(rows: list) -> list[str]:
+    return [f"{b.call}{_op_path(b)}: {b.calls_per_step:g} call(s) per step, {ms_text(b.us_per_step)} per step, "
+            f"GPU idle {ms_text(b.gpu_idle_us_per_step)} (longest call {ms_text(b.max_us)})" for b in rows[:3]]
+
+
+def _step_sync(ev: RunEvidence, by_rank: dict[int, list]) -> list[Finding]:
+    """``step_sync``: the host waits while the GPU is busy (the GPU idles little in the call), then the GPU idles
+    while the host launches the next step: priced by the ``no_host_sync`` replay (the host running ahead), a finding
+    when that saves :data:`MIN_HOST_SYNC_PCT` % or more."""
+    w = next((x for x in ev.whatif if x.get("scenario") == "no_host_sync" and x.get("reliable")), None)
+    if w is None or not isinstance(w.get("saving_pct"), (int, float)) or w["saving_pct"] < MIN_HOST_SYNC_PCT:
+        return []
+    rank = max(by_rank, key=lambda r: sum(b.us_per_step for b in by_rank[r]))
+    rows = sorted(by_rank[rank], key=lambda b: -b.us_per_step)
+    top, impact = rows[0], round(float(w["saving_pct"]), 1)
+    where = f" under {top.op}" if top.op else ""
+    u = w["predicted_step_time_us"] + w["saving_us"]
+    evidence = [f"rank {rank}: the host waits {ms_text(sum(b.us_per_step for b in rows))} per step in blocking CUDA "
+                f"calls while the GPU works; the GPU then idles while the host launches the next step",
+                f"without the wait (no_host_sync replay: the host queues the next step while the GPU runs) the step "
+                f"takes {ms_text(w['predicted_step_time_us'])} instead of {ms_text(u)}, without the profiler",
+                *_blocking_lines(rows)]
+    return [Finding("config", "step_sync", severity(impact), impact, sorted(by_rank),
+                    f"The host waits for the GPU in {top.call}{where} every step: the GPU idles while the next "
+                    f"step is launched ({impact:.0f}% of the step)", evidence,
+                    "let the host run ahead: no torch.cuda.synchronize() or .item() in every step (time with CUDA "
+                    "events; read the loss every N steps); " + _sync_advice(rows))]
 
 
 def _op_path(b) -> str:

@@ -51,6 +51,7 @@ class RunEvidence:
     # the replay's pricer of one more what-if for a finding (diagnose.price_missing_whatifs; it holds the replay's
     # graph: dropped once the findings are priced), None without a replay
     price_whatif: Any = None
+    whatif: list = field(default_factory=list)  # the replay's what-if rows (runs[i].whatif), before the findings
     skew: Any = None  # arrival skew per collective instance (traceanalyze.replay.skew.Skew), None without one
     # steps grouped by rank, made on first use (the rules ask per rank: one pass over the steps, not one per rank)
     _by_rank: tuple | None = field(default=None, init=False, repr=False, compare=False)

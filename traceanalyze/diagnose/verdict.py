@@ -34,7 +34,7 @@ from traceanalyze.replay.whatif import NO_SAVING
 
 IDLE_EXPLAIN_PCT = 50.0  # a GPU idle above this is never healthy without a finding that explains it
 IDLE_EXPLAINERS = ("slow_collectives", "topology", "untraced_ranks", "straggler", "idle_rank", "dataloader",
-                   "launch_bound", "host_bound", "compile_overhead", "host_sync", "host_optimizer")
+                   "launch_bound", "host_bound", "compile_overhead", "host_sync", "step_sync", "host_optimizer")
 
 
 RULES = [rule_exposed_communication, rule_untraced_ranks, rule_straggler, rule_idle_rank, rule_precision, rule_compile,
@@ -51,6 +51,7 @@ SPECIFIC_CAUSES = {
     # launch- or host-bound finding reads as launch cost
     "straggler": (("launch_bound", "host_bound"), 0.5),
 }
+AMPLIFIERS = ("step_sync",)
 
 
 def diagnose(ev: RunEvidence) -> list[Finding]:
@@ -100,6 +101,17 @@ def rank_findings(fs: list[Finding]) -> list[Finding]:
         if at is not None and at < out.index(spec):
             out.remove(spec)
             out.insert(at, spec)
+    # a wait at each step's end only stops other costs from overlapping the GPU's work (a host stall, a straggler):
+    # beside another finding of medium or high severity of its run, which names what is to be hidden, it follows
+    # it, at medium at most
+    for amp in [f for f in out if f.kind in AMPLIFIERS]:
+        last = max((i for i, g in enumerate(out) if g.run == amp.run and g.severity != "low"
+                    and g.kind not in AMPLIFIERS), default=-1)
+        if last >= 0 and amp.severity == "high":
+            amp.severity = "medium"
+        if last > out.index(amp):
+            out.remove(amp)
+            out.insert(last, amp)
     return out
 
 
@@ -122,7 +134,8 @@ WHATIF_OF_KIND: dict[str, tuple[str | None, str]] = {
     "gradient_accumulation": (None, "no scenario models a gradient-accumulation change"),
     "host_bound": (None, "no scenario models removing the host's own work between launches (CUDA graphs, "
                          "no_launch_overhead, only remove the launch calls)"),
-    "host_sync": (None, "no scenario models removing a blocking host call"),
+    "host_sync": ("no_host_sync", ""),
+    "step_sync": ("no_host_sync", ""),
     "host_optimizer": (None, "no scenario models a fused (foreach) optimizer"),
     "unexplained_idle": (None, "no rule names the cause of this idle time, so no scenario removes it"),
 }
@@ -328,7 +341,8 @@ def _verdict_body(findings: list[Finding], runs: list[RunEvidence] | None, parti
                          and not partial else "")
         if ev is not None and ev.mode == "gpu" and ev.ranks:
             s += f"; the GPU is idle {statistics.median(r['idle_pct'] for r in ev.ranks):.0f}%"
-        other = next((f for f in top if f is not inc and f.cause != "interconnect"), None)
+        other = next((f for f in top if f is not inc and f.cause != "interconnect" and f.kind not in AMPLIFIERS),
+                     None)
         if other is not None:
             s += f". Also: {other.title} (about {other.impact_pct:.0f}% of step time)"
         return s + "."

@@ -36,10 +36,14 @@ PER_CALL_US = 5.9
 # compiled graph's call): an empty torch.profiler.record_function costs 9.4 µs under the profiler on this project's
 # CPU (benchmarks/profiler_overhead.py), all of it profiler-only
 PER_PY_RANGE_US = 9.4
-# µs of GPU time CUPTI's kernel activity record adds between two queued kernels of a stream: a CUDA graph that
-# replays ~3,850 kernels per step with no host work between them takes 13.8 ms per step profiled against 6.9 ms
-# without the profiler (launch pair, fixed side): 1.8 µs per kernel
+# µs of host time CUPTI adds per node when a CUDA graph is enqueued (cudaGraphLaunch instruments each of them): the
+# launch pair's fixed side replays a ~3,850-kernel graph per step, 13.8 ms profiled against 6.9 ms without the
+# profiler, the kernels waiting on that enqueue: 1.8 µs per node
 PER_KERNEL_US = 1.8
+# µs of GPU time CUPTI's kernel activity record adds between two kernels already queued on a stream: in that graph
+# the kernels follow each other 0.42 µs apart (median chain gap) under the profiler; without it the GPU-bound
+# step runs at 6.93 ms for 5.84 ms of kernels, 0.28 µs between kernels: 0.14 µs is the profiler's
+PER_KERNEL_DEVICE_US = 0.14
 RANGE = (0.6, 1.4)  # the estimate's range: per-event cost × these (the sides above spread by about that much)
 MAX_DUR_CUT = 0.5  # a task's own duration shrinks by at most this share (the call itself is real work)
 
@@ -88,7 +92,7 @@ def unprofiled(g: gr.Graph, d: np.ndarray, cg: np.ndarray, per_op: float, per_ca
     cut += ev[1] * float(per_call)
     cut += ev[2] * PER_PY_RANGE_US
     dev = np.isin(g.kind, (gr.K_KERNEL, gr.K_MEMCPY, gr.K_MEMSET)) & ~g.first
-    cut[dev] = PER_KERNEL_US
+    cut[dev] = PER_KERNEL_DEVICE_US
     # a CUDA graph launch: CUPTI instruments every node it enqueues, so the call takes nodes × PER_KERNEL_US more
     share = np.full(cut.size, MAX_DUR_CUT)
     graph = _graph_launches(g)

@@ -11,6 +11,7 @@ graph), then the median over steps; ``saving_pct`` = 100 × (measured − predic
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import duckdb
@@ -25,11 +26,12 @@ from traceanalyze.replay import graph as gr
 from traceanalyze.replay import overhead, precision, simulate, skew
 
 SCENARIOS = ("no_straggler", "ideal_interconnect", "tf32_matmul", "bf16_matmul", "no_dataloader_wait", "no_compile",
-             "no_launch_overhead", "all")
+             "no_launch_overhead", "no_host_sync", "all")
 CAUSES = {"no_straggler": "imbalance: straggler ranks", "ideal_interconnect": "interconnect: slow collectives",
           "tf32_matmul": "precision: fp32 matrix math (TF32 off)",
           "bf16_matmul": "precision: fp32 matrix math", "no_dataloader_wait": "config: data-loader wait",
           "no_compile": "config: torch.compile time", "no_launch_overhead": "config: kernel-launch overhead",
+          "no_host_sync": "config: the host waits for the GPU (blocking syncs)",
           "all": "every fix above together"}
 NO_SAVING = "no measurable saving"  # how a late pricer's reason starts when the replay priced the fix to nothing
 UNRELIABLE_ERROR_PCT = 5.0  # replay error above which the what-ifs are marked unreliable (straggler paper §3.3)
@@ -155,9 +157,78 @@ def _rw_straggler(g, d, cg, tr, ctx):
     return d, cg, tr
 
 
+def _rw_host_sync(g, d, cg, tr, ctx):
+    """The blocking waits go from the graph itself (:func:`_without_host_syncs`); a copy call that holds the host
+    (a pageable ``cudaMemcpy*``, whose host stages the bytes) becomes an asynchronous one from pinned memory: it
+    returns once enqueued, at the median cost of the run's launch calls, and the copy engine moves the bytes as
+    measured on the GPU (CUDA C++ Best Practices Guide, "Pinned Memory" and "Asynchronous and Overlapping
+    Transfers")."""
+    copies, cost = _host_copies(g)
+    if copies.size:
+        d = d.copy()
+        d[copies] = np.minimum(d[copies], cost)
+    return d, cg, tr
+
+
+def _host_copies(g: gr.Graph) -> tuple[np.ndarray, float]:
+    """(task ids of the host's copy calls in the steps, ``*Memcpy*``; the median duration of the run's launch calls,
+    µs: what an asynchronous copy call costs the host)."""
+    launch = g.dep_src[g.dep_type == gr.DEP_TYPES.index("launch")]
+    launch = launch[g.kind[launch] == gr.K_HOST]
+    names = g.name.to_pylist() if hasattr(g.name, "to_pylist") else list(g.name)
+    codes = [i for i, n in enumerate(names) if n and "memcpy" in n.lower()]
+    if not (launch.size and codes):
+        return np.zeros(0, np.int64), 0.0
+    copies = np.flatnonzero((g.kind == gr.K_HOST) & (g.step >= 0) & np.isin(g.name_code, codes))
+    return copies, float(np.median(g.chain_dur[launch]))
+
+
 REWRITES: dict[str, Callable] = {"no_straggler": _rw_straggler, "ideal_interconnect": _rw_interconnect,
                                  "tf32_matmul": _rw_tf32, "bf16_matmul": _rw_bf16, "no_dataloader_wait": _rw_dataloader,
-                                 "no_compile": _rw_compile, "no_launch_overhead": _rw_launch}
+                                 "no_compile": _rw_compile, "no_launch_overhead": _rw_launch,
+                                 "no_host_sync": _rw_host_sync}
+SYNC_EDGE = gr.DEP_TYPES.index("gpu_cpu_sync")
+
+
+def _host_sync_edges(g: gr.Graph) -> np.ndarray:
+    """Per explicit edge: whether it is a blocking GPU->CPU wait (``gpu_cpu_sync``: a synchronize call, a blocking
+    copy) of a profiler step."""
+    sync = g.dep_type == SYNC_EDGE
+    if sync.any():
+        sync &= g.step[g.dep_dst] >= 0
+    return sync
+
+
+def _without_host_syncs(g: gr.Graph) -> gr.Graph:
+    """``g`` without its steps' blocking GPU->CPU waits (:func:`_host_sync_edges`): the host goes on launching while
+    the GPU works (CUDA's asynchronous launch queue). A shallow copy: only the edge arrays are new."""
+    keep = ~_host_sync_edges(g)
+    return dataclasses.replace(g, dep_src=g.dep_src[keep], dep_dst=g.dep_dst[keep], dep_end=g.dep_end[keep],
+                               dep_off=g.dep_off[keep], dep_type=g.dep_type[keep])
+
+
+def pipelined_step_times(g: gr.Graph, rp: simulate.Replay) -> dict[tuple[int, int], float]:
+    """(rank, step) -> replayed step time when the host runs ahead of the GPU (µs): the longer of the host's step
+    (its markers) and the GPU's, from the end of the rank's device work of the step before to the end of this
+    step's (the step's own begin marker for a rank's first step). Without a wait for the GPU a step's host work
+    and the GPU's overlap across steps, so the slower of the two sets the pace: the steady state of a two-stage
+    pipeline (CUDA C++ Programming Guide, "Asynchronous Concurrent Execution")."""
+    dev = np.flatnonzero(np.isin(g.kind, (gr.K_KERNEL, gr.K_MEMCPY, gr.K_MEMSET, gr.K_COLL)) & (g.step >= 0))
+    width = int(g.step.max(initial=0)) + 2
+    dev_end: dict[int, float] = {}
+    if dev.size:
+        key = g.rank[dev].astype(np.int64) * width + g.step[dev]
+        keys, inv = np.unique(key, return_inverse=True)
+        ends = np.full(keys.size, -np.inf)
+        np.maximum.at(ends, inv.reshape(-1), rp.end[dev])
+        dev_end = dict(zip(keys.tolist(), ends.tolist(), strict=True))
+    out = {}
+    for r, s, b, e, _ in g.steps:
+        host = float(rp.start[e] - rp.start[b])
+        end = dev_end.get(r * width + s)
+        prev = dev_end.get(r * width + s - 1, float(rp.start[b]))
+        out[(r, s)] = max(host, end - prev) if end is not None and np.isfinite(end) else host
+    return out
 
 
 def _applies(g: gr.Graph, scenario: str, ctx: dict) -> bool:
@@ -176,6 +247,12 @@ def _applies(g: gr.Graph, scenario: str, ctx: dict) -> bool:
         return float(g.cover[key].sum() + g.gap_cover.get(key, np.zeros(1)).sum()) >= MIN_SAVING_US
     if scenario == "no_launch_overhead":
         return g.mode == "gpu" and float(g.gap_cover["launch"].sum()) >= MIN_SAVING_US
+    if scenario == "no_host_sync":
+        if g.mode != "gpu":
+            return False
+        copies, cost = _host_copies(g)
+        return bool(_host_sync_edges(g).any()) or float(np.clip(g.chain_dur[copies] - cost, 0, None).sum()) >= \
+            MIN_SAVING_US
     return False
 
 
@@ -215,6 +292,11 @@ def _assumptions(scenario: str, ctx: dict, g: gr.Graph) -> str:
     if scenario == "no_launch_overhead":
         return ("CUDA graphs: the kernel-launch calls and the host time between consecutive launches removed (one "
                 "graph launch per step remains); the host's other work, the GPU's kernels unchanged")
+    if scenario == "no_host_sync":
+        return ("every blocking wait for the GPU in the steps removed (no synchronize or .item() each step, pinned "
+                "memory with non_blocking=True): the host queues the next launches while the GPU runs, so a step "
+                "takes the longer of the host's work and the GPU's (a two-stage pipeline); a value the host reads "
+                "from the GPU arrives a step later")
     return "every applicable rewrite at once; savings do not add up"
 
 
@@ -261,6 +343,9 @@ def _why_not(g: gr.Graph, scenario: str, ctx: dict) -> str:
     if scenario == "no_launch_overhead":
         return ("a CPU run launches no kernels" if g.mode != "gpu" else
                 "no host gap between kernel launches in the replayed steps")
+    if scenario == "no_host_sync":
+        return ("a CPU run has no GPU to wait for" if g.mode != "gpu" else
+                "no blocking wait for the GPU (synchronize, blocking copy) in the replayed steps")
     return f"no scenario {scenario!r}"
 
 
@@ -391,11 +476,19 @@ class _Pricer:
         self.est_run = self.u_run = m_run
         self.scale = 1.0
         self.skipped: dict[str, str] = {}  # scenario -> why its rewrite gave no row (a late pricer reuses it)
+        self.g_free: gr.Graph | None = None  # the graph without its blocking waits for the GPU (no_host_sync)
 
-    def replay_long(self, arrs: Arrays) -> tuple[dict, dict]:
-        """(step -> longest replayed time over the counted ranks, (rank, step) -> replayed time)."""
-        rp = simulate.replay(self.g, *arrs)
-        t = rp.step_times(self.g)
+    def replay_long(self, arrs: Arrays, sync_free: bool = False) -> tuple[dict, dict]:
+        """(step -> longest replayed time over the counted ranks, (rank, step) -> replayed time); ``sync_free``:
+        on the graph without its blocking waits for the GPU, the host running ahead (:func:`pipelined_step_times`)."""
+        if sync_free:
+            if self.g_free is None:
+                self.g_free = _without_host_syncs(self.g)
+            rp = simulate.replay(self.g_free, *arrs)
+            t = pipelined_step_times(self.g_free, rp)
+        else:
+            rp = simulate.replay(self.g, *arrs)
+            t = rp.step_times(self.g)
         del rp
         release_free_memory()  # each replay's graph-sized arrays: not stacked up in the heap
         return _longest(t, self.counted), t
@@ -428,9 +521,10 @@ class _Pricer:
                 "events_per_step": _events_per_step(self.g, self.counted),
                 "gpu_busy_us": _gpu_busy_us(self.groups, d, self.m_long)}
 
-    def predict(self, arrs: Arrays) -> tuple[float, dict, bool]:
-        """(predicted step without the profiler, replayed (rank, step) times, whether a floor clamped it)."""
-        w_long, t = self.replay_long(arrs)
+    def predict(self, arrs: Arrays, sync_free: bool = False) -> tuple[float, dict, bool]:
+        """(predicted step without the profiler, replayed (rank, step) times, whether a floor clamped it);
+        ``sync_free``: see :meth:`replay_long`."""
+        w_long, t = self.replay_long(arrs, sync_free)
         floor = {s: min(v, self.est.get(s, v)) for s, v in _floors(self.g, arrs[0], arrs[1], self.groups).items()}
         per_step = {s: self.est[s] - (self.u_long[s] - w_long[s]) for s in self.m_long}
         clamped = any(per_step[s] < floor.get(s, 0.0) - 1e-6 for s in per_step)
@@ -481,7 +575,8 @@ def _price_scenarios(pr: _Pricer, applicable: list[str], ctx: dict, base: Arrays
                 pr.skipped[sc] = (f"{NO_SAVING}: the {sc} rewrite removes less than {MIN_PRECISION_PCT:g} % of the "
                                   "step's work (within a run's step-to-step noise), so it was not replayed")
                 continue
-        pred, t, clamped = pr.predict(arrs)
+        pred, t, clamped = pr.predict(arrs, sync_free=sc == "no_host_sync" or
+                                      (sc == "all" and "no_host_sync" in applicable))
         results += [[run_id, sc, r, s, measured[(r, s)], t[(r, s)]] for r, s in sorted(measured)]
         row = _whatif_row(g, sc, ctx, pred, pr.u_run, err, reliable)
         row["profiled_predicted_step_time_us"] = round(max(m_run - (pr.u_run - pred), 0.0), 3)
