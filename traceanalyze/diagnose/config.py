@@ -304,7 +304,10 @@ def _blocking_lines(rows: list) -> list[str]:
 def _step_sync(ev: RunEvidence, by_rank: dict[int, list]) -> list[Finding]:
     """``step_sync``: the host waits while the GPU is busy (the GPU idles little in the call), then the GPU idles
     while the host launches the next step: priced by the ``no_host_sync`` replay (the host running ahead), a finding
-    when that saves :data:`MIN_HOST_SYNC_PCT` % or more."""
+    when that saves :data:`MIN_HOST_SYNC_PCT` % or more. None on a partial run: there the host waits for collectives
+    that wait for untraced ranks, whose timing no replay can move."""
+    if ev.world_size and len(ev.ranks) < ev.world_size:
+        return []
     w = next((x for x in ev.whatif if x.get("scenario") == "no_host_sync" and x.get("reliable")), None)
     if w is None or not isinstance(w.get("saving_pct"), (int, float)) or w["saving_pct"] < MIN_HOST_SYNC_PCT:
         return []

@@ -443,4 +443,20 @@ def critical_path(g: Graph, rp: Replay, end_task: int, stop_us: float) -> list[i
     return path
 
 
-__all__ = ["Replay", "critical_path", "replay", "K_COLL"]
+def on_critical_paths(rp: Replay, ends: np.ndarray) -> np.ndarray:
+    """Per task: whether it is on the path that sets the start of any task in ``ends`` (the binding predecessors
+    walked back to a pinned start, all ends at once). In this max-plus recurrence a task's start is the length of
+    that path; shortening tasks off it cannot move the end, so a rewrite that changes none of them saves exactly
+    nothing (the longest path of a DAG: Kelley and Walker's critical path method)."""
+    who = rp.binding  # type: ignore[attr-defined]
+    mark = np.zeros(who.size, dtype=bool)
+    t = np.unique(ends[(ends >= 0) & (ends < who.size)])
+    while t.size:
+        mark[t] = True
+        t = who[t]
+        t = np.unique(t[t >= 0])
+        t = t[~mark[t]]
+    return mark
+
+
+__all__ = ["Replay", "critical_path", "on_critical_paths", "replay", "K_COLL"]

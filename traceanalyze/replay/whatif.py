@@ -188,6 +188,7 @@ REWRITES: dict[str, Callable] = {"no_straggler": _rw_straggler, "ideal_interconn
                                  "no_compile": _rw_compile, "no_launch_overhead": _rw_launch,
                                  "no_host_sync": _rw_host_sync}
 SYNC_EDGE = gr.DEP_TYPES.index("gpu_cpu_sync")
+ANCHOR_TOLERANCE_US = 1.0  # a side-stream task measured to start within this of a busiest-stream task's end follows it
 
 
 def _host_sync_edges(g: gr.Graph) -> np.ndarray:
@@ -201,33 +202,89 @@ def _host_sync_edges(g: gr.Graph) -> np.ndarray:
 
 def _without_host_syncs(g: gr.Graph) -> gr.Graph:
     """``g`` without its steps' blocking GPU->CPU waits (:func:`_host_sync_edges`): the host goes on launching while
-    the GPU works (CUDA's asynchronous launch queue). A shallow copy: only the edge arrays are new."""
-    keep = ~_host_sync_edges(g)
-    return dataclasses.replace(g, dep_src=g.dep_src[keep], dep_dst=g.dep_dst[keep], dep_end=g.dep_end[keep],
-                               dep_off=g.dep_off[keep], dep_type=g.dep_type[keep])
+    the GPU works (CUDA's asynchronous launch queue). The order the wait kept on the GPU stays: each device task the
+    host waited for still precedes the first task of every stream of its rank that started after the wait (as a
+    stream-wait event would), since the next step's kernels need this one's results; and the work of each rank's
+    other streams (collectives, copies) starts no earlier than the busiest stream's work it was measured to follow,
+    since what triggers it there (gradients ready, data ready) is a cross-stream wait the trace does not record. A
+    shallow copy: only the edge arrays are new."""
+    sync = _host_sync_edges(g)
+    src, dst = g.dep_src[sync], g.dep_dst[sync]
+    new_src, new_dst = [g.dep_src[~sync]], [g.dep_dst[~sync]]
+    dev = np.isin(g.kind, (gr.K_KERNEL, gr.K_MEMCPY, gr.K_MEMSET, gr.K_COLL))
+    for res_id in np.unique(g.res[dev]).tolist():
+        lo = int(np.searchsorted(g.res, res_id))
+        hi = int(np.searchsorted(g.res, res_id, side="right"))
+        mine = g.rank[dst] == g.rank[lo]
+        if not mine.any():
+            continue
+        j = lo + np.searchsorted(g.start[lo:hi], g.start[dst[mine]])
+        ok = j < hi
+        new_src.append(src[mine][ok])
+        new_dst.append(j[ok])
+    a_src, a_dst = _side_stream_anchors(g, dev)
+    new_src.append(a_src)
+    new_dst.append(a_dst)
+    s2, d2 = np.concatenate(new_src), np.concatenate(new_dst)
+    n_old = int((~sync).sum())
+    end = np.concatenate([g.dep_end[~sync], np.ones(s2.size - n_old, dtype=g.dep_end.dtype)])
+    off = np.concatenate([g.dep_off[~sync], np.zeros(s2.size - n_old, dtype=g.dep_off.dtype)])
+    typ = np.concatenate([g.dep_type[~sync], np.full(s2.size - n_old, gr.DEP_TYPES.index("event_wait"),
+                                                     dtype=g.dep_type.dtype)])
+    o = np.argsort(d2, kind="stable")  # the replay groups edges by destination
+    return dataclasses.replace(g, dep_src=s2[o], dep_dst=d2[o], dep_end=end[o], dep_off=off[o], dep_type=typ[o])
+
+
+def _side_stream_anchors(g: gr.Graph, dev: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(source, destination) edges, end to start: each device task of a step on a rank's other streams starts no
+    earlier than the end of the busiest stream's last task that had ended when it was measured to start
+    (:func:`_without_host_syncs`)."""
+    busy = np.bincount(g.res[dev], weights=g.dur[dev], minlength=int(g.res.max(initial=0)) + 1)
+    out_s, out_d = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+    for r in np.unique(g.rank[dev]).tolist():
+        res = np.unique(g.res[dev & (g.rank == r)])
+        if res.size < 2:
+            continue
+        main = int(res[np.argmax(busy[res])])
+        lo, hi = int(np.searchsorted(g.res, main)), int(np.searchsorted(g.res, main, side="right"))
+        side = np.flatnonzero(dev & (g.rank == r) & (g.res != main) & (g.step >= 0))
+        ends = np.maximum.accumulate(g.start[lo:hi] + g.dur[lo:hi])
+        j = np.searchsorted(ends, g.start[side] + ANCHOR_TOLERANCE_US, side="right") - 1
+        ok = j >= 0
+        out_s.append(lo + j[ok])
+        out_d.append(side[ok])
+    return np.concatenate(out_s), np.concatenate(out_d)
 
 
 def pipelined_step_times(g: gr.Graph, rp: simulate.Replay) -> dict[tuple[int, int], float]:
-    """(rank, step) -> replayed step time when the host runs ahead of the GPU (µs): the longer of the host's step
-    (its markers) and the GPU's, from the end of the rank's device work of the step before to the end of this
-    step's (the step's own begin marker for a rank's first step). Without a wait for the GPU a step's host work
-    and the GPU's overlap across steps, so the slower of the two sets the pace: the steady state of a two-stage
-    pipeline (CUDA C++ Programming Guide, "Asynchronous Concurrent Execution")."""
+    """(rank, step) -> replayed step time when the host runs ahead of the GPU (µs): the longest of the host's step
+    (its markers), the GPU's span of the step's device work (first start to last end, every stream of the rank) and
+    the time from the end of the rank's device work of the step before to the end of this step's. Without a wait
+    for the GPU a step's host work overlaps the GPU's, so the slower of the two sets the pace: the steady state of
+    a two-stage pipeline (CUDA C++ Programming Guide, "Asynchronous Concurrent Execution"). The GPU work of two
+    steps is never overlapped: the next step's kernels need this one's results (the optimizer's update, the
+    reduced gradients), which a trace without cross-stream event waits does not show."""
     dev = np.flatnonzero(np.isin(g.kind, (gr.K_KERNEL, gr.K_MEMCPY, gr.K_MEMSET, gr.K_COLL)) & (g.step >= 0))
     width = int(g.step.max(initial=0)) + 2
-    dev_end: dict[int, float] = {}
+    first: dict[int, float] = {}
+    last: dict[int, float] = {}
     if dev.size:
         key = g.rank[dev].astype(np.int64) * width + g.step[dev]
         keys, inv = np.unique(key, return_inverse=True)
+        inv = inv.reshape(-1)
         ends = np.full(keys.size, -np.inf)
-        np.maximum.at(ends, inv.reshape(-1), rp.end[dev])
-        dev_end = dict(zip(keys.tolist(), ends.tolist(), strict=True))
+        starts = np.full(keys.size, np.inf)
+        np.maximum.at(ends, inv, rp.end[dev])
+        np.minimum.at(starts, inv, rp.start[dev])
+        last = dict(zip(keys.tolist(), ends.tolist(), strict=True))
+        first = dict(zip(keys.tolist(), starts.tolist(), strict=True))
     out = {}
     for r, s, b, e, _ in g.steps:
-        host = float(rp.start[e] - rp.start[b])
-        end = dev_end.get(r * width + s)
-        prev = dev_end.get(r * width + s - 1, float(rp.start[b]))
-        out[(r, s)] = max(host, end - prev) if end is not None and np.isfinite(end) else host
+        t = float(rp.start[e] - rp.start[b])
+        k = r * width + s
+        if k in last and np.isfinite(last[k]) and np.isfinite(first[k]):
+            t = max(t, last[k] - first[k], last[k] - last.get(k - 1, float(rp.start[b])))
+        out[(r, s)] = t
     return out
 
 
@@ -444,6 +501,7 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_siz
     replay_model["left_out"] = _left_out(g, ctx)
     replay_model["collective_skew"] = sk  # not for the JSON: the caller takes it out (traceanalyze.pipeline)
     picture = _picture(g, base, measured, counted, m_long, sk)  # now: base (3 graph-sized arrays) is not held below
+    on_path = simulate.on_critical_paths(base, _markers(g)) if mode != "gpu" else None  # GPU: the unprofiled one's
     del base
     results += [[run_id, "replay", r, s, measured[(r, s)], base_t[(r, s)]] for r, s in sorted(measured)]
     whatif = []
@@ -452,6 +510,7 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_siz
     d0, cg0, tr0 = g.chain_dur, g.chain_gap, g.inst_transfer
 
     pr = _Pricer(g, counted, m_long, b_long, m_run)
+    pr.on_path = on_path
     if mode == "gpu":  # the what-ifs are rewrites of the graph without the profiler's host cost
         d0, cg0 = pr.unprofiled(con, run_id, d0, cg0, tr0)
     replay_model["profiler_overhead"] = pr.base(d0, cg0, unprofiled_measured)
@@ -477,6 +536,7 @@ class _Pricer:
         self.scale = 1.0
         self.skipped: dict[str, str] = {}  # scenario -> why its rewrite gave no row (a late pricer reuses it)
         self.g_free: gr.Graph | None = None  # the graph without its blocking waits for the GPU (no_host_sync)
+        self.on_path: np.ndarray | None = None  # per task: on the critical path of a counted step's marker
 
     def replay_long(self, arrs: Arrays, sync_free: bool = False) -> tuple[dict, dict]:
         """(step -> longest replayed time over the counted ranks, (rank, step) -> replayed time); ``sync_free``:
@@ -498,7 +558,11 @@ class _Pricer:
         self.cfg = overhead.profiler_config(con, run_id)
         self.per_op = overhead.per_op_us(self.cfg)
         d, cg = overhead.unprofiled(self.g, d, cg, self.per_op)
-        self.u_long, _ = self.replay_long((d, cg, tr))
+        rp = simulate.replay(self.g, d, cg, tr, keep_binding=True)
+        self.u_long = _longest(rp.step_times(self.g), self.counted)
+        self.on_path = simulate.on_critical_paths(rp, _markers(self.g))
+        del rp
+        release_free_memory()
         return d, cg
 
     def base(self, d: np.ndarray, cg: np.ndarray, measured: dict | None) -> dict:
@@ -549,6 +613,25 @@ def _add_range(row: dict, pr: _Pricer, sc: str, pred: float, arrs: Arrays, base:
     row["range_saving_pct"] = [round(100 * (u - max(ends)) / u, 2), round(100 * (u - min(ends)) / u, 2)]
 
 
+def _markers(g: gr.Graph) -> np.ndarray:
+    """The begin and end markers of the counted steps (task ids): what a step time is measured between."""
+    return np.array([t for _, _, b, e, c in g.steps if c for t in (b, e)], dtype=np.int64)
+
+
+def _on_path_changes(pr: _Pricer, arrs: Arrays, base: Arrays) -> bool:
+    """Whether the rewrite ``arrs`` changes a duration, chain gap or transfer of a task on the base replay's critical
+    paths (:func:`traceanalyze.replay.simulate.on_critical_paths`); True when those paths are unknown. False means
+    the replay would return the base step times to the bit."""
+    if pr.on_path is None:
+        return True
+    g, (d0, cg0, tr0) = pr.g, base
+    ch = (arrs[0] != d0) | (arrs[1] != cg0)
+    ct = np.flatnonzero(g.inst >= 0)
+    if ct.size and arrs[2] is not tr0:
+        ch[ct] |= arrs[2][g.inst[ct]] != tr0[g.inst[ct]]
+    return bool((ch & pr.on_path).any())
+
+
 def _price_scenarios(pr: _Pricer, applicable: list[str], ctx: dict, base: Arrays, measured: dict, results: list,
                      err: float, reliable: bool) -> list[dict]:
     """The ``whatif`` rows of the applicable scenarios, each alone, then ``all`` together (when several); each
@@ -575,6 +658,10 @@ def _price_scenarios(pr: _Pricer, applicable: list[str], ctx: dict, base: Arrays
                 pr.skipped[sc] = (f"{NO_SAVING}: the {sc} rewrite removes less than {MIN_PRECISION_PCT:g} % of the "
                                   "step's work (within a run's step-to-step noise), so it was not replayed")
                 continue
+        if sc not in ("all", "no_host_sync") and not _on_path_changes(pr, arrs, (d0, cg0, tr0)):
+            pr.skipped[sc] = (f"{NO_SAVING}: none of the work the {sc} rewrite changes is on the critical path of "
+                              "the replayed steps, so it cannot shorten them (not replayed)")
+            continue
         pred, t, clamped = pr.predict(arrs, sync_free=sc == "no_host_sync" or
                                       (sc == "all" and "no_host_sync" in applicable))
         results += [[run_id, sc, r, s, measured[(r, s)], t[(r, s)]] for r, s in sorted(measured)]
