@@ -537,6 +537,8 @@ class _Pricer:
         self.skipped: dict[str, str] = {}  # scenario -> why its rewrite gave no row (a late pricer reuses it)
         self.g_free: gr.Graph | None = None  # the graph without its blocking waits for the GPU (no_host_sync)
         self.on_path: np.ndarray | None = None  # per task: on the critical path of a counted step's marker
+        vals = list(m_long.values())  # step-to-step noise, % of the mean: σ over the counted steps
+        self.noise_pct = float(100 * np.std(vals) / np.mean(vals)) if len(vals) > 1 and np.mean(vals) > 0 else 0.0
 
     def replay_long(self, arrs: Arrays, sync_free: bool = False) -> tuple[dict, dict]:
         """(step -> longest replayed time over the counted ranks, (rank, step) -> replayed time); ``sync_free``:
@@ -618,6 +620,15 @@ def _markers(g: gr.Graph) -> np.ndarray:
     return np.array([t for _, _, b, e, c in g.steps if c for t in (b, e)], dtype=np.int64)
 
 
+def _sync_saving_bound(pr: _Pricer, arrs: Arrays) -> float:
+    """The most ``no_host_sync`` can save, % of the step without the profiler: the median over the counted steps of
+    the step less its floor under the rewrite (:func:`_floors`: no step beats its busiest resource's work, however
+    the host and the GPU overlap)."""
+    floor = _floors(pr.g, arrs[0], arrs[1], pr.groups)
+    vals = [100 * (pr.est[s] - floor.get(s, 0.0)) / pr.est[s] for s in pr.m_long if pr.est.get(s)]
+    return max(0.0, float(np.median(vals))) if vals else 100.0
+
+
 def _on_path_changes(pr: _Pricer, arrs: Arrays, base: Arrays) -> bool:
     """Whether the rewrite ``arrs`` changes a duration, chain gap or transfer of a task on the base replay's critical
     paths (:func:`traceanalyze.replay.simulate.on_critical_paths`); True when those paths are unknown. False means
@@ -641,7 +652,8 @@ def _price_scenarios(pr: _Pricer, applicable: list[str], ctx: dict, base: Arrays
     n_steps = max(1, len(pr.m_long))
     for sc in [*applicable, *(["all"] if len(applicable) > 1 else [])]:
         if sc == "all":
-            if sum(w["scenario"] != "all" for w in whatif) < 2:
+            # a fix that saves less than the step-to-step noise leaves "all" at the other fix, within that noise
+            if sum(w["scenario"] != "all" and w["saving_pct"] > pr.noise_pct for w in whatif) < 2:
                 break  # one fix that saves anything: "all" would replay it again
             arrs: Arrays = (d0, cg0, tr0)
             for s in applicable:
@@ -658,6 +670,11 @@ def _price_scenarios(pr: _Pricer, applicable: list[str], ctx: dict, base: Arrays
                 pr.skipped[sc] = (f"{NO_SAVING}: the {sc} rewrite removes less than {MIN_PRECISION_PCT:g} % of the "
                                   "step's work (within a run's step-to-step noise), so it was not replayed")
                 continue
+        if sc == "no_host_sync" and (bound := _sync_saving_bound(pr, arrs)) <= pr.noise_pct:
+            pr.skipped[sc] = (f"{NO_SAVING}: removing the waits saves at most {bound:.2f} % of the step (down to "
+                              "its busiest resource's work), within the step-to-step noise "
+                              f"({pr.noise_pct:.2f} %), so it was not replayed")
+            continue
         if sc not in ("all", "no_host_sync") and not _on_path_changes(pr, arrs, (d0, cg0, tr0)):
             pr.skipped[sc] = (f"{NO_SAVING}: none of the work the {sc} rewrite changes is on the critical path of "
                               "the replayed steps, so it cannot shorten them (not replayed)")
