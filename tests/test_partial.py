@@ -192,7 +192,8 @@ def test_what_ifs_that_change_concurrency_are_unreliable_when_ranks_share_cores(
                                              "threads_source": "OMP_NUM_THREADS", "cores": 2, "why": why}
     w = _whatif(run, "no_straggler")
     assert (w["reliable"], w["unreliable_reason"]) == (False, why)
-    assert _whatif(run, "all")["reliable"] is False
+    # no "all": no_dataloader_wait saves 0.41 %, within the 5.43 % step-to-step noise, so it would be no_straggler
+    assert [w["scenario"] for w in run["whatif"]] == ["no_straggler", "no_dataloader_wait"]
     assert _whatif(run, "no_dataloader_wait")["reliable"] is True  # no change of concurrency
     # the straggler finding keeps its rule's estimate: the replay's figure is not reliable here
     assert not any("impact from the what-if replay (no_straggler)" in e for e in _finding(m, "straggler")["evidence"])

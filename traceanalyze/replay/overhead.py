@@ -17,6 +17,10 @@ whose unprofiled wall time was measured (``../shared/traces/gpu/h200``, ``truth_
 44.3 ms without the profiler (3.7 µs per event), the data-loader pair's slow side 68.8 against 62.1 ms (2.8 µs
 per event), and the bf16 GPT 47.9 against 33.5 ms (host-bound in part). Without ``record_shapes`` (the compile
 pair's eager side: 21.5 against 18.8 ms over about 3,300 events per step) about a third of that.
+
+Those wall times were taken with one sync per N steps while the traced loops sync every step: the estimate is the
+loop as traced; ``no_host_sync`` (:mod:`.whatif`) prices the loop without its per-step wait, and is what the wall
+time is checked against (``benchmarks/gpu_pairs.py``).
 """
 
 from __future__ import annotations

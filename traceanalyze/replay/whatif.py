@@ -501,26 +501,30 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_siz
     replay_model["left_out"] = _left_out(g, ctx)
     replay_model["collective_skew"] = sk  # not for the JSON: the caller takes it out (traceanalyze.pipeline)
     picture = _picture(g, base, measured, counted, m_long, sk)  # now: base (3 graph-sized arrays) is not held below
-    on_path = simulate.on_critical_paths(base, _markers(g)) if mode != "gpu" else None  # GPU: the unprofiled one's
+    pr = _Pricer(g, counted, m_long, b_long, m_run)
+    pr.on_path = simulate.on_critical_paths(base, _markers(g)) if mode != "gpu" else None  # GPU: the unprofiled's
     del base
     results += [[run_id, "replay", r, s, measured[(r, s)], base_t[(r, s)]] for r, s in sorted(measured)]
-    whatif = []
-    applicable = [s for s in SCENARIOS[:-1] if _applies(g, s, ctx)]
-    ctx["applicable"] = applicable
+    applicable = ctx["applicable"] = [s for s in SCENARIOS[:-1] if _applies(g, s, ctx)]
     d0, cg0, tr0 = g.chain_dur, g.chain_gap, g.inst_transfer
-
-    pr = _Pricer(g, counted, m_long, b_long, m_run)
-    pr.on_path = on_path
     if mode == "gpu":  # the what-ifs are rewrites of the graph without the profiler's host cost
         d0, cg0 = pr.unprofiled(con, run_id, d0, cg0, tr0)
     replay_model["profiler_overhead"] = pr.base(d0, cg0, unprofiled_measured)
-    whatif += _price_scenarios(pr, applicable, ctx, (d0, cg0, tr0), measured, results, err,
-                               replay_model["reliable"])
+    whatif = _price_scenarios(pr, applicable, ctx, (d0, cg0, tr0), measured, results, err, replay_model["reliable"])
     if pricer is not None:
         pricer.append(_late_pricer(pr, ctx, (d0, cg0, tr0), measured, err, replay_model["reliable"]))
     if defer is None:
         write()
     return replay_model, whatif, picture
+
+
+def _step_noise_pct(g: gr.Graph, m_long: dict) -> float:
+    """Step-to-step noise, % of the mean: σ over the counted steps' longest times, a step that torch.compile fills
+    more than half of left out (a one-time cost, not noise; as :mod:`traceanalyze.diagnose.confidence` does)."""
+    sel = g.step >= 0
+    comp = np.bincount(g.step[sel], weights=g.cover["compile"][sel]) if sel.any() else np.zeros(0)
+    vals = [v for s, v in m_long.items() if not (0 <= s < comp.size and comp[s] > 0.5 * v)]
+    return float(100 * np.std(vals) / np.mean(vals)) if len(vals) > 1 and np.mean(vals) > 0 else 0.0
 
 
 class _Pricer:
@@ -537,8 +541,7 @@ class _Pricer:
         self.skipped: dict[str, str] = {}  # scenario -> why its rewrite gave no row (a late pricer reuses it)
         self.g_free: gr.Graph | None = None  # the graph without its blocking waits for the GPU (no_host_sync)
         self.on_path: np.ndarray | None = None  # per task: on the critical path of a counted step's marker
-        vals = list(m_long.values())  # step-to-step noise, % of the mean: σ over the counted steps
-        self.noise_pct = float(100 * np.std(vals) / np.mean(vals)) if len(vals) > 1 and np.mean(vals) > 0 else 0.0
+        self.noise_pct = _step_noise_pct(g, m_long)
 
     def replay_long(self, arrs: Arrays, sync_free: bool = False) -> tuple[dict, dict]:
         """(step -> longest replayed time over the counted ranks, (rank, step) -> replayed time); ``sync_free``:
