@@ -623,12 +623,30 @@ def _markers(g: gr.Graph) -> np.ndarray:
     return np.array([t for _, _, b, e, c in g.steps if c for t in (b, e)], dtype=np.int64)
 
 
-def _sync_saving_bound(pr: _Pricer, arrs: Arrays) -> float:
+def _sync_saving_bound(pr: _Pricer, arrs: Arrays, d0: np.ndarray) -> float:
     """The most ``no_host_sync`` can save, % of the step without the profiler: the median over the counted steps of
-    the step less its floor under the rewrite (:func:`_floors`: no step beats its busiest resource's work, however
-    the host and the GPU overlap)."""
-    floor = _floors(pr.g, arrs[0], arrs[1], pr.groups)
-    vals = [100 * (pr.est[s] - floor.get(s, 0.0)) / pr.est[s] for s in pr.m_long if pr.est.get(s)]
+    the smaller of two bounds. The step less its floor under the rewrite (:func:`_floors`: no step beats its
+    busiest resource's work, however the host and the GPU overlap); and, over the ranks, the most time the host
+    spends blocked in the step's waits plus what the rewrite takes off its copy calls (a synced step is the host's
+    work plus its wait; running ahead overlaps the two, so it gains at most the wait; a rank that waits for
+    another in a collective gains at most what that one gains)."""
+    g = pr.g
+    floor = _floors(g, arrs[0], arrs[1], pr.groups)
+    calls = np.unique(g.dep_dst[_host_sync_edges(g)] - 1)
+    calls = calls[calls >= 0]
+    gain = np.zeros(g.start.size)
+    gain[calls] = np.clip(g.dur[calls] - g.chain_dur[calls], 0, None)  # the blocked part (graph._sync_edges)
+    gain += np.clip(d0 - arrs[0], 0, None)
+    sel = np.flatnonzero((gain > 0) & (g.step >= 0))
+    width = int(g.step.max(initial=0)) + 2
+    per: dict[int, float] = {}
+    if sel.size:
+        keys, inv = np.unique(g.rank[sel].astype(np.int64) * width + g.step[sel], return_inverse=True)
+        tot = np.bincount(inv.reshape(-1), weights=gain[sel])
+        for k, v in zip(keys.tolist(), tot.tolist(), strict=True):
+            per[k % width] = max(per.get(k % width, 0.0), v)
+    vals = [100 * min(pr.est[s] - floor.get(s, 0.0), per.get(s, 0.0)) / pr.est[s] for s in pr.m_long
+            if pr.est.get(s)]
     return max(0.0, float(np.median(vals))) if vals else 100.0
 
 
@@ -673,9 +691,10 @@ def _price_scenarios(pr: _Pricer, applicable: list[str], ctx: dict, base: Arrays
                 pr.skipped[sc] = (f"{NO_SAVING}: the {sc} rewrite removes less than {MIN_PRECISION_PCT:g} % of the "
                                   "step's work (within a run's step-to-step noise), so it was not replayed")
                 continue
-        if sc == "no_host_sync" and (bound := _sync_saving_bound(pr, arrs)) <= pr.noise_pct:
-            pr.skipped[sc] = (f"{NO_SAVING}: removing the waits saves at most {bound:.2f} % of the step (down to "
-                              "its busiest resource's work), within the step-to-step noise "
+        if sc == "no_host_sync" and (bound := _sync_saving_bound(pr, arrs, d0)) <= pr.noise_pct:
+            pr.skipped[sc] = (f"{NO_SAVING}: removing the waits saves at most {bound:.2f} % of the step (the time "
+                              "the host waits and copies, and no step below its busiest resource's work), within "
+                              "the step-to-step noise "
                               f"({pr.noise_pct:.2f} %), so it was not replayed")
             continue
         if sc not in ("all", "no_host_sync") and not _on_path_changes(pr, arrs, (d0, cg0, tr0)):
