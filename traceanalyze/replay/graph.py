@@ -44,6 +44,7 @@ from traceanalyze.metrics.host import COMPILE_RANGES
 
 KINDS = ("host", "kernel", "memcpy", "memset", "collective", "step_begin", "step_end")
 K_HOST, K_KERNEL, K_MEMCPY, K_MEMSET, K_COLL, K_BEGIN, K_END = range(7)
+GPU_KINDS = (K_KERNEL, K_MEMCPY, K_MEMSET, K_COLL)  # the task kinds that run on a GPU stream
 DEP_TYPES = ("launch", "gpu_cpu_sync", "inter_thread", "collective_wait", "event_wait")
 CATEGORIES = ("dataloader", "compile", "optimizer", "launch", "matmul_fp32")
 GAP_LABELS = ("host", "launch", "optimizer", "compile", "dataloader")  # sim_task.gap_label; code -1: none
@@ -128,6 +129,20 @@ class Graph:
     def n_instances(self) -> int:
         """Complete collective instances (matched on every rank of their group)."""
         return int(self.inst_complete.sum())
+
+
+def name_codes(g: Graph, part: str) -> list[int]:
+    """Indices into ``g.name`` of the distinct task names that contain ``part`` (lower case), for ``g.name_code``."""
+    names = g.name.to_pylist() if hasattr(g.name, "to_pylist") else list(g.name)
+    return [i for i, n in enumerate(names) if n and part in n.lower()]
+
+
+def rank_step_groups(g: Graph, sel: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
+    """``(width, keys, inv)``: the (rank, step) groups of the tasks ``sel`` (ids with ``step >= 0``) as keys
+    ``rank × width + step`` (sorted, distinct) and each task's index into them."""
+    width = int(g.step.max(initial=0)) + 2
+    keys, inv = np.unique(g.rank[sel].astype(np.int64) * width + g.step[sel], return_inverse=True)
+    return width, keys, inv.reshape(-1)
 
 
 def _seg_cummax_excl(values: np.ndarray, seg: np.ndarray) -> np.ndarray:

@@ -123,8 +123,7 @@ def unprofiled(g: gr.Graph, d: np.ndarray, cg: np.ndarray, per_op: float, per_ca
 
 def _graph_launches(g: gr.Graph) -> np.ndarray:
     """Task ids of the host tasks that launch a CUDA graph (``cudaGraphLaunch``, ``cuGraphLaunch``)."""
-    names = g.name.to_pylist() if hasattr(g.name, "to_pylist") else list(g.name)
-    codes = [i for i, n in enumerate(names) if n and "graphlaunch" in n.lower()]
+    codes = gr.name_codes(g, "graphlaunch")
     if not codes:
         return np.zeros(0, np.int64)
     return np.flatnonzero(np.isin(g.name_code, codes) & (g.kind == gr.K_HOST))

@@ -175,8 +175,7 @@ def _host_copies(g: gr.Graph) -> tuple[np.ndarray, float]:
     µs: what an asynchronous copy call costs the host)."""
     launch = g.dep_src[g.dep_type == gr.DEP_TYPES.index("launch")]
     launch = launch[g.kind[launch] == gr.K_HOST]
-    names = g.name.to_pylist() if hasattr(g.name, "to_pylist") else list(g.name)
-    codes = [i for i, n in enumerate(names) if n and "memcpy" in n.lower()]
+    codes = gr.name_codes(g, "memcpy")
     if not (launch.size and codes):
         return np.zeros(0, np.int64), 0.0
     copies = np.flatnonzero((g.kind == gr.K_HOST) & (g.step >= 0) & np.isin(g.name_code, codes))
@@ -211,7 +210,7 @@ def _without_host_syncs(g: gr.Graph) -> gr.Graph:
     sync = _host_sync_edges(g)
     src, dst = g.dep_src[sync], g.dep_dst[sync]
     new_src, new_dst = [g.dep_src[~sync]], [g.dep_dst[~sync]]
-    dev = np.isin(g.kind, (gr.K_KERNEL, gr.K_MEMCPY, gr.K_MEMSET, gr.K_COLL))
+    dev = np.isin(g.kind, gr.GPU_KINDS)
     for res_id in np.unique(g.res[dev]).tolist():
         lo = int(np.searchsorted(g.res, res_id))
         hi = int(np.searchsorted(g.res, res_id, side="right"))
@@ -264,14 +263,11 @@ def pipelined_step_times(g: gr.Graph, rp: simulate.Replay) -> dict[tuple[int, in
     a two-stage pipeline (CUDA C++ Programming Guide, "Asynchronous Concurrent Execution"). The GPU work of two
     steps is never overlapped: the next step's kernels need this one's results (the optimizer's update, the
     reduced gradients), which a trace without cross-stream event waits does not show."""
-    dev = np.flatnonzero(np.isin(g.kind, (gr.K_KERNEL, gr.K_MEMCPY, gr.K_MEMSET, gr.K_COLL)) & (g.step >= 0))
-    width = int(g.step.max(initial=0)) + 2
+    dev = np.flatnonzero(np.isin(g.kind, gr.GPU_KINDS) & (g.step >= 0))
+    width, keys, inv = gr.rank_step_groups(g, dev)
     first: dict[int, float] = {}
     last: dict[int, float] = {}
     if dev.size:
-        key = g.rank[dev].astype(np.int64) * width + g.step[dev]
-        keys, inv = np.unique(key, return_inverse=True)
-        inv = inv.reshape(-1)
         ends = np.full(keys.size, -np.inf)
         starts = np.full(keys.size, np.inf)
         np.maximum.at(ends, inv, rp.end[dev])
@@ -638,11 +634,10 @@ def _sync_saving_bound(pr: _Pricer, arrs: Arrays, d0: np.ndarray) -> float:
     gain[calls] = np.clip(g.dur[calls] - g.chain_dur[calls], 0, None)  # the blocked part (graph._sync_edges)
     gain += np.clip(d0 - arrs[0], 0, None)
     sel = np.flatnonzero((gain > 0) & (g.step >= 0))
-    width = int(g.step.max(initial=0)) + 2
+    width, keys, inv = gr.rank_step_groups(g, sel)
     per: dict[int, float] = {}
     if sel.size:
-        keys, inv = np.unique(g.rank[sel].astype(np.int64) * width + g.step[sel], return_inverse=True)
-        tot = np.bincount(inv.reshape(-1), weights=gain[sel])
+        tot = np.bincount(inv, weights=gain[sel])
         for k, v in zip(keys.tolist(), tot.tolist(), strict=True):
             per[k % width] = max(per.get(k % width, 0.0), v)
     vals = [100 * min(pr.est[s] - floor.get(s, 0.0), per.get(s, 0.0)) / pr.est[s] for s in pr.m_long
@@ -777,10 +772,8 @@ def _events_per_step(g: gr.Graph, counted: set) -> float | None:
     sel = (g.step >= 0) & (ev > 0)
     if not sel.any():
         return None
-    width = int(g.step.max(initial=0)) + 2
-    key = g.rank[sel].astype(np.int64) * width + g.step[sel]
-    keys, inv = np.unique(key, return_inverse=True)
-    tot = np.bincount(inv.reshape(-1), weights=ev[sel])
+    width, keys, inv = gr.rank_step_groups(g, np.flatnonzero(sel))
+    tot = np.bincount(inv, weights=ev[sel])
     vals = [v for k, v in zip(keys.tolist(), tot.tolist(), strict=True) if divmod(k, width) in counted]
     return round(float(np.median(vals)), 1) if vals else None
 
