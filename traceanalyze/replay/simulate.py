@@ -15,10 +15,21 @@ next cross-resource dependency in time order).
 
 A pass visits the resources in order, each one seeing what the resources before it set in this pass. Only the
 order among one rank's resources matters: every explicit edge stays inside a rank, and a rendezvous reads the
-ready times of the pass before. So with many ranks the resources are visited in *waves* (:class:`_Wave`): the
-k-th resource of every rank in one pass phase at once, in NumPy calls over the whole wave, with the same times to
-the bit as one resource at a time (thousands of resources at 1,024 ranks: a few NumPy calls each were most of
-the replay).
+ready times gathered after the last slab (below). So with many ranks the resources are visited in *waves*
+(:class:`_Wave`): the k-th resource of every rank in one pass phase at once, in NumPy calls over the whole wave,
+with the same times to the bit as one resource at a time (thousands of resources at 1,024 ranks: a few NumPy calls
+each were most of the replay).
+
+A task that waits for a resource visited after its own (a host's synchronize on its stream, a wait on another
+thread or on a collective) reads that resource's time from the pass before, so each such wait in a row cost one
+more pass: the 8-rank scale set's host waits twice a step and settled in 12 passes. On a graph of
+:data:`SLABS_MIN_TASKS` tasks or more, each rank's resources are cut at the start of every such wait and visited
+*slab by slab* (every resource's part before the first cut, then every part up to the next, ...), the running
+maximum carried from one part of a resource to the next and the rendezvous' ready times gathered after each slab
+(Gauss-Seidel rather than Jacobi sweeps): the wait then reads a part visited earlier in the same pass, and the
+scale set settles in 2 passes. The graph is acyclic, so the fixed point is the same one, to the bit. A rank with
+more waits than :data:`PART_TASKS` allows (each part costs a few NumPy calls) is not cut: a wait left uncut would
+still cost its pass.
 """
 
 from __future__ import annotations
@@ -30,6 +41,8 @@ import numpy as np
 from traceanalyze.replay.graph import K_COLL, Graph
 
 MAX_PASSES = 400  # a pass settles at least one more cross-resource dependency; real graphs settle in far fewer
+SLABS_MIN_TASKS = 20_000  # smaller graphs replay in a few ms: one slab (no cuts to plan)
+PART_TASKS = 500  # tasks per part (or wave) a pass visits, at least: each costs a few NumPy calls (~45 µs)
 WAVE_MIN_RESOURCES = 32  # waves replace the resource-by-resource pass when they hold this many resources on average
 # (below, the gathers cost more than the calls they save: 8 ranks 0.15 -> 0.25 s; 128 ranks 0.25 -> 0.18 s)
 TOLERANCE_US = 1e-3
@@ -74,7 +87,9 @@ class _Plan:
     udst: np.ndarray
     ustart: np.ndarray
     ustop: np.ndarray
-    segs: list[tuple[int, int, int, int, int, int]]
+    segs: list[tuple[int, int, int, int, int, int, int]]  # (lo, hi, ua, ub, ca, cb, resource) in pass order
+    slab_end: set[int]  # the positions in segs (or in waves) after which the rendezvous' ready times are gathered
+    n_res: int  # resources (the running maximum is carried per resource from one slab to the next)
     waves: list[_Wave] | None = None
     sidx: np.ndarray | None = None  # with waves: each edge's source time in se (its start, or n + its end)
     se: np.ndarray | None = None  # with waves: the starts then the ends of the tasks, in wave order
@@ -112,6 +127,7 @@ class _Wave:
     c_n: np.ndarray
     cpos: np.ndarray
     buckets: list[tuple[np.ndarray, np.ndarray, int]]
+    res: np.ndarray  # each slice's resource (its index in the slab-less resource order)
     at: int = 0  # where the wave's tasks start in the plan's arrays, once they are laid out wave by wave
     e_at: int = 0  # ... and its edges
 
@@ -164,10 +180,7 @@ def replay(g: Graph, dur: np.ndarray | None = None, gap: np.ndarray | None = Non
     for passes in range(1, MAX_PASSES + 1):  # noqa: B007
         # waves measure how far the starts moved as they write them (no copy of the graph's size)
         before = s.copy() if p.waves is None else None
-        moved = _pass(p, s, e, ready, m_ready)
-        if p.ct.size:
-            m_ready = np.full(tr.size, UNKNOWN)
-            np.maximum.at(m_ready, p.ci, ready)
+        moved = _pass(p, s, e, ready, m_ready)  # gathers m_ready after each slab
         if before is not None:
             np.subtract(s, before, out=before)  # in place: no temporaries of the graph's size
             moved = float(np.max(np.abs(before, out=before))) if n else 0.0
@@ -260,9 +273,69 @@ def _plan(g: Graph, dur: np.ndarray | None, gap: np.ndarray | None, tr: np.ndarr
     udst, ustart = np.unique(ddst, return_index=True) if ddst.size else (np.zeros(0, np.int64), np.zeros(0, np.int64))
     ustop = np.append(ustart[1:], ddst.size).astype(np.int64)
     segs, phases = _resource_slices(g, udst, ct)
+    keys = _wave_keys(g, segs, phases) if waves else None
+    # cuts per rank while the parts (or waves) a pass visits stay within one per PART_TASKS tasks
+    units = len(set(keys)) if keys else len(segs)
+    cuts = (n // PART_TASKS) // max(units, 1) - 1 if waves and n >= SLABS_MIN_TASKS else 0
+    subs, slab_of = _slabs(g, segs, udst, ct, cuts)
+    wv = _waves(subs, slab_of, keys, udst, ustart, ustop, ct) if keys else None
+    order = np.argsort(slab_of, kind="stable")  # slab by slab, resources in pass order within one
+    last = np.append(slab_of[order][1:] != slab_of[order][:-1], True) if order.size else np.zeros(0, bool)
     return _Plan(d=d, cg=cg, c=c, floor=floor, r0=r0, ct=ct, ci=ci, prev_ct=np.clip(ct - 1, 0, None),
                  ct_first=first[ct], dsrc=dsrc, ddst=ddst, dend=dend, doff=doff, udst=udst, ustart=ustart,
-                 ustop=ustop, segs=segs, waves=_waves(g, segs, phases, udst, ustart, ustop, ct) if waves else None)
+                 ustop=ustop, segs=[tuple(x) for x in subs[order].tolist()] if wv is None else [],
+                 slab_end=wv[1] if wv else set(np.flatnonzero(last).tolist()), n_res=len(segs),
+                 waves=wv[0] if wv else None)
+
+
+def _slabs(g: Graph, segs: list[tuple[int, int, int, int, int, int]], udst: np.ndarray, ct: np.ndarray,
+           max_cuts: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each resource slice of ``segs`` cut into slabs (module docstring) at its rank's cut times: the start of
+    every task that waits for a resource visited after its own (a synchronize, a wait on another thread or on a
+    collective), when no rank has more than ``max_cuts`` of them. Returns the non-empty parts as rows ``(lo, hi,
+    ua, ub, ca, cb, resource)``, resource by resource, and each part's slab; without cuts, ``segs`` whole in one
+    slab."""
+    sl = np.array(segs, np.int64).reshape(-1, 6)
+    whole = np.column_stack([sl, np.arange(sl.shape[0])]), np.zeros(sl.shape[0], np.int64)
+    if max_cuts <= 0 or not g.dep_src.size or not segs:
+        return whole
+    visit = np.zeros(int(g.res.max(initial=0)) + 1, np.int64)
+    visit[g.res[sl[:, 0]]] = np.arange(sl.shape[0])
+    dst = g.dep_dst[visit[g.res[g.dep_src]] > visit[g.res[g.dep_dst]]].astype(np.int64)
+    if not dst.size:
+        return whole
+    ranks, r_of = np.unique(g.rank[dst], return_inverse=True)
+    o = np.lexsort((g.start[dst], r_of))
+    cut_r, cut_t = r_of[o], g.start[dst][o]
+    keep = np.ones(o.size, bool)
+    keep[1:] = (cut_r[1:] != cut_r[:-1]) | (cut_t[1:] != cut_t[:-1])
+    cut_r, cut_t = cut_r[keep], cut_t[keep]
+    per = np.bincount(cut_r, minlength=ranks.size)
+    if per.max() > max_cuts:  # some waits left uncut would each still cost a pass: no gain
+        return whole
+    at = np.full((ranks.size, int(per.max())), np.inf)  # a rank with fewer cuts: its last slabs empty
+    at[cut_r, np.arange(cut_r.size) - np.repeat(np.cumsum(per) - per, per)] = cut_t
+    # every resource's cuts in one search: (its slice in task order, time) keys over the tasks, sorted so
+    lo, hi = sl[:, 0], sl[:, 1]
+    row = np.searchsorted(ranks, g.rank[lo])
+    has = (row < ranks.size) & (ranks[np.minimum(row, ranks.size - 1)] == g.rank[lo])
+    t0, span = float(g.start.min()), float(np.ptp(g.start)) + 1.0
+    first_at = np.flatnonzero(g.first)
+    task_key = np.repeat(np.arange(first_at.size, dtype=float), np.diff(np.append(first_at, g.start.size)))
+    task_key = task_key * span + (g.start - t0)
+    q = np.where(has[:, None], at[np.minimum(row, ranks.size - 1)], np.inf)
+    slot = np.searchsorted(first_at, lo).astype(float)[:, None]
+    pos = np.searchsorted(task_key, np.where(np.isinf(q), (slot + 1) * span - 0.5, slot * span + (q - t0)))
+    bounds = np.column_stack([lo, np.clip(pos, lo[:, None], hi[:, None]), hi])
+    a, b = bounds[:, :-1], bounds[:, 1:]
+    nz = b > a
+    res, slab = np.nonzero(nz)  # row-major: resource by resource, slab by slab
+    a, b = a[nz], b[nz]
+    u_a = np.searchsorted(udst, a) if udst.size else np.zeros(a.size, np.int64)
+    u_b = np.searchsorted(udst, b) if udst.size else np.zeros(a.size, np.int64)
+    c_a = np.searchsorted(ct, a) if ct.size else np.zeros(a.size, np.int64)
+    c_b = np.searchsorted(ct, b) if ct.size else np.zeros(a.size, np.int64)
+    return np.column_stack([a, b, u_a, u_b, c_a, c_b, res]).astype(np.int64), slab.astype(np.int64)
 
 
 def _resource_slices(g: Graph, udst: np.ndarray, ct: np.ndarray
@@ -286,31 +359,45 @@ def _resource_slices(g: Graph, udst: np.ndarray, ct: np.ndarray
     return segs, phases
 
 
-def _waves(g: Graph, segs: list[tuple[int, int, int, int, int, int]], phases: list[int], udst: np.ndarray,
-           ustart: np.ndarray, ustop: np.ndarray, ct: np.ndarray) -> list[_Wave] | None:
-    """The resource slices as waves (module docstring): wave (phase, k) holds the k-th resource of each rank in
-    that phase, and waves run in (phase, k) order, which keeps each rank's resources in pass order. None when
-    the waves would hold fewer than :data:`WAVE_MIN_RESOURCES` resources on average, or an edge joins two ranks
-    (then the pass goes resource by resource)."""
+def _wave_keys(g: Graph, segs: list[tuple[int, int, int, int, int, int]], phases: list[int]
+               ) -> list[tuple[int, int]] | None:
+    """Each resource's wave (module docstring) ``(phase, k)``: the k-th resource of its rank in that phase. None
+    when the waves would hold fewer than :data:`WAVE_MIN_RESOURCES` resources on average, or an edge joins two
+    ranks (then the pass goes resource by resource)."""
     if not segs or (g.dep_src.size and np.any(g.rank[g.dep_src] != g.rank[g.dep_dst])):
         return None
     seen: dict[tuple[int, int], int] = {}
-    groups: dict[tuple[int, int], list[int]] = {}
-    for i, ((lo, *_), ph) in enumerate(zip(segs, phases, strict=True)):
+    keys: list[tuple[int, int]] = []
+    for (lo, *_), ph in zip(segs, phases, strict=True):
         k = seen.get((ph, int(g.rank[lo])), 0)
         seen[(ph, int(g.rank[lo]))] = k + 1
-        groups.setdefault((ph, k), []).append(i)
-    if len(segs) < WAVE_MIN_RESOURCES * len(groups):
-        return None
+        keys.append((ph, k))
+    return None if len(segs) < WAVE_MIN_RESOURCES * len(set(keys)) else keys
+
+
+def _waves(subs: np.ndarray, slab_of: np.ndarray, keys: list[tuple[int, int]], udst: np.ndarray,
+           ustart: np.ndarray, ustop: np.ndarray, ct: np.ndarray) -> tuple[list[_Wave], set[int]]:
+    """The parts of the resources (:func:`_slabs`: ``subs``, ``slab_of``) as waves: wave (slab, phase, k) holds the
+    parts in that slab of the resources of wave key (phase, k) (:func:`_wave_keys`: ``keys``), and waves run in
+    (slab, phase, k) order, which keeps each rank's resources in pass order. Returns the waves and the positions
+    of each slab's last wave."""
+    kp, kk = (np.array([k[i] for k in keys], np.int64)[subs[:, 6]] for i in (0, 1))
+    o = np.lexsort((kk, kp, slab_of))  # stable: a wave's parts in resource order
+    trip = np.column_stack([slab_of[o], kp[o], kk[o]])
+    new = np.ones(o.size, bool)
+    new[1:] = np.any(trip[1:] != trip[:-1], axis=1)
+    starts = np.flatnonzero(new)
     # destination i's edges are [ustart[i], ustop[i]), and ustop[i] == ustart[i + 1]: one array with its end
     edge_at = np.append(ustart, ustop[-1] if ustop.size else 0).astype(np.int64)
-    return [_wave(np.array([segs[i] for i in groups[key]], np.int64), udst, ustart, edge_at, ct)
-            for key in sorted(groups)]
+    waves = [_wave(subs[o[a:b]], udst, ustart, edge_at, ct)
+             for a, b in zip(starts, np.append(starts[1:], o.size), strict=True)]
+    slab = trip[starts, 0]
+    return waves, set(np.flatnonzero(np.append(slab[1:] != slab[:-1], True)).tolist())
 
 
 def _wave(sl: np.ndarray, udst: np.ndarray, ustart: np.ndarray, edge_at: np.ndarray, ct: np.ndarray) -> _Wave:
-    """One :class:`_Wave` from its resources' slices ``(lo, hi, ua, ub, ca, cb)`` (rows of ``sl``); ``edge_at``:
-    each destination's first edge, then the number of edges."""
+    """One :class:`_Wave` from its resources' slices ``(lo, hi, ua, ub, ca, cb, resource)`` (rows of ``sl``);
+    ``edge_at``: each destination's first edge, then the number of edges."""
     lo, n = sl[:, 0], sl[:, 1] - sl[:, 0]
     base = np.cumsum(n) - n  # each slice's first position among the wave's tasks
     ua, ub = sl[:, 2], sl[:, 3]
@@ -331,19 +418,27 @@ def _wave(sl: np.ndarray, udst: np.ndarray, ustart: np.ndarray, edge_at: np.ndar
     for w in np.unique(width_class[n > 1]):
         m = (width_class == w) & (n > 1)
         buckets.append((base[m], n[m], int(n[m].max())))
-    return _Wave(lo=lo, n=n, e_lo=e_lo, e_n=e_n, red=red, pos=pos, c_lo=c_lo, c_n=c_n, cpos=cpos, buckets=buckets)
+    return _Wave(lo=lo, n=n, e_lo=e_lo, e_n=e_n, red=red, pos=pos, c_lo=c_lo, c_n=c_n, cpos=cpos, buckets=buckets,
+                 res=sl[:, 6].copy())
 
 
 def _pass(p: _Plan, s: np.ndarray, e: np.ndarray, ready: np.ndarray, m_ready: np.ndarray) -> float | None:
     """One pass over the resources: each task's start from its chain and its predecessors' current times, in
     place in ``s``/``e``; ``ready``: each collective task's ready time, for its instance's rendezvous. Returns how
-    far a start moved at most (µs) in a pass over waves; None resource by resource (the caller compares)."""
+    far a start moved at most (µs) in a pass over waves; None resource by resource (the caller compares). After
+    each slab (module docstring) ``m_ready``, each instance's latest ready time, is gathered again, in place."""
+    carry = np.full(p.n_res, p.floor)  # per resource: the running maximum where its previous part ended
     if p.waves is not None:
-        return max((_wave_pass(p, w, s, e, ready, m_ready) for w in p.waves), default=0.0)
+        moved = 0.0
+        for j, w in enumerate(p.waves):
+            moved = max(moved, _wave_pass(p, w, s, e, ready, m_ready, carry))
+            if j in p.slab_end:
+                _gather_ready(p, ready, m_ready)
+        return moved
     r0, c, d, cg, floor, ct, ci = p.r0, p.c, p.d, p.cg, p.floor, p.ct, p.ci
     dsrc, dend, doff, udst, ustart, ustop = p.dsrc, p.dend, p.doff, p.udst, p.ustart, p.ustop
     prev_ct, ct_first = p.prev_ct, p.ct_first
-    for lo, hi, ua, ub, ca, cb in p.segs:
+    for j, (lo, hi, ua, ub, ca, cb, res) in enumerate(p.segs):
         r = r0[lo:hi].copy()
         if ub > ua:
             da, db = int(ustart[ua]), int(ustop[ub - 1])
@@ -356,21 +451,36 @@ def _pass(p: _Plan, s: np.ndarray, e: np.ndarray, ready: np.ndarray, m_ready: np
             r_dep = r[cidx].copy()
             r[cidx] = np.maximum(r_dep, m_ready[ci[ca:cb]])
         cc = c[lo:hi]
-        run = np.maximum.accumulate(np.maximum(r - cc, floor))
+        run = np.maximum(r - cc, floor)
+        run[0] = max(run[0], carry[res])
+        np.maximum.accumulate(run, out=run)
+        carry[res] = run[-1]
         new_s = np.where(run <= floor, UNKNOWN, run + cc)
         s[lo:hi] = new_s
         e[lo:hi] = new_s + d[lo:hi]
         if cb > ca:
             pc = prev_ct[ca:cb]
             ready[ca:cb] = np.maximum(np.where(ct_first[ca:cb], UNKNOWN, e[pc] + cg[ct[ca:cb]]), r_dep)
+        if j in p.slab_end:
+            _gather_ready(p, ready, m_ready)
     return None
 
 
-def _wave_pass(p: _Plan, w: _Wave, s: np.ndarray, e: np.ndarray, ready: np.ndarray, m_ready: np.ndarray) -> float:
+def _gather_ready(p: _Plan, ready: np.ndarray, m_ready: np.ndarray) -> None:
+    """Each instance's latest ready time over its participants (``m_ready``, in place) from ``ready``: this pass's
+    where a participant's slab was visited, the pass before's where not yet."""
+    if p.ct.size:
+        m_ready.fill(UNKNOWN)
+        np.maximum.at(m_ready, p.ci, ready)
+
+
+def _wave_pass(p: _Plan, w: _Wave, s: np.ndarray, e: np.ndarray, ready: np.ndarray, m_ready: np.ndarray,
+               carry: np.ndarray) -> float:
     """:func:`_pass` over one wave's resources at once: the same operations, on the wave's tasks one slice after
     another (laid out so by :func:`_lay_out_waves`: ``w.at`` on), written in place. ``s`` and ``e`` are the two
     halves of ``p.se``, where ``p.sidx`` finds an edge's source time in one gather. Returns how far a start of the
-    wave moved at most (µs)."""
+    wave moved at most (µs). ``carry``: per resource, the running maximum where its part in the slab before
+    ended (read at each slice's first task, then set at its last)."""
     sl = slice(w.at, w.at + int(w.n.sum()))
     r = p.r0[sl].copy()
     if w.red.size:
@@ -386,7 +496,10 @@ def _wave_pass(p: _Plan, w: _Wave, s: np.ndarray, e: np.ndarray, ready: np.ndarr
     cc = p.c[sl]
     np.subtract(r, cc, out=r)
     np.maximum(r, p.floor, out=r)
+    first = np.cumsum(w.n) - w.n
+    r[first] = np.maximum(r[first], carry[w.res])
     run = _seg_cummax(r, w.buckets) if w.buckets else r
+    carry[w.res] = run[first + w.n - 1]
     new_s = run + cc
     np.copyto(new_s, UNKNOWN, where=run <= p.floor)
     s_w = s[sl]
