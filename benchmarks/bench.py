@@ -4,6 +4,7 @@
     pip install '.[bench]'            # HTA 0.5.0 + psutil (HTA pulls in jupyterlab)
     python benchmarks/bench.py        # 8-rank scale set from ../shared/tools/make_scale_set.py
     python benchmarks/bench.py --traces DIR --runs 5 --scaling --big
+    git worktree add /tmp/before COMMIT && python benchmarks/bench.py --runs 7 --skip-hta --baseline /tmp/before
 
 In the same run, alternating, it times (a) HTA: ``TraceAnalysis`` load plus ``get_temporal_breakdown``,
 ``get_comm_comp_overlap``, ``get_idle_time_breakdown``, ``get_gpu_kernel_breakdown``, and (b)
@@ -77,10 +78,12 @@ def _pss_bytes(p) -> int:
         return p.memory_info().rss
 
 
-def run_timed(cmd: list[str]) -> float:
-    """Run ``cmd`` with nothing else watching it; return its wall time in seconds."""
+def run_timed(cmd: list[str], env: dict | None = None) -> float:
+    """Run ``cmd`` with nothing else watching it (``env``: default :data:`BENCH_ENV`); return its wall time in
+    seconds."""
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=BENCH_ENV)
+    proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env or BENCH_ENV,
+                          cwd=tempfile.gettempdir())
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"benchmark command failed ({proc.returncode}): {' '.join(cmd)}\n"
@@ -88,7 +91,7 @@ def run_timed(cmd: list[str]) -> float:
     return wall
 
 
-def run_sampled(cmd: list[str]) -> float:
+def run_sampled(cmd: list[str], env: dict | None = None) -> float:
     """Run ``cmd``; return the peak memory in MB of the process and all its children.
 
     Memory is the sum of each process's PSS (proportional set size: shared pages split between the processes
@@ -99,7 +102,8 @@ def run_sampled(cmd: list[str]) -> float:
     """
     import psutil
 
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=BENCH_ENV)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env or BENCH_ENV,
+                            cwd=tempfile.gettempdir())
     ps = psutil.Process(proc.pid)
     peak = 0
     while proc.poll() is None:
@@ -120,15 +124,21 @@ def run_sampled(cmd: list[str]) -> float:
     return peak / 1e6
 
 
-def run_measured(cmd: list[str], fresh_db: Path | None = None) -> tuple[float, float]:
+def run_measured(cmd: list[str], fresh_db: Path | None = None, env: dict | None = None) -> tuple[float, float]:
     """(wall seconds, peak memory MB) of ``cmd`` from two runs: one timed alone, one watched for memory.
     ``fresh_db`` is deleted before each (a cold run)."""
     if fresh_db:
         fresh_db.unlink(missing_ok=True)
-    wall = run_timed(cmd)
+    wall = run_timed(cmd, env)
     if fresh_db:
         fresh_db.unlink(missing_ok=True)
-    return wall, run_sampled(cmd)
+    return wall, run_sampled(cmd, env)
+
+
+def baseline_env(src: Path) -> dict:
+    """The environment that runs the traceanalyze of the source tree ``src`` (``git worktree add DIR COMMIT``):
+    first on ``PYTHONPATH``; every command runs from the temp folder, so no checkout shadows it."""
+    return {**BENCH_ENV, "PYTHONPATH": str(src.resolve())}
 
 
 def run_once(cmd: list[str]) -> tuple[float, float]:
@@ -303,10 +313,13 @@ def main() -> None:
     ap.add_argument("--fixed-cost", action="store_true", help="cold report of one 5 MB rank minus python start")
     ap.add_argument("--dask", action="store_true", help="the scale set through --executor dask (2 local workers)")
     ap.add_argument("--skip-main", action="store_true", help="only the rows asked for, not the scale set")
+    ap.add_argument("--baseline", type=Path, help="a source tree of traceanalyze (git worktree add DIR COMMIT): its "
+                    "cold report timed alternating with this one's, and the growth printed")
     args = ap.parse_args()
 
+    args.work = args.work.resolve()  # every command runs from the temp folder (baseline_env)
     args.work.mkdir(parents=True, exist_ok=True)
-    traces = args.traces
+    traces = args.traces.resolve() if args.traces else None
     if traces is None:
         if not MAKE_SCALE_SET.exists():
             raise SystemExit(f"{MAKE_SCALE_SET} not found: pass --traces DIR")
@@ -318,7 +331,7 @@ def main() -> None:
     gz_mb = sum(f.stat().st_size for f in traces.iterdir() if f.is_file()) / 1e6
     print(f"input: {traces} ({gz_mb:.1f} MB on disk, {mb:.1f} MB of JSON)", flush=True)
 
-    hta_t, hta_m, cold_t, cold_m, warm_t, warm_m = [], [], [], [], [], []
+    hta_t, hta_m, cold_t, cold_m, warm_t, warm_m, base_t, base_m = [], [], [], [], [], [], [], []
     out = args.work / "report.html"
     if args.fixed_cost:
         fixed_cost(args, out)
@@ -332,6 +345,11 @@ def main() -> None:
         t, m = run_measured(traceanalyze_cmd(traces, out, db), fresh_db=db)
         cold_t.append(t)
         cold_m.append(m)
+        if args.baseline:
+            bt, bm = run_measured(traceanalyze_cmd(traces, out, db), fresh_db=db, env=baseline_env(args.baseline))
+            base_t.append(bt)
+            base_m.append(bm)
+            print(f"run {i + 1}: baseline cold {bt:.2f} s, {bm:.0f} MB", flush=True)
         t2, m2 = run_measured(traceanalyze_cmd(traces, out, db))
         warm_t.append(t2)
         warm_m.append(m2)
@@ -339,6 +357,12 @@ def main() -> None:
               flush=True)
     if not args.skip_main:
         main_table(args, mb, hta_t, hta_m, cold_t, cold_m, warm_t, warm_m)
+    if base_t:
+        grow = (median(cold_t) / median(base_t) - 1) * 100
+        print(f"\ncold report against the baseline {args.baseline} ({args.runs} runs each, alternating, medians): "
+              f"{median(base_t):.2f} s, {median(base_m):.0f} MB -> {median(cold_t):.2f} s, {median(cold_m):.0f} MB "
+              f"({grow:+.1f} %; target at most +10 %: {verdict(grow <= 10)}); each run, baseline/now: "
+              + ", ".join(f"{b:.2f}/{c:.2f}" for b, c in zip(base_t, cold_t, strict=True)))
     if args.dask:
         ts, ms = [], []
         for _ in range(args.runs):

@@ -562,11 +562,18 @@ def on_critical_paths(rp: Replay, ends: np.ndarray) -> np.ndarray:
     that path; shortening tasks off it cannot move the end, so a rewrite that changes none of them saves exactly
     nothing (the longest path of a DAG: Kelley and Walker's critical path method)."""
     who = rp.binding  # type: ignore[attr-defined]
-    mark = np.zeros(who.size, dtype=bool)
-    t = np.unique(ends[(ends >= 0) & (ends < who.size)])
+    n = who.size
+    mark = np.zeros(n, dtype=bool)
+    # most bindings are the chain (the task before on the same resource): walk each run of them as one range
+    idx = np.arange(n)
+    run_lo = np.where(who == idx - 1, 0, idx)
+    np.maximum.accumulate(run_lo, out=run_lo)  # the first task of the chain run that ends at each task
+    t = np.unique(ends[(ends >= 0) & (ends < n)])
     while t.size:
-        mark[t] = True
-        t = who[t]
+        lo = run_lo[t]
+        for a, b in zip(lo.tolist(), t.tolist(), strict=True):
+            mark[a: b + 1] = True
+        t = who[lo]
         t = np.unique(t[t >= 0])
         t = t[~mark[t]]
     return mark
