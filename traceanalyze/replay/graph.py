@@ -412,11 +412,25 @@ def build(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_size: in
               inst=np.full(c["start"].size, -1, np.int32), inst_transfer=np.zeros(0),
               inst_complete=np.zeros(0, bool), inst_coll=[], inst_bytes=np.zeros(0, np.int64),
               inst_n=np.zeros(0, np.int64), inst_matched_by=[], steps=c["steps"], missing_edges=[],
-              prec_class=c["prec"], prof_events=c["prof"])
+              prec_class=c["prec"], prof_events=np.zeros((3, c["start"].size), np.uint16))
     if mode == "gpu" and not c["event_waits"]:
         g.missing_edges.append("cross-stream event waits (the traces hold no cuda_sync \"Stream Wait Event\" rows: "
                                "streams are ordered only by their launches)")
-    _match_collectives(con, g, rc, c["coll_fid"], c["coll_ts"])
+    if mode != "gpu":
+        _match_collectives(con, g, rc, c["coll_fid"], c["coll_ts"])
+        return g
+    # the profiler's events counted on a cursor and thread of their own, beside the collectives' matching: both
+    # are mostly DuckDB reads and NumPy sorts, which free the GIL (the scale set: 0.13 s hidden behind 0.13-0.2 s)
+    from concurrent.futures import ThreadPoolExecutor
+
+    cur = con.cursor()
+    try:
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="traceanalyze-events") as pool:
+            counted = pool.submit(_profiler_events, cur, rc, g)
+            _match_collectives(con, g, rc, c["coll_fid"], c["coll_ts"])
+            g.prof_events = counted.result()
+    finally:
+        cur.close()
     return g
 
 
@@ -519,11 +533,10 @@ def _build_chunk(con, rc: _RunClock, fids: list[int], st: dict[str, np.ndarray],
     # categories: host time under dataloader / compile / optimizer ranges and fp32 matmuls (CPU runs)
     prec = _precision_classes(t) if rc.mode == "gpu" else np.zeros(t.n, np.int8)  # GPU runs only
     cover, gap_cover, gap_label = _categories(con, rc, t, fids, prec)
-    prof = _profiler_events(con, rc, t, fids) if rc.mode == "gpu" else np.zeros((3, t.n), np.uint16)
     coll = t.kind == K_COLL
     return dict(n=t.n, rank=t.rank, res=t.res, kind=t.kind, name=(t.name_code, t.names), step=step, start=t.start,
                 dur=t.dur, gap=t.gap, first=t.first, cg=cg, cd=cd, gap_label=gap_label, cover=cover,
-                event_waits=event_waits, prec=prec, prof=prof,
+                event_waits=event_waits, prec=prec,
                 gap_cover=gap_cover, dep=edges.arrays(), steps=steps, res_names=t.res_names,
                 coll_fid=t.cols["fid"][coll], coll_ts=t.cols["ts"][coll])
 
@@ -552,7 +565,6 @@ def _join_chunks(chunks: list[dict]) -> dict:
         out["dep"].append(np.concatenate([d[i] for d in deps]))
         for d in deps:
             d[i] = None
-    out["prof"] = np.concatenate([c.pop("prof") for c in chunks], axis=1)
     for k in ("cover", "gap_cover"):
         out[k] = {}
         for cat in list(chunks[0][k]):
@@ -1021,30 +1033,40 @@ def _precision_classes(t: _Tasks) -> np.ndarray:
     return out
 
 
-def _profiler_events(con, rc: _RunClock, t: _Tasks, fids: list[int]) -> np.ndarray:
-    """Per host task (and step marker): the events the profiler recorded on its thread from the end of the thread's
-    previous task to its own end, each counted at its start, as three uint16 rows (6 bytes a task; a count over
-    65,535 is clipped): ``[0]`` cpu ops and
-    annotations recorded in C++, ``[1]`` runtime and driver calls, ``[2]`` the ranges Python opens only while a
-    profiler runs (inductor's ``triton_*`` launches, ``## Call CompiledFxGraph``, compiled regions); 0 for device
-    tasks. The profiler's own host cost is paid per
-    recorded event (:mod:`traceanalyze.replay.overhead`)."""
-    out = np.zeros((3, t.n), np.uint16)
-    host = t.rk == 0
-    if not host.any():
+def _profiler_events(con, rc: _RunClock, g: Graph) -> np.ndarray:
+    """Per host task (and step marker) of ``g``: the events the profiler recorded on its thread from the end of the
+    thread's previous task to its own end, each counted at its start, as three uint16 rows (6 bytes a task; a count
+    over 65,535 is clipped): ``[0]`` cpu ops and annotations recorded in C++, ``[1]`` runtime and driver calls,
+    ``[2]`` the ranges Python opens only while a profiler runs (inductor's ``triton_*`` launches, ``## Call
+    CompiledFxGraph``, compiled regions); 0 for device tasks. The profiler's own host cost is paid per recorded
+    event (:mod:`traceanalyze.replay.overhead`)."""
+    out = np.zeros((3, g.start.size), np.uint16)
+    # the host threads: resources named host:pid/tid (:func:`_order_tasks`), each with its rank
+    first = np.flatnonzero(g.first)
+    res_first = np.full(len(g.res_names), -1, np.int64)
+    res_first[g.res[first]] = first
+    threads = {}
+    for r, name in enumerate(g.res_names):
+        if name.startswith("host:") and res_first[r] >= 0:
+            pid, _, tid = name[5:].partition("/")
+            threads[(int(g.rank[res_first[r]]), int(pid), int(tid))] = r
+    host = np.zeros(len(g.res_names), bool)
+    host[list(threads.values())] = True
+    idx = np.flatnonzero(host[g.res])
+    if not idx.size:
         return out
     # by batches of files (bounded memory: the events of 8 ranks at once held 55 MB), each thread once (a code per
     # row from SQL: no per-row lookup), the events by thread and time
+    fids = [int(f) for f in rc.fid]
     sizes = dict(con.execute("SELECT file_id, coalesce(n_cpu_ops, 0) FROM files WHERE file_id IN (SELECT unnest(?))",
                              [fids]).fetchall())
     # each host task's window [lo, hi) as sortable keys (resource << _T_SHIFT + ns), computed once for all batches
     lim = (1 << _T_SHIFT) - 1
-    idx = np.flatnonzero(host)
-    res = t.res[idx].astype(np.int64) << _T_SHIFT
-    e_ns = np.clip((t.end * 1e3).astype(np.int64), 0, lim)
-    s_ns = np.clip((t.start[idx] * 1e3).astype(np.int64), 0, lim)
+    res = g.res[idx].astype(np.int64) << _T_SHIFT
+    e_ns = np.clip(((g.start + g.dur) * 1e3).astype(np.int64), 0, lim)
+    s_ns = np.clip((g.start[idx] * 1e3).astype(np.int64), 0, lim)
     prev_e = np.concatenate([[0], e_ns[:-1]])[idx]
-    win = (idx, t.rank[idx], res + np.where(t.first[idx], s_ns, np.minimum(prev_e, s_ns)), res + e_ns[idx])
+    win = (idx, g.rank[idx], res + np.where(g.first[idx], s_ns, np.minimum(prev_e, s_ns)), res + e_ns[idx])
     del res, e_ns, s_ns, prev_e
     batch: list[int] = []
     n = 0
@@ -1054,14 +1076,15 @@ def _profiler_events(con, rc: _RunClock, t: _Tasks, fids: list[int]) -> np.ndarr
             n += sizes.get(f, 0)
             continue
         if batch:
-            _count_events(con, rc, t, batch, win, out)
+            _count_events(con, rc, threads, batch, win, out)
         batch, n = ([f], sizes.get(f, 0)) if f is not None else ([], 0)
     return out
 
 
-def _count_events(con, rc: _RunClock, t: _Tasks, fids: list[int], win: tuple, out: np.ndarray) -> None:
-    """Add the profiler events of the files ``fids`` to ``out`` (:func:`_profiler_events`), in place. ``win``: the
-    host tasks (ids, ranks, window start and end keys)."""
+def _count_events(con, rc: _RunClock, threads: dict, fids: list[int], win: tuple, out: np.ndarray) -> None:
+    """Add the profiler events of the files ``fids`` to ``out`` (:func:`_profiler_events`), in place. ``threads``:
+    (rank, pid, tid) -> the host thread's resource; ``win``: the host tasks (ids, ranks, window start and end
+    keys)."""
     r = _fetch(con, """WITH ev AS MATERIALIZED (
                 SELECT f.rank, c.pid, c.tid, c.ts_ns,
                        CASE WHEN c.cat IN ('cuda_runtime', 'cuda_driver') THEN 1
@@ -1083,7 +1106,9 @@ def _count_events(con, rc: _RunClock, t: _Tasks, fids: list[int], win: tuple, ou
     first = np.zeros(int(code.max()) + 1, np.int64)
     first[code[::-1]] = np.arange(code.size - 1, -1, -1)
     th_rank = np.asarray(r["th_rank"], np.int64)[first]
-    th_res = t.resource_ids(th_rank, 0, int_column(r["th_pid"])[0][first], int_column(r["th_tid"])[0][first])
+    th_res = np.array([threads.get((int(rk), int(a), int(b)), -1) for rk, a, b in
+                       zip(th_rank.tolist(), int_column(r["th_pid"])[0][first].tolist(),
+                           int_column(r["th_tid"])[0][first].tolist(), strict=True)], np.int64)
     th_shift = rc.origin + rc.off_ns[np.clip(th_rank, 0, rc.world)]
     lim = (1 << _T_SHIFT) - 1
     r_res = th_res[code]
