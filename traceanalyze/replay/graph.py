@@ -643,26 +643,15 @@ def _device_tasks(con, rc: _RunClock, fids: list[int], comm: list[str]) -> dict:
     """Task columns of the GPU runs' kernels, memcpys and memsets; NCCL kernels are collectives, and ``ext`` is the
     launching op's code (:func:`_precision_classes`): 0 none or not fp32, bit 0 fp32 inputs, bit 1 on autocast's
     fp32 list, bit 2 in place."""
-    # the launching op (kernel External id == cpu_op External id) of fp32 inputs: 1 fp32, +2 on autocast's fp32 list,
-    # +4 in place (an update of fp32 state: parameters, gradients, optimizer moments, which autocast leaves fp32)
     k = _fetch_arrow(con, """SELECT k.file_id, CASE k.cat WHEN 'gpu_memcpy' THEN 1 WHEN 'gpu_memset' THEN 2
                ELSE 0 END AS catc, k.name, k.device, k.stream, k.ts_ns, k.dur_ns, k.correlation,
-               k.cat = 'kernel' AND k.name IN (SELECT unnest($3)) AS comm,
-               CASE WHEN k.cat = 'kernel' THEN coalesce(m.code, 0) ELSE 0 END AS opcode
+               k.cat = 'kernel' AND k.name IN (SELECT unnest($2)) AS comm, k.external_id
         FROM kernels k JOIN files f USING (file_id)
-        LEFT JOIN (SELECT c.file_id, c.external_id,
-                          bit_or(1 + CASE WHEN c.name IN (SELECT unnest($2)) THEN 2 ELSE 0 END
-                                 + CASE WHEN suffix(c.name, '_') OR c.name LIKE 'aten::%foreach%'
-                                             OR c.name LIKE '%fused_adam%' THEN 4 ELSE 0 END) AS code
-                   FROM cpu_ops c JOIN files f2 USING (file_id)
-                   WHERE f2.run_id = $1 AND f2.file_id IN (SELECT unnest($4)) AND c.cat = 'cpu_op'
-                     AND c.external_id IS NOT NULL
-                     AND (c.input_types LIKE '["float"%' OR c.input_types LIKE '[''float''%')
-                   GROUP BY c.file_id, c.external_id) m
-             ON m.file_id = k.file_id AND m.external_id = k.external_id
-        WHERE f.run_id = $1 AND f.rank IS NOT NULL AND f.file_id IN (SELECT unnest($4))
-          AND k.cat IN ('kernel', 'gpu_memcpy', 'gpu_memset')""",
-                     [rc.run_id, list(matmath.AUTOCAST_FP32_OPS), comm, fids])
+        WHERE f.run_id = $1 AND f.rank IS NOT NULL AND f.file_id IN (SELECT unnest($3))
+          AND k.cat IN ('kernel', 'gpu_memcpy', 'gpu_memset')""", [rc.run_id, comm, fids])
+    cat = np.asarray(k["catc"], np.int64)
+    fid = np.asarray(k["file_id"], np.int64)
+    opcode = _launching_op_codes(con, rc, fids, fid, np.asarray(k.pop("external_id"), np.int64), cat == 0)
     cat = np.asarray(k["catc"], np.int64)
     kind = np.where(np.asarray(k["comm"], bool), K_COLL,
                     np.where(cat == 1, K_MEMCPY, np.where(cat == 2, K_MEMSET, K_KERNEL)))
@@ -670,8 +659,39 @@ def _device_tasks(con, rc: _RunClock, fids: list[int], comm: list[str]) -> dict:
                 a=np.asarray(k["device"], np.int64), b=np.asarray(k["stream"], np.int64), kind=kind,
                 ts=np.asarray(k["ts_ns"], np.int64), dur=np.asarray(k["dur_ns"], np.int64),
                 name=k["name"], corr=np.asarray(k["correlation"], np.int64),
-                fid=np.asarray(k["file_id"], np.int64), ext=np.asarray(k["opcode"], np.int64),
+                fid=fid, ext=opcode,
                 flag=np.zeros(cat.size, np.int64), idle=np.full(cat.size, np.inf, np.float32))
+
+
+def _launching_op_codes(con, rc: _RunClock, fids: list[int], fid: np.ndarray, ext: np.ndarray,
+                        kernel: np.ndarray) -> np.ndarray:
+    """Per device task (file ``fid``, External id ``ext``; ``kernel``: a kernel, not a copy or memset), the code of
+    the op that launched it (kernel External id == cpu_op External id) when that op's inputs are fp32: 1 fp32, +2
+    on autocast's fp32 list, +4 in place (an update of fp32 state: parameters, gradients, optimizer moments, which
+    autocast leaves fp32); 0 otherwise. The ops are read apart and matched here: a join in the kernels' query cost
+    80 ms on the scale set even with no op to match (no ``Input type`` without ``record_shapes``)."""
+    m = con.execute("""SELECT c.file_id, c.external_id,
+                   bit_or(1 + CASE WHEN c.name IN (SELECT unnest($2)) THEN 2 ELSE 0 END
+                          + CASE WHEN suffix(c.name, '_') OR c.name LIKE 'aten::%foreach%'
+                                      OR c.name LIKE '%fused_adam%' THEN 4 ELSE 0 END) AS code
+            FROM cpu_ops c JOIN files f USING (file_id)
+            WHERE f.run_id = $1 AND f.file_id IN (SELECT unnest($3)) AND c.cat = 'cpu_op'
+              AND c.external_id IS NOT NULL
+              AND (c.input_types LIKE '["float"%' OR c.input_types LIKE '[''float''%')
+            GROUP BY c.file_id, c.external_id ORDER BY c.file_id, c.external_id""",
+                    [rc.run_id, list(matmath.AUTOCAST_FP32_OPS), fids]).fetchnumpy()
+    out = np.zeros(fid.size, np.int64)
+    m_fid = np.asarray(m["file_id"], np.int64)
+    if not m_fid.size:
+        return out
+    m_ext, m_code = np.asarray(m["external_id"], np.int64), np.asarray(m["code"], np.int64)
+    for f in np.unique(m_fid).tolist():  # per file (a rank): its ops' External ids, sorted by the query
+        lo, hi = np.searchsorted(m_fid, [f, f + 1])
+        sel = np.flatnonzero((fid == f) & kernel)
+        at = np.clip(np.searchsorted(m_ext[lo:hi], ext[sel]), 0, hi - lo - 1)
+        hit = m_ext[lo:hi][at] == ext[sel]
+        out[sel[hit]] = m_code[lo:hi][at[hit]]
+    return out
 
 
 def _marker_tasks(st: dict[str, np.ndarray]) -> dict:
