@@ -423,6 +423,45 @@ def test_slabs_replay_to_the_bit_in_fewer_passes(tmp_path, monkeypatch, job):
         assert (out[10**9, "one slab"].passes, out[10**9, "slabs"].passes) == (12, 2)
 
 
+@pytest.mark.parametrize("job", ["df_index_resolver", "gpu40"])
+def test_any_slabs_replay_to_the_bit(tmp_path, monkeypatch, job):
+    """The fixed point does not depend on where the resources are cut nor on the order the slabs are visited in, as
+    long as each resource's parts come in order: every part cut again at a random task, in random slabs (5 seeds),
+    gives the one-slab times to the bit, resource by resource and in waves."""
+    import numpy as np
+
+    from tests.synth import write_gpu_job
+    from traceanalyze.replay import graph as gr
+    from traceanalyze.replay import simulate as sim
+
+    folder = real("hta/df_index_resolver") if job == "df_index_resolver" else \
+        write_gpu_job(tmp_path / "job", 40, steps=4, straggler=17)
+    a, _ = _run(folder)
+    g = gr.build(a.con, 1, "gpu", None if job == "df_index_resolver" else 40)
+    monkeypatch.setattr(sim, "SLABS_MIN_TASKS", 10**12)
+    one = sim.replay(g)
+    slabs = sim._slabs
+
+    def random_slabs(g, segs, udst, ct, max_cuts):
+        subs, slab_of = slabs(g, segs, udst, ct, max_cuts)
+        rows, out = [], []
+        for (lo, hi, *_, res), k in zip(subs.tolist(), slab_of.tolist(), strict=True):
+            cuts = [lo, *sorted(rng.integers(lo, hi, 2).tolist()), hi]
+            for j, (x, y) in enumerate(zip(cuts, cuts[1:], strict=False)):
+                if y > x:
+                    rows.append([x, y, *np.searchsorted(udst, [x, y]), *np.searchsorted(ct, [x, y]), res])
+                    out.append(3 * k + j + int(rng.integers(0, 2)) * (j == 2))
+        return np.array(rows, np.int64), np.array(out, np.int64)
+
+    monkeypatch.setattr(sim, "_slabs", random_slabs)
+    for waves in ((10**9,) if job == "df_index_resolver" else (10**9, 1)):
+        monkeypatch.setattr(sim, "WAVE_MIN_RESOURCES", waves)
+        for seed in range(5):
+            rng = np.random.default_rng(seed)
+            rp = sim.replay(g)
+            assert np.array_equal(rp.start, one.start) and np.array_equal(rp.end, one.end) and rp.converged
+
+
 def test_waves_take_the_latest_of_several_edges_into_one_task(tmp_path, monkeypatch):
     """A task with two incoming edges (here an edge doubled, 1 s later) starts after the later one in a
     wave pass as in the pass over one resource at a time; the doubled edge moves the replay."""

@@ -326,7 +326,9 @@ def _slabs(g: Graph, segs: list[tuple[int, int, int, int, int, int]], udst: np.n
     q = np.where(has[:, None], at[np.minimum(row, ranks.size - 1)], np.inf)
     slot = np.searchsorted(first_at, lo).astype(float)[:, None]
     pos = np.searchsorted(task_key, np.where(np.isinf(q), (slot + 1) * span - 0.5, slot * span + (q - t0)))
-    bounds = np.column_stack([lo, np.clip(pos, lo[:, None], hi[:, None]), hi])
+    # in order along each resource whatever the keys' rounding (far-apart clocks): the parts tile [lo, hi) exactly
+    pos = np.maximum.accumulate(np.clip(pos, lo[:, None], hi[:, None]), axis=1)
+    bounds = np.column_stack([lo, pos, hi])
     a, b = bounds[:, :-1], bounds[:, 1:]
     nz = b > a
     res, slab = np.nonzero(nz)  # row-major: resource by resource, slab by slab
