@@ -462,6 +462,31 @@ def test_any_slabs_replay_to_the_bit(tmp_path, monkeypatch, job):
             assert np.array_equal(rp.start, one.start) and np.array_equal(rp.end, one.end) and rp.converged
 
 
+def test_graph_tables_written_beside_the_whatifs_or_discarded():
+    """With ``defer`` the graph's tables are written on a thread of their own while the what-ifs replay: the same
+    rows once the deferred write has run; a run kept without its replay (``pipeline._discard_writes``) leaves none
+    of them."""
+    from traceanalyze import pipeline
+    from traceanalyze.replay import whatif
+
+    a, run = _run(sample("straggler"))
+    tables = ("sim_task", "sim_dep", "sim_coll", "collective_skew")
+
+    def counts():
+        return [a.con.execute(f"SELECT count(*) FROM {t} WHERE run_id = 1").fetchone()[0] for t in tables]
+
+    written = counts()
+    assert written[0] == run["replay"]["tasks"] and written[1] == run["replay"]["edges"] and min(written) > 0
+    writes: list = []
+    whatif.replay_run(a.con, 1, "cpu", None, defer=writes)
+    pipeline._discard_writes(writes)
+    assert counts() == [0, 0, 0, 0] and writes == []
+    whatif.replay_run(a.con, 1, "cpu", None, defer=writes)
+    for w in writes:
+        w()
+    assert counts() == written
+
+
 def test_waves_take_the_latest_of_several_edges_into_one_task(tmp_path, monkeypatch):
     """A task with two incoming edges (here an edge doubled, 1 s later) starts after the later one in a
     wave pass as in the pass over one resource at a time; the doubled edge moves the replay."""

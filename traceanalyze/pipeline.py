@@ -647,7 +647,7 @@ class _ReplayRun:
         replay, as always) the models are empty and nothing is written once it ends. In turn, both are done
         here."""
         if not keep:  # after the replay, on its thread: what it leaves to write is dropped
-            _deferred(self.pool, self.writes.clear)
+            _deferred(self.pool, _discard_writes, self.writes)
         written = _deferred(self.pool, _write_replay, self.cur, self.writes, self.warnings)
         if self.pool is not None:
             self.pool.shutdown(wait=False)
@@ -928,6 +928,16 @@ def _window_differences(rank_rows) -> list[dict]:
                         "message": f"rank {r.rank}: its profiling windows differ ({'; '.join(diffs)}); see the "
                                    "profiling-windows table, the other figures combine them"})
     return out
+
+
+def _discard_writes(writes: list) -> None:
+    """Drop the replay's writes (a run kept without its replay): each one's ``discard`` (what it started writing
+    is waited for and deleted), then the list."""
+    for w in writes:
+        discard = getattr(w, "discard", None)
+        if discard is not None:
+            discard()
+    writes.clear()
 
 
 def _deferred(pool: ThreadPoolExecutor | None, fn: Callable, *args) -> Callable[[], Any]:
