@@ -380,7 +380,8 @@ def build(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_size: in
         max_chunk_events: kernels and CPU ops read at once by one thread (:func:`_rank_chunks`); the graph does not
             depend on it.
         threads: chunks built at once, each on a cursor of its own (default :func:`build_threads`; 1 where the
-            caller runs other work meanwhile); the graph does not depend on it.
+            caller runs other work meanwhile); the graph does not depend on it. On GPU runs the profiler's events
+            (:func:`_profiler_events`) are counted on one more thread, beside the collectives' matching at the end.
     """
     threads = build_threads() if threads is None else max(1, threads)
     rc = _run_clock(con, run_id, mode, world_size, clock_offsets_us)

@@ -467,24 +467,7 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_siz
     release_free_memory()  # the build's temporaries: ~100 MB of fragmented heap at 1,024 ranks
     results: list[list] = []
     sk = skew.collective_skew(con, g)  # who waited for whom: the instances as the graph matched them
-    beside: list[Callable[[], None]] = []  # waits for the graph's tables, when they are written beside the what-ifs
-
-    def write() -> None:
-        if beside:
-            beside[0]()
-        else:
-            gr.save(con, g)
-            skew.save(con, run_id, sk)
-        store.insert_rows(con, "sim_result", None, results)
-
-    def discard() -> None:  # the caller keeps no replay of this run: nothing of it stays in the tables
-        if beside:
-            with contextlib.suppress(duckdb.Error, ValueError, IndexError, KeyError):
-                beside[0]()
-            for t in ("sim_task", "sim_dep", "sim_coll", "collective_skew"):
-                con.execute(f"DELETE FROM {t} WHERE run_id = ?", [run_id])
-
-    write.discard = discard  # type: ignore[attr-defined]
+    write = _Writes(con, g, run_id, sk, results)
     if defer is not None:  # else written before each return
         defer.append(write)
     base = simulate.replay(g, keep_binding=True)
@@ -498,7 +481,7 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_siz
             write()
         return {}, [], {}
     if defer is not None:
-        beside.append(_save_beside(con, g, run_id, sk))
+        write.start_beside()
     err = abs(b_run - m_run) / m_run * 100 if m_run else 0.0
     replay_model = _replay_model(g, base, measured, base_t, counted, m_run, b_run, err)
     ctx = {"link_gbps": link_gbps, "link_source": link_source or "expected link",
@@ -529,26 +512,51 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_siz
     return replay_model, whatif, picture
 
 
-def _save_beside(con: duckdb.DuckDBPyConnection, g: gr.Graph, run_id: int, sk: skew.Skew) -> Callable[[], None]:
-    """Start writing the graph's tables (``sim_task``, ``sim_dep``, ``sim_coll``) and ``collective_skew`` on a
-    cursor and thread of their own; returns the wait for it (which raises what the writing raised). They read the
-    measured graph only, so they are written while the what-ifs replay: the caller's other work is done by then and
-    a CPU is free (on the 8-rank scale set the writing took 0.3 s after the replay)."""
-    from concurrent.futures import ThreadPoolExecutor
+class _Writes:
+    """The replay's tables of one run (the graph's ``sim_task``, ``sim_dep``, ``sim_coll``, ``collective_skew``
+    and the ``sim_result`` rows in ``results``), written when called. :meth:`start_beside` starts the graph's on a
+    cursor and thread of their own: they read the measured graph only, so they are written while the what-ifs
+    replay, when the caller's other work is done and a CPU is free (on the 8-rank scale set the writing took 0.3 s
+    after the replay); the call then waits for them. :meth:`discard`: the caller keeps no replay of the run."""
 
-    cur = con.cursor()
+    def __init__(self, con: duckdb.DuckDBPyConnection, g: gr.Graph, run_id: int, sk: skew.Skew,
+                 results: list[list]) -> None:
+        self.con, self.g, self.run_id, self.sk, self.results = con, g, run_id, sk, results
+        self.beside: Callable[[], None] | None = None  # waits for the graph's tables (raises what they raised)
 
-    def save() -> None:
-        try:
-            gr.save(cur, g)
-            skew.save(cur, run_id, sk)
-        finally:
-            cur.close()
+    def _save(self, con: duckdb.DuckDBPyConnection) -> None:
+        gr.save(con, self.g)
+        skew.save(con, self.run_id, self.sk)
 
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="traceanalyze-save")
-    done = pool.submit(save)
-    pool.shutdown(wait=False)
-    return done.result
+    def start_beside(self) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        cur = self.con.cursor()
+
+        def save() -> None:
+            try:
+                self._save(cur)
+            finally:
+                cur.close()
+
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="traceanalyze-save")
+        self.beside = pool.submit(save).result
+        pool.shutdown(wait=False)
+
+    def __call__(self) -> None:
+        if self.beside is not None:
+            self.beside()
+        else:
+            self._save(self.con)
+        store.insert_rows(self.con, "sim_result", None, self.results)
+
+    def discard(self) -> None:
+        """Nothing of the run stays in the tables: what was started beside is waited for, then deleted."""
+        if self.beside is not None:
+            with contextlib.suppress(duckdb.Error, ValueError, IndexError, KeyError):
+                self.beside()
+            for t in ("sim_task", "sim_dep", "sim_coll", "collective_skew"):
+                self.con.execute(f"DELETE FROM {t} WHERE run_id = ?", [self.run_id])
 
 
 def _step_noise_pct(g: gr.Graph, m_long: dict) -> float:
