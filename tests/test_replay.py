@@ -487,6 +487,22 @@ def test_graph_tables_written_beside_the_whatifs_or_discarded():
     assert counts() == written
 
 
+def test_profiler_events_counted_by_time_parts_of_a_big_file(monkeypatch):
+    """A file with more CPU ops than a batch has its profiler events counted by ranges of time (approximate
+    quantiles): the same counts per host task as in one batch, on the real HTA trace (one file, 100,000+ events)."""
+    import numpy as np
+
+    from traceanalyze.replay import graph as gr
+
+    a, _ = _run(real("hta/df_index_resolver"))
+    whole = gr.build(a.con, 1, "gpu", None).prof_events
+    monkeypatch.setattr(gr, "PROFILER_EVENTS_BATCH", 7_000)
+    parts = gr._time_parts(a.con, 1, 15)
+    assert len(parts) == 15 and parts[0][0] is None and parts[-1][1] is None
+    cut = gr.build(a.con, 1, "gpu", None).prof_events
+    assert np.array_equal(whole, cut) and whole.sum(axis=1).tolist() == [58695, 42373, 9]
+
+
 def test_waves_take_the_latest_of_several_edges_into_one_task(tmp_path, monkeypatch):
     """A task with two incoming edges (here an edge doubled, 1 s later) starts after the later one in a
     wave pass as in the pass over one resource at a time; the doubled edge moves the replay."""

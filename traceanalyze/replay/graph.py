@@ -1092,6 +1092,10 @@ def _profiler_events(con, rc: _RunClock, g: Graph) -> np.ndarray:
     batch: list[int] = []
     n = 0
     for f in [*fids, None]:
+        if f is not None and sizes.get(f, 0) > PROFILER_EVENTS_BATCH:  # one file over a batch: by time ranges
+            for lo, hi in _time_parts(con, f, -(-sizes[f] // PROFILER_EVENTS_BATCH)):
+                _count_events(con, rc, threads, [f], win, out, lo, hi)
+            continue
         if f is not None and (not batch or n + sizes.get(f, 0) <= PROFILER_EVENTS_BATCH):
             batch.append(f)
             n += sizes.get(f, 0)
@@ -1102,10 +1106,21 @@ def _profiler_events(con, rc: _RunClock, g: Graph) -> np.ndarray:
     return out
 
 
-def _count_events(con, rc: _RunClock, threads: dict, fids: list[int], win: tuple, out: np.ndarray) -> None:
-    """Add the profiler events of the files ``fids`` to ``out`` (:func:`_profiler_events`), in place. ``threads``:
-    (rank, pid, tid) -> the host thread's resource; ``win``: the host tasks (ids, ranks, window start and end
-    keys)."""
+def _time_parts(con, fid: int, parts: int) -> list[tuple[int | None, int | None]]:
+    """``[lo, hi)`` ranges of trace time (ns; None: open) that cut the CPU ops of file ``fid`` into about ``parts``
+    parts of as many ops (approximate quantiles: a part may hold somewhat more). Counts add up over any such cut."""
+    qs = [k / parts for k in range(1, parts)]
+    cuts = con.execute("SELECT approx_quantile(ts_ns, ?::FLOAT[]) FROM cpu_ops WHERE file_id = ?",
+                       [qs, fid]).fetchall()[0][0] or []
+    bounds = sorted({int(c) for c in cuts if c is not None})
+    return list(zip([None, *bounds], [*bounds, None], strict=True))
+
+
+def _count_events(con, rc: _RunClock, threads: dict, fids: list[int], win: tuple, out: np.ndarray,
+                  ts_lo: int | None = None, ts_hi: int | None = None) -> None:
+    """Add the profiler events of the files ``fids`` to ``out`` (:func:`_profiler_events`), in place; only those
+    that start in ``[ts_lo, ts_hi)`` (trace ns; None: open). ``threads``: (rank, pid, tid) -> the host thread's
+    resource; ``win``: the host tasks (ids, ranks, window start and end keys)."""
     r = _fetch(con, """WITH ev AS MATERIALIZED (
                 SELECT f.rank, c.pid, c.tid, c.ts_ns,
                        CASE WHEN c.cat IN ('cuda_runtime', 'cuda_driver') THEN 1
@@ -1114,12 +1129,13 @@ def _count_events(con, rc: _RunClock, threads: dict, fids: list[int], win: tuple
                                  'CompiledFunctionBackward') THEN 2 ELSE 0 END AS kind
                 FROM cpu_ops c JOIN files f USING (file_id)
                 WHERE f.run_id = $1 AND f.rank IS NOT NULL AND f.file_id IN (SELECT unnest($2))
-                  AND c.cat IN ('cpu_op', 'user_annotation', 'cuda_runtime', 'cuda_driver')),
+                  AND c.cat IN ('cpu_op', 'user_annotation', 'cuda_runtime', 'cuda_driver')
+                  AND ($3::BIGINT IS NULL OR c.ts_ns >= $3) AND ($4::BIGINT IS NULL OR c.ts_ns < $4)),
             code AS (SELECT rank, pid, tid, row_number() OVER (ORDER BY rank, pid, tid) - 1 AS th
                      FROM (SELECT DISTINCT rank, pid, tid FROM ev))
         SELECT code.th, ev.ts_ns, ev.kind, code.rank AS th_rank, code.pid AS th_pid, code.tid AS th_tid
         FROM ev JOIN code ON code.rank = ev.rank AND code.pid IS NOT DISTINCT FROM ev.pid
-                         AND code.tid IS NOT DISTINCT FROM ev.tid""", [rc.run_id, fids])
+                         AND code.tid IS NOT DISTINCT FROM ev.tid""", [rc.run_id, fids, ts_lo, ts_hi])
     code = np.asarray(r["th"], np.int64)
     if code.size == 0:
         return
