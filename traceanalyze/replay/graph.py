@@ -646,13 +646,15 @@ def _device_tasks(con, rc: _RunClock, fids: list[int], comm: list[str]) -> dict:
     fp32 list, bit 2 in place."""
     k = _fetch_arrow(con, """SELECT k.file_id, CASE k.cat WHEN 'gpu_memcpy' THEN 1 WHEN 'gpu_memset' THEN 2
                ELSE 0 END AS catc, k.name, k.device, k.stream, k.ts_ns, k.dur_ns, k.correlation,
-               k.cat = 'kernel' AND k.name IN (SELECT unnest($2)) AS comm, k.external_id
+               k.cat = 'kernel' AND k.name IN (SELECT unnest($2)) AS comm, k.external_id,
+               k.cat = 'kernel' AND k.external_id IS NOT NULL AS has_op
         FROM kernels k JOIN files f USING (file_id)
         WHERE f.run_id = $1 AND f.rank IS NOT NULL AND f.file_id IN (SELECT unnest($3))
           AND k.cat IN ('kernel', 'gpu_memcpy', 'gpu_memset')""", [rc.run_id, comm, fids])
     cat = np.asarray(k["catc"], np.int64)
     fid = np.asarray(k["file_id"], np.int64)
-    opcode = _launching_op_codes(con, rc, fids, fid, np.asarray(k.pop("external_id"), np.int64), cat == 0)
+    opcode = _launching_op_codes(con, rc, fids, fid, np.asarray(k.pop("external_id"), np.int64),
+                                 np.asarray(k.pop("has_op"), bool))
     cat = np.asarray(k["catc"], np.int64)
     kind = np.where(np.asarray(k["comm"], bool), K_COLL,
                     np.where(cat == 1, K_MEMCPY, np.where(cat == 2, K_MEMSET, K_KERNEL)))
@@ -666,11 +668,12 @@ def _device_tasks(con, rc: _RunClock, fids: list[int], comm: list[str]) -> dict:
 
 def _launching_op_codes(con, rc: _RunClock, fids: list[int], fid: np.ndarray, ext: np.ndarray,
                         kernel: np.ndarray) -> np.ndarray:
-    """Per device task (file ``fid``, External id ``ext``; ``kernel``: a kernel, not a copy or memset), the code of
-    the op that launched it (kernel External id == cpu_op External id) when that op's inputs are fp32: 1 fp32, +2
-    on autocast's fp32 list, +4 in place (an update of fp32 state: parameters, gradients, optimizer moments, which
-    autocast leaves fp32); 0 otherwise. The ops are read apart and matched here: a join in the kernels' query cost
-    80 ms on the scale set even with no op to match (no ``Input type`` without ``record_shapes``)."""
+    """Per device task (file ``fid``, External id ``ext``; ``kernel``: a kernel with an External id, not a copy or
+    memset), the code of the op that launched it (kernel External id == cpu_op External id) when that op's inputs
+    are fp32: 1 fp32, +2 on autocast's fp32 list, +4 in place (an update of fp32 state: parameters, gradients,
+    optimizer moments, which autocast leaves fp32); 0 otherwise. The ops are read apart and matched here: a join in
+    the kernels' query cost 80 ms on the scale set even with no op to match (no ``Input type`` without
+    ``record_shapes``)."""
     m = con.execute("""SELECT c.file_id, c.external_id,
                    bit_or(1 + CASE WHEN c.name IN (SELECT unnest($2)) THEN 2 ELSE 0 END
                           + CASE WHEN suffix(c.name, '_') OR c.name LIKE 'aten::%foreach%'
@@ -686,9 +689,13 @@ def _launching_op_codes(con, rc: _RunClock, fids: list[int], fid: np.ndarray, ex
     if not m_fid.size:
         return out
     m_ext, m_code = np.asarray(m["external_id"], np.int64), np.asarray(m["code"], np.int64)
+    by_file = np.flatnonzero(kernel)
+    by_file = by_file[np.argsort(fid[by_file], kind="stable")]  # the kernels grouped by file, once
+    k_fid = fid[by_file]
     for f in np.unique(m_fid).tolist():  # per file (a rank): its ops' External ids, sorted by the query
         lo, hi = np.searchsorted(m_fid, [f, f + 1])
-        sel = np.flatnonzero((fid == f) & kernel)
+        a, b = np.searchsorted(k_fid, [f, f + 1])
+        sel = by_file[a:b]
         at = np.clip(np.searchsorted(m_ext[lo:hi], ext[sel]), 0, hi - lo - 1)
         hit = m_ext[lo:hi][at] == ext[sel]
         out[sel[hit]] = m_code[lo:hi][at[hit]]
