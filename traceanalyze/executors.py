@@ -10,6 +10,7 @@ so one bad task never stops the others.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from traceanalyze.errors import TraceanalyzeError, one_line
 
@@ -150,3 +151,26 @@ def map_large_blocks() -> bool:
     Returns False where there is no glibc (macOS, musl, Windows): nothing changes there.
     """
     return _glibc_call("mallopt", M_MMAP_THRESHOLD, MAP_ON_ITS_OWN_BYTES)
+
+
+def on_own_cursor(con: Any, fn: Callable[..., Any], *args: Any, name: str = "traceanalyze-beside"
+                  ) -> Callable[[], Any]:
+    """Start ``fn(cursor, *args)`` now, on a new cursor of the DuckDB connection ``con`` and a thread of its own
+    (a connection runs one query at a time; DuckDB and NumPy's sorts free the GIL, so the caller's own work goes on
+    beside it). Returns the wait for ``fn``'s result, which raises what ``fn`` raised; the cursor is closed when
+    ``fn`` ends."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    cur = con.cursor()
+
+    def run() -> Any:
+        try:
+            return fn(cur, *args)
+        finally:
+            cur.close()
+
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+    try:
+        return pool.submit(run).result
+    finally:
+        pool.shutdown(wait=False)

@@ -38,6 +38,7 @@ import duckdb
 import numpy as np
 
 from traceanalyze import matmath
+from traceanalyze.executors import on_own_cursor
 from traceanalyze.ingest import compute as pc  # Arrow's compute functions without importing pyarrow.compute
 from traceanalyze.metrics.collectives import busbw_factor, collective_calls, communication_kernels, int_column
 from traceanalyze.metrics.host import COMPILE_RANGES
@@ -422,16 +423,9 @@ def build(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_size: in
         return g
     # the profiler's events counted on a cursor and thread of their own, beside the collectives' matching: both
     # are mostly DuckDB reads and NumPy sorts, which free the GIL (the scale set: 0.13 s hidden behind 0.13-0.2 s)
-    from concurrent.futures import ThreadPoolExecutor
-
-    cur = con.cursor()
-    try:
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="traceanalyze-events") as pool:
-            counted = pool.submit(_profiler_events, cur, rc, g)
-            _match_collectives(con, g, rc, c["coll_fid"], c["coll_ts"])
-            g.prof_events = counted.result()
-    finally:
-        cur.close()
+    counted = on_own_cursor(con, _profiler_events, rc, g, name="traceanalyze-events")
+    _match_collectives(con, g, rc, c["coll_fid"], c["coll_ts"])
+    g.prof_events = counted()
     return g
 
 
@@ -1061,6 +1055,11 @@ def _precision_classes(t: _Tasks) -> np.ndarray:
     return out
 
 
+def _host_resources(g: Graph) -> np.ndarray:
+    """Per resource of ``g``: a host thread (named ``host:pid/tid`` by :func:`_order_tasks`)."""
+    return np.array([r.startswith("host:") for r in g.res_names], dtype=bool)
+
+
 def _profiler_events(con, rc: _RunClock, g: Graph) -> np.ndarray:
     """Per host task (and step marker) of ``g``: the events the profiler recorded on its thread from the end of the
     thread's previous task to its own end, each counted at its start, as three uint16 rows (6 bytes a task; a count
@@ -1073,13 +1072,11 @@ def _profiler_events(con, rc: _RunClock, g: Graph) -> np.ndarray:
     first = np.flatnonzero(g.first)
     res_first = np.full(len(g.res_names), -1, np.int64)
     res_first[g.res[first]] = first
+    host = _host_resources(g) & (res_first >= 0)
     threads = {}
-    for r, name in enumerate(g.res_names):
-        if name.startswith("host:") and res_first[r] >= 0:
-            pid, _, tid = name[5:].partition("/")
-            threads[(int(g.rank[res_first[r]]), int(pid), int(tid))] = r
-    host = np.zeros(len(g.res_names), bool)
-    host[list(threads.values())] = True
+    for r in np.flatnonzero(host).tolist():
+        pid, _, tid = g.res_names[r][5:].partition("/")
+        threads[(int(g.rank[res_first[r]]), int(pid), int(tid))] = r
     idx = np.flatnonzero(host[g.res])
     if not idx.size:
         return out
@@ -1431,7 +1428,7 @@ def save(con: duckdb.DuckDBPyConnection, g: Graph) -> None:
 
     for t in ("sim_task", "sim_dep", "sim_coll"):
         con.execute(f"DELETE FROM {t} WHERE run_id = ?", [g.run_id])
-    host = np.array([r.startswith("host:") for r in g.res_names], dtype=bool)
+    host = _host_resources(g)
     con.begin()  # one transaction: a commit per slice costs DuckDB more memory than the slices save
     try:
         for lo in range(0, g.start.size, SAVE_SLICE_ROWS):  # in slices: the Arrow copy of a slice at a time

@@ -128,6 +128,7 @@ class _Wave:
     cpos: np.ndarray
     buckets: list[tuple[np.ndarray, np.ndarray, int]]
     res: np.ndarray  # each slice's resource (its index in the slab-less resource order)
+    base: np.ndarray  # each slice's first position among the wave's tasks
     at: int = 0  # where the wave's tasks start in the plan's arrays, once they are laid out wave by wave
     e_at: int = 0  # ... and its edges
 
@@ -421,7 +422,7 @@ def _wave(sl: np.ndarray, udst: np.ndarray, ustart: np.ndarray, edge_at: np.ndar
         m = (width_class == w) & (n > 1)
         buckets.append((base[m], n[m], int(n[m].max())))
     return _Wave(lo=lo, n=n, e_lo=e_lo, e_n=e_n, red=red, pos=pos, c_lo=c_lo, c_n=c_n, cpos=cpos, buckets=buckets,
-                 res=sl[:, 6].copy())
+                 res=sl[:, 6].copy(), base=base)
 
 
 def _pass(p: _Plan, s: np.ndarray, e: np.ndarray, ready: np.ndarray, m_ready: np.ndarray) -> float | None:
@@ -498,10 +499,9 @@ def _wave_pass(p: _Plan, w: _Wave, s: np.ndarray, e: np.ndarray, ready: np.ndarr
     cc = p.c[sl]
     np.subtract(r, cc, out=r)
     np.maximum(r, p.floor, out=r)
-    first = np.cumsum(w.n) - w.n
-    r[first] = np.maximum(r[first], carry[w.res])
+    r[w.base] = np.maximum(r[w.base], carry[w.res])
     run = _seg_cummax(r, w.buckets) if w.buckets else r
-    carry[w.res] = run[first + w.n - 1]
+    carry[w.res] = run[w.base + w.n - 1]
     new_s = run + cc
     np.copyto(new_s, UNKNOWN, where=run <= p.floor)
     s_w = s[sl]

@@ -19,7 +19,7 @@ import duckdb
 import numpy as np
 
 from traceanalyze import store
-from traceanalyze.executors import release_free_memory
+from traceanalyze.executors import on_own_cursor, release_free_memory
 from traceanalyze.hardware import GpuInfo
 from traceanalyze.metrics.steps import longest_per_step, median
 from traceanalyze.metrics.where import MAX_TIMELINE_LANES, lanes_to_show
@@ -529,19 +529,7 @@ class _Writes:
         skew.save(con, self.run_id, self.sk)
 
     def start_beside(self) -> None:
-        from concurrent.futures import ThreadPoolExecutor
-
-        cur = self.con.cursor()
-
-        def save() -> None:
-            try:
-                self._save(cur)
-            finally:
-                cur.close()
-
-        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="traceanalyze-save")
-        self.beside = pool.submit(save).result
-        pool.shutdown(wait=False)
+        self.beside = on_own_cursor(self.con, self._save, name="traceanalyze-save")
 
     def __call__(self) -> None:
         if self.beside is not None:
