@@ -1,4 +1,4 @@
-"""Record single-GPU what-if pairs on a real NVIDIA GPU (issue 29's pairs, and issue 37's conv, loader and optimizer pairs).
+"""Record single-GPU what-if pairs on a real NVIDIA GPU (issue 29's pairs; issue 37's conv, loader, optimizer).
 
 Each pair is a slow run and the same job with one cause fixed. Every side is profiled (Kineto, gzip) and timed
 without the profiler (CUDA-synchronised wall clock over N steps), so a what-if predicted from the slow side's trace
@@ -22,7 +22,6 @@ Usage (on the GPU machine, from the project root):
   RECORD_SMOKE=1 python3 benchmarks/record_gpu.py /tmp/smoke conv optimizer   # tiny sizes, CPU: the script runs
 """
 import json
-import math
 import os
 import sys
 import tempfile
@@ -152,7 +151,7 @@ def pair_precision(out):
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
         idx, tgt = gpt_data(8, 1024)
 
-        def step(i, model=model, opt=opt, side=side):
+        def step(i, model=model, opt=opt, side=side, idx=idx, tgt=tgt):
             with torch.autocast("cuda", dtype=torch.bfloat16, enabled=side == "fixed"):
                 loss = gpt_loss(model, idx, tgt)
             loss.backward()
@@ -179,7 +178,7 @@ def pair_launch(out):
         x = torch.randn(64, 512, device=DEV)
         y = torch.randint(0, 10, (64,), device=DEV)
         if side == "slow":
-            def step(i):
+            def step(i, model=model, opt=opt, x=x, y=y):
                 loss = F.cross_entropy(model(x), y)
                 loss.backward()
                 opt.step()
@@ -265,7 +264,7 @@ def pair_compile(out):
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
         idx, tgt = gpt_data(16, 512)
 
-        def step(i, fwd=fwd, opt=opt):
+        def step(i, fwd=fwd, opt=opt, idx=idx, tgt=tgt):
             with torch.autocast("cuda", dtype=torch.bfloat16):
                 logits = fwd(idx)
                 loss = F.cross_entropy(logits.view(-1, logits.shape[-1]).float(), tgt.view(-1))
@@ -328,7 +327,7 @@ def pair_conv(out):
         y = torch.randint(0, 1000, (batch,), device=DEV)
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 
-        def step(i, model=model, opt=opt, x=x, amp=amp):
+        def step(i, model=model, opt=opt, x=x, y=y, amp=amp):
             with torch.autocast(DEV, dtype=torch.bfloat16, enabled=amp):
                 loss = F.cross_entropy(model(x), y)
             loss.backward()
@@ -392,7 +391,7 @@ def pair_optimizer(out):
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, **kw)
         idx, tgt = gpt_data(16, 256) if not SMOKE else (torch.randint(0, 32000, (2, 256)),) * 2
 
-        def step(i, model=model, opt=opt):
+        def step(i, model=model, opt=opt, idx=idx, tgt=tgt):
             with torch.autocast(DEV, dtype=torch.bfloat16):
                 loss = gpt_loss(model, idx, tgt)
             loss.backward()
