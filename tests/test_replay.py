@@ -240,45 +240,61 @@ def test_graph_built_rank_by_rank_is_the_graph_built_at_once(tmp_path, kind):
     assert _graphs_equal(whole, halves) == []
 
 
-def _event_wait_rank(with_sync_rows: bool) -> list[dict]:
+def _event_wait_rank(rows: str, early_wait: bool = False) -> list[dict]:
     """One GPU rank, 3 steps of 4800 µs: an fp32 GEMM on stream 7 (3000 µs), a cudaEventRecord after it, a
     cudaStreamWaitEvent on stream 20, then an elementwise kernel on stream 20 launched at +50 µs that runs only
-    when the GEMM's event completes (+3105 µs), and a cudaDeviceSynchronize; Kineto's cuda_sync "Stream Wait
-    Event" row names the awaited stream and record call (``with_sync_rows``: the trace has them)."""
+    when the GEMM's event completes (+3105 µs), and a cudaDeviceSynchronize. ``rows``: Kineto's cuda_sync "Stream
+    Wait Event" rows name the awaited stream and record call (``"old"``: Kineto before 2025), only the waiting stream
+    (``"new"``: -1 for both, as torch 2.11 writes them), or are absent (``"none"``). ``early_wait``: the step
+    starts with a short kernel on stream 7 that stream 20 is made to wait for too (an earlier record and wait with
+    no launch on stream 20 between: cuDNN's pool of side streams), which the elementwise kernel does not wait for
+    in time."""
     from tests.synth import kernel, x
 
     ev, corr = [], 100
     for s in range(3):
         t = 1000.0 + 5000.0 * s
         ev.append(x("user_annotation", f"ProfilerStep#{s}", t, 4800.0))
+        if early_wait:  # correlations 1-3 of the step; the GEMM's from 4
+            ev += kernel("vectorized_elementwise_kernel", t + 8, 40.0, 7, corr + 1, t + 2)
+            ev.append(x("cuda_runtime", "cudaEventRecord", t + 4, 1.0, correlation=corr + 2))
+            ev.append(x("cuda_runtime", "cudaStreamWaitEvent", t + 6, 1.0, correlation=corr + 3))
+            if rows != "none":
+                ev.append(x("cuda_sync", "Stream Wait Event", t + 7, 0.0, pid=0, tid=20, correlation=corr + 3,
+                            device=0, stream=20, wait_on_stream=-1, wait_on_cuda_event_record_corr_id=-1))
+            corr += 3
         ev.append(x("cpu_op", "aten::mm", t + 10, 60.0, **{"External id": corr + 1, "Input type": ["float", "float"]}))
         gemm = kernel("volta_sgemm_128x64_nn", t + 100, 3000.0, 7, corr + 1, t + 20)
         gemm[0]["args"]["External id"] = corr + 1
         ev += gemm
         ev.append(x("cuda_runtime", "cudaEventRecord", t + 30, 2.0, correlation=corr + 2))
         ev.append(x("cuda_runtime", "cudaStreamWaitEvent", t + 40, 2.0, correlation=corr + 3))
-        if with_sync_rows:
+        if rows != "none":
             ev.append(x("cuda_sync", "Stream Wait Event", t + 41, 0.0, pid=0, tid=20, correlation=corr + 3, device=0,
-                        stream=20, wait_on_stream=7, wait_on_cuda_event_record_corr_id=corr + 2))
+                        stream=20, wait_on_stream=7 if rows == "old" else -1,
+                        wait_on_cuda_event_record_corr_id=corr + 2 if rows == "old" else -1))
         ev += kernel("elementwise_kernel", t + 3105, 500.0, 20, corr + 4, t + 50)
         ev.append(x("cuda_runtime", "cudaDeviceSynchronize", t + 60, 3550.0))
-        corr += 10
+        corr += 10 - (3 if early_wait else 0)
     return ev
 
 
-def test_cross_stream_event_wait_edges(tmp_path):
-    """cuda_sync "Stream Wait Event" rows become event_wait edges (the GEMM before the record -> the first kernel
+@pytest.mark.parametrize("rows", ["old", "new", "none"])
+def test_cross_stream_event_wait_edges(tmp_path, rows):
+    """A stream's wait on another's event becomes an event_wait edge (the GEMM before the record -> the first kernel
     launched on the waiting stream after the wait), so a faster GEMM moves the waiting kernel and the step end: the
-    bf16 what-if saves 3000 µs x (1 - 1/4) x (1 - 10 % casts) = 2025 µs of 4800. Without the rows the waiting
-    kernel stays at its measured stream gap, the what-if saves nothing (left out), and the report says the edge
-    type is missing."""
+    bf16 what-if saves 3000 µs x (1 - 1/4) x (1 - 10 % casts) = 2025 µs of 4800. The edge is the same whatever
+    Kineto wrote: the cuda_sync row's awaited stream and record (older Kineto), the row's waiting stream alone
+    (-1 for the rest, torch 2.11), or no row (the host's cudaEventRecord / cudaStreamWaitEvent calls alone)."""
     from tests.synth import write_trace
 
-    write_trace(tmp_path / "w" / "rank0.pt.trace.json", 0, _event_wait_rank(True), world_size=1, backend="nccl")
-    write_trace(tmp_path / "n" / "rank0.pt.trace.json", 0, _event_wait_rank(False), world_size=1, backend="nccl")
+    write_trace(tmp_path / "w" / "rank0.pt.trace.json", 0, _event_wait_rank(rows), world_size=1, backend="nccl")
     a, run = _run(tmp_path / "w")
-    assert a.con.execute("SELECT name, stream, wait_on_stream, wait_on_corr - correlation FROM cuda_syncs "
-                         "ORDER BY ts_ns").fetchall() == [("Stream Wait Event", 20, 7, -1)] * 3
+    want = {"old": [("Stream Wait Event", 20, 7, -1)] * 3, "new": [("Stream Wait Event", 20, -1, -1)] * 3,
+            "none": []}[rows]
+    assert a.con.execute("""SELECT name, stream, wait_on_stream,
+        CASE WHEN wait_on_corr < 0 THEN wait_on_corr ELSE wait_on_corr - correlation END FROM cuda_syncs
+        ORDER BY ts_ns""").fetchall() == want
     assert a.con.execute("SELECT count(*) FROM kernels WHERE cat = 'cuda_sync'").fetchone()[0] == 0
     edges = a.con.execute("""SELECT s.name, d.name, e.from_end, e.offset_us FROM sim_dep e
         JOIN sim_task s ON s.task_id = e.src JOIN sim_task d ON d.task_id = e.dst
@@ -294,10 +310,28 @@ def test_cross_stream_event_wait_edges(tmp_path):
     lo, hi = w["range_saving_pct"]
     assert lo < w["saving_pct"] < hi
 
-    _, run = _run(tmp_path / "n")
+
+@pytest.mark.parametrize("rows", ["new", "none"])
+def test_only_the_last_awaited_task_holds_a_stream_back(tmp_path, rows):
+    """Stream 20 is made to wait twice before its next launch: for a 40 µs kernel at the step's start, then for the
+    GEMM. Only the GEMM, which ended last, held the elementwise kernel back: the early kernel's edge (from the
+    cuda_sync rows; without them a launch stands for the last wait before it) carries no latency. Were it to
+    carry its measured 3057 µs, the GEMM's time would stay as a fixed delay and the bf16 what-if would save
+    nothing; it moves the kernel as in the one-wait trace."""
+    from tests.synth import write_trace
+
+    write_trace(tmp_path / "w" / "rank0.pt.trace.json", 0, _event_wait_rank(rows, early_wait=True), world_size=1,
+                backend="nccl")
+    a, run = _run(tmp_path / "w")
+    edges = a.con.execute("""SELECT s.name, d.name, e.offset_us FROM sim_dep e
+        JOIN sim_task s ON s.task_id = e.src JOIN sim_task d ON d.task_id = e.dst
+        WHERE e.edge_type = 'event_wait' ORDER BY e.dst, s.name""").fetchall()
+    # without rows a launch stands for the last wait before it alone: the early wait leaves no edge at all
+    early = [("vectorized_elementwise_kernel", "elementwise_kernel", 0.0)] if rows == "new" else []
+    assert edges == (early + [("volta_sgemm_128x64_nn", "elementwise_kernel", 5.0)]) * 3
     assert run["replay"]["error_pct"] == 0.0
-    assert "bf16_matmul" not in [w["scenario"] for w in run["whatif"]]
-    assert run["replay"]["missing_edges"][0].startswith("cross-stream event waits (the traces hold no cuda_sync")
+    (w,) = [w for w in run["whatif"] if w["scenario"] == "bf16_matmul"]
+    assert w["saving_pct"] == pytest.approx(100 * (3000.0 * (1 - 2 ** 0.5 * 67 / 989) * 0.9) / 4788, abs=1.0)
 
 
 def _two_allreduce_rank(rank: int, with_comms_id: bool) -> list[dict]:

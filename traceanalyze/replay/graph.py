@@ -416,8 +416,8 @@ def build(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_size: in
               inst_n=np.zeros(0, np.int64), inst_matched_by=[], steps=c["steps"], missing_edges=[],
               prec_class=c["prec"], prof_events=np.zeros((3, c["start"].size), np.uint16))
     if mode == "gpu" and not c["event_waits"]:
-        g.missing_edges.append("cross-stream event waits (the traces hold no cuda_sync \"Stream Wait Event\" rows: "
-                               "streams are ordered only by their launches)")
+        g.missing_edges.append("cross-stream event waits (the traces hold neither cuda_sync \"Stream Wait Event\" "
+                               "rows nor cudaStreamWaitEvent calls: streams are ordered only by their launches)")
     if mode != "gpu":
         _match_collectives(con, g, rc, c["coll_fid"], c["coll_ts"])
         return g
@@ -866,32 +866,26 @@ def _steps_by_anchor(t: _Tasks, steps: list[tuple[int, int, int, int, bool]], an
 
 def _event_wait_edges(con, rc: _RunClock, t: _Tasks, edges: _Edges, cg: np.ndarray, anchor: np.ndarray,
                       fids: list[int]) -> int:
-    """Cross-stream event waits (``cuda_syncs`` "Stream Wait Event" rows; WHATIF.md §2, HTA's previous/next
-    launch rule): the last device task launched on ``wait_on_stream`` before the ``cudaEventRecord`` (correlation
-    below ``wait_on_corr``) -> the first device task launched on the waiting stream after the
-    ``cudaStreamWaitEvent`` (correlation above the row's). When the wait held the task back (the awaited task
-    ended after the waiting stream's previous task and after the launch, ``anchor``), the task's stream gap and
-    its launch delay were the wait: this edge carries the measured latency, the chain gap goes, and the launch
-    edge keeps only the launch (start no earlier than the call). Returns the rows read (0: none)."""
-    w = _fetch(con, """SELECT s.file_id, s.device, s.stream, s.correlation, s.wait_on_stream, s.wait_on_corr
-        FROM cuda_syncs s JOIN files f USING (file_id)
-        WHERE f.run_id = ? AND f.rank IS NOT NULL AND f.file_id IN (SELECT unnest(?))
-          AND s.name = 'Stream Wait Event' AND s.correlation IS NOT NULL AND s.wait_on_stream IS NOT NULL
-          AND s.wait_on_corr IS NOT NULL""", [rc.run_id, fids])
-    n_rows = int(w["file_id"].size)
+    """Cross-stream event waits (WHATIF.md §2, HTA's previous/next launch rule): the last device task launched on
+    the awaited stream before the ``cudaEventRecord`` -> the first device task launched on the waiting stream after
+    the ``cudaStreamWaitEvent``. When the wait held the task back (the awaited task ended after the waiting stream's
+    previous task and after the launch, ``anchor``), the task's stream gap and its launch delay were the wait: this
+    edge carries the measured latency, the chain gap goes, and the launch edge keeps only the launch (start no
+    earlier than the call). The waits come from :func:`_stream_waits`. Returns the waits found (0: none)."""
     dev = np.flatnonzero(t.rk == 1)
-    if not (n_rows and dev.size):
-        return n_rows
-    rank = rc.rank_of(np.asarray(w["file_id"], np.int64))
-    res_wait = t.resource_ids(rank, 1, w["device"], w["stream"])
-    res_rec = t.resource_ids(rank, 1, w["device"], w["wait_on_stream"])
+    if not dev.size:
+        return 0
     # device tasks by (resource, launch correlation): one sortable key (resources < 2^22, correlations < 2^41)
     lim = (1 << _T_SHIFT) - 1
     key = (t.res[dev].astype(np.int64) << _T_SHIFT) + np.clip(t.cols["corr"][dev], 0, lim)
     o = np.argsort(key, kind="stable")
     key, dsorted = key[o], dev[o]
-    q_src = (res_rec << _T_SHIFT) + np.clip(np.asarray(w["wait_on_corr"], np.int64), 0, lim)
-    q_dst = (res_wait << _T_SHIFT) + np.clip(np.asarray(w["correlation"], np.int64), 0, lim)
+    res_wait, res_rec, wait_corr, rec_corr = _stream_waits(con, rc, t, dev, fids)
+    n_rows = int(res_wait.size)
+    if not n_rows:
+        return 0
+    q_src = (res_rec << _T_SHIFT) + np.clip(rec_corr, 0, lim)
+    q_dst = (res_wait << _T_SHIFT) + np.clip(wait_corr, 0, lim)
     i_src = np.searchsorted(key, q_src, side="left") - 1  # the last launched before the record
     i_dst = np.searchsorted(key, q_dst, side="right")  # the first launched after the wait
     ok = ((res_wait >= 0) & (res_rec >= 0) & (res_wait != res_rec) & (i_src >= 0) & (i_dst < key.size))
@@ -902,13 +896,120 @@ def _event_wait_edges(con, rc: _RunClock, t: _Tasks, edges: _Edges, cg: np.ndarr
         return n_rows
     src, dst = pairs[:, 0], pairs[:, 1]
     prev_end = np.where(t.first[dst], -np.inf, t.end[np.clip(dst - 1, 0, None)])
-    binds = (t.end[src] >= prev_end) & (t.end[src] >= anchor[dst])
+    # a stream made to wait several times before its next launch waits for the latest of them: only the awaited
+    # task that ended last can have held the task back (the others would carry a wait that was not theirs)
+    o = np.lexsort((t.end[src], dst))
+    last = np.ones(dst.size, bool)
+    last[o[:-1]] = dst[o[1:]] != dst[o[:-1]]
+    binds = last & (t.end[src] >= prev_end) & (t.end[src] >= anchor[dst])
     off = np.where(binds, np.clip(t.start[dst] - t.end[src], 0, None), 0.0)
     cg[dst[binds]] = 0.0
     edges.relax_launches(dst[binds])
     edges.extend(src, dst, True, off, 4)
     return n_rows
 
+
+def _stream_waits(con, rc: _RunClock, t: _Tasks, dev: np.ndarray, fids: list[int]) -> tuple[np.ndarray, ...]:
+    """Each ``cudaStreamWaitEvent`` call of the ranks of ``fids``: (waiting stream's resource, awaited stream's
+    resource, the wait call's correlation, the awaited ``cudaEventRecord``'s correlation), int64 arrays, -1 where
+    unknown.
+
+    A ``cuda_syncs`` "Stream Wait Event" row with the call's correlation names the waiting stream, and, from older
+    Kineto, the awaited stream and record (``wait_on_stream``, ``wait_on_corr``). Kineto from 2025 writes -1 for
+    both (only an event id, which PyTorch reuses), and a trace without ``cuda_sync`` rows has neither. Then the
+    record is the rank's last ``cudaEventRecord`` call before the wait, and the awaited stream is the one of the last
+    device task launched before that record (PyTorch and cuDNN record an event right after the work the other
+    stream must wait for; a wait on its own stream is no wait). On a rank without rows, each device task launched
+    first on its stream since a wait call stands for a wait of its stream (cuDNN records on the main stream, makes
+    several side streams wait, then launches on each). Correlations count the process's runtime calls in order,
+    whatever the thread."""
+    w = _fetch(con, """SELECT o.file_id, o.correlation AS corr, o.name = 'cudaStreamWaitEvent' AS is_wait,
+               s.device, s.stream, s.wait_on_stream, s.wait_on_corr
+        FROM cpu_ops o JOIN files f USING (file_id)
+        LEFT JOIN cuda_syncs s ON s.file_id = o.file_id AND s.correlation = o.correlation
+             AND s.name = 'Stream Wait Event'
+        WHERE f.run_id = ? AND f.rank IS NOT NULL AND o.file_id IN (SELECT unnest(?)) AND o.cat = 'cuda_runtime'
+          AND o.name IN ('cudaEventRecord', 'cudaStreamWaitEvent') AND o.correlation IS NOT NULL
+        ORDER BY o.file_id, o.correlation""", [rc.run_id, fids])
+    none = (np.zeros(0, np.int64),) * 4
+    if not w["file_id"].size:
+        return none
+    rank = rc.rank_of(np.asarray(w["file_id"], np.int64))
+    corr = np.asarray(w["corr"], np.int64)
+    rkey = (rank << _T_SHIFT) + corr
+    o = np.argsort(rkey, kind="stable")  # the calls in (rank, correlation) order
+    w = {k: v[o] for k, v in w.items()}
+    rank, corr, rkey = rank[o], corr[o], rkey[o]
+    is_wait = np.asarray(w["is_wait"], bool)
+    wi = np.flatnonzero(is_wait)
+    if not wi.size:
+        return none
+    rec = np.flatnonzero(~is_wait)
+    j = np.searchsorted(rkey[rec], rkey[wi], side="left") - 1  # the last record before each wait
+    jc = np.clip(j, 0, None)
+    has_rec = (j >= 0) & (rank[rec[jc]] == rank[wi]) if rec.size else np.zeros(wi.size, bool)
+    rec_corr = np.where(has_rec, corr[rec[jc]] if rec.size else -1, -1)
+    # device tasks of the rank in launch order: the stream launched to last before / first after a correlation
+    dkey = (t.rank[dev].astype(np.int64) << _T_SHIFT) + np.clip(t.cols["corr"][dev], 0, (1 << _T_SHIFT) - 1)
+    o = np.argsort(dkey, kind="stable")
+    dkey, dres = dkey[o], t.res[dev][o].astype(np.int64)
+
+    def col(name: str) -> np.ndarray:
+        v = w[name][wi]
+        m = np.ma.getmaskarray(v) if np.ma.isMaskedArray(v) else np.zeros(v.shape, bool)
+        return np.where(m, -1, np.ma.filled(v, -1) if np.ma.isMaskedArray(v) else v).astype(np.int64)
+
+    stream, dev_id, on_stream, on_corr = col("stream"), col("device"), col("wait_on_stream"), col("wait_on_corr")
+    rk, wcorr = rank[wi], corr[wi]
+    row_ranks = np.unique(rk[stream >= 0])
+    res_wait = t.resource_ids(rk, 1, dev_id, stream)
+    keep = np.isin(rk, row_ranks)  # a rank with rows: its waits as the rows say
+    # a rank without rows: the first task launched on each stream since a wait, waiting on the wait before it
+    first_since = _first_launches_after_waits(dkey, dres, (rk[~keep] << _T_SHIFT) + wcorr[~keep])
+    inf_key = dkey[first_since]
+    iw = np.searchsorted(rkey[wi], inf_key, side="left") - 1  # the last wait before the task's launch
+    rk = np.concatenate([rk[keep], inf_key >> _T_SHIFT])
+    res_wait = np.concatenate([res_wait[keep], dres[first_since]])
+    wcorr = np.concatenate([wcorr[keep], wcorr[np.clip(iw, 0, None)]])
+    rec_corr = np.concatenate([rec_corr[keep], rec_corr[np.clip(iw, 0, None)]])
+    on_stream = np.concatenate([on_stream[keep], np.full(first_since.size, -1)])
+    on_corr = np.concatenate([on_corr[keep], np.full(first_since.size, -1)])
+    dev_id = np.concatenate([dev_id[keep], np.full(first_since.size, -1)])
+    known = (on_stream >= 0) & (on_corr >= 0)
+    rec_corr = np.where(known, on_corr, rec_corr)
+    res_rec = np.where(known, t.resource_ids(rk, 1, dev_id, on_stream),
+                       _launched_before(dkey, dres, (rk << _T_SHIFT) + np.clip(rec_corr, 0, None)))
+    res_rec = np.where(rec_corr >= 0, res_rec, -1)
+    return res_wait, res_rec, wcorr, rec_corr
+
+
+def _first_launches_after_waits(dkey: np.ndarray, dres: np.ndarray, wkey: np.ndarray) -> np.ndarray:
+    """Indices into the launch-ordered device tasks (``dkey``: rank << _T_SHIFT + correlation; ``dres``: resource)
+    of each task that is the first on its resource since a wait call (``wkey``, the waits' keys): the previous
+    task of its resource and rank was launched before the latest wait that precedes it."""
+    if not (wkey.size and dkey.size):
+        return np.zeros(0, np.int64)
+    wkey = np.sort(wkey)
+    iw = np.searchsorted(wkey, dkey, side="left") - 1  # the latest wait before each launch
+    iwc = np.clip(iw, 0, None)
+    has = (iw >= 0) & ((wkey[iwc] >> _T_SHIFT) == (dkey >> _T_SHIFT))
+    # the previous launch on the same resource: tasks ordered by (resource, launch)
+    o = np.lexsort((dkey, dres))
+    prev = np.full(dkey.size, -1, np.int64)
+    same = dres[o][1:] == dres[o][:-1]
+    prev[o[1:][same]] = dkey[o[:-1][same]]
+    return np.flatnonzero(has & (prev < wkey[iwc]))
+
+
+def _launched_before(dkey: np.ndarray, dres: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """The resource of the last device task launched before each key ``q`` of the same rank (``dkey``: launch-
+    ordered rank << _T_SHIFT + correlation; ``dres``: resource), -1 if none: the stream an event recorded at ``q``
+    followed."""
+    if not (q.size and dkey.size):
+        return np.full(q.size, -1, np.int64)
+    i = np.searchsorted(dkey, q, side="left") - 1
+    ic = np.clip(i, 0, None)
+    return np.where((i >= 0) & ((dkey[ic] >> _T_SHIFT) == (q >> _T_SHIFT)), dres[ic], -1)
 
 def _sync_edges(t: _Tasks, dev: np.ndarray, edges: _Edges, cd: np.ndarray) -> None:
     """GPU->CPU syncs: the task after a blocking call waits for the last device task that ended before the call
