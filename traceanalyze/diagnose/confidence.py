@@ -42,6 +42,10 @@ REPLAY_MEDIUM_PCT = 5.0  # = replay.whatif.UNRELIABLE_ERROR_PCT (Lin et al., str
 REPLAY_LOW_PCT = 15.0
 RANGE_MEDIUM_PP = 20.0  # width of a what-if's model range, in points of saving
 RANGE_LOW_PP = 40.0
+# share of a what-if's replayed critical path spent in idle the replay keeps as measured because no dependency
+# explains it (replay.gaps): a wait that would end sooner once the work around it is faster, replayed as fixed
+UNEXPLAINED_MEDIUM_PCT = 10.0
+UNEXPLAINED_LOW_PCT = 25.0
 OVERHEAD_MEDIUM_PCT = 10.0  # profiler cost (% of the profiled step) above which an estimated base step matters
 # findings whose evidence is time spent waiting inside collectives: a missing rank may be what they wait for
 WAIT_CAUSES = frozenset({"interconnect", "imbalance"})
@@ -148,6 +152,11 @@ def whatif_confidence(w: dict, b: dict) -> tuple[str, list[str]]:
             caps.append(("low", f"the model's range spans {width:.0f} points"))
         elif width > RANGE_MEDIUM_PP:
             caps.append(("medium", f"the model's range spans {width:.0f} points"))
+    kept = _num(w.get("unexplained_gap_pct"))
+    if kept is not None and kept > UNEXPLAINED_MEDIUM_PCT:
+        caps.append(("low" if kept > UNEXPLAINED_LOW_PCT else "medium",
+                     f"{kept:g} % of the predicted step's critical path is idle time kept as measured (no dependency "
+                     "explains it: it may be a wait that ends sooner once the work around it is faster)"))
     over = b["profiler_overhead_pct"]
     if b["unprofiled"] == "estimated" and over is not None and over >= OVERHEAD_MEDIUM_PCT:
         caps.append(("medium", f"priced on an estimated step without the profiler (the profiler costs {over:g} %)"))

@@ -23,8 +23,8 @@ from traceanalyze.executors import on_own_cursor, release_free_memory
 from traceanalyze.hardware import GpuInfo
 from traceanalyze.metrics.steps import longest_per_step, median
 from traceanalyze.metrics.where import MAX_TIMELINE_LANES, lanes_to_show
+from traceanalyze.replay import gaps, overhead, precision, simulate, skew
 from traceanalyze.replay import graph as gr
-from traceanalyze.replay import overhead, precision, simulate, skew
 
 SCENARIOS = ("no_straggler", "ideal_interconnect", "tf32_matmul", "bf16_matmul", "no_dataloader_wait", "no_compile",
              "no_launch_overhead", "no_host_sync", "all")
@@ -493,6 +493,7 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_siz
     if mode == "gpu":
         ctx["prec"] = precision.context(con, g, gpu)
     replay_model["left_out"] = _left_out(g, ctx)
+    replay_model["unexplained_gaps"] = gaps.summary(g, counted)
     replay_model["collective_skew"] = sk  # not for the JSON: the caller takes it out (traceanalyze.pipeline)
     picture = _picture(g, base, measured, counted, m_long, sk)  # now: base (3 graph-sized arrays) is not held below
     pr = _Pricer(g, counted, m_long, b_long, m_run)
@@ -570,6 +571,7 @@ class _Pricer:
         self.skipped: dict[str, str] = {}  # scenario -> why its rewrite gave no row (a late pricer reuses it)
         self.g_free: gr.Graph | None = None  # the graph without its blocking waits for the GPU (no_host_sync)
         self.on_path: np.ndarray | None = None  # per task: on the critical path of a counted step's marker
+        self.kept_on_path = 0.0  # the last replay's critical path in unexplained kept gaps, % (gaps.on_path_pct)
         self.noise_pct = _step_noise_pct(g, m_long)
 
     def replay_long(self, arrs: Arrays, sync_free: bool = False) -> tuple[dict, dict]:
@@ -578,11 +580,12 @@ class _Pricer:
         if sync_free:
             if self.g_free is None:
                 self.g_free = _without_host_syncs(self.g)
-            rp = simulate.replay(self.g_free, *arrs)
+            rp = simulate.replay(self.g_free, *arrs, keep_binding=True)
             t = pipelined_step_times(self.g_free, rp)
         else:
-            rp = simulate.replay(self.g, *arrs)
+            rp = simulate.replay(self.g, *arrs, keep_binding=True)
             t = rp.step_times(self.g)
+        self.kept_on_path = gaps.on_path_pct(self.g_free if sync_free else self.g, rp, arrs[1], self.counted)
         del rp
         release_free_memory()  # each replay's graph-sized arrays: not stacked up in the heap
         return _longest(t, self.counted), t
@@ -733,6 +736,7 @@ def _price_scenarios(pr: _Pricer, applicable: list[str], ctx: dict, base: Arrays
                                       (sc == "all" and "no_host_sync" in applicable))
         results += [[run_id, sc, r, s, measured[(r, s)], t[(r, s)]] for r, s in sorted(measured)]
         row = _whatif_row(g, sc, ctx, pred, pr.u_run, err, reliable)
+        row["unexplained_gap_pct"] = pr.kept_on_path
         row["profiled_predicted_step_time_us"] = round(max(m_run - (pr.u_run - pred), 0.0), 3)
         row["profiled_saving_pct"] = round(100 * (pr.u_run - pred) / m_run, 2) if m_run else 0.0
         if clamped:

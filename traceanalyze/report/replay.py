@@ -135,4 +135,10 @@ def replay_markdown(run: dict) -> list[str]:
         out.append(f"- unmatched: {_t(u)}")
     for m in rp.get("missing_edges") or []:
         out.append(f"- missing edges: {_t(m)}")
-    return out + ([""] if rp.get("unmatched") or rp.get("missing_edges") else [])
+    ug = rp.get("unexplained_gaps") or {}
+    if ug.get("streams"):
+        st, th = ug["streams"], ug.get("threads") or {}
+        out.append(f"- idle kept as measured, per step: GPU streams {_f(st.get('kept_us'))} of "
+                   f"{_f(st.get('idle_us'))} ms ({_f(st.get('kept_pct'), 1)} %), host threads "
+                   f"{_f(th.get('kept_us'))} of {_f(th.get('idle_us'))} ms ({_f(th.get('kept_pct'), 1)} %)")
+    return out + ([""] if rp.get("unmatched") or rp.get("missing_edges") or ug.get("streams") else [])
