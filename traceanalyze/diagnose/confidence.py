@@ -96,6 +96,7 @@ def basis(run: dict) -> dict:
     return {"steps": len(vals), "ranks_traced": traced, "world_size": world, "partial": traced < world,
             "step_noise_pct": noise, "replay_error_pct": _num(rp.get("error_pct")) if rp else None,
             "unprofiled": unprof, "profiler_overhead_pct": _num(po.get("overhead_pct")) if po else None,
+            "unprofiled_caveat": po.get("caveat") if isinstance(po, dict) and unprof == "estimated" else None,
             "line": line}
 
 
@@ -160,6 +161,9 @@ def whatif_confidence(w: dict, b: dict) -> tuple[str, list[str]]:
     over = b["profiler_overhead_pct"]
     if b["unprofiled"] == "estimated" and over is not None and over >= OVERHEAD_MEDIUM_PCT:
         caps.append(("medium", f"priced on an estimated step without the profiler (the profiler costs {over:g} %)"))
+    if b.get("unprofiled_caveat"):
+        caps.append(("medium", "priced on an uncertain step without the profiler (a multi-process DataLoader "
+                               "competes with the profiler for the cores)"))
     saving, noise = _num(w.get("saving_pct")), b["step_noise_pct"]
     if saving is not None and noise is not None and 0 < saving < noise:
         caps.append(("low", f"the saving ({saving:g} %) is within the step-to-step noise ({noise:g} %)"))

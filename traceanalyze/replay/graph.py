@@ -124,7 +124,7 @@ class Graph:
     missing_edges: list[str] = field(default_factory=list)
     partial: bool = False
     prec_class: np.ndarray | None = None  # int8 per task: PRECISION_CLASSES index (GPU runs)
-    prof_events: np.ndarray | None = None  # uint16 (3, tasks): profiler-recorded events by kind (_profiler_events)
+    prof_events: np.ndarray | None = None  # uint16 (4, tasks): profiler-recorded events by kind (_profiler_events)
 
     @property
     def n_instances(self) -> int:
@@ -414,7 +414,7 @@ def build(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_size: in
               inst=np.full(c["start"].size, -1, np.int32), inst_transfer=np.zeros(0),
               inst_complete=np.zeros(0, bool), inst_coll=[], inst_bytes=np.zeros(0, np.int64),
               inst_n=np.zeros(0, np.int64), inst_matched_by=[], steps=c["steps"], missing_edges=[],
-              prec_class=c["prec"], prof_events=np.zeros((3, c["start"].size), np.uint16))
+              prec_class=c["prec"], prof_events=np.zeros((4, c["start"].size), np.uint16))
     if mode == "gpu" and not c["event_waits"]:
         g.missing_edges.append("cross-stream event waits (the traces hold neither cuda_sync \"Stream Wait Event\" "
                                "rows nor cudaStreamWaitEvent calls: streams are ordered only by their launches)")
@@ -1163,12 +1163,13 @@ def _host_resources(g: Graph) -> np.ndarray:
 
 def _profiler_events(con, rc: _RunClock, g: Graph) -> np.ndarray:
     """Per host task (and step marker) of ``g``: the events the profiler recorded on its thread from the end of the
-    thread's previous task to its own end, each counted at its start, as three uint16 rows (6 bytes a task; a count
+    thread's previous task to its own end, each counted at its start, as four uint16 rows (8 bytes a task; a count
     over 65,535 is clipped): ``[0]`` cpu ops and annotations recorded in C++, ``[1]`` runtime and driver calls,
     ``[2]`` the ranges Python opens only while a profiler runs (inductor's ``triton_*`` launches, ``## Call
-    CompiledFxGraph``, compiled regions); 0 for device tasks. The profiler's own host cost is paid per recorded
-    event (:mod:`traceanalyze.replay.overhead`)."""
-    out = np.zeros((3, g.start.size), np.uint16)
+    CompiledFxGraph``, compiled regions), ``[3]`` the shapes ``record_shapes`` copied for those ops (each op's
+    ``Input Dims`` entries: one per input, one more per tensor of a list input); 0 for device tasks. The
+    profiler's own host cost is paid per recorded event (:mod:`traceanalyze.replay.overhead`)."""
+    out = np.zeros((4, g.start.size), np.uint16)
     # the host threads: resources named host:pid/tid (:func:`_order_tasks`), each with its rank
     first = np.flatnonzero(g.first)
     res_first = np.full(len(g.res_names), -1, np.int64)
@@ -1231,14 +1232,18 @@ def _count_events(con, rc: _RunClock, threads: dict, fids: list[int], win: tuple
                        CASE WHEN c.cat IN ('cuda_runtime', 'cuda_driver') THEN 1
                             WHEN c.name LIKE 'triton\\_%' ESCAPE '\\' OR c.name LIKE '## Call CompiledFxGraph%'
                                  OR c.name LIKE 'Torch-Compiled Region%' OR c.name IN ('CompiledFunction',
-                                 'CompiledFunctionBackward') THEN 2 ELSE 0 END AS kind
+                                 'CompiledFunctionBackward') THEN 2 ELSE 0 END AS kind,
+                       -- the shapes record_shapes copied: the '[' of Input Dims less the outer one (no JSON parse)
+                       CASE WHEN c.input_dims IS NULL THEN 0
+                            ELSE greatest(length(c.input_dims) - length(replace(c.input_dims, '[', '')) - 1, 0)
+                       END AS shapes
                 FROM cpu_ops c JOIN files f USING (file_id)
                 WHERE f.run_id = $1 AND f.rank IS NOT NULL AND f.file_id IN (SELECT unnest($2))
                   AND c.cat IN ('cpu_op', 'user_annotation', 'cuda_runtime', 'cuda_driver')
                   AND ($3::BIGINT IS NULL OR c.ts_ns >= $3) AND ($4::BIGINT IS NULL OR c.ts_ns < $4)),
             code AS (SELECT rank, pid, tid, row_number() OVER (ORDER BY rank, pid, tid) - 1 AS th
                      FROM (SELECT DISTINCT rank, pid, tid FROM ev))
-        SELECT code.th, ev.ts_ns, ev.kind, code.rank AS th_rank, code.pid AS th_pid, code.tid AS th_tid
+        SELECT code.th, ev.ts_ns, ev.kind, ev.shapes, code.rank AS th_rank, code.pid AS th_pid, code.tid AS th_tid
         FROM ev JOIN code ON code.rank = ev.rank AND code.pid IS NOT DISTINCT FROM ev.pid
                          AND code.tid IS NOT DISTINCT FROM ev.tid""", [rc.run_id, fids, ts_lo, ts_hi])
     code = np.asarray(r["th"], np.int64)
@@ -1256,18 +1261,19 @@ def _count_events(con, rc: _RunClock, threads: dict, fids: list[int], win: tuple
     r_res = th_res[code]
     ok = r_res >= 0
     kind = np.asarray(r["kind"], np.int8)[ok]
+    shapes = np.asarray(r["shapes"], np.int64)[ok]
     keys = (r_res[ok] << _T_SHIFT) + np.clip(np.asarray(r["ts_ns"], np.int64)[ok] - th_shift[code[ok]], 0, lim)
     del r, r_res, code
     o = np.argsort(keys, kind="stable")
-    keys, kind = keys[o], kind[o]
+    keys, kind, shapes = keys[o], kind[o], shapes[o]
     del o
     idx, ranks, lo_key, hi_key = win
     m = np.flatnonzero(np.isin(ranks, np.unique(th_rank)))  # the host tasks of these ranks
     sel = idx[m]
     hi_i = np.searchsorted(keys, hi_key[m], side="left")
     lo_i = np.searchsorted(keys, lo_key[m], side="left")
-    for i in range(3):  # events of each kind before each position, then the count in [lo, hi)
-        cum = np.concatenate([[0], np.cumsum(kind == i, dtype=np.int64)])
+    for i in range(4):  # events of each kind (shapes: their count) before each position, then the count in [lo, hi)
+        cum = np.concatenate([[0], np.cumsum(kind == i if i < 3 else shapes, dtype=np.int64)])
         cnt = out[i, sel].astype(np.int64) + np.clip(cum[hi_i] - cum[lo_i], 0, None)
         out[i, sel] = np.minimum(cnt, np.iinfo(np.uint16).max)
 

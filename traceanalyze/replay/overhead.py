@@ -35,6 +35,7 @@ from traceanalyze.replay import graph as gr
 # µs of host time per recorded event (module docstring: the calibration): per op or annotation, by what is recorded;
 # per runtime or driver call (CUPTI's callback and activity record, whatever the options)
 PER_OP_US = {"base": 1.0, "record_shapes": 1.9, "with_stack": 2.2, "profile_memory": 0.5}
+PER_SHAPE_US = 0.0  # per input shape record_shapes copies (graph._profiler_events row 3), on top of its per-op share
 PER_CALL_US = 5.9
 # µs per range Python opens only while a profiler runs (inductor's record_function around each Triton launch, the
 # compiled graph's call): an empty torch.profiler.record_function costs 9.4 µs under the profiler on this project's
@@ -84,17 +85,24 @@ def per_op_us(cfg: dict) -> float:
                                    if cfg.get(k))
 
 
-def unprofiled(g: gr.Graph, d: np.ndarray, cg: np.ndarray, per_op: float, per_call: float = PER_CALL_US
-               ) -> tuple[np.ndarray, np.ndarray]:
-    """``(durations, chain gaps)`` with the profiler's host cost taken out: per host task ``ops × per_op + calls ×
-    per_call`` µs, from the gap before it first, then from its own duration (at most :data:`MAX_DUR_CUT` of it).
-    Copies."""
+def per_shape_us(cfg: dict) -> float:
+    """µs of host time ``record_shapes`` adds per input shape it copies (:data:`PER_SHAPE_US`; 0 without it)."""
+    return PER_SHAPE_US if cfg.get("record_shapes") else 0.0
+
+
+def unprofiled(g: gr.Graph, d: np.ndarray, cg: np.ndarray, per_op: float, per_call: float = PER_CALL_US,
+               per_shape: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """``(durations, chain gaps)`` with the profiler's host cost taken out: per host task ``ops × per_op + shapes ×
+    per_shape + calls × per_call`` µs, from the gap before it first, then from its own duration (at most
+    :data:`MAX_DUR_CUT` of it). Copies."""
     if g.prof_events is None or (per_op <= 0 and per_call <= 0):
         return d, cg
     ev = g.prof_events  # uint16 rows: each product is float64, one row at a time
     cut = ev[0] * float(per_op)
     cut += ev[1] * float(per_call)
     cut += ev[2] * PER_PY_RANGE_US
+    if per_shape > 0 and ev.shape[0] > 3:
+        cut += ev[3] * float(per_shape)
     dev = np.isin(g.kind, (gr.K_KERNEL, gr.K_MEMCPY, gr.K_MEMSET)) & ~g.first
     cut[dev] = PER_KERNEL_DEVICE_US
     # a CUDA graph launch: CUPTI instruments every node it enqueues, so the call takes nodes × PER_KERNEL_US more
@@ -119,6 +127,34 @@ def unprofiled(g: gr.Graph, d: np.ndarray, cg: np.ndarray, per_op: float, per_ca
     if node_cg is not None:
         cg2[node_cg[0]] = np.minimum(cg2[node_cg[0]], node_cg[1])
     return d2, cg2
+
+
+def multiprocess_loader(con: duckdb.DuckDBPyConnection, run_id: int) -> bool:
+    """Whether the run's steps take batches from a multi-process ``DataLoader`` (its worker processes run beside the
+    training process; ``enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__``)."""
+    return con.execute("""SELECT count(*) > 0 FROM cpu_ops c JOIN files f USING (file_id)
+        WHERE f.run_id = ? AND c.cat = 'user_annotation'
+          AND c.name LIKE 'enumerate(DataLoader)#\\_MultiProcessing%' ESCAPE '\\'""", [run_id]).fetchone()[0]
+
+
+def estimate_range(profiled_us: float, est_us: float, gpu_busy_us: float | None, loader_mp: bool
+                   ) -> tuple[list[float], str | None]:
+    """(the step without the profiler's range ``[low, high]`` µs, a caveat or None). The profiler's cost taken out
+    scaled by :data:`RANGE` (the per-event costs of the sides it was fitted on spread by about that much). A step
+    that waits on a multi-process DataLoader's workers and is not GPU-bound (the estimate over 1.1 × the busiest
+    stream's work) gets a caveat instead of a narrow range: the workers and the profiler's host work compete for
+    the cores, so the loader's speed under the profiler is not its speed without it (the H100 loader pair: an
+    estimate 28 % under the loop's time with 2 workers, 9 % over it with 12). The range is then from the busiest
+    stream's work (no step is faster) to the profiled step."""
+    cut = max(profiled_us - est_us, 0.0)
+    rng = [profiled_us - cut * RANGE[1], profiled_us - cut * RANGE[0]]
+    if loader_mp and gpu_busy_us and est_us > 1.1 * gpu_busy_us:
+        return [round(min(gpu_busy_us, est_us), 3), round(profiled_us, 3)], (
+            "the steps wait on a multi-process DataLoader and are not GPU-bound: its workers compete with the "
+            "profiler's host work for the cores, so their speed under the profiler is not their speed without it; "
+            "the step without the profiler is uncertain (time a few steps without the profiler: capture.profile "
+            "does)")
+    return [round(max(v, 0.0), 3) for v in rng], None
 
 
 def _graph_launches(g: gr.Graph) -> np.ndarray:

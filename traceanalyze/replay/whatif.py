@@ -564,6 +564,7 @@ class _Pricer:
     def __init__(self, g: gr.Graph, counted: set, m_long: dict, b_long: dict, m_run: float) -> None:
         self.g, self.counted, self.m_long, self.b_long, self.m_run = g, counted, m_long, b_long, m_run
         self.u_long, self.per_op, self.cfg = b_long, 0.0, None
+        self.loader_mp = False  # the steps take batches from a multi-process DataLoader (overhead.estimate_range)
         self.groups = _floor_groups(g)  # the floors' grouping, the same for every rewrite
         self.est: dict = {}
         self.est_run = self.u_run = m_run
@@ -594,7 +595,8 @@ class _Pricer:
         """The graph's durations and gaps less the profiler's host cost (:mod:`.overhead`), replayed."""
         self.cfg = overhead.profiler_config(con, run_id)
         self.per_op = overhead.per_op_us(self.cfg)
-        d, cg = overhead.unprofiled(self.g, d, cg, self.per_op)
+        self.loader_mp = overhead.multiprocess_loader(con, run_id)
+        d, cg = overhead.unprofiled(self.g, d, cg, self.per_op, per_shape=overhead.per_shape_us(self.cfg))
         rp = simulate.replay(self.g, d, cg, tr, keep_binding=True)
         self.u_long = _longest(rp.step_times(self.g), self.counted)
         self.on_path = simulate.on_critical_paths(rp, _markers(self.g))
@@ -614,13 +616,15 @@ class _Pricer:
         if measured and (measured.get("step_time_us") or 0) > 0:
             self.u_run, source = float(measured["step_time_us"]), str(measured.get("source"))
         self.scale = self.u_run / self.est_run if self.est_run else 1.0  # a measurement rescales the estimates
-        m_run = self.m_run
+        m_run, busy = self.m_run, _gpu_busy_us(self.groups, d, self.m_long)
+        rng, caveat = overhead.estimate_range(m_run, self.est_run, busy, self.loader_mp)
         return {"unprofiled_step_time_us": round(self.u_run, 3), "profiled_step_time_us": round(m_run, 3),
                 "overhead_pct": round(100 * (m_run - self.u_run) / m_run, 2) if m_run else 0.0, "source": source,
                 "per_op_us": round(self.per_op, 3), "per_call_us": overhead.PER_CALL_US if self.per_op else 0.0,
-                "estimated_step_time_us": round(self.est_run, 3), "profiler": self.cfg or {},
-                "events_per_step": _events_per_step(self.g, self.counted),
-                "gpu_busy_us": _gpu_busy_us(self.groups, d, self.m_long)}
+                "per_shape_us": overhead.per_shape_us(self.cfg or {}) if self.per_op else 0.0,
+                "estimated_step_time_us": round(self.est_run, 3), "estimated_range_us": rng, "caveat": caveat,
+                "profiler": self.cfg or {}, "events_per_step": _events_per_step(self.g, self.counted),
+                "gpu_busy_us": busy}
 
     def predict(self, arrs: Arrays, sync_free: bool = False) -> tuple[float, dict, bool]:
         """(predicted step without the profiler, replayed (rank, step) times, whether a floor clamped it);
@@ -805,7 +809,7 @@ def _events_per_step(g: gr.Graph, counted: set) -> float | None:
     """Median over counted (rank, step) of the profiler-recorded host events, or None."""
     if g.prof_events is None:
         return None
-    ev = g.prof_events.sum(axis=0)
+    ev = g.prof_events[:3].sum(axis=0)  # events (row 3 counts the shapes they copied)
     sel = (g.step >= 0) & (ev > 0)
     if not sel.any():
         return None
