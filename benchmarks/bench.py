@@ -27,12 +27,25 @@ Issue 18's rows, each printed against its target:
 * ``--fixed-cost``: a cold report of one 5 MB rank (``--ranks 1 --repeat 3`` of sampled_rank-0) minus a bare
   ``python -c pass``, medians of ``--runs`` alternating pairs;
 * ``--dask``: the scale set again through ``--executor dask`` (a local cluster of 2 workers).
+
+The scale guard (issue 38), ``python benchmarks/bench.py --scale [--skip-hta] [--scale-runs N]``: the cold report
+on 64, 256 and 1,024 small real ranks (``make_scale_set.py --ranks 1024 --source
+trace_filter/sampled_rank-0.json.gz``, built once into ``--work``; the smaller sets are its first ranks), each size
+``--scale-runs`` times (medians). Per size it prints the wall time, the CPU time (user + sys of the report process
+and of the processes it waited for: its parse workers; ``os.wait4``), the largest resident set of those processes
+(``ru_maxrss``), the peak memory of the whole process tree (sum of PSS, from a second, watched run; psutil), and
+the CPU growth against linear from 64 ranks: ``cpu_N / cpu_64 / (N / 64)``. It exits with status 1 when a size
+grows more than 1.15× linear (work that grows with ranks², such as a loop over the ranks over arrays of every
+rank), and prints HTA 0.5.0's time on 256 ranks beside the report's when HTA is installed (the ``bench`` extra;
+``--skip-hta`` skips it). It is a benchmark, not a timed test: run it on a quiet machine, in every change to the
+replay, the metrics or the load. Nothing else runs with ``--scale``.
 """
 
 from __future__ import annotations
 
 import argparse
 import gzip
+import importlib.util
 import os
 import shutil
 import statistics
@@ -147,6 +160,69 @@ def run_once(cmd: list[str]) -> tuple[float, float]:
     t0 = time.perf_counter()
     peak = run_sampled(cmd)
     return time.perf_counter() - t0, peak
+
+
+def run_cpu(cmd: list[str], env: dict | None = None) -> tuple[float, float, float]:
+    """(wall seconds, CPU seconds, largest RSS in MB) of one run of ``cmd`` with nothing watching it: the CPU time
+    is user + sys of the process and of every process it waited for (its parse workers), from ``os.wait4``; the RSS
+    is the largest of those processes', not their sum."""
+    with tempfile.TemporaryFile() as err:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env or BENCH_ENV,
+                                cwd=tempfile.gettempdir())
+        _, status, ru = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t0
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode != 0:
+            err.seek(0)
+            raise SystemExit(f"benchmark command failed ({proc.returncode}): {' '.join(cmd)}\n"
+                             f"{err.read().decode(errors='replace')[-2000:]}")
+    return wall, ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1024
+
+
+def has_hta(python: str) -> bool:
+    """Whether ``python`` can import HTA (the ``bench`` extra)."""
+    return subprocess.run([python, "-c", "import hta"], capture_output=True).returncode == 0
+
+
+SCALE_SIZES = (64, 256, 1024)  # ranks of the scale guard (--scale)
+SCALE_GROWTH_MAX = 1.15  # CPU time per rank at most this many times the smallest size's
+
+
+def scale_guard(args, out: Path) -> bool:
+    """The cold report on :data:`SCALE_SIZES` small real ranks: wall, CPU and memory per size, and the CPU growth
+    against linear from the smallest; True when no size grows more than :data:`SCALE_GROWTH_MAX` (module
+    docstring)."""
+    source = SHARED / "traces" / "real" / "hta" / "trace_filter" / "sampled_rank-0.json.gz"
+    full = make_set(args.work / "r1024", "--ranks", str(max(SCALE_SIZES)), "--source", str(source))
+    print(f"\nscale guard: cold reports of {full.name}'s first ranks, {args.scale_runs} timed run(s) per size "
+          "(medians) and one watched for memory")
+    print("| ranks | wall (s) | CPU (s) | max RSS (MB) | peak PSS, tree (MB) | CPU growth vs linear | load |\n"
+          "|--:|--:|--:|--:|--:|--:|---|")
+    cpu, wall, growth = {}, {}, {}
+    watch = importlib.util.find_spec("psutil") is not None
+    for k in SCALE_SIZES:
+        sub = full if k == max(SCALE_SIZES) else subset(full, args.work / f"sweep{k}", k)
+        db = args.work / f"scale{k}.duckdb"
+        runs = []
+        for _ in range(args.scale_runs):
+            db.unlink(missing_ok=True)
+            runs.append(run_cpu(traceanalyze_cmd(sub, out, db)))
+        wall[k], cpu[k], rss = (median([r[i] for r in runs]) for i in range(3))
+        db.unlink(missing_ok=True)
+        pss = f"{run_sampled(traceanalyze_cmd(sub, out, db)):.0f}" if watch else "no psutil"
+        growth[k] = cpu[k] / cpu[SCALE_SIZES[0]] / (k / SCALE_SIZES[0])
+        print(f"| {k} | {wall[k]:.2f} | {cpu[k]:.2f} | {rss:.0f} | {pss} | {growth[k]:.2f}× | {load()} |", flush=True)
+    ok = max(growth.values()) <= SCALE_GROWTH_MAX
+    print(f"\nCPU growth against linear from {SCALE_SIZES[0]} ranks: at most {max(growth.values()):.2f}× (target ≤ "
+          f"{SCALE_GROWTH_MAX}×: {verdict(ok)})")
+    if not args.skip_hta and has_hta(args.hta_python):
+        ht, hm = run_once([args.hta_python, "-c", HTA_SCRIPT, str(args.work / "sweep256")])
+        print(f"HTA 0.5.0 on 256 ranks: {ht:.1f} s, {hm:.0f} MB; traceanalyze {ht / wall[256]:.1f}× faster "
+              f"(target ≥ 10×: {verdict(ht / wall[256] >= 10)})")
+    elif not args.skip_hta:
+        print(f"HTA not run: {args.hta_python} cannot import hta (pip install '.[bench]'), or pass --skip-hta")
+    return ok
 
 
 def json_megabytes(folder: Path) -> float:
@@ -315,10 +391,15 @@ def main() -> None:
     ap.add_argument("--skip-main", action="store_true", help="only the rows asked for, not the scale set")
     ap.add_argument("--baseline", type=Path, help="a source tree of traceanalyze (git worktree add DIR COMMIT): its "
                     "cold report timed alternating with this one's, and the growth printed")
+    ap.add_argument("--scale", action="store_true", help="only the scale guard: 64, 256 and 1,024 ranks, exit 1 "
+                    f"when the CPU time grows more than {SCALE_GROWTH_MAX}x linear")
+    ap.add_argument("--scale-runs", type=int, default=1, help="runs per size of the scale guard")
     args = ap.parse_args()
 
     args.work = args.work.resolve()  # every command runs from the temp folder (baseline_env)
     args.work.mkdir(parents=True, exist_ok=True)
+    if args.scale:
+        raise SystemExit(0 if scale_guard(args, args.work / "report.html") else 1)
     traces = args.traces.resolve() if args.traces else None
     if traces is None:
         if not MAKE_SCALE_SET.exists():

@@ -204,28 +204,18 @@ def _without_host_syncs(g: gr.Graph) -> gr.Graph:
     """``g`` without its steps' blocking GPU->CPU waits (:func:`_host_sync_edges`): the host goes on launching while
     the GPU works (CUDA's asynchronous launch queue). The order the wait kept on the GPU stays: each device task the
     host waited for still precedes the first task of every stream of its rank that started after the wait (as a
-    stream-wait event would), since the next step's kernels need this one's results; and the work of each rank's
-    other streams (collectives, copies) starts no earlier than the busiest stream's work it was measured to follow,
-    since what triggers it there (gradients ready, data ready) is a cross-stream wait the trace does not record. A
-    shallow copy: only the edge arrays are new."""
+    stream-wait event would), since the next step's kernels need this one's results (:func:`_sync_order_edges`);
+    and the work of each rank's other streams (collectives, copies) starts no earlier than the busiest stream's
+    work it was measured to follow, since what triggers it there (gradients ready, data ready) is a cross-stream
+    wait the trace does not record (:func:`_side_stream_anchors`). A shallow copy: only the edge arrays are new.
+    Every rank at once, in a few sorts and searches over the tasks (rank by rank over arrays of every rank, it
+    grew with ranks²: 35 s of a 1,024-rank report)."""
     sync = _host_sync_edges(g)
-    src, dst = g.dep_src[sync], g.dep_dst[sync]
-    new_src, new_dst = [g.dep_src[~sync]], [g.dep_dst[~sync]]
     dev = np.isin(g.kind, gr.GPU_KINDS)
-    for res_id in np.unique(g.res[dev]).tolist():
-        lo = int(np.searchsorted(g.res, res_id))
-        hi = int(np.searchsorted(g.res, res_id, side="right"))
-        mine = g.rank[dst] == g.rank[lo]
-        if not mine.any():
-            continue
-        j = lo + np.searchsorted(g.start[lo:hi], g.start[dst[mine]])
-        ok = j < hi
-        new_src.append(src[mine][ok])
-        new_dst.append(j[ok])
+    w_src, w_dst = _sync_order_edges(g, dev, sync)
     a_src, a_dst = _side_stream_anchors(g, dev)
-    new_src.append(a_src)
-    new_dst.append(a_dst)
-    s2, d2 = np.concatenate(new_src), np.concatenate(new_dst)
+    s2 = np.concatenate([g.dep_src[~sync], w_src, a_src])
+    d2 = np.concatenate([g.dep_dst[~sync], w_dst, a_dst])
     n_old = int((~sync).sum())
     end = np.concatenate([g.dep_end[~sync], np.ones(s2.size - n_old, dtype=g.dep_end.dtype)])
     off = np.concatenate([g.dep_off[~sync], np.zeros(s2.size - n_old, dtype=g.dep_off.dtype)])
@@ -235,25 +225,80 @@ def _without_host_syncs(g: gr.Graph) -> gr.Graph:
     return dataclasses.replace(g, dep_src=s2[o], dep_dst=d2[o], dep_end=end[o], dep_off=off[o], dep_type=typ[o])
 
 
+def _sync_order_edges(g: gr.Graph, dev: np.ndarray, sync: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(source, destination) edges, end to start: for each blocking wait (``sync``, per explicit edge) and each
+    stream of its rank, the awaited device task precedes the stream's first task that starts at or after the task
+    after the wait (none when no task of the stream does). Ordered by stream, then wait."""
+    src, dst = g.dep_src[sync], g.dep_dst[sync]
+    streams = np.unique(g.res[dev])
+    lo, hi = np.searchsorted(g.res, streams), np.searchsorted(g.res, streams, side="right")
+    by_rank = np.lexsort((streams, g.rank[lo]))  # each rank's streams, in resource order
+    ranks = g.rank[lo][by_rank]
+    a, b = np.searchsorted(ranks, g.rank[dst]), np.searchsorted(ranks, g.rank[dst], side="right")
+    wait = np.repeat(np.arange(src.size), b - a)  # one (wait, stream of its rank) pair per row
+    k = by_rank[np.repeat(a, b - a) + np.arange(wait.size) - np.repeat(np.cumsum(b - a) - (b - a), b - a)]
+    o = np.lexsort((wait, k))
+    wait, k = wait[o], k[o]
+    used = np.unique(k)
+    idx, seg = _ranges(lo[used], hi[used])
+    qseg = np.searchsorted(used, k)
+    j = _search_segments(g.start[idx], seg, g.start[dst[wait]], qseg, "left")
+    ok = j < (hi - lo)[k]
+    return src[wait][ok].astype(np.int64), (lo[k] + j)[ok].astype(np.int64)
+
+
 def _side_stream_anchors(g: gr.Graph, dev: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(source, destination) edges, end to start: each device task of a step on a rank's other streams starts no
     earlier than the end of the busiest stream's last task that had ended when it was measured to start
-    (:func:`_without_host_syncs`)."""
+    (:func:`_without_host_syncs`). The busiest stream holds the most device time (ties: the first); a rank with
+    one stream has none."""
     busy = np.bincount(g.res[dev], weights=g.dur[dev], minlength=int(g.res.max(initial=0)) + 1)
-    out_s, out_d = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
-    for r in np.unique(g.rank[dev]).tolist():
-        res = np.unique(g.res[dev & (g.rank == r)])
-        if res.size < 2:
-            continue
-        main = int(res[np.argmax(busy[res])])
-        lo, hi = int(np.searchsorted(g.res, main)), int(np.searchsorted(g.res, main, side="right"))
-        side = np.flatnonzero(dev & (g.rank == r) & (g.res != main) & (g.step >= 0))
-        ends = np.maximum.accumulate(g.start[lo:hi] + g.dur[lo:hi])
-        j = np.searchsorted(ends, g.start[side] + ANCHOR_TOLERANCE_US, side="right") - 1
-        ok = j >= 0
-        out_s.append(lo + j[ok])
-        out_d.append(side[ok])
-    return np.concatenate(out_s), np.concatenate(out_d)
+    streams, first = np.unique(g.res[dev], return_index=True)
+    rank = g.rank[np.flatnonzero(dev)[first]]
+    o = np.lexsort((streams, -busy[streams], rank))  # per rank, the busiest stream first
+    head = np.flatnonzero(np.r_[True, rank[o][1:] != rank[o][:-1]]) if o.size else np.zeros(0, np.int64)
+    several = np.diff(np.append(head, o.size)) >= 2
+    main_rank, main = rank[o][head][several], streams[o][head][several]  # ranks ascending
+    if main.size == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    cand = np.flatnonzero(dev & (g.step >= 0))
+    at = np.minimum(np.searchsorted(main_rank, g.rank[cand]), main.size - 1)
+    mine = (main_rank[at] == g.rank[cand]) & (main[at] != g.res[cand])
+    side, main_of = cand[mine], main[at[mine]]
+    by_res = np.unique(main)
+    lo, hi = np.searchsorted(g.res, by_res), np.searchsorted(g.res, by_res, side="right")
+    idx, seg = _ranges(lo, hi)
+    ends = _segment_cummax(g.start[idx] + g.dur[idx], seg)
+    qseg = np.searchsorted(by_res, main_of)
+    j = _search_segments(ends, seg, g.start[side] + ANCHOR_TOLERANCE_US, qseg, "right") - 1
+    ok = j >= 0
+    return (lo[qseg] + j)[ok].astype(np.int64), side[ok].astype(np.int64)
+
+
+def _ranges(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the indices of the ranges ``[lo, hi)`` one after another, the range each one is in) (int64)."""
+    n = (hi - lo).astype(np.int64)
+    seg = np.repeat(np.arange(n.size), n)
+    return np.arange(seg.size) + np.repeat(lo.astype(np.int64) - (np.cumsum(n) - n), n), seg
+
+
+def _search_segments(v: np.ndarray, vseg: np.ndarray, q: np.ndarray, qseg: np.ndarray, side: str) -> np.ndarray:
+    """Per query ``q[i]``: ``np.searchsorted(v[vseg == qseg[i]], q[i], side)``, every query in one search. ``vseg``
+    ascending, ``v`` ascending within each segment. The values are ranked first (exactly: equal values, equal
+    ranks), so that (segment, rank) is one sortable integer."""
+    u = np.unique(np.concatenate([v, q]))
+    m = u.size + 1
+    kv = vseg.astype(np.int64) * m + np.searchsorted(u, v)
+    kq = qseg.astype(np.int64) * m + np.searchsorted(u, q)
+    return np.searchsorted(kv, kq, side=side) - np.searchsorted(vseg, qseg)
+
+
+def _segment_cummax(v: np.ndarray, seg: np.ndarray) -> np.ndarray:
+    """The running maximum of ``v`` restarted at each segment (``seg`` ascending): exactly the floats of
+    ``np.maximum.accumulate`` per segment, from their ranks offset by segment."""
+    u, inv = np.unique(v, return_inverse=True)
+    off = seg.astype(np.int64) * max(u.size, 1)
+    return u[np.maximum.accumulate(off + inv.reshape(-1)) - off] if v.size else v.copy()
 
 
 def pipelined_step_times(g: gr.Graph, rp: simulate.Replay) -> dict[tuple[int, int], float]:
