@@ -11,12 +11,15 @@ The estimate (:func:`unprofiled`): each host task's gap, then its own duration (
 :func:`traceanalyze.replay.graph._profiler_events`),
 and the graph is replayed: a GPU-bound step stays, a host-bound one shrinks.
 
-Calibration (``benchmarks/gpu_pairs.py --calibrate`` prints it): per recorded event, fitted on the shared H200 sides
-whose unprofiled wall time was measured (``../shared/traces/gpu/h200``, ``truth_side.json``). With
-``record_shapes=True``: the launch pair's slow side (about 6,800 events per step) takes 69.8 ms profiled and
-44.3 ms without the profiler (3.7 µs per event), the data-loader pair's slow side 68.8 against 62.1 ms (2.8 µs
-per event), and the bf16 GPT 47.9 against 33.5 ms (host-bound in part). Without ``record_shapes`` (the compile
-pair's eager side: 21.5 against 18.8 ms over about 3,300 events per step) about a third of that.
+Calibration (``python benchmarks/profiler_overhead.py --fit``, issue 37): fitted on every GPU side whose loop was
+also timed without the profiler (the shared H200 sides and ours on an H100, ``record_shapes=True``: 14 sides), by
+the grid point whose estimates miss those loops least: 2.0 µs per recorded op, 0.5 µs more per input shape
+``record_shapes`` copies (an op carries 2–3 in a GPT, 4 in a ResNet: 3–4 µs an op), 4.0 µs per runtime or driver
+call. Mean |error| 5.4 % (leave-one-out 5.9 %, max 27.3 %: a step that keeps a tensor per step with
+``profile_memory``), against 6.1 % (max 29.2 %) for the per-op model it replaced (2.9 µs an op, 5.9 a call). The
+sides whose steps wait on a multi-process DataLoader are left out of the fit: their workers compete with the
+profiler for the cores, which no per-event cost describes (:func:`estimate_range` says so instead). Without
+``record_shapes`` an op costs 1.0 µs (the CPU loops of ``benchmarks/profiler_overhead.py``: about a third).
 
 Those wall times were taken with one sync per N steps while the traced loops sync every step: the estimate is the
 loop as traced; ``no_host_sync`` (:mod:`.whatif`) prices the loop without its per-step wait, and is what the wall
@@ -34,9 +37,9 @@ from traceanalyze.replay import graph as gr
 
 # µs of host time per recorded event (module docstring: the calibration): per op or annotation, by what is recorded;
 # per runtime or driver call (CUPTI's callback and activity record, whatever the options)
-PER_OP_US = {"base": 1.0, "record_shapes": 1.9, "with_stack": 2.2, "profile_memory": 0.5}
-PER_SHAPE_US = 0.0  # per input shape record_shapes copies (graph._profiler_events row 3), on top of its per-op share
-PER_CALL_US = 5.9
+PER_OP_US = {"base": 1.0, "record_shapes": 1.0, "with_stack": 2.2, "profile_memory": 0.5}
+PER_SHAPE_US = 0.5  # per input shape record_shapes copies (graph._profiler_events row 3), on top of its per-op share
+PER_CALL_US = 4.0
 # µs per range Python opens only while a profiler runs (inductor's record_function around each Triton launch, the
 # compiled graph's call): an empty torch.profiler.record_function costs 9.4 µs under the profiler on this project's
 # CPU (benchmarks/profiler_overhead.py), all of it profiler-only
