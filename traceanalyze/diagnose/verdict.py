@@ -41,16 +41,20 @@ RULES = [rule_exposed_communication, rule_untraced_ranks, rule_straggler, rule_i
          rule_dataloader, rule_launch_bound, rule_effective_batch_single, rule_host_sync, rule_host_optimizer]
 # A specific cause ranks above the general findings it explains, which are then its symptoms: kind -> (the kinds it
 # explains, the share of a symptom's impact its own impact must exceed). A blocking call the GPU idles in makes
-# the other ranks wait in their collectives (and its rank look slow); an optimizer that loops over the parameters
-# is what a launch-bound step launches, when it is more than half of that finding's cost.
+# the other ranks wait in their collectives (and its rank look slow).
 SPECIFIC_CAUSES = {
     "host_sync": (("slow_collectives", "topology", "untraced_ranks", "straggler", "idle_rank", "launch_bound",
                    "host_bound", "unexplained_idle"), 0.0),
-    "host_optimizer": (("launch_bound", "host_bound"), 0.5),
     # a rank the others wait for at their collectives: their GPUs sit in the collective or idle behind it, which a
     # launch- or host-bound finding reads as launch cost
     "straggler": (("launch_bound", "host_bound"), 0.5),
 }
+# A finding that is part of a larger one: kind -> (the kinds it is part of, its own fix in a few words). An optimizer
+# that loops over the parameters is part of a launch- or host-bound step's host time: CUDA graphs (the launch-bound
+# fix) remove its launches with the rest, a fused optimizer only its own. Findings rank by what their fixes save
+# (the headline is the one that saves most); a part that saves no more than its whole follows it, is named inside it
+# (:func:`verdict`) and carries ``part_of``, the whole's kind.
+PARTS = {"host_optimizer": (("launch_bound", "host_bound"), "a fused optimizer alone")}
 AMPLIFIERS = ("step_sync",)
 
 
@@ -89,10 +93,13 @@ def unexplained_idle(ev: RunEvidence, found: list[Finding]) -> list[Finding]:
 
 
 def rank_findings(fs: list[Finding]) -> list[Finding]:
-    """Sort by severity then impact, highest first; then a specific cause of medium or high severity moves just
-    above the first general finding of its run that it explains (:data:`SPECIFIC_CAUSES`)."""
+    """Sort by severity then impact (what the fix saves), highest first; a part of a larger finding that saves no
+    more than it is linked to it (``part_of``, :data:`PARTS`) and stays below it; then a specific cause of medium
+    or high severity moves just above the first general finding of its run that it explains
+    (:data:`SPECIFIC_CAUSES`)."""
     order = {"high": 0, "medium": 1, "low": 2}
     out = sorted(fs, key=lambda f: (order[f.severity], -f.impact_pct))
+    _link_parts(out)
     for spec in [f for f in out if f.kind in SPECIFIC_CAUSES and f.severity != "low"]:
         kinds, ratio = SPECIFIC_CAUSES[spec.kind]
         at = next((i for i, g in enumerate(out) if g.kind in kinds and g.run == spec.run
@@ -113,6 +120,18 @@ def rank_findings(fs: list[Finding]) -> list[Finding]:
             out.remove(amp)
             out.insert(last, amp)
     return out
+
+
+def _link_parts(fs: list[Finding]) -> None:
+    """Set ``part_of`` on each finding of :data:`PARTS` of medium or high severity: the kind of the first finding
+    of its run, ranked above it (its fix saves at least as much) and of medium or high severity, that it is part of;
+    None when there is none (it then ranks by its own saving, as any finding)."""
+    for part in fs:
+        if part.kind not in PARTS:
+            continue
+        whole = next((g for g in fs if g.kind in PARTS[part.kind][0] and g.run == part.run and g.severity != "low"
+                      and g.impact_pct >= part.impact_pct and set(part.ranks) & set(g.ranks)), None)
+        part.part_of = whole.kind if whole is not None and part.severity != "low" else None
 
 
 # finding kind -> (the what-if scenario that removes its cause, how it is priced) or (None, why no scenario models
@@ -294,12 +313,13 @@ def _offer_tf32_first(f: Finding, w: dict) -> None:
 
 
 def to_dicts(fs: list[Finding]) -> list[dict]:
-    """Findings as plain dicts for the JSON report (``whatif_missing`` only where set)."""
+    """Findings as plain dicts for the JSON report (``whatif_missing`` and ``part_of`` only where set)."""
     out = []
     for f in fs:
         d = asdict(f)
-        if d.get("whatif_missing") is None:
-            d.pop("whatif_missing", None)
+        for k in ("whatif_missing", "part_of"):
+            if d.get(k) is None:
+                d.pop(k, None)
         out.append(d)
     return out
 
@@ -377,4 +397,7 @@ def _verdict_body(findings: list[Finding], runs: list[RunEvidence] | None, parti
     s = f"Main cause: {f.cause} ({f.kind.replace('_', ' ')}): {f.title} — about {f.impact_pct:.0f}% of step time"
     if f.kind == "host_sync" and any(g.kind in SPECIFIC_CAUSES["host_sync"][0][:5] for g in top):
         s += "; the other ranks' wait in collectives is its symptom"
+    for part in (g for g in top if g.part_of == f.kind and g.run == f.run):
+        s += (f"; part of it: {part.title[0].lower()}{part.title[1:]} ({PARTS[part.kind][1]}: about "
+              f"{part.impact_pct:.0f}%)")
     return s + (f" ({f.assumption})." if f.assumption else ".")
