@@ -45,22 +45,25 @@ def _write(path: Path, events: list[dict], props: list) -> None:
     path.write_text(json.dumps(doc))
 
 
-def _conv_trace(path: Path, steps: int = 4) -> None:
-    """One H100 rank, ``steps`` profiler steps of 13 ms: the host launches the three fp32 cuDNN convolution kernels
-    (``Input type`` float, no ``Input Dims``) 50 µs apart, they run back to back on stream 7 from +100 µs, and a
-    cudaDeviceSynchronize returns 5 µs after the last one; the GPU is busy 12 of the 13 ms."""
+def _conv_trace(path: Path, steps: int = 4, layer: tuple = CONV, step_us: float = STEP_US) -> None:
+    """One H100 rank, ``steps`` profiler steps of ``step_us`` (13 ms): the host launches ``layer``'s kernels (the
+    three fp32 cuDNN convolution kernels: ``Input type`` float, no ``Input Dims``) 50 µs apart, an ``aten::add_``
+    inside ``Optimizer.step#SGD.step``; they run back to back on stream 7 from +100 µs, and a cudaDeviceSynchronize
+    returns 5 µs after the last one; the GPU is busy 12 of the 13 ms."""
     ev, ext, t = [], 1, 1000.0
     for s in range(steps):
-        ev.append(x("user_annotation", f"ProfilerStep#{s}", t, STEP_US))
+        ev.append(x("user_annotation", f"ProfilerStep#{s}", t, step_us))
         h, k = t + 20.0, t + 100.0
-        for name, op, dur in CONV:
+        for name, op, dur in layer:
+            if op == "aten::add_":
+                ev.append(x("user_annotation", "Optimizer.step#SGD.step", h - 5.0, 40.0))
             ev.append(x("cpu_op", op, h, 30.0, **{"External id": ext, "Input type": ["float", "float", ""]}))
             ev.append(x("cuda_runtime", "cudaLaunchKernel", h + 10, 8.0, correlation=ext))
             ev.append(x("kernel", name, k, dur, pid=0, tid=7, stream=7, correlation=ext, device=0,
                         **{"External id": ext}))
             ext, h, k = ext + 1, h + 50.0, k + dur
         ev.append(x("cuda_runtime", "cudaDeviceSynchronize", h, k + 5.0 - h))
-        t += STEP_US
+        t += step_us
     _write(path, ev, [H100])
 
 
@@ -309,6 +312,9 @@ def test_h200_precision_offers_tf32_first_and_prices_both_precisions():
     lo, hi = w["bf16_matmul"]["range_saving_pct"]
     assert lo < 78.3 < hi and hi < 84.5 + 5
     assert "dense datasheet peaks of an H200" in w["tf32_matmul"]["assumptions"]
+    # a GPT: no convolution, no NCHW kernel, so no channels_last
+    assert "bf16_channels_last" not in w
+    assert (run["precision"]["conv_share_pct"], run["precision"]["layout"]) == (0.0, None)
     (f,) = [f for f in m["findings"] if f["kind"] == "fp32_matmul"]
     assert f["severity"] == "high" and f["impact_pct"] == pytest.approx(78.3, abs=0.1)
     assert f["recommendation"].startswith("first, one line: torch.set_float32_matmul_precision('high') and "

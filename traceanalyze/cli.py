@@ -103,8 +103,9 @@ def summary_lines(model: dict, limit: int = SUMMARY_FINDINGS) -> list[str]:
         ranks = f.get("ranks") or []
         where = f" (rank{'s' if len(ranks) > 1 else ''} {ranges(ranks)})" if 0 < len(ranks) <= 8 else ""
         level = (f.get("confidence") or {}).get("level") if isinstance(f.get("confidence"), dict) else None
+        part = f" (part of {f['part_of']})" if f.get("part_of") else ""
         out.append(f"[{f.get('severity')}] {float(f.get('impact_pct') or 0):.1f}% {f.get('cause')}/{f.get('kind')}: "
-                   f"{f.get('title')}{where}" + (f" ({level} confidence)" if level else ""))
+                   f"{f.get('title')}{where}{part}" + (f" ({level} confidence)" if level else ""))
     if len(top) > limit:
         out.append(f"... {len(top) - limit} more finding(s) in the report")
     return out + comparison_lines(model)

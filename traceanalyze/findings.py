@@ -3,7 +3,8 @@
 A finding has a ``cause`` (the four the report attributes a slowdown to), a finer ``kind``, a ``severity``, the
 ``impact_pct`` that fixing it would win back (% of step time; from the what-if replay where one applies,
 :func:`traceanalyze.diagnose.apply_to_findings`), the ranks it concerns, evidence and a recommendation; where no
-what-if can price it, ``whatif_missing`` says why. The kinds are a closed set: a rule that makes a finding of
+what-if can price it, ``whatif_missing`` says why; a finding that is part of a larger one names its kind in
+``part_of``. The kinds are a closed set: a rule that makes a finding of
 another kind is a bug, caught when it is made.
 """
 
@@ -49,6 +50,7 @@ class Finding:
     run: str = ""
     assumption: str = ""  # what the impact rests on that the inputs do not state (shown in the verdict)
     whatif_missing: str | None = None  # why no what-if prices this finding (diagnose.WHATIF_OF_KIND); None: one does
+    part_of: str | None = None  # the kind of a larger finding of its run that this one is part of (diagnose.PARTS)
 
     def __post_init__(self) -> None:
         if self.cause not in CAUSES or self.kind not in KINDS or self.severity not in SEVERITIES:

@@ -43,7 +43,19 @@ KERNEL_DTYPE_RULES: list[tuple[str, str, bool | None]] = [
     (r"d884|dmma|dgemm|<double", "fp64", None),
     (r"i16832|i8816|imma|igemm|int8", "int8", True),
 ]
+# Activation layout from kernel names (docs/kernel_names.md, "Layout"). cuDNN's tensor-core convolutions compute in
+# NHWC; on NCHW tensors cuDNN transposes every activation into and out of them (``nchwToNhwcKernel``,
+# ``nhwcToNchwKernel``), and it names NCHW in the convolutions and batch norms it runs on NCHW tensors
+# (``…_nchwkcrs_nchw_…``, ``reduce_wgrad_nchw_helper``, ``bn_fw_tr_1C11_kernel_NCHW``), as PyTorch does in its pooling
+# (``max_pool_forward_nchw``). With ``channels_last`` tensors PyTorch runs its ``*_channels_last_kernel`` batch norms
+# and ``*_nhwc<…>`` pooling, and no kernel names NCHW. (layout, pattern searched case-insensitively), first match wins.
+LAYOUT_PATTERNS: list[tuple[str, str]] = [
+    ("transpose", r"nchwtonhwc|nhwctonchw"),
+    ("nchw", r"nchw"),
+    ("channels_last", r"channels_last|_nhwc<"),
+]
 _FAMILY = [(f, re.compile(p, re.IGNORECASE)) for f, p in FAMILY_PATTERNS]
+_LAYOUT = [(lay, re.compile(p, re.IGNORECASE)) for lay, p in LAYOUT_PATTERNS]
 _NOT_MATH = re.compile(NOT_MATH, re.IGNORECASE)
 _DTYPE = [(re.compile(p, re.IGNORECASE), d, tc) for p, d, tc in KERNEL_DTYPE_RULES]
 
@@ -89,6 +101,16 @@ def kernel_dtype(name: str) -> tuple[str | None, bool | None]:
         if pat.search(name or ""):
             return dt, tc
     return None, None
+
+
+def activation_layout(name: str) -> str | None:
+    """What a kernel name says of the activations' memory layout (:data:`LAYOUT_PATTERNS`): ``transpose`` (cuDNN's
+    NCHW↔NHWC layout transposes), ``nchw`` (a kernel that runs on NCHW tensors), ``channels_last`` (PyTorch's
+    channels-last kernels), None when the name does not tell (most kernels: an NHWC convolution runs in both)."""
+    for lay, pat in _LAYOUT:
+        if pat.search(name or ""):
+            return lay
+    return None
 
 
 def op_dtype(types: list) -> str | None:

@@ -12,7 +12,8 @@ ticket on this evidence; a straggler within that noise too), and a GPU idle abov
 :func:`verdict` turns the ranked findings into the report's first sentence: "Inconclusive: ..." when the profiled
 window holds only the torch.compile step, or the traced ranks wait in collectives for ranks whose traces are missing
 (unless a blocking host call explains the wait), "Main cause: ..." for the top finding of high or
-medium severity (with the assumption it rests on, when it has one), else "No significant slowdown found"; a run
+medium severity (with the assumption it rests on, when it has one; the headline is the finding whose fix saves
+most, and a finding that is part of it, ``part_of``, is named inside it), else "No significant slowdown found"; a run
 with fewer traced ranks than its world size puts "Partial: k of N ranks traced" (and the findings the missing ranks
 could explain) before it.
 

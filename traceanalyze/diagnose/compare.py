@@ -290,12 +290,17 @@ _TICKET = ("high", "medium")
 
 def _precision_scenario(subject: RunEvidence, baseline: RunEvidence) -> str | None:
     """The precision what-if the baseline's matrix-math dtype checks: the subject's main dtype is fp32 and the
-    baseline's bf16/fp16 (``bf16_matmul``) or tf32 (``tf32_matmul``); None otherwise or when either is unknown."""
+    baseline's bf16/fp16 (``bf16_matmul``; ``bf16_channels_last`` when the subject's activations are NCHW and the
+    baseline's channels_last, as their kernel names say) or tf32 (``tf32_matmul``); None otherwise or when either
+    is unknown."""
     sm = subject.prec.main_dtype if subject.prec else None
     bm = baseline.prec.main_dtype if baseline.prec else None
     if sm != "fp32" or bm is None:
         return None
-    return {"bf16": "bf16_matmul", "fp16": "bf16_matmul", "tf32": "tf32_matmul"}.get(bm)
+    sc = {"bf16": "bf16_matmul", "fp16": "bf16_matmul", "tf32": "tf32_matmul"}.get(bm)
+    if sc == "bf16_matmul" and (subject.prec.layout, baseline.prec.layout) == ("NCHW", "channels_last"):
+        return "bf16_channels_last"
+    return sc
 
 
 def _cost_us(f: dict, step_us: float | None) -> float:
@@ -308,12 +313,14 @@ def _fixed_cause(scenario: str, subject_run: dict, baseline_run: dict, subject: 
                  baseline: RunEvidence) -> str | None:
     """Why the baseline is the subject with ``scenario``'s cause fixed, or None when it is not (the rule of
     :func:`whatif_check`)."""
-    if scenario in ("bf16_matmul", "tf32_matmul"):
+    if scenario in ("bf16_matmul", "tf32_matmul", "bf16_channels_last"):
         ps = _precision_scenario(subject, baseline)
         if ps is not None:
+            layout = (f"; activations {subject.prec.layout} here, {baseline.prec.layout} in the baseline"
+                      if ps == "bf16_channels_last" else "")
             return (f"matrix math in {subject.prec.main_dtype} here, {baseline.prec.main_dtype} in the baseline"
-                    if ps == scenario else None)
-        if scenario == "tf32_matmul":
+                    + layout if ps == scenario else None)
+        if scenario in ("tf32_matmul", "bf16_channels_last"):
             return None
     kinds = CHECK_KINDS.get(scenario, ())
     mine = [f for f in subject_run.get("findings") or [] if f.get("kind") in kinds and f.get("severity") in _TICKET]
@@ -357,8 +364,10 @@ def whatif_check(subject_run: dict, baseline_run: dict, subject: RunEvidence, ba
     ``profiler_overhead``, ``step_time_us``). A what-if of the subject (``all`` left out) is checked when the
     baseline has its cause fixed:
 
-    - precision (``bf16_matmul``, ``tf32_matmul``): the subject's main matrix-math dtype is fp32 and the
-      baseline's is bf16 or fp16 (``bf16_matmul``) or tf32 (``tf32_matmul``); when either dtype is unknown,
+    - precision (``bf16_matmul``, ``tf32_matmul``, ``bf16_channels_last``): the subject's main matrix-math dtype is
+      fp32 and the baseline's is bf16 or fp16 (``bf16_matmul``; ``bf16_channels_last`` instead when the kernel names
+      say the subject's activations are NCHW and the baseline's channels_last) or tf32 (``tf32_matmul``); when
+      either dtype is unknown,
       ``bf16_matmul`` follows the finding rule below with the precision kinds;
     - every other what-if (and precision without dtypes): the subject has a finding of the what-if's kinds
       (:data:`CHECK_KINDS`) of medium or high severity, and the baseline has none of those kinds at medium or high

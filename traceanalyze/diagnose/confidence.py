@@ -33,7 +33,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from traceanalyze.diagnose.verdict import KIND_TO_SCENARIO
+from traceanalyze.diagnose.verdict import finding_scenario
 
 LEVELS = ("high", "medium", "low")
 NOISE_MEDIUM_PCT = 10.0  # σ/mean of the step time above which a single figure is not "high"
@@ -181,7 +181,7 @@ def finding_confidence(f: dict, b: dict | None, whatifs: list[dict]) -> dict:
     """
     caps = _run_caps(b, wait_finding=f.get("cause") in WAIT_CAUSES) if b else []
     impact = _num(f.get("impact_pct")) or 0.0
-    sc = KIND_TO_SCENARIO.get(f.get("kind", ""))
+    sc = finding_scenario(f.get("kind", ""), whatifs)
     w = next((x for x in whatifs if x.get("scenario") == sc), None) if sc else None
     if w is not None:
         conf = w.get("confidence") or {}

@@ -1,4 +1,6 @@
-"""Precision rule: matrix math in fp32 (no tensor cores on a GPU; no bf16 on a CPU)."""
+"""Precision rule: matrix math in fp32 (no tensor cores on a GPU; no bf16 on a CPU). On a GPU conv net whose kernel
+names say the activations are NCHW, the advice adds channels_last to bf16 autocast (PyTorch's AMP and channels_last
+guides), which the ``bf16_channels_last`` what-if prices (:mod:`traceanalyze.replay.precision`)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from traceanalyze.diagnose.evidence import (
     step_noise_us,
 )
 from traceanalyze.findings import Finding
+from traceanalyze.replay.precision import CONV_SHARE_MIN  # where bf16_channels_last applies: the same conv share
 from traceanalyze.replay.whatif import CPU_BF16_SPEEDUP  # the speed-up the what-if replay assumes at most
 
 MIN_FP32_SHARE = 50.0  # % of matrix-math time in fp32 without tensor cores
@@ -22,6 +25,30 @@ GPU_FP32_SPEEDUP_DEFAULT = 4.0  # bf16 over fp32 when no peak is known (never: g
 CPU_PRECISION_ADVICE = ("on a CPU with AMX or AVX512-BF16 (lscpu | grep -E 'amx|avx512_bf16'), run the step under "
                         "torch.autocast('cpu', dtype=torch.bfloat16) (bf16: true / --bf16 in a trainer config); "
                         "without them bf16 matmuls are emulated and can be slower than fp32: keep fp32 there")
+
+
+CHANNELS_LAST_ADVICE = ("this is a conv net on NCHW activations: also convert the model and each input batch to "
+                        "channels_last (model = model.to(memory_format=torch.channels_last); "
+                        "x = x.to(memory_format=torch.channels_last)): cuDNN's tensor-core convolutions compute in "
+                        "NHWC, so on NCHW tensors every activation is transposed into and out of them, and batch "
+                        "norm and the elementwise kernels run on NCHW (PyTorch's AMP guide for conv nets)")
+
+
+def nchw_conv_net(ev: RunEvidence) -> str | None:
+    """The evidence that run ``ev`` is a GPU conv net on NCHW activations, as kernel names say it
+    (:attr:`traceanalyze.metrics.precision.PrecisionMix.layout`): convolutions are at least
+    :data:`~traceanalyze.replay.precision.CONV_SHARE_MIN` % of the matrix math, on a GPU with tensor cores (or
+    unknown); None when it is not."""
+    p = ev.prec
+    if ev.mode != "gpu" or p is None or p.layout != "NCHW" or p.conv_share_pct < CONV_SHARE_MIN:
+        return None
+    if ev.gpu.capability is not None and not hardware.features(ev.gpu.capability).tensor_cores:
+        return None
+    n = max(1, len(ev.ranks))
+    us = p.layout_us
+    return (f"convolutions are {p.conv_share_pct:.0f}% of matrix-math time and the activations are NCHW: kernels "
+            f"on NCHW tensors {ms_text(us.get('nchw', 0.0) / n)} and cuDNN's NCHW↔NHWC transposes "
+            f"{ms_text(us.get('transpose', 0.0) / n)} per rank (kernel names)")
 
 
 def rule_precision(ev: RunEvidence) -> list[Finding]:
@@ -84,6 +111,10 @@ def rule_precision(ev: RunEvidence) -> list[Finding]:
         evidence.append(f"GPU: {ev.gpu.label}" + (f" (from {ev.gpu.source})" if ev.gpu.capability else
                                                    ": compute capability unknown"))
         rec = hardware.precision_advice(ev.gpu)
+        conv = nchw_conv_net(ev)
+        if conv is not None:
+            evidence.append(conv)
+            rec += "; " + CHANNELS_LAST_ADVICE
     return [Finding("precision", "fp32_matmul", sev or severity(impact), impact, [r["rank"] for r in ev.ranks],
                     f"Matrix math runs in fp32: {p.fp32_share_pct:.0f}% of GEMM time",
                     evidence, rec)]

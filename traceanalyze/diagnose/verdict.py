@@ -41,16 +41,20 @@ RULES = [rule_exposed_communication, rule_untraced_ranks, rule_straggler, rule_i
          rule_dataloader, rule_launch_bound, rule_effective_batch_single, rule_host_sync, rule_host_optimizer]
 # A specific cause ranks above the general findings it explains, which are then its symptoms: kind -> (the kinds it
 # explains, the share of a symptom's impact its own impact must exceed). A blocking call the GPU idles in makes
-# the other ranks wait in their collectives (and its rank look slow); an optimizer that loops over the parameters
-# is what a launch-bound step launches, when it is more than half of that finding's cost.
+# the other ranks wait in their collectives (and its rank look slow).
 SPECIFIC_CAUSES = {
     "host_sync": (("slow_collectives", "topology", "untraced_ranks", "straggler", "idle_rank", "launch_bound",
                    "host_bound", "unexplained_idle"), 0.0),
-    "host_optimizer": (("launch_bound", "host_bound"), 0.5),
     # a rank the others wait for at their collectives: their GPUs sit in the collective or idle behind it, which a
     # launch- or host-bound finding reads as launch cost
     "straggler": (("launch_bound", "host_bound"), 0.5),
 }
+# A finding that is part of a larger one: kind -> (the kinds it is part of, its own fix in a few words). An optimizer
+# that loops over the parameters is part of a launch- or host-bound step's host time: CUDA graphs (the launch-bound
+# fix) remove its launches with the rest, a fused optimizer only its own. Findings rank by what their fixes save
+# (the headline is the one that saves most); a part that saves no more than its whole follows it, is named inside it
+# (:func:`verdict`) and carries ``part_of``, the whole's kind.
+PARTS = {"host_optimizer": (("launch_bound", "host_bound"), "a fused optimizer alone")}
 AMPLIFIERS = ("step_sync",)
 
 
@@ -89,10 +93,13 @@ def unexplained_idle(ev: RunEvidence, found: list[Finding]) -> list[Finding]:
 
 
 def rank_findings(fs: list[Finding]) -> list[Finding]:
-    """Sort by severity then impact, highest first; then a specific cause of medium or high severity moves just
-    above the first general finding of its run that it explains (:data:`SPECIFIC_CAUSES`)."""
+    """Sort by severity then impact (what the fix saves), highest first; a part of a larger finding that saves no
+    more than it is linked to it (``part_of``, :data:`PARTS`) and stays below it; then a specific cause of medium
+    or high severity moves just above the first general finding of its run that it explains
+    (:data:`SPECIFIC_CAUSES`)."""
     order = {"high": 0, "medium": 1, "low": 2}
     out = sorted(fs, key=lambda f: (order[f.severity], -f.impact_pct))
+    _link_parts(out)
     for spec in [f for f in out if f.kind in SPECIFIC_CAUSES and f.severity != "low"]:
         kinds, ratio = SPECIFIC_CAUSES[spec.kind]
         at = next((i for i, g in enumerate(out) if g.kind in kinds and g.run == spec.run
@@ -113,6 +120,18 @@ def rank_findings(fs: list[Finding]) -> list[Finding]:
             out.remove(amp)
             out.insert(last, amp)
     return out
+
+
+def _link_parts(fs: list[Finding]) -> None:
+    """Set ``part_of`` on each finding of :data:`PARTS` of medium or high severity: the kind of the first finding
+    of its run, ranked above it (its fix saves at least as much) and of medium or high severity, that it is part of;
+    None when there is none (it then ranks by its own saving, as any finding)."""
+    for part in fs:
+        if part.kind not in PARTS:
+            continue
+        whole = next((g for g in fs if g.kind in PARTS[part.kind][0] and g.run == part.run and g.severity != "low"
+                      and g.impact_pct >= part.impact_pct and set(part.ranks) & set(g.ranks)), None)
+        part.part_of = whole.kind if whole is not None and part.severity != "low" else None
 
 
 # finding kind -> (the what-if scenario that removes its cause, how it is priced) or (None, why no scenario models
@@ -140,6 +159,19 @@ WHATIF_OF_KIND: dict[str, tuple[str | None, str]] = {
     "unexplained_idle": (None, "no rule names the cause of this idle time, so no scenario removes it"),
 }
 KIND_TO_SCENARIO = {k: sc for k, (sc, _) in WHATIF_OF_KIND.items() if sc is not None}
+# A scenario that prices a kind's fix more fully where the replay offers it: the finding's advice then names that fix.
+# A conv net on NCHW activations is advised bf16 autocast and channels_last (diagnose.precision), priced together.
+WIDER_SCENARIO = {"bf16_matmul": "bf16_channels_last"}
+
+
+def finding_scenario(kind: str, whatifs: list[dict] | None) -> str | None:
+    """The what-if that prices a finding of ``kind`` in a run with what-if rows ``whatifs``: its
+    :data:`KIND_TO_SCENARIO` scenario, or the :data:`WIDER_SCENARIO` one where the run has a row of it."""
+    sc = KIND_TO_SCENARIO.get(kind)
+    wide = WIDER_SCENARIO.get(sc or "")
+    if wide and any(isinstance(w, dict) and w.get("scenario") == wide for w in whatifs or []):
+        return wide
+    return sc
 # One-time costs: their rule spreads them over an assumed job length, while no_compile prices the profiled
 # steps (the compile step included); the two are not the same share, so these findings keep the rule's figure.
 AMORTIZED_KINDS = frozenset({"compile_overhead", "recompiles"})
@@ -158,7 +190,7 @@ def apply_to_findings(findings: list[Finding], whatifs: list[dict] | None, mode:
     for f in findings:
         if f.kind in AMORTIZED_KINDS:
             continue
-        w = by.get(KIND_TO_SCENARIO.get(f.kind, ""))
+        w = by.get(finding_scenario(f.kind, whatifs) or "")
         if w is None or not w.get("reliable", False):
             continue
         impact = max(0.0, float(w["saving_pct"]))
@@ -171,6 +203,8 @@ def apply_to_findings(findings: list[Finding], whatifs: list[dict] | None, mode:
             f.evidence = [*f.evidence, f"impact from the what-if replay ({w['scenario']}): predicted step time "
                                        f"{w['predicted_step_time_us'] / 1e3:.2f} ms, {impact:.1f}% saved"
                                        + _range_text(w)]
+            if w["scenario"] == "bf16_channels_last" and "bf16_matmul" in by:
+                f.evidence.append(_channels_last_split(by["bf16_matmul"], w))
         if f.kind == "fp32_matmul" and by.get("tf32_matmul", {}).get("reliable"):
             _offer_tf32_first(f, by["tf32_matmul"])
     return rank_findings(findings)
@@ -256,6 +290,14 @@ def _range_text(w: dict) -> str:
     return f" (model range {r[0]:.1f}–{r[1]:.1f}%)" if r and len(r) == 2 else ""
 
 
+def _channels_last_split(alone: dict, both: dict) -> str:
+    """Which of bf16 autocast and channels_last carries the saving: bf16 alone (``alone``, the ``bf16_matmul`` row)
+    and both (``both``, ``bf16_channels_last``), % of the step."""
+    a, b = max(0.0, float(alone["saving_pct"])), max(0.0, float(both["saving_pct"]))
+    return (f"bf16 alone (what-if bf16_matmul): {a:.1f}% saved; + channels_last: {b:.1f}%: channels_last adds "
+            f"{b - a:.1f} points (the layout transposes go, batch norm and elementwise kernels move bf16 bytes)")
+
+
 TF32_ONE_LINE = ("torch.set_float32_matmul_precision('high') and torch.backends.cudnn.allow_tf32 = True (TF32 tensor "
                  "cores for fp32 matmuls and convolutions, one line before training)")
 
@@ -271,12 +313,13 @@ def _offer_tf32_first(f: Finding, w: dict) -> None:
 
 
 def to_dicts(fs: list[Finding]) -> list[dict]:
-    """Findings as plain dicts for the JSON report (``whatif_missing`` only where set)."""
+    """Findings as plain dicts for the JSON report (``whatif_missing`` and ``part_of`` only where set)."""
     out = []
     for f in fs:
         d = asdict(f)
-        if d.get("whatif_missing") is None:
-            d.pop("whatif_missing", None)
+        for k in ("whatif_missing", "part_of"):
+            if d.get(k) is None:
+                d.pop(k, None)
         out.append(d)
     return out
 
@@ -354,4 +397,7 @@ def _verdict_body(findings: list[Finding], runs: list[RunEvidence] | None, parti
     s = f"Main cause: {f.cause} ({f.kind.replace('_', ' ')}): {f.title} — about {f.impact_pct:.0f}% of step time"
     if f.kind == "host_sync" and any(g.kind in SPECIFIC_CAUSES["host_sync"][0][:5] for g in top):
         s += "; the other ranks' wait in collectives is its symptom"
+    for part in (g for g in top if g.part_of == f.kind and g.run == f.run):
+        s += (f"; part of it: {part.title[0].lower()}{part.title[1:]} ({PARTS[part.kind][1]}: about "
+              f"{part.impact_pct:.0f}%)")
     return s + (f" ({f.assumption})." if f.assumption else ".")

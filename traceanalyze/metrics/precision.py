@@ -6,6 +6,11 @@ GPU mode: each GEMM/conv/attention kernel's math dtype is read from its name (th
 Names that do not tell (``nvjet_*``, Triton, cuBLAS generic) fall back to the launching op's ``Input type``
 (kernel ``External id`` == cpu_op ``External id``).
 
+GPU mode also reads the activations' layout from kernel names (:func:`traceanalyze.matmath.activation_layout`:
+NCHW convolutions, batch norms and pooling, cuDNN's NCHW↔NHWC transposes, PyTorch's channels-last kernels) and the
+convolutions' share of matrix-math time: the precision finding advises channels_last with bf16 on a conv net on
+NCHW activations.
+
 CPU mode: the training thread's leaf matrix ops (``aten::mm``, ``addmm``, ``bmm``, ``baddbmm``,
 ``_scaled_dot_product_*attention*``, ``*_convolution``) by their first ``Input type``; there are no tensor cores.
 
@@ -149,6 +154,9 @@ class PrecisionMix:
     source: str = ""  # how dtypes were read
     model_flops_per_step: float | None = None  # per rank and counted step (model_flops), FLOPs
     model_flops_ops: int = 0  # matrix ops whose shapes gave FLOPs
+    conv_share_pct: float = 0.0  # GPU: % of matrix-math time in convolution kernels
+    layout: str | None = None  # GPU: the activations' layout the kernel names say: "NCHW", "channels_last" or None
+    layout_us: dict = field(default_factory=dict)  # GPU: µs of counted kernels by the layout their names say
 
 
 def analyze_precision(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, gpu_model: str | None = None,
@@ -161,35 +169,7 @@ def analyze_precision(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, gp
     flops = 0.0
     flop_time_ns = 0.0
     if mode == "gpu":
-        # matrix-math kernels, picked by name first so only their rows are joined to the launching ops
-        gemm = [name for name, klass in kernel_classes(con, run_id).items()
-                if klass == "compute" and matmath.kernel_family(name)]
-        rows = con.execute(f"""
-            SELECT k.name, sum(k.dur_ns), any_value(o.input_types), any_value(o.name)
-            FROM ({counted_kernels_sql("$1", "k.cat = 'kernel' AND k.name IN (SELECT unnest($2))")}) k
-            LEFT JOIN cpu_ops o ON o.file_id = k.file_id AND o.external_id = k.external_id AND o.cat = 'cpu_op'
-            GROUP BY k.name""", [run_id, gemm]).fetchall()
-        from_name = from_op = 0.0
-        for name, dur, types, _op in rows:
-            dt, tc = kernel_dtype(name)
-            if dt is None:
-                dt = _op_dtype(types) or "unknown"
-                tc = None if dt in ("unknown", "fp32") else True
-                if dt == "fp32":  # fp32 inputs may still run as TF32 when allowed (sm80+); the name does not say
-                    tc = False if capability is not None and capability < (8, 0) else None
-                from_op += dur
-            else:
-                from_name += dur
-            acc[(dt, tc)] = acc.get((dt, tc), 0.0) + dur
-        res.source = "kernel names" + (", launching op Input type" if from_op else "")
-        fr = con.execute(f"""
-            SELECT o.name, o.input_dims, o.input_types, sum(k.dur_ns)
-            FROM cpu_ops o JOIN files f USING (file_id)
-            JOIN ({counted_kernels_sql("$1", "k.external_id IS NOT NULL AND k.cat <> 'gpu_user_annotation'")}) k
-              ON k.file_id = o.file_id AND k.external_id = o.external_id
-            WHERE f.run_id = $1 AND o.cat = 'cpu_op' AND o.name IN ('aten::mm', 'aten::addmm', 'aten::bmm',
-                  'aten::baddbmm') GROUP BY o.file_id, o.external_id, o.name, o.input_dims, o.input_types""",
-                         [run_id]).fetchall()
+        fr = _gpu_mix(con, run_id, capability, res, acc)
     else:
         rows = con.execute(f"""
             SELECT c.name, c.input_types, c.input_dims, c.dur_ns
@@ -227,6 +207,62 @@ def analyze_precision(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, gp
             res.matmul_efficiency_pct = round(100 * res.achieved_tflops / peak, 2)
     res.model_flops_per_step, res.model_flops_ops = model_flops(con, run_id)
     return res
+
+
+def _gpu_mix(con: duckdb.DuckDBPyConnection, run_id: int, capability: tuple[int, int] | None, res: PrecisionMix,
+             acc: dict[tuple[str, bool | None], float]) -> list:
+    """GPU mode of :func:`analyze_precision`: each counted matrix-math kernel's time (ns) added to ``acc`` by (dtype,
+    tensor cores), ``res.source``, the convolutions' share and the activations' layout set
+    (:func:`_set_layout`); returns the (op, Input Dims, Input type, ns) rows of the GEMM ops that give FLOPs."""
+    # matrix-math kernels and the kernels that name a layout, picked by name first so only their rows are joined
+    # to the launching ops
+    names = kernel_classes(con, run_id)
+    gemm = {name for name, klass in names.items() if klass == "compute" and matmath.kernel_family(name)}
+    laid = {name for name in names if matmath.activation_layout(name)}
+    rows = con.execute(f"""
+        SELECT k.name, sum(k.dur_ns), any_value(o.input_types), any_value(o.name)
+        FROM ({counted_kernels_sql("$1", "k.cat = 'kernel' AND k.name IN (SELECT unnest($2))")}) k
+        LEFT JOIN cpu_ops o ON o.file_id = k.file_id AND o.external_id = k.external_id AND o.cat = 'cpu_op'
+        GROUP BY k.name""", [run_id, sorted(gemm | laid)]).fetchall()
+    from_op = conv = 0.0
+    layout: dict[str, float] = {}
+    for name, dur, types, _op in rows:
+        if name in laid:
+            lay = matmath.activation_layout(name)
+            layout[lay] = layout.get(lay, 0.0) + dur
+        if name not in gemm:
+            continue
+        conv += dur if matmath.kernel_family(name) == "conv" else 0.0
+        dt, tc = kernel_dtype(name)
+        if dt is None:
+            dt = _op_dtype(types) or "unknown"
+            tc = None if dt in ("unknown", "fp32") else True
+            if dt == "fp32":  # fp32 inputs may still run as TF32 when allowed (sm80+); the name does not say
+                tc = False if capability is not None and capability < (8, 0) else None
+            from_op += dur
+        acc[(dt, tc)] = acc.get((dt, tc), 0.0) + dur
+    res.source = "kernel names" + (", launching op Input type" if from_op else "")
+    _set_layout(res, conv, sum(acc.values()), layout)
+    return con.execute(f"""
+        SELECT o.name, o.input_dims, o.input_types, sum(k.dur_ns)
+        FROM cpu_ops o JOIN files f USING (file_id)
+        JOIN ({counted_kernels_sql("$1", "k.external_id IS NOT NULL AND k.cat <> 'gpu_user_annotation'")}) k
+          ON k.file_id = o.file_id AND k.external_id = o.external_id
+        WHERE f.run_id = $1 AND o.cat = 'cpu_op' AND o.name IN ('aten::mm', 'aten::addmm', 'aten::bmm',
+              'aten::baddbmm') GROUP BY o.file_id, o.external_id, o.name, o.input_dims, o.input_types""",
+                       [run_id]).fetchall()
+
+
+def _set_layout(res: PrecisionMix, conv_ns: float, total_ns: float, layout_ns: dict[str, float]) -> None:
+    """``res.conv_share_pct`` (% of matrix-math time in convolution kernels), ``res.layout_us`` (µs of the counted
+    kernels whose names say a layout, by :func:`traceanalyze.matmath.activation_layout`) and ``res.layout``:
+    ``NCHW`` when the kernels that run on NCHW tensors or transpose them take longer than PyTorch's channels-last
+    kernels, ``channels_last`` when only those name a layout, else None (the names do not tell)."""
+    res.conv_share_pct = round(100 * conv_ns / total_ns, 2) if total_ns > 0 else 0.0
+    res.layout_us = {k: round(v / 1e3, 3) for k, v in sorted(layout_ns.items())}
+    nchw = layout_ns.get("nchw", 0.0) + layout_ns.get("transpose", 0.0)
+    cl = layout_ns.get("channels_last", 0.0)
+    res.layout = "NCHW" if nchw > cl else "channels_last" if cl > 0 else None
 
 
 # Leaf matrix ops whose Input Dims give the model's FLOPs (forward and backward as the trace records them: linear

@@ -51,9 +51,9 @@ CATEGORIES = ("dataloader", "compile", "optimizer", "launch", "matmul_fp32")
 GAP_LABELS = ("host", "launch", "optimizer", "compile", "dataloader")  # sim_task.gap_label; code -1: none
 # Graph.prec_class: what the precision what-ifs may re-time (traceanalyze.replay.precision)
 # and, on host tasks, the kernel-launch calls that a CUDA graph replaces (the launch what-if)
-P_MM_FP32, P_ATTN_FP32, P_MM_TF32, P_MEM, P_MM_LOWP, P_LAUNCH = 1, 2, 3, 4, 5, 6
+P_MM_FP32, P_ATTN_FP32, P_MM_TF32, P_MEM, P_MM_LOWP, P_LAUNCH, P_MEM_IN_PLACE = 1, 2, 3, 4, 5, 6, 7
 PRECISION_CLASSES = ("none", "matmul_fp32", "attention_fp32", "matmul_tf32", "memory_autocast", "matmul_16bit",
-                     "launch_call")
+                     "launch_call", "memory_in_place")
 WAIT_GAP_US = 1000.0  # a host gap this long may be a wait on another thread or a collective (Chakra, Lumos: 1 ms)
 WAIT_TAIL = 0.25  # ... when the awaited task ended after this share of the gap
 SYNC_CALLS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaMemcpy",
@@ -1131,7 +1131,9 @@ def _precision_classes(t: _Tasks) -> np.ndarray:
     """Each task's precision class (int8, :data:`PRECISION_CLASSES`) for the precision what-ifs: a device kernel's
     matrix-math family and math mode from its name (:mod:`traceanalyze.matmath`), else from its launching op's
     ``Input type`` (``ext`` bit 0: fp32 inputs); a non-matrix kernel of an fp32 op that autocast would run in 16 bits
-    (``P_MEM``: not on autocast's fp32 list, not an in-place update of fp32 state); 0 for every other task."""
+    (``P_MEM``: not on autocast's fp32 list, not in place); a non-matrix kernel of an in-place fp32 op not on that list
+    (``P_MEM_IN_PLACE``: an optimizer's update of fp32 state, or ``relu_``/``add_`` on an activation); 0 for every
+    other task."""
     names = t.names.to_pylist() if hasattr(t.names, "to_pylist") else list(t.names)
     fam = np.zeros(len(names) + 1, np.int8)
     mode = np.zeros(len(names) + 1, np.int8)  # 1 fp32, 2 tf32, 3 16-bit or narrower, 0 unknown
@@ -1152,6 +1154,7 @@ def _precision_classes(t: _Tasks) -> np.ndarray:
     out[(f > 0) & (m == 2)] = P_MM_TF32
     out[(f > 0) & (m == 3)] = P_MM_LOWP
     out[kern & (f == 0) & (ext == 1)] = P_MEM
+    out[kern & (f == 0) & (ext == 5)] = P_MEM_IN_PLACE
     out[(t.rk == 0) & (t.kind == K_HOST) & (t.cols["flag"] == 2)] = P_LAUNCH
     return out
 

@@ -26,6 +26,29 @@ The model (a roofline per kernel class; ``shared/WHATIF.md`` §6 and §10):
 
 ``tf32_matmul`` is ``torch.set_float32_matmul_precision("high")`` plus ``torch.backends.cudnn.allow_tf32 = True``;
 it needs sm80 or later. ``bf16_matmul`` on sm70/sm75 is fp16 autocast with a GradScaler (no bf16 there).
+
+``bf16_channels_last`` is the fix PyTorch's AMP and channels_last guides give conv nets: bf16 autocast plus
+``model.to(memory_format=torch.channels_last)`` (and the inputs). It applies where convolutions are most of the
+matrix math (:data:`CONV_SHARE_MIN`) and kernel names say the activations are NCHW
+(:func:`traceanalyze.matmath.activation_layout`). Against ``bf16_matmul`` it changes what channels_last changes:
+
+- **Convolutions**: the same bf16/fp32 peak ratio and casts as ``bf16_matmul``: cuDNN's bf16 tensor-core
+  convolutions are NHWC implicit GEMMs in either layout (``…_nhwckrsc_nhwc_…``); NCHW only adds the transposes
+  around them.
+- **Layout transposes** (``nchwToNhwcKernel``, ``nhwcToNchwKernel``): removed. On channels_last tensors cuDNN reads
+  and writes the activations in the layout its tensor-core kernels compute in (cuDNN Developer Guide, "Tensor
+  Layouts": NHWC is the tensor-core layout; PyTorch's channels_last tutorial).
+- **Memory-bound kernels that autocast moves** (batch norm, ReLU, pooling, the residual add): time ×
+  :data:`CHANNELS_LAST_MEMORY_FACTORS` (0.5 as the point estimate: half the bytes). In a conv net every activation
+  that these kernels read and write is a convolution's bf16 output or its gradient, so each moves 2 bytes per
+  element instead of 4; the range's low end keeps ``bf16_matmul``'s 0.75 (an operand left fp32). In NCHW the bytes
+  halve too, but bf16 batch norm leaves cuDNN (PyTorch ``_select_batch_norm_backend``: no cuDNN for bf16 inputs) for
+  PyTorch's NCHW kernels, which on the H100 conv pair took 1.3× the fp32 cuDNN ones' time
+  (``tests/data/gpu/h100``: 24.4 → 31.3 ms a step), against × 0.58 in channels_last (14.1 ms): ``bf16_matmul``
+  keeps its 0.75 midpoint.
+- **In-place elementwise kernels of the forward and backward** (``relu_``'s ``clamp_min_``, the residual ``add_``):
+  the same × 0.5; outside the optimizer step an in-place op updates an activation, not fp32 state
+  (``bf16_matmul`` leaves every in-place fp32 op unchanged, which keeps optimizers fp32).
 """
 
 from __future__ import annotations
@@ -46,6 +69,11 @@ COPY_EFFICIENCY = 0.8  # share of the HBM peak a large cast kernel reaches (stre
 CAST_SHARE_NO_SHAPES = 0.1  # casts as a share of the matrix-math time saved, when the trace has no Input Dims
 BOUNDS = ("low", "mid", "high")  # the range's ends and the point estimate, by saving
 DISTINCT_SHAPES_MAX = 100_000  # distinct (Input Dims, Input type) of forward matrix ops read for the casts
+# bf16_channels_last: memory-bound kernels at bf16 bytes, time × factor (low, mid, high saving): half the bytes of
+# fp32 at the point estimate and the high end; the low end is bf16_matmul's point estimate (an operand left fp32)
+CHANNELS_LAST_MEMORY_FACTORS = (0.75, 0.5, 0.5)
+CONV_SHARE_MIN = 50.0  # % of the fp32/TF32 matrix-math time in convolutions from which channels_last is offered
+BF16_SCENARIOS = ("bf16_matmul", "bf16_channels_last")  # the what-ifs that switch to bf16 autocast
 
 
 def target_dtype(gpu: GpuInfo, scenario: str) -> str | None:
@@ -102,7 +130,30 @@ def context(con: duckdb.DuckDBPyConnection, g: gr.Graph, gpu: GpuInfo | None) ->
     cast_us = cb / (peaks.hbm_gbps * 1e3 * COPY_EFFICIENCY) if cb else None  # GB/s × 1e3 = bytes per µs
     return {"gpu": gpu, "peaks": peaks, "tf32": target_dtype(gpu, "tf32_matmul"),
             "bf16": target_dtype(gpu, "bf16_matmul"),
-            "cast_frac": (cast_us / mm_us) if cast_us and mm_us else None, "cast_us": cast_us}
+            "cast_frac": (cast_us / mm_us) if cast_us and mm_us else None, "cast_us": cast_us,
+            "layout": layout(g, mm) if mm is not None else None}
+
+
+def layout(g: gr.Graph, mm: np.ndarray) -> dict:
+    """The activations' layout as run ``g``'s kernel names say it (:func:`traceanalyze.matmath.activation_layout`),
+    over all its kernels: ``conv_share_pct`` (% of the fp32/TF32 matrix math, ``mm``, in convolution kernels),
+    ``nchw_us`` (kernels that run on NCHW tensors), ``transpose_us`` (cuDNN's layout transposes),
+    ``channels_last_us`` (PyTorch's channels-last kernels), ``transposes`` (the transposes' name codes) and
+    ``nchw_conv_net``: convolutions are at least :data:`CONV_SHARE_MIN` % of that math and the NCHW kernels and
+    transposes take longer than the channels-last ones (``bf16_channels_last`` applies)."""
+    names = g.name.to_pylist() if hasattr(g.name, "to_pylist") else list(g.name)
+    lay = [matmath.activation_layout(n or "") for n in names]
+    conv = np.array([matmath.kernel_family(n or "") == "conv" for n in names] + [False], bool)
+    code = np.clip(g.name_code, 0, len(names))
+    kern = g.kind == gr.K_KERNEL
+    us = {k: float(g.dur[kern & np.isin(code, [i for i, x in enumerate(lay) if x == k])].sum())
+          for k in ("nchw", "transpose", "channels_last")}
+    mm_us = float(g.dur[mm].sum())
+    share = 100 * float(g.dur[mm & conv[code]].sum()) / mm_us if mm_us > 0 else 0.0
+    return {"conv_share_pct": share, "nchw_us": us["nchw"], "transpose_us": us["transpose"],
+            "channels_last_us": us["channels_last"],
+            "transposes": np.array([i for i, x in enumerate(lay) if x == "transpose"], np.int64),
+            "nchw_conv_net": share >= CONV_SHARE_MIN and us["nchw"] + us["transpose"] > us["channels_last"]}
 
 
 def _retime(d: np.ndarray, sel: np.ndarray, ratio: float | None, bound: str) -> None:
@@ -128,13 +179,18 @@ def rewrite(g: gr.Graph, d: np.ndarray, pc: dict, scenario: str, bound: str = "m
     if new is None:
         return d
     mm, attn, tf = cls == gr.P_MM_FP32, cls == gr.P_ATTN_FP32, cls == gr.P_MM_TF32
-    before = d.copy() if scenario == "bf16_matmul" else None
+    before = d.copy() if scenario in BF16_SCENARIOS else None
     _retime(d, mm, peaks.ratio("fp32", new), bound)
-    if scenario == "bf16_matmul":
+    if scenario in BF16_SCENARIOS:
         _retime(d, attn, peaks.ratio("fp32", new), bound)
         _retime(d, tf, peaks.ratio("tf32", new), bound)
         mem = cls == gr.P_MEM
-        d[mem] = d[mem] * MEMORY_FACTORS[BOUNDS.index(bound)]
+        if scenario == "bf16_channels_last":
+            mem |= activation_in_place(g)
+            d[mem] = d[mem] * CHANNELS_LAST_MEMORY_FACTORS[BOUNDS.index(bound)]
+            d[np.isin(g.name_code, pc["layout"]["transposes"]) & (g.kind == gr.K_KERNEL)] = 0.0
+        else:
+            d[mem] = d[mem] * MEMORY_FACTORS[BOUNDS.index(bound)]
         sel = mm | attn | tf
         if pc.get("cast_frac"):
             d[sel] += before[sel] * pc["cast_frac"]
@@ -143,12 +199,39 @@ def rewrite(g: gr.Graph, d: np.ndarray, pc: dict, scenario: str, bound: str = "m
     return d
 
 
+def activation_in_place(g: gr.Graph) -> np.ndarray:
+    """Per task: a kernel of an in-place fp32 op (``relu_``, ``add_``; not on autocast's fp32 list:
+    :data:`traceanalyze.replay.graph.P_MEM_IN_PLACE`) launched outside the optimizer step (its launch call is not
+    under an ``Optimizer.step`` range), which updates an activation or its gradient, not fp32 state."""
+    out = g.prec_class == gr.P_MEM_IN_PLACE
+    if not out.any():
+        return out
+    launch = g.dep_type == gr.DEP_TYPES.index("launch")
+    src, dst = g.dep_src[launch], g.dep_dst[launch]
+    under = np.zeros(g.start.size, bool)
+    under[dst] = g.cover["optimizer"][src] > 0
+    return out & ~under
+
+
 def applies(g: gr.Graph, pc: dict, scenario: str) -> bool:
-    """Whether ``scenario`` changes any kernel of ``g`` on this GPU."""
+    """Whether ``scenario`` changes any kernel of ``g`` on this GPU; ``bf16_channels_last`` only on a conv net with
+    NCHW activations (:func:`layout`: ``nchw_conv_net``)."""
     if g.prec_class is None or (pc["tf32"] if scenario == "tf32_matmul" else pc["bf16"]) is None:
+        return False
+    if scenario == "bf16_channels_last" and not (pc.get("layout") or {}).get("nchw_conv_net"):
         return False
     classes = (gr.P_MM_FP32,) if scenario == "tf32_matmul" else (gr.P_MM_FP32, gr.P_ATTN_FP32, gr.P_MM_TF32)
     return bool(np.isin(g.prec_class, classes).any())
+
+
+def channels_last_why_not(pc: dict) -> str:
+    """Why ``bf16_channels_last`` does not apply to a run whose fp32 matrix math ``bf16_matmul`` rewrites, in
+    words (``pc``: :func:`context`)."""
+    lay = pc.get("layout") or {}
+    if lay.get("conv_share_pct", 0.0) < CONV_SHARE_MIN:
+        return (f"convolutions are {lay.get('conv_share_pct', 0.0):.0f} % of the fp32 matrix math, under the "
+                f"{CONV_SHARE_MIN:g} % of a conv net")
+    return "no kernel name says the activations are NCHW (channels_last already, or the names do not tell)"
 
 
 def assumptions(scenario: str, pc: dict) -> str:
@@ -165,7 +248,17 @@ def assumptions(scenario: str, pc: dict) -> str:
     casts = (f"casts {pc['cast_us'] / 1e3:.2f} ms over the window (6 bytes per fp32 input element of each forward "
              f"matrix op, weight gradients cast back, at {COPY_EFFICIENCY:.0%} of {peaks.hbm_gbps:,.0f} GB/s)"
              if pc.get("cast_us") else f"casts at {CAST_SHARE_NO_SHAPES:.0%} of the time saved (no Input Dims)")
-    return (f"fp32 matrix math (GEMM, convolution, attention) re-timed by the {new}/fp32 peak ratio {r or 0:.1f}× "
-            f"({src}; TF32 kernels by {new}/TF32), range ratio/2 to ratio, point estimate ratio/√2; memory-bound "
+    math_ = (f"fp32 matrix math (GEMM, convolution, attention) re-timed by the {new}/fp32 peak ratio {r or 0:.1f}× "
+             f"({src}; TF32 kernels by {new}/TF32), range ratio/2 to ratio, point estimate ratio/√2")
+    if scenario == "bf16_channels_last":
+        lay = pc["layout"]
+        lo, mid, _ = CHANNELS_LAST_MEMORY_FACTORS
+        return (f"bf16 autocast + channels_last (convolutions {lay['conv_share_pct']:.0f} % of the fp32 matrix "
+                f"math; kernels on NCHW tensors {lay['nchw_us'] / 1e3:.2f} ms and layout transposes "
+                f"{lay['transpose_us'] / 1e3:.2f} ms over the window, by name): {math_}, the convolutions as NHWC "
+                f"tensor-core kernels; the layout transposes removed; memory-bound kernels that autocast moves and "
+                f"in-place ones outside the optimizer (ReLU, residual add) at bf16 bytes, × {mid:g} (range {lo:g}–"
+                f"{mid:g}); {casts}; collective bytes unchanged")
+    return (f"{math_}; memory-bound "
             f"kernels that autocast moves × {MEMORY_FACTORS[1]:g} (range {MEMORY_FACTORS[0]:g}–"
             f"{MEMORY_FACTORS[2]:g}); {casts}; collective bytes unchanged (DDP reduces fp32 gradients)")

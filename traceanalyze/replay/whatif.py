@@ -26,11 +26,13 @@ from traceanalyze.metrics.where import MAX_TIMELINE_LANES, lanes_to_show
 from traceanalyze.replay import gaps, overhead, precision, simulate, skew
 from traceanalyze.replay import graph as gr
 
-SCENARIOS = ("no_straggler", "ideal_interconnect", "tf32_matmul", "bf16_matmul", "no_dataloader_wait", "no_compile",
-             "no_launch_overhead", "no_host_sync", "all")
+SCENARIOS = ("no_straggler", "ideal_interconnect", "tf32_matmul", "bf16_matmul", "bf16_channels_last",
+             "no_dataloader_wait", "no_compile", "no_launch_overhead", "no_host_sync", "all")
 CAUSES = {"no_straggler": "imbalance: straggler ranks", "ideal_interconnect": "interconnect: slow collectives",
           "tf32_matmul": "precision: fp32 matrix math (TF32 off)",
-          "bf16_matmul": "precision: fp32 matrix math", "no_dataloader_wait": "config: data-loader wait",
+          "bf16_matmul": "precision: fp32 matrix math",
+          "bf16_channels_last": "precision: fp32 matrix math, NCHW activations (conv net)",
+          "no_dataloader_wait": "config: data-loader wait",
           "no_compile": "config: torch.compile time", "no_launch_overhead": "config: kernel-launch overhead",
           "no_host_sync": "config: the host waits for the GPU (blocking syncs)",
           "all": "every fix above together"}
@@ -47,6 +49,9 @@ STRAGGLER_EXCESS_PCT = 25.0  # a rank working this much longer per step than the
 # (4 gloo ranks on 2 cores differ by up to ~20 % from scheduling alone: sample_traces/healthy)
 MIN_SAVING_US = 1.0  # a scenario whose rewrite changes less than this is left out (it does not apply)
 MIN_PRECISION_PCT = 0.5  # a precision rewrite removing less than this share of the step is not replayed
+PRECISION_SCENARIOS = ("tf32_matmul", "bf16_matmul", "bf16_channels_last")  # GPU: replay.precision's rewrites
+# a scenario that does all another does and more: "all" combines the larger one only
+SUPERSEDES = {"bf16_matmul": ("tf32_matmul",), "bf16_channels_last": ("tf32_matmul", "bf16_matmul")}
 
 Arrays = tuple[np.ndarray, np.ndarray, np.ndarray]
 
@@ -81,6 +86,11 @@ def _rw_bf16(g, d, cg, tr, ctx, speedup: float | None = None, bound: str = "mid"
     r = speedup or ctx["bf16"][1]
     mm = g.cover["matmul_fp32"]
     return d - mm * (1 - 1 / r) * (1 - CAST_SHARE), cg, tr
+
+
+def _rw_bf16_channels_last(g, d, cg, tr, ctx, bound: str = "mid"):
+    """bf16 autocast + channels_last on a conv net with NCHW activations (:mod:`.precision`)."""
+    return precision.rewrite(g, d, ctx["prec"], "bf16_channels_last", bound), cg, tr
 
 
 def _rw_interconnect(g, d, cg, tr, ctx):
@@ -184,7 +194,8 @@ def _host_copies(g: gr.Graph) -> tuple[np.ndarray, float]:
 
 
 REWRITES: dict[str, Callable] = {"no_straggler": _rw_straggler, "ideal_interconnect": _rw_interconnect,
-                                 "tf32_matmul": _rw_tf32, "bf16_matmul": _rw_bf16, "no_dataloader_wait": _rw_dataloader,
+                                 "tf32_matmul": _rw_tf32, "bf16_matmul": _rw_bf16,
+                                 "bf16_channels_last": _rw_bf16_channels_last, "no_dataloader_wait": _rw_dataloader,
                                  "no_compile": _rw_compile, "no_launch_overhead": _rw_launch,
                                  "no_host_sync": _rw_host_sync}
 SYNC_EDGE = gr.DEP_TYPES.index("gpu_cpu_sync")
@@ -337,9 +348,9 @@ def _applies(g: gr.Graph, scenario: str, ctx: dict) -> bool:
         return bool(ctx.get("link_gbps")) and bool((g.inst_bytes > 0).any())
     if scenario == "bf16_matmul" and ctx.get("native_bf16") is False:
         return False  # emulated bf16 is slower than fp32: no fix on this host (_left_out says why)
-    if scenario in ("tf32_matmul", "bf16_matmul") and g.mode == "gpu":
+    if scenario in PRECISION_SCENARIOS and g.mode == "gpu":
         return bool(ctx.get("prec")) and precision.applies(g, ctx["prec"], scenario)
-    if scenario == "tf32_matmul":
+    if scenario in ("tf32_matmul", "bf16_channels_last"):
         return False
     key = {"bf16_matmul": "matmul_fp32", "no_dataloader_wait": "dataloader", "no_compile": "compile"}.get(scenario)
     if key:
@@ -377,7 +388,7 @@ def _assumptions(scenario: str, ctx: dict, g: gr.Graph) -> str:
     if scenario == "ideal_interconnect":
         return (f"transfer = bytes × busbw factor ÷ {ctx['link_gbps']:g} GB/s ({ctx['link_source']}), capped at "
                 "the measured transfer; latency term ignored" + _cores_note(scenario, ctx))
-    if scenario in ("tf32_matmul", "bf16_matmul") and ctx.get("prec"):
+    if scenario in PRECISION_SCENARIOS and ctx.get("prec"):
         return precision.assumptions(scenario, ctx["prec"])
     if scenario == "bf16_matmul":
         lo, mid, hi = ctx["bf16"]
@@ -433,7 +444,11 @@ def _why_not(g: gr.Graph, scenario: str, ctx: dict) -> str:
         return lo[0]["why"] if lo else "no fp32 matrix math in the replayed steps"
     if scenario == "tf32_matmul" and g.mode != "gpu":
         return "TF32 is a GPU feature"
-    if scenario in ("tf32_matmul", "bf16_matmul"):
+    if scenario == "bf16_channels_last" and g.mode != "gpu":
+        return "channels_last is priced on GPU runs (cuDNN's NHWC tensor-core convolutions)"
+    if scenario == "bf16_channels_last" and _applies(g, "bf16_matmul", ctx):
+        return precision.channels_last_why_not(ctx["prec"])
+    if scenario in PRECISION_SCENARIOS:
         return "no fp32 matrix math in the replayed steps that the precision model rewrites"
     if scenario == "no_dataloader_wait":
         return "no host time under DataLoader ranges in the replayed steps"
@@ -757,15 +772,17 @@ def _price_scenarios(pr: _Pricer, applicable: list[str], ctx: dict, base: Arrays
             if sum(w["scenario"] != "all" and w["saving_pct"] > pr.noise_pct for w in whatif) < 2:
                 break  # one fix that saves anything: "all" would replay it again
             arrs: Arrays = (d0, cg0, tr0)
-            for s in applicable:
-                if s == "tf32_matmul" and "bf16_matmul" in applicable:
-                    continue  # bf16 supersedes TF32
+            for s in _combined(applicable, pr.skipped):
                 arrs = REWRITES[s](g, *arrs, ctx)
+        elif sc == "bf16_channels_last" and not any(w["scenario"] == "bf16_matmul" for w in whatif):
+            # channels_last is offered with bf16 autocast: where bf16 alone saves nothing, neither is priced
+            pr.skipped[sc] = pr.skipped.get("bf16_matmul", NO_SAVING)
+            continue
         else:
             arrs = REWRITES[sc](g, d0, cg0, tr0, ctx)
             # a replay never saves more than the work the rewrite removes: a precision fix that removes less than
             # MIN_PRECISION_PCT of the step (within a run's step-to-step noise) is not replayed
-            if sc in ("tf32_matmul", "bf16_matmul") and g.mode == "gpu" and \
+            if sc in PRECISION_SCENARIOS and g.mode == "gpu" and \
                     float(np.clip(d0 - arrs[0], 0, None).sum()) / n_steps < max(MIN_SAVING_US,
                                                                                 MIN_PRECISION_PCT / 100 * m_run):
                 pr.skipped[sc] = (f"{NO_SAVING}: the {sc} rewrite removes less than {MIN_PRECISION_PCT:g} % of the "
@@ -791,14 +808,34 @@ def _price_scenarios(pr: _Pricer, applicable: list[str], ctx: dict, base: Arrays
         if clamped:
             row["assumptions"] += ("; clamped to the floor: no step shorter than the busy time of the work this "
                                    "fix leaves (each GPU stream's kernels, the host's remaining work)")
-        if sc in ("tf32_matmul", "bf16_matmul"):
+        if sc in PRECISION_SCENARIOS:
             _add_range(row, pr, sc, pred, arrs, (d0, cg0, tr0), ctx)
+        if sc == "bf16_channels_last":
+            _split_note(row, whatif)
         if row["saving_us"] >= MIN_SAVING_US or sc == "all":
             whatif.append(row)
         else:
             pr.skipped[sc] = (f"{NO_SAVING}: the {sc} rewrite saves less than {MIN_SAVING_US:g} µs per step on the "
                               "replayed graph (other work bounds the step)")
     return whatif
+
+
+def _combined(applicable: list[str], skipped: dict[str, str]) -> list[str]:
+    """The scenarios ``all`` combines: the applicable ones, less ``bf16_channels_last`` where bf16 alone was not
+    priced (it is offered with bf16 only), less those a combined one does all of (:data:`SUPERSEDES`: bf16 does what
+    TF32 does, bf16 + channels_last what bf16 alone does)."""
+    used = [s for s in applicable if not (s == "bf16_channels_last" and "bf16_matmul" in skipped)]
+    return [s for s in used if not any(s in SUPERSEDES.get(o, ()) for o in used)]
+
+
+def _split_note(row: dict, whatif: list[dict]) -> None:
+    """The ``bf16_channels_last`` row's assumptions say which change carries its saving: bf16 alone (the
+    ``bf16_matmul`` row, priced before it), and what channels_last adds, in points of the step."""
+    alone = next((w for w in whatif if w["scenario"] == "bf16_matmul"), None)
+    if alone is not None:
+        row["assumptions"] += (f"; bf16 alone (bf16_matmul) {alone['saving_pct']:.1f} %, + channels_last "
+                               f"{row['saving_pct']:.1f} %: channels_last adds "
+                               f"{row['saving_pct'] - alone['saving_pct']:.1f} points")
 
 
 def _floors(g: gr.Graph, d: np.ndarray, cg: np.ndarray, groups: tuple | None = None) -> dict[int, float]:

@@ -77,7 +77,8 @@ def _findings_md(findings: list[dict]) -> list[str]:
                   if finite(f.get("impact_pct")) is not None else "impact not estimated")
         out.append(f"{i}. **{_md(f.get('title'))}**: {f['cause_key']}/{_md(f.get('kind'))}, "
                    f"{_md(f.get('severity'))} severity, {impact}{ranks_txt}"
-                   + (f", {f['conf']['level']} confidence" if f.get("conf") else ""))
+                   + (f", {f['conf']['level']} confidence" if f.get("conf") else "")
+                   + (f", part of {_md(f.get('part_of'))}" if f.get("part_of") else ""))
         for e in f["evidence"][:3]:
             out.append(f"   - {_md(e)}")
         if f.get("recommendation"):

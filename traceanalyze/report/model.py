@@ -112,8 +112,9 @@ def _cause(f: dict) -> str:
 
 def sorted_findings(model: dict) -> list[dict]:
     """The findings: the one the verdict names first (``main``: a specific cause the diagnosis ranks above the symptom
-    it explains, e.g. the optimizer above launch-bound), then by impact (unknown last), then severity, each with
-    ``cause_key``, ``cause_label``, ``severity_key``, ``evidence`` (strings) and ``ranks_text`` added."""
+    it explains, e.g. a blocking host sync above the collectives that wait for it), then by impact (unknown last),
+    then severity, each with ``cause_key``, ``cause_label``, ``severity_key``, ``evidence`` (strings) and
+    ``ranks_text`` added."""
     fs = [f for f in as_list(model.get("findings")) if isinstance(f, dict)]
 
     def key(f: dict) -> tuple:
