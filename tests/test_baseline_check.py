@@ -34,27 +34,27 @@ def test_h200_precision_pair_prints_predicted_against_measured(tmp_path) -> None
     (c,) = model["comparison"]["whatif_check"]
     assert c["scenario"] == "bf16_matmul" and c["basis"] == "unprofiled"
     assert c["basis_source"] == {"subject": "estimate", "baseline": "estimate"}
-    assert c["predicted_saving_pct"] == pytest.approx(78.34, abs=0.01)
-    assert c["predicted_range_pct"] == pytest.approx([74.33, 81.27], abs=0.01)
-    # 1 − 39,498.45 / 218,749.104 µs
-    assert c["subject_step_us"] == pytest.approx(218749.104, abs=0.01)
-    assert c["baseline_step_us"] == pytest.approx(39498.45, abs=0.01)
-    assert c["measured_saving_pct"] == pytest.approx(81.94, abs=0.01)
-    assert c["error_pp"] == pytest.approx(-3.6, abs=0.01)
+    assert c["predicted_saving_pct"] == pytest.approx(78.37, abs=0.01)
+    assert c["predicted_range_pct"] == pytest.approx([74.36, 81.30], abs=0.01)
+    # 1 − 38,324.414 / 218,729.704 µs
+    assert c["subject_step_us"] == pytest.approx(218729.704, abs=0.01)
+    assert c["baseline_step_us"] == pytest.approx(38324.414, abs=0.01)
+    assert c["measured_saving_pct"] == pytest.approx(82.48, abs=0.01)
+    assert c["error_pp"] == pytest.approx(-4.11, abs=0.01)
     assert c["why"] == "matrix math in fp32 here, bf16 in the baseline"
     # the bf16 run's next bottleneck: its loop's torch.cuda.synchronize() each step (record_gpu.py), which the
     # unprofiled loop synced each step (38.1 ms) against once per N steps (33.5 ms) shows
     nb = model["comparison"]["next_bottleneck"]
     assert (nb["kind"], nb["severity"]) == ("step_sync", "medium")
-    assert ("what-if bf16_matmul: predicted 78.3% saved, measured 81.9% against the baseline (-3.6 points; step "
+    assert ("what-if bf16_matmul: predicted 78.4% saved, measured 82.5% against the baseline (-4.1 points; step "
             "without the profiler, estimate/estimate)") in out
     assert ("next bottleneck (fixed): [medium] config/step_sync: The host waits for the GPU in cudaDeviceSynchronize "
-            "every step: the GPU idles while the next step is launched (18% of the step)") in out
+            "every step: the GPU idles while the next step is launched (16% of the step)") in out
 
     model, out = _report(tmp_path, root / "slow", root / "tf32", "tf32")
     (c,) = model["comparison"]["whatif_check"]
     assert (c["scenario"], c["predicted_saving_pct"], c["measured_saving_pct"], c["error_pp"]) == \
-        ("tf32_matmul", pytest.approx(65.67, abs=0.01), pytest.approx(67.51, abs=0.01), pytest.approx(-1.84, abs=0.01))
+        ("tf32_matmul", pytest.approx(65.69, abs=0.01), pytest.approx(67.54, abs=0.01), pytest.approx(-1.85, abs=0.01))
     assert "what-if tf32_matmul: predicted 65.7% saved, measured 67.5%" in out
 
 
@@ -64,9 +64,9 @@ def test_h200_launch_pair_checks_launch_overhead(tmp_path) -> None:
     model, _ = _report(tmp_path, root / "slow", root / "fixed", "launch")
     (c,) = model["comparison"]["whatif_check"]
     assert c["scenario"] == "no_launch_overhead" and c["why"] == "launch_bound finding here, none in the baseline"
-    assert c["predicted_saving_pct"] == pytest.approx(89.6, abs=0.01)
-    assert c["measured_saving_pct"] == pytest.approx(83.27, abs=0.01)
-    assert c["error_pp"] == pytest.approx(6.33, abs=0.01)
+    assert c["predicted_saving_pct"] == pytest.approx(89.88, abs=0.01)
+    assert c["measured_saving_pct"] == pytest.approx(83.73, abs=0.01)
+    assert c["error_pp"] == pytest.approx(6.15, abs=0.01)
 
 
 def test_sample_dataloader_pair(tmp_path) -> None:

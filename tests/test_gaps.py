@@ -25,7 +25,7 @@ def _bf16(run: dict) -> dict:
     return next(w for w in run["whatif"] if w["scenario"] == "bf16_matmul")
 
 
-@pytest.mark.parametrize("side, saving, edges", [("slow", 61.39, 236), ("slow_sync", 65.29, 224)])
+@pytest.mark.parametrize("side, saving, edges", [("slow", 61.95, 236), ("slow_sync", 65.37, 224)])
 def test_side_streams_wait_for_the_main_stream(side, saving, edges):
     """cuDNN's FFT convolutions run on streams 13, 29 and 30 after cudaStreamWaitEvent on stream 7's work; the
     trace without cuda_sync rows (`slow`) and with torch 2.11's rows (`slow_sync`: -1 for the awaited stream) both
@@ -57,8 +57,8 @@ def test_without_the_waits_the_side_streams_idle_stays_and_caps_confidence(monke
     assert ug["streams"]["kept_us"] == pytest.approx(92_350, rel=0.01)
     assert [r["resource"] for r in ug["resources"][:2]] == ["stream:0/29", "stream:0/13"]
     w = _bf16(run)
-    assert w["saving_pct"] == pytest.approx(13.47, abs=0.1)
-    assert w["unexplained_gap_pct"] == pytest.approx(37.1, abs=0.2)
+    assert w["saving_pct"] == pytest.approx(13.98, abs=0.1)
+    assert w["unexplained_gap_pct"] == pytest.approx(37.3, abs=0.2)
     assert w["confidence"]["level"] == "low"
-    assert any("37.1 % of the predicted step's critical path is idle time kept as measured" in y
+    assert any("37.3 % of the predicted step's critical path is idle time kept as measured" in y
                for y in w["confidence"]["why"])
