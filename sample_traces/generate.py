@@ -353,6 +353,8 @@ def record(
     result = run_ranks(cfg, world, **(run_kw or {}))
     check_traces(out, world)
     extra = truth(out, result) if truth else {}
+    start = cfg.profile_wait + cfg.profile_warmup  # the steps the profiler's schedule records
+    extra.setdefault("profiled_steps", list(range(start, start + cfg.profile_active)))
     write_ground_truth(out, name, description, expected, world, result, public_config(cfg), **extra)
 
 

@@ -40,6 +40,10 @@ STRAGGLER_SLEEP_MS = 100.0
 SAMPLE_READ_MS = 10.0
 # A host stall before backward of ~2.5x a step's compute (issue 30's case: 150 ms on a 2-rank job).
 STALL_MS = 150.0
+# Pure-Python work on rank 0 after opt.step() (its own logging, metrics or checkpoint bookkeeping), the same 150 ms
+# as the stall (issue 37: a 2-rank gloo run whose rank 0 works 150 ms after the optimizer).
+TAIL_MS = 150.0
+LATE: dict = {"cause": "imbalance", "kind": "late_entry", "ranks": [0]}
 # 4 MiB fp32 buffer: 0.17 s per round at the shaped 25 MB/s, a few ms unshaped.
 LINK_PROBE_BYTES = 4 * 2**20
 
@@ -127,6 +131,39 @@ PAIRS: dict[str, Pair] = {
             {"straggler_rank": 1, "straggler_stall_ms": STALL_MS},
         ),
         Side("2 gloo ranks, balanced (nobody stalls). The fixed twin of the host_stall pair.", NONE),
+    ),
+    "late_entry": Pair(
+        "aligned_step_starts",
+        f"2 gloo ranks on 2 cores, one compute thread each, 4 profiled steps (schedule wait=1, warmup=1, active=4); "
+        f"slow: rank 0 does {TAIL_MS:g} ms of pure-Python work after opt.step() every step (its own logging or "
+        "checkpoint bookkeeping: no torch op, no profiler range, a host gap at the end of its step), so it enters "
+        "each next step that much after rank 1, which waits for it in the first gradient all-reduce; fixed: the "
+        "same job without it.",
+        2,
+        Side(
+            f"2 gloo ranks; rank 0 works {TAIL_MS:g} ms (pure Python, no profiler range) after opt.step() every "
+            "step, so it starts every next step late and rank 1 waits for it in the gradient all-reduce; 4 "
+            "profiled steps. The slow run of the late_entry pair.",
+            LATE,
+            {"straggler_rank": 0, "straggler_tail_ms": TAIL_MS, "profile_active": 4},
+        ),
+        Side("2 gloo ranks, balanced (no work after the optimizer step), 4 profiled steps. The fixed twin of the "
+             "late_entry pair.", NONE, {"profile_active": 4}),
+    ),
+    "late_entry_1step": Pair(
+        "aligned_step_starts",
+        f"The late_entry job with one profiled step (schedule wait=1, warmup=1, active=1): slow: rank 0 does "
+        f"{TAIL_MS:g} ms of pure-Python work after opt.step() every step, so it enters the traced step late (the "
+        "step before is not traced) and rank 1 waits for it; fixed: the same job without it.",
+        2,
+        Side(
+            f"2 gloo ranks; rank 0 works {TAIL_MS:g} ms (pure Python, no profiler range) after opt.step() every "
+            "step; one profiled step, which rank 0 enters late. The slow run of the late_entry_1step pair.",
+            LATE,
+            {"straggler_rank": 0, "straggler_tail_ms": TAIL_MS, "profile_active": 1},
+        ),
+        Side("2 gloo ranks, balanced, one profiled step. The fixed twin of the late_entry_1step pair.", NONE,
+             {"profile_active": 1}),
     ),
     "slow_interconnect": Pair(
         "ideal_interconnect",
@@ -239,8 +276,8 @@ def record_side(spec: Pair, side: Side, out: Path, name: str) -> None:
 def run_step_time_ms(truth: dict) -> float:
     """The run's step time in ms from a run folder's ``scenario.json`` (``truth``), as traceanalyze defines
     it (traceanalyze/metrics/steps.py): the median, over the counted steps (``profiled_steps`` but the
-    window's last), of the longest of the ranks' measured times of that step."""
-    counted = truth["profiled_steps"][:-1]
+    window's last, unless it is the only one), of the longest of the ranks' measured times of that step."""
+    counted = truth["profiled_steps"][:-1] or truth["profiled_steps"]  # a window of one step counts it
     times = truth["step_times_ms"].values()
     return round(statistics.median(max(t[s] for t in times) for s in counted), 1)
 

@@ -9,7 +9,8 @@ where N is the same number as the trace's ``ProfilerStep#N``), writes one gzippe
 ``RES/result_rank{r}.json``.
 
 Knobs in :class:`JobConfig` reproduce the slowdowns: extra compute on one rank (straggler), a host sleep on
-one rank (idle straggler), bf16 autocast vs fp32, ``torch.compile``, an expensive pure-Python per-sample
+one rank (idle straggler), pure-Python work after the optimizer step on one rank (late entry into
+the next step), bf16 autocast vs fp32, ``torch.compile``, an expensive pure-Python per-sample
 transform or a slow per-sample read (data-loader bound). ``link_probe_bytes`` times a gloo all-reduce
 before training (the link bandwidth the job sees).
 """
@@ -65,6 +66,9 @@ class JobConfig:
     straggler_sleep_ms: float = 0.0
     # ms that straggler_rank sleeps between forward and backward (a host stall: host idle, no profiler range).
     straggler_stall_ms: float = 0.0
+    # ms of pure-Python work straggler_rank does after opt.step() every step, before the next one (one rank's own
+    # logging, metrics or checkpoint bookkeeping: no torch op, so no profiler range; a host gap at its step's end).
+    straggler_tail_ms: float = 0.0
     # torch intra-op threads per rank: with world x threads above the cores, the ranks share cores.
     threads: int = 1
     # Merge rounds of the pure-Python "tokenizer" run per sample in Dataset.__getitem__ (0 = none).
@@ -194,6 +198,17 @@ def extra_forwards(model: nn.Module, x: torch.Tensor, n: int) -> None:
             model(x)
 
 
+def host_work(ms: float) -> int:
+    """``ms`` of pure-Python CPU work (no torch op, so no profiler range: a host gap in the trace), like the
+    logging, metrics or checkpoint bookkeeping one rank does after the optimizer step. Busy until its deadline, so
+    that its length does not depend on the host's speed. Returns a checksum (so the loop is not optimised away)."""
+    deadline = time.perf_counter() + ms / 1000
+    acc = 0
+    while time.perf_counter() < deadline:
+        acc = (acc * 31 + sum(range(1000))) % 1_000_003
+    return acc
+
+
 def link_probe(n_bytes: int, world: int) -> dict:
     """Time ``LINK_PROBE_ROUNDS`` gloo all-reduces of an fp32 buffer of ``n_bytes`` (after one warm-up), each
     started right after a barrier. Returns the median time in ms, the algorithm bandwidth (bytes / time) and
@@ -272,6 +287,7 @@ def run(cfg: JobConfig, result_dir: Path) -> None:
     extra = cfg.straggler_extra_forwards if cfg.straggler_rank == rank else 0
     sleep_s = cfg.straggler_sleep_ms / 1000 if cfg.straggler_rank == rank else 0.0
     stall_s = cfg.straggler_stall_ms / 1000 if cfg.straggler_rank == rank else 0.0
+    tail_ms = cfg.straggler_tail_ms if cfg.straggler_rank == rank else 0.0
 
     step_times: list[float] = []
     prof = profile(
@@ -305,6 +321,8 @@ def run(cfg: JobConfig, result_dir: Path) -> None:
                 total += loss.item() / cfg.grad_accum
             opt.step()
             opt.zero_grad(set_to_none=True)
+            if tail_ms:
+                host_work(tail_ms)  # this rank only, after the optimizer, in no profiler range
             dt = time.perf_counter() - t0
             step_times.append(round(dt * 1000, 3))
             tps = tokens_per_micro * cfg.grad_accum / dt

@@ -132,3 +132,37 @@ def all_to_all_job(rank: int, waits_us: list[float], *, compute_us: float = 15_0
         ev.append(x("cuda_runtime", "cudaStreamSynchronize", t + 80.0, end - t - 80.0 + 5.0))
         t = step_end
     return ev
+
+
+def late_entry_job(rank: int, leads_us: list[float], *, compute_us: float = 30_000.0, transfer_us: float = 10.0,
+                   steps: int = 1, tail_us: float = 0.0) -> list[dict]:
+    """An NCCL rank of a job whose step is a GEMM then one all-to-all (bare ``ncclKernel_SendRecv`` under a
+    ``nccl:all_to_all`` annotation, as in :func:`all_to_all_job`), with the same work on every rank: a
+    ``compute_us`` GEMM before the all-to-all. Rank r begins its first ``ProfilerStep`` ``leads_us[r]`` after the
+    earliest rank (its entry: what came before the trace), so the others wait in the all-to-all for the last one to
+    arrive; every rank leaves it ``transfer_us`` after that arrival, and a ``cudaStreamSynchronize`` then ends the
+    step 100 µs later. With ``tail_us``, the rank with the largest lead idles that long on the host after its
+    synchronize before each step ends (work after the optimizer that no op records), and the next step begins as
+    the last one ends: its entry into each next step is as late again. ``steps`` full profiler steps."""
+    ev: list[dict] = [{"ph": "M", "name": "thread_name", "pid": 1, "tid": 1, "args": {"name": "thread 1 (python)"}}]
+    corr = rank * 100_000 + 1
+    world = len(leads_us)
+    late = max(range(world), key=lambda r: leads_us[r])
+    begin = [10_000.0 + leads_us[r] for r in range(world)]
+    for s in range(steps):
+        arrive = [b + 60.0 + compute_us for b in begin]
+        end = max(arrive) + transfer_us
+        ends = [end + 100.0 + (tail_us if r == late else 0.0) for r in range(world)]
+        t = begin[rank]
+        ev.append(x("user_annotation", f"ProfilerStep#{s + 1}", t, ends[rank] - t))
+        ev.append(x("cpu_op", "aten::mm", t + 20.0, 30.0, **{"Input type": ["c10::BFloat16", "c10::BFloat16"],
+                                                              "Input Dims": [[4096, 4096], [4096, 4096]]}))
+        ev += kernel("ampere_bf16_s16816gemm_bf16_128x128_mm", t + 60.0, compute_us, 7, corr, t + 30.0)
+        corr += 1
+        ev.append(x("user_annotation", "nccl:all_to_all", t + 55.0, 20.0, **{"Input Dims": [[1 << 20]],
+                                                                            "Input type": ["c10::BFloat16"]}))
+        ev += kernel(A2A_KERNEL, arrive[rank], end - arrive[rank], 7, corr, t + 60.0)
+        corr += 1
+        ev.append(x("cuda_runtime", "cudaStreamSynchronize", t + 80.0, end - t - 80.0 + 5.0))
+        begin = ends
+    return ev

@@ -28,12 +28,15 @@ WHATIF = {
     "straggler_sleep": "no_straggler",
     "straggler_compute_2": "no_straggler",
     "host_stall": "no_straggler",
+    "late_entry": "aligned_step_starts",
+    "late_entry_1step": "aligned_step_starts",
     "slow_interconnect": "ideal_interconnect",
     "precision": "bf16_matmul",
     "dataloader": "no_dataloader_wait",
     "compile": "no_compile",
 }
-ALLOWED = {"no_straggler", "ideal_interconnect", "bf16_matmul", "no_dataloader_wait", "no_compile"}
+ALLOWED = {"no_straggler", "aligned_step_starts", "ideal_interconnect", "bf16_matmul", "no_dataloader_wait",
+           "no_compile"}
 # the job settings that differ between the slow run and its twin (the interconnect pair differs in the qdisc on
 # the link, not in the job config; the compile pair's twin runs eager)
 KNOBS = {
@@ -41,6 +44,8 @@ KNOBS = {
     "straggler_sleep": {"straggler_rank", "straggler_sleep_ms"},
     "straggler_compute_2": {"straggler_rank", "straggler_extra_forwards"},
     "host_stall": {"straggler_rank", "straggler_stall_ms"},
+    "late_entry": {"straggler_rank", "straggler_tail_ms"},
+    "late_entry_1step": {"straggler_rank", "straggler_tail_ms"},
     "slow_interconnect": set(),
     "precision": {"dtype"},
     "dataloader": {"num_workers"},
@@ -64,8 +69,8 @@ def _truth(name: str, role: str) -> dict:
 
 def _run_step_ms(truth: dict) -> float:
     """The run's step time (traceanalyze/metrics/steps.py) from the ranks' own step times: median over the
-    counted steps (the profiled ones but the window's last) of the longest rank."""
-    counted = truth["profiled_steps"][:-1]
+    counted steps (the profiled ones but the window's last, unless it is the only one) of the longest rank."""
+    counted = truth["profiled_steps"][:-1] or truth["profiled_steps"]
     return round(statistics.median(max(t[s] for t in truth["step_times_ms"].values()) for s in counted), 1)
 
 

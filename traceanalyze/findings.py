@@ -21,7 +21,7 @@ Kind = Literal[
     # precision
     "fp32_matmul", "autocast_missing",
     # imbalance
-    "straggler", "idle_rank", "untraced_ranks",
+    "straggler", "late_entry", "idle_rank", "untraced_ranks",
     # config
     "gradient_accumulation", "compile_overhead", "recompiles", "dataloader", "launch_bound", "host_bound",
     "host_sync", "step_sync", "host_optimizer", "unexplained_idle",

@@ -795,7 +795,7 @@ def _log_step_time(log_steps: list) -> dict | None:
 
 def _timeline(con, run_id: int, run_model: dict, ev, findings) -> dict | None:
     """The median step's timeline (:func:`traceanalyze.metrics.where.timeline_model`): the ranks findings name
-    first, the straggler's largest host gaps in that step marked."""
+    first, the straggler's (or late rank's) largest host gaps in that step marked."""
     from traceanalyze.metrics import where
 
     named = [r for f in findings if f.severity != "low" and f.cause == "imbalance" and len(f.ranks) < len(ev.ranks)
@@ -803,7 +803,7 @@ def _timeline(con, run_id: int, run_model: dict, ev, findings) -> dict | None:
     st = where.median_step(run_model["steps"])
     marked: dict[int, list[dict]] = {}
     for f in findings:
-        if f.kind == "straggler" and st is not None:
+        if f.kind in ("straggler", "late_entry") and st is not None:
             gaps, _ = where.host_gaps(con, run_id, f.ranks, top=3, step=st)
             for g in gaps.get(f.ranks[0], []):
                 if g.dur_us >= 0.01 * (ev.step_time_us or 0.0):  # the gaps one can see at this scale

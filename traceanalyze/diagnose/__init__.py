@@ -13,7 +13,9 @@ ticket on this evidence; a straggler within that noise too), and a GPU idle abov
 window holds only the torch.compile step, or the traced ranks wait in collectives for ranks whose traces are missing
 (unless a blocking host call explains the wait), "Main cause: ..." for the top finding of high or
 medium severity (with the assumption it rests on, when it has one; the headline is the finding whose fix saves
-most, and a finding that is part of it, ``part_of``, is named inside it), else "No significant slowdown found"; a run
+most, and a finding that is part of it, ``part_of``, is named inside it), "Not healthy: ..." when none reaches
+medium while the ranks wait 10 % of their step or more at collectives for the same rank(s), else "No significant
+slowdown found"; a run
 with fewer traced ranks than its world size puts "Partial: k of N ranks traced" (and the findings the missing ranks
 could explain) before it.
 
@@ -21,7 +23,7 @@ Each rule is a plain function ``rule(ev: RunEvidence) -> list[Finding]``; :data:
 thresholds are module constants so they read as configuration, beside their rules.
 
 One module per cause, like HTA's one analyzer per concern: :mod:`.interconnect` (exposed communication,
-topology, untraced ranks), :mod:`.precision`, :mod:`.imbalance` (straggler, idle rank), :mod:`.config`
+topology, untraced ranks), :mod:`.precision`, :mod:`.imbalance` (straggler, late entry, idle rank), :mod:`.config`
 (compile, data loader, launch- and host-bound, effective batch); :mod:`.evidence` holds :class:`RunEvidence`,
 :func:`severity` and what several rules share; :mod:`.verdict` runs the rules, ranks and prices the findings and
 writes the verdict; :mod:`.compare` explains the difference between two runs.
@@ -40,7 +42,7 @@ from traceanalyze.diagnose.compare import (
 from traceanalyze.diagnose.confidence import assess as assess_confidence
 from traceanalyze.diagnose.config import rule_compile, rule_dataloader, rule_effective_batch_single, rule_launch_bound
 from traceanalyze.diagnose.evidence import HIGH, MEDIUM, RunEvidence, compile_step_of, severity, step_stat
-from traceanalyze.diagnose.imbalance import rule_idle_rank, rule_straggler
+from traceanalyze.diagnose.imbalance import rule_idle_rank, rule_late_entry, rule_straggler
 from traceanalyze.diagnose.interconnect import rule_exposed_communication, rule_untraced_ranks
 from traceanalyze.diagnose.precision import rule_precision
 from traceanalyze.diagnose.verdict import (
@@ -64,6 +66,7 @@ __all__ = ["HIGH", "KIND_TO_SCENARIO", "MEDIUM", "RULES", "Finding", "RunEvidenc
            "drop_profiler_only", "next_bottleneck", "whatif_check",
            "compile_step_of", "diagnose", "effective_batch_of", "explains", "rank_findings", "rule_compile",
            "rule_dataloader", "rule_effective_batch_single", "rule_exposed_communication", "rule_idle_rank",
-           "rule_launch_bound", "rule_precision", "rule_straggler", "rule_untraced_ranks", "severity", "step_stat",
+           "rule_late_entry", "rule_launch_bound", "rule_precision", "rule_straggler", "rule_untraced_ranks",
+           "severity", "step_stat",
            "throughput_per_rank", "to_dicts", "unexplained_idle", "verdict", "WHATIF_OF_KIND", "partial_run",
            "partial_text", "price_missing_whatifs", "assess_confidence"]

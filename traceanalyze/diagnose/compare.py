@@ -70,9 +70,9 @@ def compare(subject: RunEvidence, baseline: RunEvidence, subject_findings: list[
 
     ps, pb = parts(subject), parts(baseline)
     kinds_of = {"compute": ("fp32_matmul", "autocast_missing", "straggler"),
-                "exposed communication": ("slow_collectives", "topology", "straggler"),
-                "idle": ("dataloader", "launch_bound", "idle_rank", "compile_overhead", "straggler"),
-                "other": ("compile_overhead", "dataloader", "launch_bound")}
+                "exposed communication": ("slow_collectives", "topology", "straggler", "late_entry"),
+                "idle": ("dataloader", "launch_bound", "idle_rank", "compile_overhead", "straggler", "late_entry"),
+                "other": ("compile_overhead", "dataloader", "launch_bound", "late_entry")}
     rows = []
     for part in ("compute", "exposed communication", "idle", "other"):
         if part in ps and part in pb:

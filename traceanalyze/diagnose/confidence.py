@@ -22,6 +22,8 @@ step without the profiler   estimated from the trace while the profiler's cost i
 saving within noise         a predicted saving smaller than the step-to-step noise:    what-ifs
                             low
 unpriced impact             a finding no what-if prices (``whatif_missing``): medium   findings
+late start, one step        ``aligned_step_starts`` from one counted step: low (what   what-ifs, and the
+                            delayed the rank came before the trace)                    findings it prices
 ==========================  =========================================================  =====================
 
 So one profiled step, or a partial run, never gives "high". Everything here reads the report model
@@ -138,7 +140,8 @@ def saving_range(w: dict, b: dict | None) -> list[float] | None:
 
 def whatif_confidence(w: dict, b: dict) -> tuple[str, list[str]]:
     """(level, reasons) of one what-if row ``w`` (``runs[i].whatif[j]``) of a run with basis ``b``."""
-    caps = _run_caps(b, wait_finding=w.get("scenario") in ("no_straggler", "ideal_interconnect"))
+    caps = _run_caps(b, wait_finding=w.get("scenario") in ("no_straggler", "aligned_step_starts",
+                                                            "ideal_interconnect"))
     err = b["replay_error_pct"]
     if w.get("reliable") is False:
         caps.append(("low", str(w.get("unreliable_reason") or "the replay marks this what-if unreliable")))
@@ -146,6 +149,9 @@ def whatif_confidence(w: dict, b: dict) -> tuple[str, list[str]]:
         caps.append(("low", f"the replay misses the measured step by {err:g} %"))
     elif err is not None and err > REPLAY_MEDIUM_PCT:
         caps.append(("medium", f"the replay misses the measured step by {err:g} %"))
+    if w.get("scenario") == "aligned_step_starts" and b["steps"] <= 1:
+        caps.append(("low", "one traced step: the late start comes from before it, which the trace does not show; "
+                            "the saving assumes that delay goes"))
     rng = w.get("range_saving_pct")
     if isinstance(rng, list) and len(rng) == 2 and all(_num(x) is not None for x in rng):
         width = abs(rng[1] - rng[0])

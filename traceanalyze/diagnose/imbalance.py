@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -28,9 +29,11 @@ def rule_straggler(ev: RunEvidence) -> list[Finding]:
     excess to show in the per-step medians) or from the arrivals at each collective instance
     (:func:`straggler_by_arrival`, one step is enough). One finding per straggler: when both name the same rank the
     work finding keeps its figures and takes the arrival evidence; when they name different ranks the arrival one,
-    which measures who kept whom waiting, is kept."""
-    work = straggler_by_work(ev)
-    late = straggler_by_arrival(ev)
+    which measures who kept whom waiting, is kept. A rank the late-entry rule names (:func:`rule_late_entry`: its
+    work before the collective is balanced, its step begins late) is no straggler: balancing the work wins nothing."""
+    entry = set(late_entry_ranks(ev))
+    work = [f for f in straggler_by_work(ev) if not set(f.ranks) <= entry]
+    late = [f for f in straggler_by_arrival(ev) if not set(f.ranks) <= entry]
     if not (work and late):
         return work or late
     w, a = work[0], late[0]
@@ -114,42 +117,72 @@ def _late_steps_text(late: list[int], late_steps: dict[int, list[int]], steps: l
     return ["also late: " + ", ".join(f"rank {x}" for x in late[1:])] if len(late) > 1 else []
 
 
-def straggler_by_arrival(ev: RunEvidence) -> list[Finding]:
-    """Imbalance: one rank (or a few) arrives last at collective instances and the others' wait there costs them
-    :data:`LATE_WAIT_PCT` % of their step or more: named from a single step.
+@dataclass
+class Arrivals:
+    """Who kept whom waiting in the analysed steps (:func:`late_arrivals`): the skew rows ``r`` and the rows analysed
+    ``use``; ``cost`` (step, late rank) -> median over the other ranks of their wait for it / their step;
+    ``late_steps``: late rank -> the steps its cost reached :data:`LATE_WAIT_PCT`; ``late``: the late ranks, the
+    main one first; ``steps``: the analysed steps; ``impact``: the median over them of the late ranks' summed cost,
+    % of the step."""
 
-    Reads ``ev.skew`` (:mod:`traceanalyze.replay.skew`: per complete instance and rank, its arrival and its wait
-    for the last arriver). Per counted step (every step with one when none is counted) and late rank L: each other
-    rank's waits at the instances L arrived last, over that rank's step time; the *cost* is the median over the other
-    ranks. The late ranks are those whose cost reaches the threshold in more than half the steps; more than
-    :data:`LATE_MAX_RANKS_SHARE` of the ranks is a spread, not a straggler, and gives no finding. Impact: the median
-    over the analysed steps of the late ranks' summed cost in that step. The evidence names the instance that cost
-    most (collective, offset into the step on the median waiting rank, the wait median and range over the other
-    ranks), whether the same rank is last in every step, and why it was late (:func:`_straggler_where`)."""
+    r: dict
+    use: np.ndarray
+    cost: dict[tuple[int, int], float]
+    late_steps: dict[int, list[int]]
+    late: list[int]
+    steps: list[int]
+    impact: float
+
+
+def union_us(spans: list[tuple[float, float]]) -> float:
+    """µs covered by the union of the intervals ``spans`` ((from, to), µs): a rank that waits at several
+    collectives in flight at once (gloo's buckets, queued while the first one waits) waits once."""
+    total, end = 0.0, -np.inf
+    for a, b in sorted(spans):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
+
+
+def _analysed(r: dict) -> np.ndarray:
+    """The skew rows the arrival rules analyse: those of counted steps, else of every step (a run with none
+    counted)."""
+    use = r["counted"].astype(bool) & (r["step"] >= 0) & np.isfinite(r["step_time_us"])
+    return use if use.any() else (r["step"] >= 0) & np.isfinite(r["step_time_us"])
+
+
+def late_arrivals(ev: RunEvidence) -> Arrivals | None:
+    """The late ranks of the run from the arrivals at each collective instance (``ev.skew``,
+    :mod:`traceanalyze.replay.skew`: per complete instance and rank, its arrival and its wait for the last arriver).
+    Per counted step (every step with one when none is counted) and late rank L: each other rank's waits at the
+    instances L arrived last, over that rank's step time; the *cost* is the median over the other ranks. The late
+    ranks are those whose cost reaches :data:`LATE_WAIT_PCT` in more than half the steps; None when there is none,
+    or more than :data:`LATE_MAX_RANKS_SHARE` of the ranks (a spread, not a late rank)."""
     sk = ev.skew
     if sk is None or not sk.n or len(ev.ranks) < 2 or ev.mode == "logs":
-        return []
+        return None
     r = sk.rows
-    use = r["counted"].astype(bool) & (r["step"] >= 0) & np.isfinite(r["step_time_us"])
+    use = _analysed(r)
     if not use.any():
-        use = (r["step"] >= 0) & np.isfinite(r["step_time_us"])
-    if not use.any():
-        return []
+        return None
     cost: dict[tuple[int, int], float] = {}  # (step, late rank) -> median over the other ranks of wait / step
-    per: dict[tuple[int, int, int], float] = {}  # (step, late rank, waiting rank) -> wait µs
+    per: dict[tuple[int, int, int], list] = {}  # (step, late rank, waiting rank) -> its waits (from, to) µs
     step_of: dict[tuple[int, int], float] = {}  # (step, rank) -> step time µs
     ranks_in: dict[int, set[int]] = {}  # step -> ranks with a call in it
     lasts: dict[int, set[int]] = {}  # step -> ranks that arrived last somewhere in it
-    for st, rk, lr, w, t in zip(r["step"][use].tolist(), r["rank"][use].tolist(), r["last_rank"][use].tolist(),
-                                r["wait_us"][use].tolist(), r["step_time_us"][use].tolist(), strict=True):
+    for st, rk, lr, w, t, at in zip(r["step"][use].tolist(), r["rank"][use].tolist(), r["last_rank"][use].tolist(),
+                                    r["wait_us"][use].tolist(), r["step_time_us"][use].tolist(),
+                                    r["arrival_us"][use].tolist(), strict=True):
         step_of[(st, rk)] = t
         ranks_in.setdefault(st, set()).add(rk)
         if rk != lr:
-            per[(st, lr, rk)] = per.get((st, lr, rk), 0.0) + w
+            per.setdefault((st, lr, rk), []).append((at, at + w))
             lasts.setdefault(st, set()).add(lr)
     for st, members in ranks_in.items():
         for lr in lasts.get(st, ()):
-            shares = [per.get((st, lr, o), 0.0) / step_of[(st, o)] for o in members if o != lr and step_of[(st, o)] > 0]
+            shares = [union_us(per.get((st, lr, o), [])) / step_of[(st, o)] for o in members
+                      if o != lr and step_of[(st, o)] > 0]
             if shares:
                 cost[(st, lr)] = statistics.median(shares)
     late_steps: dict[int, list[int]] = {}  # late rank -> the steps it cost the others the threshold or more
@@ -161,14 +194,26 @@ def straggler_by_arrival(ev: RunEvidence) -> list[Finding]:
     late_steps = {lr: v for lr, v in late_steps.items() if 2 * len(v) > len(ranks_in)}
     n_ranks = len(set(r["rank"].tolist()))
     if not late_steps or len(late_steps) > max(1, int(LATE_MAX_RANKS_SHARE * n_ranks)):
-        return []
+        return None
     late = sorted(late_steps, key=lambda x: (-len(late_steps[x]), -max(cost[(s, x)] for s in late_steps[x]), x))
     steps = sorted(ranks_in)
     per_step_cost = [sum(cost.get((st, lr), 0.0) for lr in late) for st in steps]
-    impact = round(100 * statistics.median(per_step_cost), 1)
+    return Arrivals(r, use, cost, late_steps, late, steps, round(100 * statistics.median(per_step_cost), 1))
+
+
+def straggler_by_arrival(ev: RunEvidence) -> list[Finding]:
+    """Imbalance: one rank (or a few) arrives last at collective instances and the others' wait there costs them
+    :data:`LATE_WAIT_PCT` % of their step or more: named from a single step (:func:`late_arrivals`). Impact: the
+    median over the analysed steps of the late ranks' summed cost in that step. The evidence names the instance
+    that cost most (collective, offset into the step on the median waiting rank, the wait median and range over the
+    other ranks), whether the same rank is last in every step, and why it was late (:func:`_straggler_where`)."""
+    a = late_arrivals(ev)
+    if a is None:
+        return []
+    r, use, late, impact, sk = a.r, a.use, a.late, a.impact, ev.skew
     main = late[0]
-    evidence = _late_instance(r, use, main, late_steps[main], cost)
-    evidence += _late_steps_text(late, late_steps, steps)
+    evidence = _late_instance(r, use, main, a.late_steps[main], a.cost)
+    evidence += _late_steps_text(late, a.late_steps, a.steps)
     waited = sk.waited_for_others_us
     evidence.append(f"over the run, rank {main} kept the others waiting {ms_text(sk.kept_others_waiting_us.get(main))} "
                     f"in total and waited {ms_text(waited.get(main, 0.0))} itself; the rank that waited most is rank "
@@ -192,6 +237,167 @@ def straggler_by_arrival(ev: RunEvidence) -> list[Finding]:
     return [Finding("imbalance", "straggler", severity(impact), impact, sorted(late), title, evidence, rec)]
 
 
+@dataclass
+class Entry:
+    """How a late rank entered one step (µs, on the aligned clocks): ``lead``, its ``ProfilerStep`` begin after the
+    other ranks' median begin; ``work``, its time from its begin to the instance where it kept the others waiting
+    longest (its work before that collective), ``others_work`` the other ranks' median of the same; ``wait``, the
+    others' median wait there; ``step_us``, their median step time; ``coll``, the collective."""
+
+    step: int
+    lead: float
+    work: float
+    others_work: float
+    wait: float
+    step_us: float
+    coll: str
+
+    @property
+    def late_start(self) -> bool:
+        """The wait comes from the late start: it is :data:`LATE_ENTRY_SHARE` of the others' wait or more and
+        more than the rank's extra work before the collective."""
+        return self.lead >= LATE_ENTRY_SHARE * self.wait and self.work - self.others_work < self.lead
+
+
+def _waits_by_instance(r: dict, sel: np.ndarray, late: int) -> dict[int, float]:
+    """Instance -> the other ranks' waits summed (µs) at the skew rows ``sel`` (rows where ``late`` arrived last)."""
+    out: dict[int, float] = {}
+    for i, w, rk in zip(r["instance_id"][sel].tolist(), r["wait_us"][sel].tolist(), r["rank"][sel].tolist(),
+                        strict=True):
+        if rk != late:
+            out[i] = out.get(i, 0.0) + w
+    return out
+
+
+def _entry(r: dict, use: np.ndarray, late: int, step: int) -> Entry | None:
+    """:class:`Entry` of rank ``late`` into ``step``, at the instance of that step where the others waited for it
+    longest (summed over them); None when it kept nobody waiting there."""
+    sel = use & (r["step"] == step) & (r["last_rank"] == late)
+    inst_w = _waits_by_instance(r, sel, late)
+    if not inst_w:
+        return None
+    top = max(sorted(inst_w), key=lambda i: inst_w[i])
+    rows = np.flatnonzero(sel & (r["instance_id"] == top)).tolist()
+    mine = [j for j in rows if int(r["rank"][j]) == late]
+    others = [j for j in rows if int(r["rank"][j]) != late]
+    if not mine or not others:
+        return None
+    off = {j: float(r["step_offset_us"][j]) for j in rows}
+    begin = {j: float(r["arrival_us"][j]) - off[j] for j in rows}
+    m = mine[0]
+    return Entry(step, begin[m] - statistics.median(begin[j] for j in others), off[m],
+                 statistics.median(off[j] for j in others), statistics.median(float(r["wait_us"][j]) for j in others),
+                 statistics.median(float(r["step_time_us"][j]) for j in others), str(r["collective"][m]))
+
+
+def _entries(a: Arrivals, rank: int) -> list[Entry]:
+    """The rank's :class:`Entry` into each step it was late in (``a.late_steps``)."""
+    return [x for st in a.late_steps.get(rank, []) if (x := _entry(a.r, a.use, rank, st)) is not None]
+
+
+def late_entry_ranks(ev: RunEvidence, a: Arrivals | None = None) -> list[int]:
+    """The late ranks (:func:`late_arrivals`) whose wait comes from entering the step late (:attr:`Entry.late_start`)
+    in more than half the steps they were late in, main one first. ``a``: :func:`late_arrivals` when computed."""
+    a = a if a is not None else late_arrivals(ev)
+    if a is None:
+        return []
+    out = []
+    for rank in a.late:
+        ent = _entries(a, rank)
+        if ent and 2 * sum(x.late_start for x in ent) > len(ent):
+            out.append(rank)
+    return out
+
+
+def _tails(ev: RunEvidence, rank: int) -> dict[int, float]:
+    """Step -> µs of host time on ``rank``'s step thread after its last op of the step, before the step ends (the
+    gap that ends with the step: work after the optimizer that no op records), among its largest host gaps
+    (``ev.host_gaps``)."""
+    ends = {s["step"]: s["step_time_us"] for s in ev.steps_of(rank) if s.get("step_time_us")}
+    return {g.step: g.dur_us for g in ev.host_gaps.get(rank, [])
+            if g.step in ends and g.offset_us + g.dur_us >= ends[g.step] - 1.0}
+
+
+def _entry_cause(ev: RunEvidence, a: Arrivals, main: int, ent: list[Entry]) -> tuple[list[str], bool]:
+    """Evidence on where rank ``main``'s late start comes from, and whether the trace shows it (several steps, one
+    ending with a gap that the next one's late start follows)."""
+    tails = _tails(ev, main)
+    others = [t for r in ev.ranks if r["rank"] != main for t in _tails(ev, r["rank"]).values()]
+    ot = ms_text(statistics.median(others) if others else 0.0)
+    lead_of = {x.step: x.lead for x in ent}
+    # a gap that explains a late start is half of it or more
+    chained = [(s, t) for s, t in sorted(tails.items()) if s + 1 in lead_of and t >= LATE_ENTRY_SHARE * lead_of[s + 1]]
+    if chained and len(a.steps) >= 2:
+        s, t = max(chained, key=lambda x: x[1])
+        return [f"the cause is in the trace: rank {main}'s step {s} ends with {ms_text(t)} of host time after its "
+                f"last op (after its optimizer step, before its step-end marker; the other ranks' largest such gap: "
+                f"{ot}), and it begins step {s + 1} {ms_text(lead_of[s + 1])} after the others: work at the end of "
+                f"one step on rank {main} only delays its entry into the next"], True
+    out = [f"the delay comes from before the traced step{'s' if len(a.steps) > 1 else ''}: the step before's tail "
+           f"(work after opt.step() on rank {main} only), an untraced stall (the data loader, the host) or the "
+           f"profiler starting later on rank {main}; the trace holds {len(a.steps)} analysed step"
+           f"{'s' if len(a.steps) > 1 else ''}, not what came before"]
+    lead = max(lead_of.values())
+    if tails and max(tails.values()) >= LATE_ENTRY_SHARE * lead:
+        s, t = max(tails.items(), key=lambda x: x[1])
+        out.append(f"rank {main}'s step {s} ends with {ms_text(t)} of host time after its last op (before its "
+                   f"step-end marker; the other ranks' largest such gap: {ot}): the same work at the end of the step "
+                   "before would explain its late start")
+    return out, False
+
+
+def rule_late_entry(ev: RunEvidence) -> list[Finding]:
+    """Imbalance: ranks wait :data:`LATE_WAIT_PCT` % of their step or more at a collective for a rank that does no
+    more work before it than they do but begins its step later (:func:`late_entry_ranks`): the wait comes from
+    before the step (the step before's tail, an untraced stall, the profiler starting later), which equalising the
+    work inside the step cannot win back. Impact: as the arrival rule's (:func:`late_arrivals`), for these ranks;
+    priced by the ``aligned_step_starts`` what-if. With several steps traced, a gap at the end of one step of the
+    late rank that its late start into the next follows is named as the cause."""
+    a = late_arrivals(ev)
+    late = late_entry_ranks(ev, a)
+    if a is None or not late:
+        return []
+    main = late[0]
+    ent = _entries(a, main)
+    worst = max(ent, key=lambda x: (x.wait, -x.step))
+    impact = round(100 * statistics.median(sum(a.cost.get((st, lr), 0.0) for lr in late) for st in a.steps), 1)
+    st_t, from_start = max(worst.step_us, 1e-9), 100 * min(worst.lead, worst.wait) / max(worst.wait, 1e-9)
+    evidence = [f"step {worst.step}: rank {main} begins its step {ms_text(worst.lead)} after the other ranks (median) "
+                f"and reaches the {worst.coll} {ms_text(worst.work)} into it, the others {ms_text(worst.others_work)} "
+                f"into theirs: the work before it is balanced; the others wait a median of {ms_text(worst.wait)} "
+                f"there ({100 * worst.wait / st_t:.0f}% of their step), {from_start:.0f}% of it from the late start"]
+    if len(ent) > 1:
+        evidence.append(f"rank {main} begins its step {ms_text(min(x.lead for x in ent))}–"
+                        f"{ms_text(max(x.lead for x in ent))} after the others in {len(ent)} of {len(a.steps)} steps")
+    cause, chained = _entry_cause(ev, a, main, ent)
+    evidence += cause + _late_instance(a.r, a.use, main, a.late_steps[main], a.cost)[:1]
+    evidence.append("equalising the work inside the step (the no_straggler what-if) wins nothing back: the work "
+                    f"before the {worst.coll} is already balanced")
+    who = f"Rank {main}" if len(late) == 1 else "Ranks " + ", ".join(str(x) for x in sorted(late))
+    title = (f"{who} enter{'s' if len(late) == 1 else ''} the step late: the other ranks wait {impact:.0f}% of their "
+             f"step for {'it' if len(late) == 1 else 'them'} at the {worst.coll}")
+    return [Finding("imbalance", "late_entry", severity(impact), impact, sorted(late), title, evidence,
+                    _entry_advice(main, worst.coll, chained))]
+
+
+def _entry_advice(main: int, coll: str, chained: bool) -> str:
+    """The late-entry finding's recommendation: move the work between steps (named when the trace shows it), else
+    trace what comes before the step."""
+    fix = (f"move it off the step (a background thread or process, or outside the training loop every N steps) or do "
+           "it on every rank; balancing the compute inside the step will not help, the work before the "
+           f"{coll} is already balanced")
+    if chained:
+        return (f"rank {main} does work at the end of every step, after the optimizer (the gap before its step ends): "
+                f"logging, evaluation, checkpointing or metrics on rank {main} only, which delays its entry into the "
+                f"next step; {fix}")
+    return (f"rank {main} begins the step late for a reason before the traced step: trace several steps on every rank "
+            "(torch.profiler.schedule(wait=1, warmup=1, active=3): active ≥ 2, so that the step before is in the "
+            "trace) and the data loader's time on each rank (its DataLoader __next__ ranges), and look at what rank "
+            f"{main} does between steps (after opt.step(): logging, evaluation or checkpointing on one rank; its data "
+            f"loader; the profiler starting later there); then {fix}")
+
+
+LATE_ENTRY_SHARE = 0.5  # a late start this share of the others' wait or more (and more than extra work) explains it
 LATE_WAIT_PCT = 10.0  # the others' wait for a late rank, median share of their step, that names it
 LATE_MAX_RANKS_SHARE = 0.25  # more late ranks than this share of the ranks is a spread, not a straggler
 
@@ -202,11 +408,7 @@ def _late_instance(r: dict, use, late: int, steps: list[int], cost: dict) -> lis
     duration."""
     worst = max(steps, key=lambda s: (cost[(s, late)], -s))
     sel = use & (r["last_rank"] == late) & (r["step"] == worst)
-    inst_w: dict[int, float] = {}
-    for i, w, rk in zip(r["instance_id"][sel].tolist(), r["wait_us"][sel].tolist(), r["rank"][sel].tolist(),
-                        strict=True):
-        if rk != late:
-            inst_w[i] = inst_w.get(i, 0.0) + w
+    inst_w = _waits_by_instance(r, sel, late)
     top = max(sorted(inst_w), key=lambda i: inst_w[i])
     rows = np.flatnonzero(sel & (r["instance_id"] == top))
     others = [j for j in rows.tolist() if int(r["rank"][j]) != late]

@@ -26,19 +26,22 @@ from traceanalyze.diagnose.evidence import (
     main_stream_host_wait,
     severity,
 )
-from traceanalyze.diagnose.imbalance import rule_idle_rank, rule_straggler
+from traceanalyze.diagnose.imbalance import late_arrivals, rule_idle_rank, rule_late_entry, rule_straggler
 from traceanalyze.diagnose.interconnect import rule_exposed_communication, rule_untraced_ranks
 from traceanalyze.diagnose.precision import rule_precision
 from traceanalyze.findings import Finding
 from traceanalyze.replay.whatif import NO_SAVING
 
 IDLE_EXPLAIN_PCT = 50.0  # a GPU idle above this is never healthy without a finding that explains it
-IDLE_EXPLAINERS = ("slow_collectives", "topology", "untraced_ranks", "straggler", "idle_rank", "dataloader",
-                   "launch_bound", "host_bound", "compile_overhead", "host_sync", "step_sync", "host_optimizer")
+WAIT_VERDICT_PCT = 10.0  # a rank that waits this share of its step for other ranks is never "no significant slowdown"
+IDLE_EXPLAINERS = ("slow_collectives", "topology", "untraced_ranks", "straggler", "late_entry", "idle_rank",
+                   "dataloader", "launch_bound", "host_bound", "compile_overhead", "host_sync", "step_sync",
+                   "host_optimizer")
 
 
-RULES = [rule_exposed_communication, rule_untraced_ranks, rule_straggler, rule_idle_rank, rule_precision, rule_compile,
-         rule_dataloader, rule_launch_bound, rule_effective_batch_single, rule_host_sync, rule_host_optimizer]
+RULES = [rule_exposed_communication, rule_untraced_ranks, rule_straggler, rule_late_entry, rule_idle_rank,
+         rule_precision, rule_compile, rule_dataloader, rule_launch_bound, rule_effective_batch_single, rule_host_sync,
+         rule_host_optimizer]
 # A specific cause ranks above the general findings it explains, which are then its symptoms: kind -> (the kinds it
 # explains, the share of a symptom's impact its own impact must exceed). A blocking call the GPU idles in makes
 # the other ranks wait in their collectives (and its rank look slow).
@@ -48,6 +51,7 @@ SPECIFIC_CAUSES = {
     # a rank the others wait for at their collectives: their GPUs sit in the collective or idle behind it, which a
     # launch- or host-bound finding reads as launch cost
     "straggler": (("launch_bound", "host_bound"), 0.5),
+    "late_entry": (("launch_bound", "host_bound"), 0.5),
 }
 # A finding that is part of a larger one: kind -> (the kinds it is part of, its own fix in a few words). An optimizer
 # that loops over the parameters is part of a launch- or host-bound step's host time: CUDA graphs (the launch-bound
@@ -140,6 +144,7 @@ def _link_parts(fs: list[Finding]) -> None:
 # finding's own ranks (a straggler the rule names, whatever the replay's own test says), "" as the replay finds it.
 WHATIF_OF_KIND: dict[str, tuple[str | None, str]] = {
     "straggler": ("no_straggler", "ranks"),
+    "late_entry": ("aligned_step_starts", "ranks"),
     "idle_rank": ("no_straggler", ""),
     "slow_collectives": ("ideal_interconnect", ""),
     "topology": ("ideal_interconnect", ""),
@@ -362,9 +367,32 @@ def verdict(findings: list[Finding], runs: list[RunEvidence] | None = None) -> s
     return body if part is None else f"{partial_text(part)}. {body}"
 
 
+def _waiting_text(findings: list[Finding], runs: list[RunEvidence] | None) -> str | None:
+    """The verdict when no finding reaches medium severity while the ranks wait :data:`WAIT_VERDICT_PCT` % of their
+    step or more at collectives for the same rank(s) (:func:`~traceanalyze.diagnose.imbalance.late_arrivals`: in
+    more than half the steps): such a run is not healthy, whatever the what-ifs price. Waits that move from rank to
+    rank (ranks that share cores) name no one and leave the verdict alone. None otherwise."""
+    for ev in runs or []:
+        a = late_arrivals(ev)
+        if a is None or a.impact < WAIT_VERDICT_PCT:
+            continue
+        who = ", ".join(str(r) for r in sorted(a.late))
+        named = next((f for f in findings if f.run == ev.name and f.cause == "imbalance"
+                      and set(f.ranks) & set(a.late)), None)
+        return (f"Not healthy: the other ranks wait {a.impact:.0f}% of their step in collectives for rank"
+                f"{'s' if len(a.late) > 1 else ''} {who}"
+                + (f" ({named.title[0].lower()}{named.title[1:]})" if named is not None else "")
+                + "; no fix the what-if replay prices reaches medium severity: see who waited for whom (the "
+                "collective skew) and trace several steps on every rank to see what comes before the wait.")
+    return None
+
+
 def _verdict_body(findings: list[Finding], runs: list[RunEvidence] | None, partial: bool) -> str:
     """The verdict after its ``Partial:`` prefix (:func:`verdict`)."""
     top = [f for f in findings if f.severity in ("high", "medium")]
+    waits = None if top else _waiting_text(findings, runs)
+    if waits is not None:
+        return waits
     if not top and partial:  # a wait the missing ranks could explain, judged inconclusive, is no healthy run
         inc = next((f for f in findings if f.kind in PARTIAL_EXPLAINS and f.impact_pct >= MEDIUM), None)
         if inc is not None:

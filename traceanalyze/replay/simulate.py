@@ -156,9 +156,11 @@ def _seg_cummax(x: np.ndarray, buckets: list[tuple[np.ndarray, np.ndarray, int]]
 
 
 def replay(g: Graph, dur: np.ndarray | None = None, gap: np.ndarray | None = None,
-           transfer: np.ndarray | None = None, keep_binding: bool = False) -> Replay:
+           transfer: np.ndarray | None = None, keep_binding: bool = False, starts: np.ndarray | None = None) -> Replay:
     """Replay ``g`` with the given per-task durations and chain gaps (µs; default the measured ones) and per-instance
-    transfer times (default the measured transfer).
+    transfer times (default the measured transfer). ``starts``: per task, where a pinned task
+    (:func:`pinned_tasks`) starts (µs on the graph's clock; default where it was measured): a rank that enters
+    the trace earlier or later.
 
     Returns:
         :class:`Replay`; with ``keep_binding`` it also carries ``binding`` (per task: the task whose time set its
@@ -166,7 +168,7 @@ def replay(g: Graph, dur: np.ndarray | None = None, gap: np.ndarray | None = Non
     """
     n = g.start.size
     tr = g.inst_transfer if transfer is None else transfer
-    p: _Plan | None = _plan(g, dur, gap, tr)
+    p: _Plan | None = _plan(g, dur, gap, tr, starts=starts)
     inv = _lay_out_waves(p) if p.waves is not None else None
     if inv is not None:  # the starts, then the ends, in one array (see _wave_pass)
         p.se = np.full(2 * n, UNKNOWN)
@@ -199,7 +201,7 @@ def replay(g: Graph, dur: np.ndarray | None = None, gap: np.ndarray | None = Non
     out = Replay(start=s, end=e, passes=passes, converged=converged)
     if keep_binding:
         if p is None:
-            p = _plan(g, dur, gap, tr, waves=False)
+            p = _plan(g, dur, gap, tr, waves=False, starts=starts)
         out.binding = _binding(g, s, e, p.d, p.cg, p.ct, p.ci, p.dsrc, p.ddst, p.dend,  # type: ignore[attr-defined]
                                p.doff)
     return out
@@ -237,9 +239,19 @@ def _lay_out_waves(p: _Plan) -> np.ndarray:
     return inv
 
 
-def _plan(g: Graph, dur: np.ndarray | None, gap: np.ndarray | None, tr: np.ndarray, waves: bool = True) -> _Plan:
+def pinned_tasks(g: Graph) -> np.ndarray:
+    """Per task: whether the replay starts it where it was measured (or at ``replay``'s ``starts``): a resource's
+    first task without an incoming edge (a launch, a wait)."""
+    pinned = g.first.copy()
+    pinned[g.dep_dst] = False
+    return pinned
+
+
+def _plan(g: Graph, dur: np.ndarray | None, gap: np.ndarray | None, tr: np.ndarray, waves: bool = True,
+          starts: np.ndarray | None = None) -> _Plan:
     """The fixed part of a replay (:class:`_Plan`): durations with each complete collective at its transfer time,
-    the chain offsets, the pinned starts, the edges by destination and the resource slices."""
+    the chain offsets, the pinned starts (``starts``, default the measured ones), the edges by destination and the
+    resource slices."""
     n = g.start.size
     d = np.array(g.chain_dur if dur is None else dur, dtype=float)  # a copy: collectives get their transfer
     cg = np.asarray(g.chain_gap if gap is None else gap, dtype=float)
@@ -258,13 +270,13 @@ def _plan(g: Graph, dur: np.ndarray | None, gap: np.ndarray | None, tr: np.ndarr
     np.maximum.accumulate(seg_first, out=seg_first)
     np.subtract(c, c[seg_first], out=c)  # the gather is made before c is written
     del seg_first
-    floor = -2.0 * (float(np.ptp(g.start)) + float(c.max(initial=0.0)) + 1e6) if n else -1.0
+    at = g.start if starts is None else starts
+    floor = -2.0 * (float(np.ptp(at)) + float(c.max(initial=0.0)) + 1e6) if n else -1.0
     # a resource's first task starts where it was measured unless an edge says when (a launch, a wait)
-    pinned = first.copy()
-    pinned[g.dep_dst] = False
+    pinned = pinned_tasks(g)
     # a finite "not yet known" time: no NaN from -inf - -inf, and still below every real time after offsets
     r0 = np.full(n, UNKNOWN)
-    r0[pinned] = g.start[pinned]
+    r0[pinned] = at[pinned]
     # explicit edges grouped by destination once
     if np.all(g.dep_dst[1:] >= g.dep_dst[:-1]):  # graph.build sorts them so: no copies
         dsrc, ddst, dend, doff = g.dep_src, g.dep_dst, g.dep_end, g.dep_off
@@ -581,4 +593,4 @@ def on_critical_paths(rp: Replay, ends: np.ndarray) -> np.ndarray:
     return mark
 
 
-__all__ = ["Replay", "critical_path", "on_critical_paths", "replay", "K_COLL"]
+__all__ = ["Replay", "critical_path", "on_critical_paths", "pinned_tasks", "replay", "K_COLL"]

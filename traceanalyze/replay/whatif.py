@@ -26,9 +26,11 @@ from traceanalyze.metrics.where import MAX_TIMELINE_LANES, lanes_to_show
 from traceanalyze.replay import gaps, overhead, precision, simulate, skew
 from traceanalyze.replay import graph as gr
 
-SCENARIOS = ("no_straggler", "ideal_interconnect", "tf32_matmul", "bf16_matmul", "bf16_channels_last",
-             "no_dataloader_wait", "no_compile", "no_launch_overhead", "no_host_sync", "all")
-CAUSES = {"no_straggler": "imbalance: straggler ranks", "ideal_interconnect": "interconnect: slow collectives",
+SCENARIOS = ("no_straggler", "aligned_step_starts", "ideal_interconnect", "tf32_matmul", "bf16_matmul",
+             "bf16_channels_last", "no_dataloader_wait", "no_compile", "no_launch_overhead", "no_host_sync", "all")
+CAUSES = {"no_straggler": "imbalance: straggler ranks",
+          "aligned_step_starts": "imbalance: ranks that enter the step late (work between steps)",
+          "ideal_interconnect": "interconnect: slow collectives",
           "tf32_matmul": "precision: fp32 matrix math (TF32 off)",
           "bf16_matmul": "precision: fp32 matrix math",
           "bf16_channels_last": "precision: fp32 matrix math, NCHW activations (conv net)",
@@ -47,6 +49,7 @@ BF16_SPEEDUP_CPU = (1.25, 1.5, CPU_BF16_SPEEDUP)
 CAST_SHARE = 0.1  # cast (aten::_to_copy) cost added, as a share of the matrix-math time saved
 STRAGGLER_EXCESS_PCT = 25.0  # a rank working this much longer per step than the median rank is a straggler
 # (4 gloo ranks on 2 cores differ by up to ~20 % from scheduling alone: sample_traces/healthy)
+LATE_ENTRY_PCT = 10.0  # a rank whose step begins this share of the median step after the median rank's enters late
 MIN_SAVING_US = 1.0  # a scenario whose rewrite changes less than this is left out (it does not apply)
 MIN_PRECISION_PCT = 0.5  # a precision rewrite removing less than this share of the step is not replayed
 PRECISION_SCENARIOS = ("tf32_matmul", "bf16_matmul", "bf16_channels_last")  # GPU: replay.precision's rewrites
@@ -168,6 +171,113 @@ def _rw_straggler(g, d, cg, tr, ctx):
     return d, cg, tr
 
 
+def _late_entries(g: gr.Graph) -> set[int]:
+    """Ranks that enter the counted steps late: in more than half of them, the rank's ``ProfilerStep`` begins
+    :data:`LATE_ENTRY_PCT` % of the median step time or more after the median rank's (the replay's aligned clocks)."""
+    begins: dict[int, dict[int, float]] = {}
+    lengths = []
+    for r, s, b, e, c in g.steps:
+        if c:
+            begins.setdefault(s, {})[r] = float(g.start[b])
+            lengths.append(float(g.start[e] - g.start[b]))
+    if not lengths:
+        return set()
+    bar = LATE_ENTRY_PCT / 100 * float(np.median(lengths))
+    late: dict[int, int] = {}
+    for by in begins.values():
+        mid = float(np.median(list(by.values())))
+        for r, t in by.items():
+            if len(by) > 1 and t - mid >= bar:
+                late[r] = late.get(r, 0) + 1
+    return {r for r, k in late.items() if 2 * k > len(begins)}
+
+
+def _late_ranks(g: gr.Graph, ctx: dict) -> set[int]:
+    """The ranks ``aligned_step_starts`` moves: those the late-entry finding names (``ctx["late_ranks"]``, priced
+    for it: :func:`_late_pricer`), else the replay's own test (:func:`_late_entries`)."""
+    return set(ctx.get("late_ranks") or ()) or _late_entries(g)
+
+
+def _rw_aligned(g, d, cg, tr, ctx):
+    """The late ranks' work between steps goes: in every traced step, the host gap after their last task before the
+    step-end marker (work after the optimizer that no op records: one rank's logging, evaluation or checkpoint
+    bookkeeping), the gap between that marker and the next step's begin marker, and the gap before their first task
+    in the step, each at most the other ranks' median of the same gap of the same step. Their first traced step
+    starts with the others (:func:`_aligned_starts`: the delay from before the trace). The work inside the steps is
+    unchanged. Physical reason: a collective returns on a rank only once every rank of its group has called it
+    (PyTorch, ``torch.distributed`` collective semantics), so a rank that enters the step late holds the others at
+    its first collective for the time it entered late; and each rank's host thread runs its work in order (the
+    straggler paper's replay, OSDI 2025, and Lumos' list scheduling, ``shared/WHATIF.md`` §5: a delay shifts
+    everything after it on that worker), so work at the end of one step delays that rank's entry into the next by
+    as much. Its untraced CPU time is kept as gaps (WHATIF.md pitfall 8), which is what this rewrite removes."""
+    late = _late_ranks(g, ctx)
+    slots = _between_step_gaps(g)
+    if not late or slots.size == 0:
+        return d, cg, tr
+    cg = cg.copy()
+    task, step, rank, kind = slots.T
+    is_late = np.isin(rank, list(late))
+    for key in np.unique(step * 3 + kind).tolist():
+        mine = (step * 3 + kind) == key
+        ref = cg[task[mine & ~is_late]]
+        if ref.size:
+            cut = task[mine & is_late]
+            cg[cut] = np.minimum(cg[cut], float(np.median(ref)))
+    return d, cg, tr
+
+
+def _between_step_gaps(g: gr.Graph) -> np.ndarray:
+    """Rows ``(task, step, rank, slot)`` of the host gaps between two steps' work, each stored on the task after it:
+    slot 0 the gap before a step-end marker (after the step's last task), 1 the gap before a step-begin marker (from
+    the previous step's end marker), 2 the gap before the first task of a step (after its begin marker)."""
+    rows = []
+    for r, s, b, e, _ in g.steps:
+        rows.append((e, s, r, 0))
+        if not g.first[b]:
+            rows.append((b, s, r, 1))
+        if b + 1 < e and not g.first[b + 1]:
+            rows.append((b + 1, s, r, 2))
+    return np.array(rows, dtype=np.int64).reshape(-1, 4)
+
+
+def _without_gap_cut(g: gr.Graph, cut: np.ndarray | None) -> gr.Graph:
+    """``g`` with each explicit edge's offset less the µs the rewrite cut from the host gap before the edge's
+    destination (``cut``, per task; None or nothing cut: ``g`` itself). An edge into the task after a host gap
+    holds that gap too (a synchronize's edge runs from the awaited kernel's end to the next task's start), so work
+    taken out of the gap must leave the edge as well; a positive offset is cut down to 0 at most, others are kept. A
+    shallow copy: only the offsets are new."""
+    if cut is None or not cut.any():
+        return g
+    off = g.dep_off - np.minimum(cut[g.dep_dst], np.clip(g.dep_off, 0, None))
+    return dataclasses.replace(g, dep_off=off)
+
+
+def _aligned_starts(g: gr.Graph, ctx: dict) -> np.ndarray | None:
+    """Per task, where the replay starts it when pinned (:func:`~traceanalyze.replay.simulate.pinned_tasks`): the
+    late ranks' (:func:`_late_ranks`) pinned tasks earlier by how much later their first traced step began than the
+    other ranks' median begin of that step (µs), so that they enter the trace with the others; None when no late
+    rank entered its first traced step late. The delay before the trace is not in it (the step before's tail, an
+    untraced stall, the profiler starting later on that rank): this assumes it goes."""
+    late = _late_ranks(g, ctx)
+    if not late:
+        return None
+    first = min((s for r, s, _, _, _ in g.steps if r in late), default=None)
+    begins = {r: float(g.start[b]) for r, s, b, _, _ in g.steps if s == first}
+    ref = [t for r, t in begins.items() if r not in late]
+    if not ref:
+        return None
+    mid = float(np.median(ref))
+    shift = {r: begins[r] - mid for r in late if begins.get(r, mid) > mid}
+    if not shift:
+        return None
+    starts = g.start.copy()
+    pinned = simulate.pinned_tasks(g)
+    for r, dt in shift.items():
+        sel = pinned & (g.rank == r)
+        starts[sel] -= dt
+    return starts
+
+
 def _rw_host_sync(g, d, cg, tr, ctx):
     """The blocking waits go from the graph itself (:func:`_without_host_syncs`); a copy call that holds the host
     (a pageable ``cudaMemcpy*``, whose host stages the bytes) becomes an asynchronous one from pinned memory: it
@@ -193,7 +303,8 @@ def _host_copies(g: gr.Graph) -> tuple[np.ndarray, float]:
     return copies, float(np.median(g.chain_dur[launch]))
 
 
-REWRITES: dict[str, Callable] = {"no_straggler": _rw_straggler, "ideal_interconnect": _rw_interconnect,
+REWRITES: dict[str, Callable] = {"no_straggler": _rw_straggler, "aligned_step_starts": _rw_aligned,
+                                 "ideal_interconnect": _rw_interconnect,
                                  "tf32_matmul": _rw_tf32, "bf16_matmul": _rw_bf16,
                                  "bf16_channels_last": _rw_bf16_channels_last, "no_dataloader_wait": _rw_dataloader,
                                  "no_compile": _rw_compile, "no_launch_overhead": _rw_launch,
@@ -344,6 +455,8 @@ def pipelined_step_times(g: gr.Graph, rp: simulate.Replay) -> dict[tuple[int, in
 def _applies(g: gr.Graph, scenario: str, ctx: dict) -> bool:
     if scenario == "no_straggler":
         return bool(_stragglers(g))
+    if scenario == "aligned_step_starts":
+        return bool(_late_entries(g))
     if scenario == "ideal_interconnect":
         return bool(ctx.get("link_gbps")) and bool((g.inst_bytes > 0).any())
     if scenario == "bf16_matmul" and ctx.get("native_bf16") is False:
@@ -377,14 +490,27 @@ def _left_out(g: gr.Graph, ctx: dict) -> list[dict]:
                     "bf16 matmuls would be emulated, slower than fp32, so bf16 autocast is no fix on this host"}]
 
 
+def _named_ranks(scenario: str, ctx: dict, g: gr.Graph) -> str:
+    """``1, 3 (why)``: the ranks a scenario of :data:`RANK_SCENARIOS` rewrites, and whether a finding named them or
+    the replay's own test did."""
+    key, words = RANK_SCENARIOS[scenario]
+    ranks = _straggler_ranks(g, ctx) if scenario == "no_straggler" else _late_ranks(g, ctx)
+    test = (f"working host time per step > {STRAGGLER_EXCESS_PCT:g} % over the median rank" if scenario ==
+            "no_straggler" else f"step begins ≥ {LATE_ENTRY_PCT:g} % of the step after the median rank's")
+    return f"{', '.join(str(r) for r in sorted(ranks))} ({f'named by the {words} finding' if ctx.get(key) else test})"
+
+
 def _assumptions(scenario: str, ctx: dict, g: gr.Graph) -> str:
     if scenario == "no_straggler":
-        why = ("named by the straggler finding" if ctx.get("stragglers") else
-               f"working host time per step > {STRAGGLER_EXCESS_PCT:g} % over the median rank")
-        return (f"straggler rank(s) {', '.join(str(r) for r in sorted(_straggler_ranks(g, ctx)))} ({why}): each op "
-                "class (step, name, n-th call) and the gap before it at the mean of the other ranks, work they do not "
-                "do removed; the other ranks unchanged; each collective's transfer at the median of its size class"
-                + _cores_note(scenario, ctx))
+        return (f"straggler rank(s) {_named_ranks(scenario, ctx, g)}: each op class (step, name, n-th call) and the "
+                "gap before it at the mean of the other ranks, work they do not do removed; the other ranks "
+                "unchanged; each collective's transfer at the median of its size class" + _cores_note(scenario, ctx))
+    if scenario == "aligned_step_starts":
+        return (f"late rank(s) {_named_ranks(scenario, ctx, g)}: their first traced step starts with the other "
+                "ranks' median (the delay before the trace, which it does not show, assumed to go), and in every step "
+                "the host gap after their last task before the step ends, the gap between steps and the gap before "
+                "their first task at most the other ranks' median; the work inside the steps and the other ranks "
+                "unchanged" + _cores_note(scenario, ctx))
     if scenario == "ideal_interconnect":
         return (f"transfer = bytes × busbw factor ÷ {ctx['link_gbps']:g} GB/s ({ctx['link_source']}), capped at "
                 "the measured transfer; latency term ignored" + _cores_note(scenario, ctx))
@@ -412,7 +538,7 @@ def _assumptions(scenario: str, ctx: dict, g: gr.Graph) -> str:
 
 # what-ifs that change how many ranks compute at once: on ranks that share CPU cores each op's measured duration
 # holds the others' load, so a replay of measured durations cannot price them (README: How accurate is it)
-CONCURRENCY_SCENARIOS = ("no_straggler", "ideal_interconnect")
+CONCURRENCY_SCENARIOS = ("no_straggler", "aligned_step_starts", "ideal_interconnect")
 
 
 def _changes_concurrency(scenario: str, ctx: dict) -> bool:
@@ -435,6 +561,9 @@ def _why_not(g: gr.Graph, scenario: str, ctx: dict) -> str:
     if scenario == "no_straggler":
         return (f"no rank's working host time per step is more than {STRAGGLER_EXCESS_PCT:g} % over the median "
                 "rank's (the replay's straggler test)")
+    if scenario == "aligned_step_starts":
+        return (f"no rank's step begins {LATE_ENTRY_PCT:g} % of the step or more after the median rank's in most "
+                "counted steps (the replay's late-entry test)")
     if scenario == "ideal_interconnect":
         if not ctx.get("link_gbps"):
             return "the link's expected bandwidth is unknown (pass --link-bw GB/s)"
@@ -463,11 +592,16 @@ def _why_not(g: gr.Graph, scenario: str, ctx: dict) -> str:
     return f"no scenario {scenario!r}"
 
 
+# scenarios priced for the ranks a finding names: scenario -> (the ctx key that holds them, the finding in words)
+RANK_SCENARIOS = {"no_straggler": ("stragglers", "straggler"), "aligned_step_starts": ("late_ranks", "late-entry")}
+
+
 def _late_pricer(pr: _Pricer, ctx: dict, base: Arrays, measured: dict, err: float, reliable: bool) -> Callable:
     """The pricer of one more scenario on this run's graph, for a finding the replay's own tests did not price
     (:func:`traceanalyze.diagnose.price_missing_whatifs`): ``price(scenario, ranks=None) -> (whatif row or None,
-    why there is none, sim_result rows)``. ``ranks``: ``no_straggler`` for the ranks a straggler finding names. It
-    holds the graph until it is dropped."""
+    why there is none, sim_result rows)``. ``ranks``: the ranks a finding names, for the scenarios of
+    :data:`RANK_SCENARIOS` (``no_straggler`` for a straggler finding's, ``aligned_step_starts`` for a late-entry
+    finding's). It holds the graph until it is dropped."""
     g = pr.g
     replayed = set(g.ranks)
 
@@ -475,11 +609,12 @@ def _late_pricer(pr: _Pricer, ctx: dict, base: Arrays, measured: dict, err: floa
         if scenario not in REWRITES:
             return None, f"no scenario {scenario!r}", []
         c = ctx
-        if scenario == "no_straggler" and ranks:
-            slow = {r for r in ranks if r in replayed}
-            if not slow or len(slow) >= len(g.ranks):
-                return None, "the straggler finding's ranks are not among the replayed ranks with peers", []
-            c = dict(ctx, stragglers=slow)
+        if scenario in RANK_SCENARIOS and ranks:
+            named = {r for r in ranks if r in replayed}
+            if not named or len(named) >= len(g.ranks):
+                return None, f"the {RANK_SCENARIOS[scenario][1]} finding's ranks are not among the replayed ranks " \
+                             "with peers", []
+            c = dict(ctx, **{RANK_SCENARIOS[scenario][0]: named})
         elif not _applies(g, scenario, ctx):
             return None, _why_not(g, scenario, ctx), []
         if c is ctx and scenario in pr.skipped:  # priced by the replay already, for no row: not again
@@ -635,18 +770,24 @@ class _Pricer:
         self.kept_on_path = 0.0  # the last replay's critical path in unexplained kept gaps, % (gaps.on_path_pct)
         self.noise_pct = _step_noise_pct(g, m_long)
 
-    def replay_long(self, arrs: Arrays, sync_free: bool = False) -> tuple[dict, dict]:
+    def replay_long(self, arrs: Arrays, sync_free: bool = False, starts: np.ndarray | None = None,
+                    cut: np.ndarray | None = None) -> tuple[dict, dict]:
         """(step -> longest replayed time over the counted ranks, (rank, step) -> replayed time); ``sync_free``:
-        on the graph without its blocking waits for the GPU, the host running ahead (:func:`pipelined_step_times`)."""
+        on the graph without its blocking waits for the GPU, the host running ahead (:func:`pipelined_step_times`);
+        ``starts``: the pinned tasks' starts (:func:`_aligned_starts`), default the measured ones; ``cut``: per
+        task, µs of the gap before it that the rewrite took out, also out of its incoming edges
+        (:func:`_without_gap_cut`)."""
         if sync_free:
             if self.g_free is None:
                 self.g_free = _without_host_syncs(self.g)
-            rp = simulate.replay(self.g_free, *arrs, keep_binding=True)
-            t = pipelined_step_times(self.g_free, rp)
+            g = _without_gap_cut(self.g_free, cut)
+            rp = simulate.replay(g, *arrs, starts=starts, keep_binding=True)
+            t = pipelined_step_times(g, rp)
         else:
-            rp = simulate.replay(self.g, *arrs, keep_binding=True)
-            t = rp.step_times(self.g)
-        self.kept_on_path = gaps.on_path_pct(self.g_free if sync_free else self.g, rp, arrs[1], self.counted)
+            g = _without_gap_cut(self.g, cut)
+            rp = simulate.replay(g, *arrs, starts=starts, keep_binding=True)
+            t = rp.step_times(g)
+        self.kept_on_path = gaps.on_path_pct(g, rp, arrs[1], self.counted)
         del rp
         release_free_memory()  # each replay's graph-sized arrays: not stacked up in the heap
         return _longest(t, self.counted), t
@@ -686,10 +827,11 @@ class _Pricer:
                 "profiler": self.cfg or {}, "events_per_step": _events_per_step(self.g, self.counted),
                 "gpu_busy_us": busy}
 
-    def predict(self, arrs: Arrays, sync_free: bool = False) -> tuple[float, dict, bool]:
+    def predict(self, arrs: Arrays, sync_free: bool = False, starts: np.ndarray | None = None,
+                cut: np.ndarray | None = None) -> tuple[float, dict, bool]:
         """(predicted step without the profiler, replayed (rank, step) times, whether a floor clamped it);
-        ``sync_free``: see :meth:`replay_long`."""
-        w_long, t = self.replay_long(arrs, sync_free)
+        ``sync_free``, ``starts``, ``cut``: see :meth:`replay_long`."""
+        w_long, t = self.replay_long(arrs, sync_free, starts, cut)
         floor = {s: min(v, self.est.get(s, v)) for s, v in _floors(self.g, arrs[0], arrs[1], self.groups).items()}
         per_step = {s: self.est[s] - (self.u_long[s] - w_long[s]) for s in self.m_long}
         clamped = any(per_step[s] < floor.get(s, 0.0) - 1e-6 for s in per_step)
@@ -745,14 +887,16 @@ def _sync_saving_bound(pr: _Pricer, arrs: Arrays, d0: np.ndarray) -> float:
     return max(0.0, float(np.median(vals))) if vals else 100.0
 
 
-def _on_path_changes(pr: _Pricer, arrs: Arrays, base: Arrays) -> bool:
-    """Whether the rewrite ``arrs`` changes a duration, chain gap or transfer of a task on the base replay's critical
-    paths (:func:`traceanalyze.replay.simulate.on_critical_paths`); True when those paths are unknown. False means
-    the replay would return the base step times to the bit."""
+def _on_path_changes(pr: _Pricer, arrs: Arrays, base: Arrays, starts: np.ndarray | None = None) -> bool:
+    """Whether the rewrite ``arrs`` (and the pinned starts ``starts``) changes a duration, chain gap, transfer or
+    start of a task on the base replay's critical paths (:func:`traceanalyze.replay.simulate.on_critical_paths`);
+    True when those paths are unknown. False means the replay would return the base step times to the bit."""
     if pr.on_path is None:
         return True
     g, (d0, cg0, tr0) = pr.g, base
     ch = (arrs[0] != d0) | (arrs[1] != cg0)
+    if starts is not None:
+        ch |= starts != g.start
     ct = np.flatnonzero(g.inst >= 0)
     if ct.size and arrs[2] is not tr0:
         ch[ct] |= arrs[2][g.inst[ct]] != tr0[g.inst[ct]]
@@ -794,12 +938,16 @@ def _price_scenarios(pr: _Pricer, applicable: list[str], ctx: dict, base: Arrays
                               "the step-to-step noise "
                               f"({pr.noise_pct:.2f} %), so it was not replayed")
             continue
-        if sc not in ("all", "no_host_sync") and not _on_path_changes(pr, arrs, (d0, cg0, tr0)):
+        aligned = sc == "aligned_step_starts" or (sc == "all" and "aligned_step_starts" in applicable)
+        starts = _aligned_starts(g, ctx) if aligned else None
+        cut = np.clip(cg0 - arrs[1], 0, None) if aligned else None
+        if sc not in ("all", "no_host_sync") and not _on_path_changes(pr, arrs, (d0, cg0, tr0), starts):
             pr.skipped[sc] = (f"{NO_SAVING}: none of the work the {sc} rewrite changes is on the critical path of "
                               "the replayed steps, so it cannot shorten them (not replayed)")
             continue
         pred, t, clamped = pr.predict(arrs, sync_free=sc == "no_host_sync" or
-                                      (sc == "all" and "no_host_sync" in applicable))
+                                      (sc == "all" and "no_host_sync" in applicable), starts=starts,
+                                      cut=cut)
         results += [[run_id, sc, r, s, measured[(r, s)], t[(r, s)]] for r, s in sorted(measured)]
         row = _whatif_row(g, sc, ctx, pred, pr.u_run, err, reliable)
         row["unexplained_gap_pct"] = pr.kept_on_path

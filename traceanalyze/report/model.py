@@ -249,9 +249,9 @@ def _flags(run: dict, findings: list[dict]) -> dict[int, list[str]]:
 
 
 def _stragglers(run: dict, findings: list[dict]) -> list[int]:
-    """The ranks the run's straggler findings name."""
-    return [r for f in findings if f.get("kind") == "straggler" and f.get("run") in (None, run.get("name"))
-            for r in as_list(f.get("ranks")) if isinstance(r, int)]
+    """The ranks the run's straggler and late-entry findings name (the ranks the others wait for)."""
+    return [r for f in findings if f.get("kind") in ("straggler", "late_entry")
+            and f.get("run") in (None, run.get("name")) for r in as_list(f.get("ranks")) if isinstance(r, int)]
 
 
 def _shown_and_folded(ranks: list[dict], rank_ids: list[int], order: list[int],
