@@ -537,6 +537,28 @@ def scenario_dataloader_bound(out_root: Path) -> None:
     )
 
 
+MEMORY_LEAK_BYTES = 4 << 20  # per step, on rank 1 of memory_growth
+
+
+@scenario
+def scenario_memory_growth(out_root: Path) -> None:
+    """Rank 1 keeps a fresh 4 MiB fp32 tensor alive every step; recorded with profile_memory=True."""
+    record(
+        "memory_growth",
+        out_root,
+        2,
+        "2 gloo ranks, recorded with profile_memory=True; after the optimizer step, rank 1 alone appends a "
+        "new 4 MiB fp32 tensor (torch.full) to a list it never clears, so its allocated memory at the end "
+        "of every step is 4 MiB higher than at the one before (it would end in an out-of-memory error).",
+        {"cause": "config", "kind": "memory_growth", "ranks": [1]},
+        truth=lambda out, result: {"leak_rank": 1, "leak_bytes_per_step": MEMORY_LEAK_BYTES},
+        profile_memory=True,
+        leak_rank=1,
+        leak_bytes_per_step=MEMORY_LEAK_BYTES,
+        profile_active=4,
+    )
+
+
 # ------------------------------------------------------------------------------- interconnect (netns)
 
 NETNS = ("ta_r0", "ta_r1")

@@ -85,6 +85,12 @@ class JobConfig:
     # Bytes of the fp32 buffer all-reduced (after a warm-up, LINK_PROBE_ROUNDS times, each after a
     # barrier) before training, to measure the link; 0 = no probe. Printed as a "# link probe" line.
     link_probe_bytes: int = 0
+    # profile_memory=True: the trace gets the allocator's [memory] events (allocations, frees, totals).
+    profile_memory: bool = False
+    # Rank that keeps leak_bytes_per_step of fresh fp32 tensors alive every step (a list that only grows, like
+    # a metric history that keeps tensors instead of floats): its allocated memory rises every step.
+    leak_rank: int | None = None
+    leak_bytes_per_step: int = 0
 
 
 LINK_PROBE_ROUNDS = 5
@@ -288,12 +294,14 @@ def run(cfg: JobConfig, result_dir: Path) -> None:
     sleep_s = cfg.straggler_sleep_ms / 1000 if cfg.straggler_rank == rank else 0.0
     stall_s = cfg.straggler_stall_ms / 1000 if cfg.straggler_rank == rank else 0.0
     tail_ms = cfg.straggler_tail_ms if cfg.straggler_rank == rank else 0.0
+    leak_elems = cfg.leak_bytes_per_step // 4 if cfg.leak_rank == rank else 0
+    kept: list[torch.Tensor] = []  # the leak: grows by leak_bytes_per_step every step, never freed
 
     step_times: list[float] = []
     prof = profile(
         activities=[ProfilerActivity.CPU],
         record_shapes=True,
-        profile_memory=False,
+        profile_memory=cfg.profile_memory,
         with_stack=False,
         schedule=schedule(
             wait=cfg.profile_wait, warmup=cfg.profile_warmup, active=cfg.profile_active, repeat=1
@@ -321,6 +329,8 @@ def run(cfg: JobConfig, result_dir: Path) -> None:
                 total += loss.item() / cfg.grad_accum
             opt.step()
             opt.zero_grad(set_to_none=True)
+            if leak_elems:
+                kept.append(torch.full((leak_elems,), total))  # aten::full -> aten::empty: kept, never freed
             if tail_ms:
                 host_work(tail_ms)  # this rank only, after the optimizer, in no profiler range
             dt = time.perf_counter() - t0

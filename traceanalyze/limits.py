@@ -21,6 +21,8 @@ SNIFF_BYTES = 64 << 10  # bytes of a file's head read to tell what it is
 MAX_DUR_US = 86_400e6  # µs: an event longer than 1 day is a CUPTI timestamp fault (durations of years)
 MAX_TS_US = 4e15  # µs: |ts| beyond year ~2096 in epoch µs is garbage (and would overflow int64 ns)
 MAX_COLLECTIVE_ELEMENTS = 1 << 40  # elements of one collective message (4 TiB of fp32): more is a corrupt count
+MAX_MEMORY_BYTES = 1 << 50  # bytes of one allocation or allocator total ([memory] events): 1 PiB is no device's
+MAX_DEVICE_INDEX = 1 << 16  # a [memory] event's Device Id / Device Type beyond this is garbage (set to null)
 MAX_WORLD_SIZE = 1 << 20  # ranks: a distributedInfo.world_size above this is implausible (ignored, one warning)
 
 # --- defaults of options -----------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ import duckdb
 
 from traceanalyze.errors import EnvironmentFailure, TraceanalyzeError, UsageError
 
-SCHEMA_VERSION = 5  # a database written with another version is rebuilt: it is a cache of the traces
+SCHEMA_VERSION = 6  # a database written with another version is rebuilt: it is a cache of the traces
 
 DDL = f"""
 CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR);
@@ -99,6 +99,17 @@ CREATE TABLE IF NOT EXISTS cuda_syncs (  -- Kineto cuda_sync rows: a stream wait
     correlation BIGINT,            -- == the cuda_runtime call's (cudaStreamWaitEvent, cudaStreamSynchronize, ...)
     wait_on_stream BIGINT,         -- Stream Wait Event: the stream the awaited event was recorded on
     wait_on_corr BIGINT            -- ... and the correlation of that cudaEventRecord call
+);
+CREATE TABLE IF NOT EXISTS memory_events (  -- the allocator's [memory] instants (profile_memory=True); no rows without
+    file_id INTEGER,
+    pid BIGINT, tid BIGINT,        -- the thread that allocated or freed
+    ts_ns BIGINT,                  -- when, on the rank's clock (ns)
+    device_type BIGINT,            -- "Device Type": 0 CPU, 1 CUDA (c10::DeviceType)
+    device_id BIGINT,              -- "Device Id": -1 for the CPU, the GPU's index
+    addr BIGINT,                   -- "Addr": the block's address; an allocation and its free share it
+    bytes BIGINT,                  -- "Bytes": > 0 allocated, < 0 freed
+    total_allocated BIGINT,        -- "Total Allocated" after this event (bytes, on this device)
+    total_reserved BIGINT          -- "Total Reserved" by the caching allocator after this event (bytes)
 );
 CREATE TABLE IF NOT EXISTS threads (
     file_id INTEGER, pid BIGINT, tid BIGINT,
@@ -270,7 +281,7 @@ CREATE OR REPLACE TABLE idle_breakdown (  -- GPU idle time per rank and stream (
 
 
 # The tables the parser fills, in the order they are filled: their columns come from the DDL above.
-EVENT_TABLES = ("kernels", "cpu_ops", "comm_events", "threads", "cuda_syncs")
+EVENT_TABLES = ("kernels", "cpu_ops", "comm_events", "threads", "cuda_syncs", "memory_events")
 
 
 def table_columns(ddl: str, table: str) -> list[tuple[str, str]]:

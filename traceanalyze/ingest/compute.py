@@ -28,12 +28,14 @@ def _function(name: str) -> Callable[..., Any]:
     return call
 
 
+abs = _function("abs")  # noqa: A001 - pyarrow.compute's name
 add = _function("add")
 and_ = _function("and")
 any = _function("any")  # noqa: A001 - pyarrow.compute's name
 coalesce = _function("coalesce")
 floor = _function("floor")
 greater = _function("greater")
+greater_equal = _function("greater_equal")
 if_else = _function("if_else")
 invert = _function("invert")
 is_finite = _function("is_finite")
