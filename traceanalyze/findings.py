@@ -25,6 +25,7 @@ Kind = Literal[
     # config
     "gradient_accumulation", "compile_overhead", "recompiles", "dataloader", "launch_bound", "host_bound",
     "host_sync", "step_sync", "host_optimizer", "unexplained_idle",
+    "memory_growth", "memory_near_capacity", "memory_imbalance",
 ]
 CAUSES: tuple[str, ...] = get_args(Cause)
 KINDS: tuple[str, ...] = get_args(Kind)

@@ -674,6 +674,8 @@ def _evidence(con, run_id: int, run: Run, a: _RunAnalyses, facts: dict, gpu, goo
     mode, rank_rows, step_rows, side, coll, link = a.mode, a.rank_rows, a.step_rows, a.side, a.coll, a.link
     prec, comp, loader, launch, idle_rows = a.prec, a.comp, a.loader, a.launch, a.idle_rows
     ranks_model = [_rank_model(r) for r in rank_rows]
+    if good:
+        _add_memory(con, run_id, ranks_model)
     steps_model = [asdict(s) for s in step_rows]
     # the run's step time: median over the counted steps of the longest rank's duration (metrics.steps)
     # ... the compile step (torch.compile in the first step) shown apart: it is no steady step (diagnose)
@@ -714,6 +716,21 @@ def _evidence(con, run_id: int, run: Run, a: _RunAnalyses, facts: dict, gpu, goo
         cur.close()
     ev.unprofiled = side.get("unprofiled")  # the step without the profiler, measured (capture or log)
     return ev, longest, compile_step_us
+
+
+def _add_memory(con, run_id: int, ranks_model: list[dict]) -> None:
+    """Each rank's memory per device (:func:`traceanalyze.metrics.memory.memory_rows`) as ``ranks[j]["memory"]``,
+    only in a run whose traces hold ``[memory]`` events (one indexed query for the others)."""
+    from traceanalyze.metrics import memory
+
+    if not memory.has_memory(con, run_id):
+        return
+    by_rank: dict[int, list[dict]] = {}
+    for row in memory.memory_rows(con, run_id):
+        by_rank.setdefault(row.rank, []).append(row.model())
+    for r in ranks_model:
+        if r.get("rank") in by_rank:
+            r["memory"] = by_rank[r["rank"]]
 
 
 def _run_model(run_id: int, run: Run, role: str, a: _RunAnalyses, ev, facts: dict, by_rank: dict, grouping: list,

@@ -1,4 +1,4 @@
-"""Config rules: torch.compile, the data loader, a launch- or host-bound step, the effective batch."""
+"""Config rules: torch.compile, the data loader, a launch- or host-bound step, the effective batch, memory."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from traceanalyze.diagnose.evidence import (
     step_us,
 )
 from traceanalyze.findings import Finding
-from traceanalyze.fmt import ranges
+from traceanalyze.fmt import fmt_bytes, ranges
 
 MIN_COMPILE_PCT = 10.0  # compile share of a job whose length a log or config states, worth a finding
 MIN_COMPILE_STEADY_STEPS = 100  # without a stated job length: a compile that costs this many steady steps ...
@@ -402,3 +402,147 @@ def rule_effective_batch_single(ev: RunEvidence) -> list[Finding]:
                      + (f", per-device batch {float(pdb):g}" if pdb else "")],
                     "if this recipe came from a single-GPU run, divide gradient_accumulation_steps by the number "
                     "of GPUs to keep its effective batch, or scale the learning rate with the batch")]
+
+
+# --- memory (traces recorded with profile_memory=True: runs[i].ranks[j].memory, traceanalyze.metrics.memory) -------
+MIN_GROWTH_BYTES = 1 << 20  # allocated memory rising by at least this per step (median increment) is a leak
+GROWTH_HIGH_STEPS = 1000  # a leak that fills the GPU within this many more steps is high severity
+NEAR_CAPACITY = 0.95  # a GPU's peak reserved at or above this share of its total memory
+IMBALANCE_RATIO = 1.5  # one rank's peak allocated at or above this × the median rank's
+IMBALANCE_MEDIUM_SHARE = 0.8  # ... medium when that rank's peak reserved is at least this share of its GPU
+MEMORY_KINDS = ("memory_growth", "memory_near_capacity", "memory_imbalance")
+LEAK_ADVICE = ("find what keeps tensors from one step to the next: a list or dict appended to every step (keep "
+               "loss.item(), not the loss tensor), a cache or hook that holds activations, outputs kept with their "
+               "autograd graph (detach them); torch.cuda.memory._record_memory_history() and "
+               "torch.cuda.memory._dump_snapshot() show the stack of each allocation that stays")
+
+
+def _memory_rows(ev: RunEvidence) -> list[dict]:
+    """Every rank's memory rows (one per device), each with its ``rank``."""
+    return [m for r in ev.ranks for m in (r.get("memory") or []) if isinstance(m, dict)]
+
+
+def rule_memory_growth(ev: RunEvidence) -> list[Finding]:
+    """Config, medium (high when the leak fills the GPU within :data:`GROWTH_HIGH_STEPS` more steps): on some rank
+    and device the allocated memory at the end of each profiler step rises every step, by a median of at least
+    :data:`MIN_GROWTH_BYTES` per step. A leak ends in an out-of-memory error, so it is worth a ticket whatever it
+    costs the step (impact 0: it does not slow the step, no what-if prices it). Names the ranks, the bytes per
+    step and the ops whose allocations inside the steps are never freed (``unfreed_ops``)."""
+    grow = [m for m in _memory_rows(ev) if _grows(m)]
+    if not grow:
+        return []
+    grow.sort(key=lambda m: (-m["growth_bytes_per_step"], m["rank"], m["device"]))
+    ranks = sorted({m["rank"] for m in grow})
+    sev = "medium"
+    evidence = []
+    for m in grow[:8]:
+        evidence.append(_growth_line(m))
+        steps_left = _steps_to_full(m)
+        if steps_left is not None:
+            evidence.append(f"rank {m['rank']} {m['device']}: at this rate its {fmt_bytes(m['total_bytes'])} are "
+                            f"full in about {steps_left:,.0f} more steps (peak reserved "
+                            f"{fmt_bytes(m['peak_reserved_bytes'])})")
+            if steps_left <= GROWTH_HIGH_STEPS:
+                sev = "high"
+        if m.get("unfreed_ops"):
+            evidence.append(_unfreed_line(m))
+    top = grow[0]
+    who = f"rank{'s' if len(ranks) > 1 else ''} {ranges(ranks)}"
+    op = f" (allocations of {top['unfreed_ops'][0]['op']} never freed)" if top.get("unfreed_ops") else ""
+    title = (f"Memory grows every step on {who}: +{fmt_bytes(top['growth_bytes_per_step'])} per step on "
+             f"{top['device']}{op}")
+    f = Finding("config", "memory_growth", sev, 0.0, ranks, title, evidence, LEAK_ADVICE,
+                assumption="a leak does not slow the step: it ends the job in an out-of-memory error")
+    return [f]
+
+
+def _grows(m: dict) -> bool:
+    """A device row whose allocated memory rises every step by a median of :data:`MIN_GROWTH_BYTES` or more."""
+    return bool(m.get("rising")) and (m.get("growth_bytes_per_step") or 0) >= MIN_GROWTH_BYTES
+
+
+def _growth_line(m: dict) -> str:
+    pts = m["step_end_allocated"]
+    return (f"rank {m['rank']} {m['device']}: allocated at the end of steps {pts[0][0]}–{pts[-1][0]}: "
+            f"{fmt_bytes(pts[0][1])} → {fmt_bytes(pts[-1][1])}, higher after every step; median increment "
+            f"{fmt_bytes(m['growth_bytes_per_step'])} per step ({m['growth_bytes_per_step']:,.0f} bytes, "
+            f"{len(pts) - 1} increments)")
+
+
+def _unfreed_line(m: dict) -> str:
+    ops = "; ".join(f"{o['op']}: {o['count']} × up to {fmt_bytes(o['largest_bytes'])} = {fmt_bytes(o['bytes'])}"
+                    for o in m["unfreed_ops"][:3])
+    n = m.get("unfreed_steps") or 0
+    per = f" ({fmt_bytes(m['unfreed_bytes'] / n)} per step)" if n else ""
+    return (f"rank {m['rank']} {m['device']}: allocated inside {n} step{'s' if n != 1 else ''} and never freed in "
+            f"the window: {fmt_bytes(m['unfreed_bytes'])}{per}; by op: {ops}")
+
+
+def _steps_to_full(m: dict) -> float | None:
+    """Steps until a growing GPU's reserved memory reaches its total at the median growth; None without a total."""
+    total, reserved, g = m.get("total_bytes"), m.get("peak_reserved_bytes"), m.get("growth_bytes_per_step")
+    if not total or reserved is None or not g or g <= 0:
+        return None
+    return max(0.0, (total - reserved) / g)
+
+
+def rule_memory_near_capacity(ev: RunEvidence) -> list[Finding]:
+    """Config, medium: a GPU's peak reserved memory is at least :data:`NEAR_CAPACITY` of its total memory
+    (``deviceProperties`` ``totalGlobalMem``). The next larger batch, sequence or fragmentation ends in an
+    out-of-memory error, and a caching allocator that must free its cache and retry (``cudaFree``, then
+    ``cudaMalloc``) stalls the step; medium because the trace cannot tell whether it already does."""
+    near = [m for m in _memory_rows(ev) if m.get("total_bytes") and m.get("peak_reserved_bytes") is not None
+            and m["peak_reserved_bytes"] >= NEAR_CAPACITY * m["total_bytes"]]
+    if not near:
+        return []
+    near.sort(key=lambda m: (-m["peak_reserved_bytes"] / m["total_bytes"], m["rank"], m["device"]))
+    ranks = sorted({m["rank"] for m in near})
+    top = near[0]
+    share = 100 * top["peak_reserved_bytes"] / top["total_bytes"]
+    evidence = [f"rank {m['rank']} {m['device']}: peak reserved {fmt_bytes(m['peak_reserved_bytes'])} of "
+                f"{fmt_bytes(m['total_bytes'])} ({100 * m['peak_reserved_bytes'] / m['total_bytes']:.1f}%), "
+                f"peak allocated {fmt_bytes(m['peak_allocated_bytes'])}" for m in near[:8]]
+    return [Finding("config", "memory_near_capacity", "medium", 0.0, ranks,
+                    f"GPU memory is nearly full on rank{'s' if len(ranks) > 1 else ''} {ranges(ranks)}: "
+                    f"{share:.0f}% of {top['device']} reserved at the peak", evidence,
+                    "leave headroom: activation checkpointing, a smaller micro-batch with gradient accumulation, "
+                    "bf16 activations, ZeRO/FSDP sharding of optimizer state; "
+                    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against fragmentation",
+                    assumption="the trace shows how full the GPU is, not whether the allocator already retries")]
+
+
+def rule_memory_imbalance(ev: RunEvidence) -> list[Finding]:
+    """Config, low (medium when that rank's GPU is at least :data:`IMBALANCE_MEDIUM_SHARE` reserved): one rank's
+    peak allocated memory is at least :data:`IMBALANCE_RATIO` × the median rank's (the lower median: a real rank),
+    on the GPUs (on the CPU in a CPU-only run). The largest rank sets the batch every rank can run. A rank whose
+    memory grows every step (:func:`rule_memory_growth`) is left out: its peak is the leak's."""
+    rows = _memory_rows(ev)
+    gpu = [m for m in rows if m["device"].startswith("GPU")]
+    use = gpu or [m for m in rows if m["device"] == "CPU"]
+    peak: dict[int, dict] = {}
+    for m in use:
+        if m.get("peak_allocated_bytes") and (m["rank"] not in peak
+                                              or m["peak_allocated_bytes"] > peak[m["rank"]]["peak_allocated_bytes"]):
+            peak[m["rank"]] = m
+    if len(peak) < 2:
+        return []
+    med = statistics.median_low(m["peak_allocated_bytes"] for m in peak.values())
+    growing = {m["rank"] for m in rows if _grows(m)}
+    high = sorted((m for m in peak.values() if med and m["peak_allocated_bytes"] >= IMBALANCE_RATIO * med
+                   and m["rank"] not in growing), key=lambda m: -m["peak_allocated_bytes"])
+    if not high:
+        return []
+    top = high[0]
+    ranks = sorted(m["rank"] for m in high)
+    full = [m for m in high if m.get("total_bytes") and m.get("peak_reserved_bytes") is not None
+            and m["peak_reserved_bytes"] >= IMBALANCE_MEDIUM_SHARE * m["total_bytes"]]
+    evidence = [f"rank {m['rank']} {m['device']}: peak allocated {fmt_bytes(m['peak_allocated_bytes'])}, "
+                f"{m['peak_allocated_bytes'] / med:.2f}× the median rank's {fmt_bytes(med)}" for m in high[:8]]
+    evidence.append("peak allocated per rank: " + ", ".join(
+        f"{r}: {fmt_bytes(peak[r]['peak_allocated_bytes'])}" for r in sorted(peak)[:16]))
+    return [Finding("config", "memory_imbalance", "medium" if full else "low", 0.0, ranks,
+                    f"Rank {top['rank']} uses {top['peak_allocated_bytes'] / med:.1f}× the memory of the median rank "
+                    f"({fmt_bytes(top['peak_allocated_bytes'])} against {fmt_bytes(med)})", evidence,
+                    "balance what each rank holds: uneven pipeline stages or expert placement, a rank that also "
+                    "evaluates, logs or checkpoints (gathering full tensors), a larger batch or sequence on one rank; "
+                    "the largest rank sets the batch size every rank can run")]

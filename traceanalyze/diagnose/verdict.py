@@ -11,12 +11,16 @@ from dataclasses import replace as dataclasses_replace
 
 from traceanalyze.diagnose.config import (
     COMPILE_FILLS_TITLE,
+    MEMORY_KINDS,
     rule_compile,
     rule_dataloader,
     rule_effective_batch_single,
     rule_host_optimizer,
     rule_host_sync,
     rule_launch_bound,
+    rule_memory_growth,
+    rule_memory_imbalance,
+    rule_memory_near_capacity,
 )
 from traceanalyze.diagnose.evidence import (
     CPU_PRECISION_TICKET_PCT,
@@ -41,7 +45,7 @@ IDLE_EXPLAINERS = ("slow_collectives", "topology", "untraced_ranks", "straggler"
 
 RULES = [rule_exposed_communication, rule_untraced_ranks, rule_straggler, rule_late_entry, rule_idle_rank,
          rule_precision, rule_compile, rule_dataloader, rule_launch_bound, rule_effective_batch_single, rule_host_sync,
-         rule_host_optimizer]
+         rule_host_optimizer, rule_memory_growth, rule_memory_near_capacity, rule_memory_imbalance]
 # A specific cause ranks above the general findings it explains, which are then its symptoms: kind -> (the kinds it
 # explains, the share of a symptom's impact its own impact must exceed). A blocking call the GPU idles in makes
 # the other ranks wait in their collectives (and its rank look slow).
@@ -162,6 +166,7 @@ WHATIF_OF_KIND: dict[str, tuple[str | None, str]] = {
     "step_sync": ("no_host_sync", ""),
     "host_optimizer": (None, "no scenario models a fused (foreach) optimizer"),
     "unexplained_idle": (None, "no rule names the cause of this idle time, so no scenario removes it"),
+    **dict.fromkeys(MEMORY_KINDS, (None, "memory use does not set the step time: no scenario models it")),
 }
 KIND_TO_SCENARIO = {k: sc for k, (sc, _) in WHATIF_OF_KIND.items() if sc is not None}
 # A scenario that prices a kind's fix more fully where the replay offers it: the finding's advice then names that fix.
@@ -388,7 +393,15 @@ def _waiting_text(findings: list[Finding], runs: list[RunEvidence] | None) -> st
 
 
 def _verdict_body(findings: list[Finding], runs: list[RunEvidence] | None, partial: bool) -> str:
-    """The verdict after its ``Partial:`` prefix (:func:`verdict`)."""
+    """The verdict after its ``Partial:`` prefix (:func:`verdict`), and the first memory finding of medium or high
+    severity after it (memory does not slow the step: it never is the main cause)."""
+    mem = next((f for f in findings if f.kind in MEMORY_KINDS and f.severity in ("high", "medium")), None)
+    body = _slowdown_text([f for f in findings if f.kind not in MEMORY_KINDS], runs, partial)
+    return body if mem is None else f"{body} Also: {mem.title}."
+
+
+def _slowdown_text(findings: list[Finding], runs: list[RunEvidence] | None, partial: bool) -> str:
+    """What slows the run: the verdict without its prefix and its memory note."""
     top = [f for f in findings if f.severity in ("high", "medium")]
     waits = None if top else _waiting_text(findings, runs)
     if waits is not None:

@@ -1,0 +1,218 @@
+"""Memory per rank and device, from the allocator's ``[memory]`` events (traces recorded with
+``profile_memory=True``; table ``memory_events``).
+
+Per rank and device (``"CPU"``, ``"GPU 0"``, ...), over every profiling window of the rank:
+
+- **peak allocated / peak reserved** (bytes): the largest ``Total Allocated`` / ``Total Reserved`` any event of
+  the window carries. On the CPU the counts start at the profiler's start (PyTorch warns "Memory block of unknown
+  size was allocated before the profiling started"): CPU figures are what was allocated *while profiling*, and
+  the CPU allocator reserves nothing (its reserved peak is None). GPU figures are the caching allocator's own
+  totals, memory allocated before the profiler started included.
+- **allocated at each step's end** (bytes): ``Total Allocated`` of the device's last event at or before the end of
+  each ``ProfilerStep#N`` (every step of the window, its last one included); ``growth_bytes_per_step`` is the
+  median of the step-to-step increments and ``rising`` says whether every increment is positive (at least
+  :data:`MIN_GROWTH_STEPS` steps).
+- **largest allocations by op**: each allocation (``Bytes`` > 0) belongs to the innermost ``cpu_op`` enclosing
+  its timestamp on its thread (``"(no op)"`` outside any); per op the allocations, their bytes and the largest.
+- **not freed**: allocations inside the window's steps (its last step left out: what it allocates may be freed
+  after the window ends) whose address is not freed before it is allocated again or the window ends, by op.
+
+Only runs with ``memory_events`` rows get here (:func:`has_memory`): a trace without them costs one indexed query.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+
+import duckdb
+
+from traceanalyze.limits import MAX_MEMORY_BYTES
+from traceanalyze.store import header_dict
+
+MIN_GROWTH_STEPS = 3  # steps with an allocated value at their end before growth is judged (2 increments)
+TOP_OPS = 5  # ops listed per rank and device (largest allocations, and allocations not freed)
+NO_OP = "(no op)"
+
+
+@dataclass
+class MemoryRow:
+    """Memory of one rank on one device. Bytes throughout; ``step_end_allocated`` is ``[[step, bytes], ...]``;
+    ``top_ops`` / ``unfreed_ops`` are ``[{"op", "count", "bytes", "largest_bytes"}, ...]``, most bytes first."""
+
+    rank: int
+    device: str  # "CPU" | "GPU <index>"
+    n_events: int
+    peak_allocated_bytes: int | None
+    peak_reserved_bytes: int | None  # None on the CPU (its allocator reserves nothing)
+    total_bytes: int | None = None  # the GPU's totalGlobalMem from the trace header; None when unknown or CPU
+    step_end_allocated: list = field(default_factory=list)
+    growth_bytes_per_step: float | None = None  # median increment of step_end_allocated (bytes per step)
+    rising: bool = False  # every increment > 0, over at least MIN_GROWTH_STEPS steps
+    top_ops: list = field(default_factory=list)
+    unfreed_ops: list = field(default_factory=list)
+    unfreed_bytes: int = 0  # allocated inside the steps (not the last) and never freed in the window
+    unfreed_steps: int = 0  # the steps those allocations were counted over
+
+    def model(self) -> dict:
+        """The row as the report model's ``runs[i].ranks[j].memory[k]`` (docs/schema.md)."""
+        return asdict(self)
+
+
+_FILES = "SELECT file_id, rank FROM files WHERE run_id = $run_id AND status <> 'error' AND rank IS NOT NULL"
+_DEVICE = "CASE WHEN m.device_type = 0 THEN 'CPU' WHEN m.device_type = 1 THEN 'GPU ' || m.device_id " \
+          "ELSE 'device ' || m.device_type || ':' || m.device_id END"
+
+
+def has_memory(con: duckdb.DuckDBPyConnection, run_id: int) -> bool:
+    """Whether any file of the run holds ``[memory]`` events."""
+    return con.execute(f"SELECT 1 FROM memory_events WHERE file_id IN (SELECT file_id FROM ({_FILES})) LIMIT 1",
+                       {"run_id": run_id}).fetchone() is not None
+
+
+def memory_rows(con: duckdb.DuckDBPyConnection, run_id: int) -> list[MemoryRow]:
+    """Every rank's memory per device (see the module), ordered by rank and device; [] without memory events."""
+    peaks = con.execute(f"""
+        SELECT f.rank, {_DEVICE} AS device, count(*), max(m.total_allocated), max(m.total_reserved),
+               any_value(m.file_id), any_value(m.device_id)
+        FROM memory_events m JOIN ({_FILES}) f USING (file_id)
+        GROUP BY ALL ORDER BY f.rank, device""", {"run_id": run_id}).fetchall()
+    rows = {}
+    for rank, device, n, alloc, reserved, file_id, device_id in peaks:
+        cpu = device == "CPU"
+        rows[(rank, device)] = MemoryRow(
+            rank=rank, device=device, n_events=n, peak_allocated_bytes=alloc,
+            peak_reserved_bytes=None if cpu and not reserved else reserved,
+            total_bytes=None if cpu else gpu_total_bytes(con, file_id, device_id))
+    for rank, device, step, alloc in _step_ends(con, run_id):
+        if (rank, device) in rows and alloc is not None:
+            rows[(rank, device)].step_end_allocated.append([step, alloc])
+    for r in rows.values():
+        _growth(r)
+    ops = _ops(con, run_id)
+    for (rank, device), (top, unfreed, n_steps) in ops.items():
+        if (rank, device) in rows:
+            r = rows[(rank, device)]
+            r.top_ops, r.unfreed_steps = top, n_steps
+            r.unfreed_ops = unfreed
+            r.unfreed_bytes = sum(o["bytes"] for o in unfreed)
+    for r in rows.values():
+        r.unfreed_ops = r.unfreed_ops[:TOP_OPS]
+    return list(rows.values())
+
+
+def gpu_total_bytes(con: duckdb.DuckDBPyConnection, file_id: int, device_id: int | None) -> int | None:
+    """``totalGlobalMem`` (bytes) of GPU ``device_id`` in the file's ``deviceProperties``; None when the header
+    has none, or a value that is not an integer in (0, MAX_MEMORY_BYTES]."""
+    row = con.execute("SELECT header FROM files WHERE file_id = ?", [file_id]).fetchone()
+    props = header_dict(row[0] if row else None).get("deviceProperties")
+    if not isinstance(props, list):
+        return None
+    for p in props[:1024]:
+        if isinstance(p, dict) and p.get("id") == device_id:
+            v = p.get("totalGlobalMem")
+            return v if type(v) is int and 0 < v <= MAX_MEMORY_BYTES else None
+    return None
+
+
+def _step_ends(con: duckdb.DuckDBPyConnection, run_id: int) -> list[tuple]:
+    """``(rank, device, step, allocated bytes)`` at each profiler step's end, per device of the step's file."""
+    return con.execute(f"""
+        WITH s AS (SELECT file_id, rank, step, end_ns FROM profiler_steps($run_id)),
+        d AS (SELECT DISTINCT file_id, device_type, device_id FROM memory_events
+              WHERE file_id IN (SELECT file_id FROM s)),
+        sd AS (SELECT s.*, d.device_type, d.device_id FROM s JOIN d USING (file_id)),
+        m AS (SELECT file_id, device_type, device_id, ts_ns, total_allocated FROM memory_events
+              WHERE file_id IN (SELECT file_id FROM s))
+        SELECT sd.rank, {_DEVICE.replace("m.", "sd.")} AS device, sd.step, arg_max(m.total_allocated, m.ts_ns)
+        FROM sd ASOF JOIN m ON sd.file_id = m.file_id AND sd.device_type IS NOT DISTINCT FROM m.device_type
+             AND sd.device_id IS NOT DISTINCT FROM m.device_id AND sd.end_ns >= m.ts_ns
+        GROUP BY ALL ORDER BY sd.rank, device, sd.step""", {"run_id": run_id}).fetchall()
+
+
+def _growth(r: MemoryRow) -> None:
+    """``growth_bytes_per_step`` and ``rising`` of a row from its allocated memory at the steps' ends."""
+    vals = [b for _, b in sorted(r.step_end_allocated)]
+    if len(vals) < 2:
+        return
+    inc = [b - a for a, b in zip(vals, vals[1:], strict=False)]
+    r.growth_bytes_per_step = float(statistics.median(inc))
+    r.rising = len(vals) >= MIN_GROWTH_STEPS and all(d > 0 for d in inc)
+
+
+_ALLOCS = f"""
+WITH f AS ({_FILES}),
+ev AS (
+    SELECT m.file_id, f.rank, {_DEVICE} AS device, m.pid, m.tid, m.ts_ns, m.bytes,
+           lead(m.bytes) OVER (PARTITION BY m.file_id, m.device_type, m.device_id, m.addr
+                               ORDER BY m.ts_ns, m.bytes DESC) AS next_bytes
+    FROM memory_events m JOIN f USING (file_id)),
+st AS (SELECT file_id, start_ns, end_ns FROM profiler_steps($run_id) WHERE NOT window_edge)
+SELECT ev.file_id, ev.rank, ev.device, ev.pid, ev.tid, ev.ts_ns, ev.bytes,
+       coalesce(ev.next_bytes >= 0, true) AS unfreed,
+       EXISTS (SELECT 1 FROM st WHERE st.file_id = ev.file_id AND ev.ts_ns BETWEEN st.start_ns AND st.end_ns)
+           AS in_step
+FROM ev WHERE ev.bytes > 0
+ORDER BY ev.file_id, ev.pid, ev.tid, ev.ts_ns
+"""
+
+
+def _ops(con: duckdb.DuckDBPyConnection, run_id: int) -> dict[tuple[int, str], tuple[list, list, int]]:
+    """Per (rank, device): the top ops by bytes allocated, the ops of the allocations inside the steps never
+    freed (both most bytes first), and the number of steps those were counted over."""
+    allocs = con.execute(_ALLOCS, {"run_id": run_id}).fetchall()
+    n_steps = dict(con.execute("SELECT rank, count(*) FROM profiler_steps($run_id) WHERE NOT window_edge "
+                               "GROUP BY rank", {"run_id": run_id}).fetchall())
+    owners = _innermost_ops(con, allocs)
+    top: dict[tuple, dict[str, list[int]]] = {}
+    unfreed: dict[tuple, dict[str, list[int]]] = {}
+    for a, op in zip(allocs, owners, strict=True):
+        key = (a[1], a[2])
+        _tally(top.setdefault(key, {}), op, a[6])
+        if a[7] and a[8]:
+            _tally(unfreed.setdefault(key, {}), op, a[6])
+    return {k: (_ranked(v)[:TOP_OPS], _ranked(unfreed.get(k, {})), n_steps.get(k[0], 0)) for k, v in top.items()}
+
+
+def _tally(acc: dict[str, list[int]], op: str, nbytes: int) -> None:
+    t = acc.setdefault(op, [0, 0, 0])
+    t[0] += 1
+    t[1] += nbytes
+    t[2] = max(t[2], nbytes)
+
+
+def _ranked(acc: dict[str, list[int]]) -> list[dict]:
+    return [{"op": op, "count": c, "bytes": b, "largest_bytes": big}
+            for op, (c, b, big) in sorted(acc.items(), key=lambda kv: (-kv[1][1], kv[0]))]
+
+
+def _innermost_ops(con: duckdb.DuckDBPyConnection, allocs: list[tuple]) -> list[str]:
+    """The name of the innermost ``cpu_op`` enclosing each allocation (rows of :data:`_ALLOCS`, sorted by file,
+    thread and time) on its thread; :data:`NO_OP` outside any. One sweep per thread with a stack of open ops."""
+    threads = sorted({(a[0], a[3], a[4]) for a in allocs})
+    ops: dict[tuple, list] = {}
+    if threads:
+        con.execute("CREATE OR REPLACE TEMP TABLE _mem_threads (file_id INTEGER, pid BIGINT, tid BIGINT)")
+        con.executemany("INSERT INTO _mem_threads VALUES (?, ?, ?)", threads)
+        for fid, pid, tid, ts, end, name in con.execute("""
+                SELECT o.file_id, o.pid, o.tid, o.ts_ns, o.ts_ns + o.dur_ns, o.name
+                FROM cpu_ops o JOIN _mem_threads t USING (file_id, pid, tid)
+                WHERE o.cat = 'cpu_op' ORDER BY o.file_id, o.pid, o.tid, o.ts_ns, o.dur_ns DESC""").fetchall():
+            ops.setdefault((fid, pid, tid), []).append((ts, end, name))
+        con.execute("DROP TABLE _mem_threads")
+    out: list[str] = []
+    key, stack, todo, i = None, [], [], 0
+    for a in allocs:
+        if (a[0], a[3], a[4]) != key:
+            key = (a[0], a[3], a[4])
+            stack, todo, i = [], ops.get(key, []), 0
+        t = a[5]
+        while i < len(todo) and todo[i][0] <= t:  # open every op that starts by now, innermost last
+            while stack and stack[-1][1] < todo[i][0]:
+                stack.pop()
+            stack.append(todo[i])
+            i += 1
+        while stack and stack[-1][1] < t:  # close the ops that ended before the allocation
+            stack.pop()
+        out.append(str(stack[-1][2]) if stack else NO_OP)
+    return out
