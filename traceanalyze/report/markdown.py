@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from traceanalyze.fmt import basename, finite, fmt_float, fmt_int, fmt_ms, fmt_pct, fmt_signed_ms, text
+from traceanalyze.fmt import basename, finite, fmt_bytes, fmt_float, fmt_int, fmt_ms, fmt_pct, fmt_signed_ms, text
 from traceanalyze.report import charts
 from traceanalyze.report.model import (
     as_dict,
@@ -17,6 +17,7 @@ from traceanalyze.report.model import (
     comparison,
     confidence_view,
     mean,
+    memory_view,
     partial_view,
     per_step_medians,
     sorted_findings,
@@ -176,7 +177,27 @@ def _run_md(run: dict, findings: list[dict]) -> list[str]:
                       f"{fmt_pct(mean(r.get('non_compute_pct') for r in ranks))} %.", ""]
     if not ranks:
         return out + ["No rank could be read.", ""]
-    return out + _rank_table_md(run, ranks, findings) + replay_markdown(run)
+    return out + _rank_table_md(run, ranks, findings) + _memory_md(run) + replay_markdown(run)
+
+
+def _memory_md(run: dict) -> list[str]:
+    """The memory table (:func:`~traceanalyze.report.model.memory_view`), at most :data:`MD_MAX_RANKS` rows."""
+    mv = memory_view(run)
+    if mv is None:
+        return []
+    out = ["| rank | device | peak allocated | peak reserved | device memory | growth per step | not freed in steps |",
+           "|--:|:--|--:|--:|--:|--:|:--|"]
+    for d in mv["rows"][:MD_MAX_RANKS]:
+        un = d["unfreed_op"]
+        out.append(f"| {_md(d['rank'])} | {_md(d['device'])} | {fmt_bytes(d['peak_allocated_bytes'])} | "
+                   f"{fmt_bytes(d['peak_reserved_bytes'])} | {fmt_bytes(d['total_bytes'])} | "
+                   f"{fmt_bytes(d['growth_bytes_per_step'])}{' (every step)' if d['rising'] else ''} | "
+                   f"{_md(un['op']) + ' ' + fmt_bytes(un['bytes']) if un else '—'} |")
+    more = len(mv["rows"]) - MD_MAX_RANKS + mv["more"]
+    if more > 0:
+        out.append(f"| … | {more} more rows in the JSON report | | | | | |")
+    return out + ["", "Memory from the allocator's [memory] events: growth per step is the median increase of the "
+                  "memory allocated at each profiler step's end; on the CPU the counts start with the profiler.", ""]
 
 
 def _rank_table_md(run: dict, ranks: list[dict], findings: list[dict]) -> list[str]:

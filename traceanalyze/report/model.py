@@ -20,6 +20,7 @@ from traceanalyze.report.replay import confidence_view, replay_view  # confidenc
 MAX_STEP_ROWS = 40
 MAX_STEP_COLS = 16
 MAX_FILE_ROWS = 256
+MAX_MEMORY_ROWS = 64  # rows of the memory table (rank × device, the growing ranks first); the rest counted
 MAX_HOST_ROWS = 12  # rows of each host table (top CPU ops, blocking calls: the most GPU idle first)
 SLOW_STEP_FRAC = 0.05  # a rank's step is marked slow when it is this much above the step's median across ranks
 OUTLIER_POINTS = 15.0  # a rank whose compute % or idle % is this many points off the run's median is flagged
@@ -523,6 +524,38 @@ def _run_tables(run: dict, ranks: list[dict], mode: str | None) -> dict:
     }
 
 
+def memory_view(run: dict) -> dict | None:
+    """The memory table (``runs[i].ranks[j].memory``, traces recorded with ``profile_memory=True``): one row per rank
+    and device, the rows whose memory rises every step first, at most :data:`MAX_MEMORY_ROWS`; None without any.
+    Each row: ``rank, device`` (text), the byte figures, ``first_end``/``last_end`` (``[step, bytes]`` of the first
+    and last step's end, or None), ``top_op``/``unfreed_op`` (``{"op", "bytes"}`` or None)."""
+    rows = []
+    for r in as_list(run.get("ranks")):
+        if not isinstance(r, dict):
+            continue
+        for m in as_list(r.get("memory")):
+            if isinstance(m, dict):
+                rows.append(_memory_row(m))
+    if not rows:
+        return None
+    rows.sort(key=lambda d: (not d["rising"], str(d["rank"]).zfill(8), d["device"]))
+    return {"rows": rows[:MAX_MEMORY_ROWS], "more": max(0, len(rows) - MAX_MEMORY_ROWS)}
+
+
+def _memory_row(m: dict) -> dict:
+    ends = [e for e in as_list(m.get("step_end_allocated")) if isinstance(e, list) and len(e) == 2]
+
+    def op(key: str) -> dict | None:
+        first = next((o for o in as_list(m.get(key)) if isinstance(o, dict)), None)
+        return None if first is None else {"op": text(first.get("op")), "bytes": finite(first.get("bytes"))}
+
+    return {"rank": text(m.get("rank")), "device": text(m.get("device")), "rising": m.get("rising") is True,
+            **{k: finite(m.get(k)) for k in ("peak_allocated_bytes", "peak_reserved_bytes", "total_bytes",
+                                             "growth_bytes_per_step", "unfreed_bytes")},
+            "first_end": ends[0] if ends else None, "last_end": ends[-1] if len(ends) > 1 else None,
+            "top_op": op("top_ops"), "unfreed_op": op("unfreed_ops")}
+
+
 def host_view(run: dict) -> dict | None:
     """The host side of a GPU run's steady steps (``runs[i].host``): the top CPU ops and the blocking CUDA calls
     (names as text), each at most :data:`MAX_HOST_ROWS` rows; None without either."""
@@ -580,6 +613,7 @@ def run_view(run: dict, findings: list[dict], idx: int = 1) -> dict:
         "step_time_us": run.get("step_time_us"),
         "profiler_overhead": as_dict(run.get("profiler_overhead")) or None,
         "host": host_view(run),
+        "memory": memory_view(run),
         "mean_idle": mean(r.get("idle_pct") for r in ranks),
         "mean_compute": mean(r.get("compute_pct") for r in ranks),
         "mean_non_compute": mean(r.get("non_compute_pct") for r in ranks),
