@@ -8,9 +8,9 @@ from pathlib import Path
 
 
 def write_trace(path: Path, rank: int, events: list[dict], *, world_size: int = 2, backend: str = "gloo",
-                base_ns: int = 1_700_000_000_000_000_000) -> Path:
+                base_ns: int = 1_700_000_000_000_000_000, device_properties: list | None = None) -> Path:
     """Write a new-schema Kineto trace (relative ``ts`` in µs, ``baseTimeNanoseconds``) for ``rank``."""
-    doc = {"schemaVersion": 1, "deviceProperties": [], "record_shapes": 1,
+    doc = {"schemaVersion": 1, "deviceProperties": device_properties or [], "record_shapes": 1,
            "distributedInfo": {"backend": backend, "rank": rank, "world_size": world_size},
            "baseTimeNanoseconds": base_ns, "traceEvents": events}
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -23,6 +23,15 @@ def write_trace(path: Path, rank: int, events: list[dict], *, world_size: int = 
 def x(cat: str, name: str, ts: float, dur: float, pid: int = 1, tid: int = 1, **args) -> dict:
     """One complete (``ph: X``) event."""
     return {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": ts, "dur": dur, "args": args}
+
+
+def mem(ts: float, nbytes: int, allocated: int, reserved: int, addr: int, *, device_type: int = 1,
+        device_id: int = 0, pid: int = 1, tid: int = 1) -> dict:
+    """One allocator ``[memory]`` instant (profile_memory=True): ``nbytes`` > 0 allocates at ``addr``, < 0 frees;
+    ``allocated``/``reserved`` are the device's totals after it (bytes)."""
+    return {"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": pid, "tid": tid, "ts": ts,
+            "args": {"Total Reserved": reserved, "Total Allocated": allocated, "Bytes": nbytes,
+                     "Device Id": device_id, "Device Type": device_type, "Addr": addr, "finished": False}}
 
 
 def kernel(name: str, ts: float, dur: float, stream: int, corr: int, launch_ts: float) -> list[dict]:
