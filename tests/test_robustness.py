@@ -537,6 +537,12 @@ def test_whitespace_bomb_stops_at_the_event_bound(tmp_path, monkeypatch):
 # ---------------------------------------------------------------------------------------------------------
 # Property: a mutated trace parses or raises InputError, never anything else
 
+# an allocator [memory] instant (profile_memory=True), mutated with the rest
+_MEMORY_EVENT = {"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": 1, "tid": 1, "ts": 10.5,
+                 "args": {"Total Reserved": 2097152, "Total Allocated": 4096, "Bytes": 4096, "Device Id": 0,
+                          "Device Type": 1, "Addr": 139961378537472}}
+
+
 def _fuzz_base() -> bytes:
     rel = Path("hta", "trace_filter", "sampled_rank-0.json.gz")
     src = VENDORED / rel if (VENDORED / rel).exists() else REAL / rel
@@ -551,10 +557,10 @@ def _fuzz_base() -> bytes:
             e, i = dec.raw_decode(text, i)
             evs.append(e)
         header = json.loads(text[: text.index('"traceEvents"')].rstrip().rstrip(",") + "}")
-        return json.dumps({**header, "traceEvents": evs}, indent=1).encode()
+        return json.dumps({**header, "traceEvents": evs + [_MEMORY_EVENT]}, indent=1).encode()
     return json.dumps({"schemaVersion": 1, "distributedInfo": {"rank": 0, "world_size": 2},
                        "traceEvents": events(3) + [{"ph": "M", "name": "thread_name", "pid": 0, "tid": 7,
-                                                    "args": {"name": "stream 7"}}],
+                                                    "args": {"name": "stream 7"}}, _MEMORY_EVENT],
                        "baseTimeNanoseconds": 1_700_000_000_000_000_000}, indent=1).encode()
 
 
@@ -600,7 +606,7 @@ def test_mutated_trace_parses_or_raises_input_error(tmp_path, case):
     except InputError as exc:
         assert str(exc).startswith(str(p)) and "\n" not in str(exc)
         return
-    assert set(tables) == {"kernels", "cpu_ops", "comm_events", "threads", "cuda_syncs"}
+    assert set(tables) == {"kernels", "cpu_ops", "comm_events", "threads", "cuda_syncs", "memory_events"}
     assert info.partial in (True, False)
 
 

@@ -10,7 +10,7 @@ from tests.conftest import SAMPLES, sample
 from traceanalyze.pipeline import analyze
 
 SCENARIOS = ["healthy", "straggler", "precision_fp32", "precision_bf16", "compile_cold", "compile_warm",
-             "dataloader_bound", "slow_interconnect", "fast_interconnect"]
+             "dataloader_bound", "slow_interconnect", "fast_interconnect", "memory_growth"]
 
 
 @pytest.mark.parametrize("name", SCENARIOS)

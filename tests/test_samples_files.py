@@ -27,6 +27,7 @@ SCENARIOS = [
     "slow_interconnect",
     "fast_interconnect",
     "dataloader_bound",
+    "memory_growth",
 ]
 REQUIRED_KEYS = {
     "scenario",
