@@ -527,9 +527,10 @@ class _Columns:
         self.pending: list = []  # X events of a kept category, not yet converted
         self.instants = _INSTANTS[0]  # instants decoded in this process before the events given to add()
         self.memory_dropped = 0  # [memory] events without a usable ts or Bytes (README, Safety)
+        self.mem_pending: list = []  # [memory] instants, not yet converted (in batches, as the X events)
 
     def __len__(self) -> int:
-        return self.rows + len(self.pending)
+        return self.rows + len(self.pending) + len(self.mem_pending)
 
     def add(self, events: list) -> None:
         """Take decoded events (any phase; only X and M events are kept)."""
@@ -545,14 +546,17 @@ class _Columns:
             self._add_m(m)
         if _INSTANTS[0] != self.instants:  # only runs that hold an instant are searched for [memory] events
             self.instants = _INSTANTS[0]
-            mem = [e for e in events if e.ph == "i" and e.name == "[memory]"]
-            if mem:
-                self._add_memory(mem)
+            self.mem_pending += [e for e in events if type(e) is _IEvent and e.name == "[memory]"]  # type: 3x ph
+            if len(self.mem_pending) >= self.BATCH_ROWS:
+                self._add_memory()
 
-    def _add_memory(self, events: list) -> None:
+    def _add_memory(self) -> None:
         """The allocator's ``[memory]`` instants into ``memory_events``. An event without a finite ts in range or
         without an integer ``Bytes`` of at most :data:`MAX_MEMORY_BYTES` is dropped and counted; a total out of
         [0, MAX_MEMORY_BYTES], a device beyond :data:`MAX_DEVICE_INDEX` or an address beyond int64 becomes null."""
+        events, self.mem_pending = self.mem_pending, []
+        if not events:
+            return
         args = [e.args or _NO_MEM_ARGS for e in events]
         ts = _arr([e.ts for e in events], pa.float64())
         nbytes = _arr([a.nbytes for a in args], pa.int64())
@@ -598,6 +602,7 @@ class _Columns:
 
     def convert(self) -> None:
         """Convert the pending events to Arrow tables."""
+        self._add_memory()
         ev, self.pending = self.pending, []
         if not ev:
             return

@@ -140,79 +140,63 @@ def _growth(r: MemoryRow) -> None:
     r.rising = len(vals) >= MIN_GROWTH_STEPS and all(d > 0 for d in inc)
 
 
+# Each allocation's innermost enclosing cpu_op, in one ASOF join instead of a sweep in Python: the ops' starts and
+# ends (end + 1 ns: an op still holds the instant it ends at) are boundaries on their thread, ordered by time (at
+# one instant: ends first, then starts, the outer op first); the running sum of +1 at a start and -1 at an end is
+# the nesting depth after each boundary. The innermost op after a boundary is the op that started last at that
+# depth (a start: its own op; an end at depth d: the enclosing op that opened at depth d; none at depth 0). An
+# allocation lies in the innermost op after the last boundary at or before it (NO_OP without one). Then the steps:
+# an allocation lies in the step that started last before it, if that step has not ended; its address freed next
+# (the next event at the address frees it) or not: unfreed.
 _ALLOCS = f"""
 WITH f AS ({_FILES}),
+th AS (SELECT DISTINCT file_id, pid, tid FROM memory_events WHERE file_id IN (SELECT file_id FROM f) AND bytes > 0),
+ops AS (SELECT o.file_id, o.pid, o.tid, o.ts_ns, o.ts_ns + o.dur_ns + 1 AS end_ns, o.dur_ns, o.name
+        FROM cpu_ops o SEMI JOIN th ON o.file_id = th.file_id AND o.pid = th.pid AND o.tid = th.tid
+        WHERE o.cat = 'cpu_op'),
+b AS (SELECT file_id, pid, tid, ts_ns AS t, 1 AS k, dur_ns, 1 AS delta, name FROM ops
+      UNION ALL SELECT file_id, pid, tid, end_ns, 0, dur_ns, -1, NULL FROM ops),
+d AS (SELECT *, sum(delta) OVER w AS depth, row_number() OVER w AS seq FROM b
+      WINDOW w AS (PARTITION BY file_id, pid, tid ORDER BY t, k, dur_ns DESC ROWS UNBOUNDED PRECEDING)),
+inner_op AS (SELECT file_id, pid, tid, t, seq,
+                    last_value(name IGNORE NULLS) OVER (PARTITION BY file_id, pid, tid, depth ORDER BY seq
+                                                        ROWS UNBOUNDED PRECEDING) AS op
+             FROM d),
+at_t AS (SELECT file_id, pid, tid, t, arg_max(op, seq) AS op FROM inner_op GROUP BY ALL),
 ev AS (
     SELECT m.file_id, f.rank, {_DEVICE} AS device, m.pid, m.tid, m.ts_ns, m.bytes,
            lead(m.bytes) OVER (PARTITION BY m.file_id, m.device_type, m.device_id, m.addr
                                ORDER BY m.ts_ns, m.bytes DESC) AS next_bytes
     FROM memory_events m JOIN f USING (file_id)),
-st AS (SELECT file_id, start_ns, end_ns FROM profiler_steps($run_id) WHERE NOT window_edge)
-SELECT ev.file_id, ev.rank, ev.device, ev.pid, ev.tid, ev.ts_ns, ev.bytes,
-       coalesce(ev.next_bytes >= 0, true) AS unfreed,
-       EXISTS (SELECT 1 FROM st WHERE st.file_id = ev.file_id AND ev.ts_ns BETWEEN st.start_ns AND st.end_ns)
-           AS in_step
-FROM ev WHERE ev.bytes > 0
-ORDER BY ev.file_id, ev.pid, ev.tid, ev.ts_ns
+a AS (SELECT * FROM ev WHERE bytes > 0),
+a2 AS (SELECT a.*, at_t.op FROM a ASOF LEFT JOIN at_t
+       ON a.file_id = at_t.file_id AND a.pid = at_t.pid AND a.tid = at_t.tid AND a.ts_ns >= at_t.t),
+st AS (SELECT file_id, start_ns, end_ns FROM profiler_steps($run_id) WHERE NOT window_edge),
+a3 AS (SELECT a2.*, coalesce(a2.next_bytes >= 0, true) AND a2.ts_ns <= st.end_ns AS kept
+       FROM a2 ASOF LEFT JOIN st ON a2.file_id = st.file_id AND a2.ts_ns >= st.start_ns)
+SELECT rank, device, coalesce(CAST(op AS VARCHAR), '{NO_OP}') AS op,
+       count(*), sum(bytes), max(bytes),
+       count(*) FILTER (WHERE kept), sum(bytes) FILTER (WHERE kept), max(bytes) FILTER (WHERE kept)
+FROM a3 GROUP BY ALL
 """
 
 
 def _ops(con: duckdb.DuckDBPyConnection, run_id: int) -> dict[tuple[int, str], tuple[list, list, int]]:
     """Per (rank, device): the top ops by bytes allocated, the ops of the allocations inside the steps never
     freed (both most bytes first), and the number of steps those were counted over."""
-    allocs = con.execute(_ALLOCS, {"run_id": run_id}).fetchall()
     n_steps = dict(con.execute("SELECT rank, count(*) FROM profiler_steps($run_id) WHERE NOT window_edge "
                                "GROUP BY rank", {"run_id": run_id}).fetchall())
-    owners = _innermost_ops(con, allocs)
-    top: dict[tuple, dict[str, list[int]]] = {}
-    unfreed: dict[tuple, dict[str, list[int]]] = {}
-    for a, op in zip(allocs, owners, strict=True):
-        key = (a[1], a[2])
-        _tally(top.setdefault(key, {}), op, a[6])
-        if a[7] and a[8]:
-            _tally(unfreed.setdefault(key, {}), op, a[6])
-    return {k: (_ranked(v)[:TOP_OPS], _ranked(unfreed.get(k, {})), n_steps.get(k[0], 0)) for k, v in top.items()}
+    top: dict[tuple, list[dict]] = {}
+    unfreed: dict[tuple, list[dict]] = {}
+    for rank, device, op, n, nbytes, big, n_kept, kept_bytes, kept_big in con.execute(
+            _ALLOCS, {"run_id": run_id}).fetchall():
+        top.setdefault((rank, device), []).append({"op": op, "count": n, "bytes": int(nbytes),
+                                                   "largest_bytes": big})
+        if n_kept:
+            unfreed.setdefault((rank, device), []).append({"op": op, "count": n_kept, "bytes": int(kept_bytes),
+                                                           "largest_bytes": kept_big})
+    return {k: (_ranked(v)[:TOP_OPS], _ranked(unfreed.get(k, [])), n_steps.get(k[0], 0)) for k, v in top.items()}
 
 
-def _tally(acc: dict[str, list[int]], op: str, nbytes: int) -> None:
-    t = acc.setdefault(op, [0, 0, 0])
-    t[0] += 1
-    t[1] += nbytes
-    t[2] = max(t[2], nbytes)
-
-
-def _ranked(acc: dict[str, list[int]]) -> list[dict]:
-    return [{"op": op, "count": c, "bytes": b, "largest_bytes": big}
-            for op, (c, b, big) in sorted(acc.items(), key=lambda kv: (-kv[1][1], kv[0]))]
-
-
-def _innermost_ops(con: duckdb.DuckDBPyConnection, allocs: list[tuple]) -> list[str]:
-    """The name of the innermost ``cpu_op`` enclosing each allocation (rows of :data:`_ALLOCS`, sorted by file,
-    thread and time) on its thread; :data:`NO_OP` outside any. One sweep per thread with a stack of open ops."""
-    threads = sorted({(a[0], a[3], a[4]) for a in allocs})
-    ops: dict[tuple, list] = {}
-    if threads:
-        con.execute("CREATE OR REPLACE TEMP TABLE _mem_threads (file_id INTEGER, pid BIGINT, tid BIGINT)")
-        con.executemany("INSERT INTO _mem_threads VALUES (?, ?, ?)", threads)
-        for fid, pid, tid, ts, end, name in con.execute("""
-                SELECT o.file_id, o.pid, o.tid, o.ts_ns, o.ts_ns + o.dur_ns, o.name
-                FROM cpu_ops o JOIN _mem_threads t USING (file_id, pid, tid)
-                WHERE o.cat = 'cpu_op' ORDER BY o.file_id, o.pid, o.tid, o.ts_ns, o.dur_ns DESC""").fetchall():
-            ops.setdefault((fid, pid, tid), []).append((ts, end, name))
-        con.execute("DROP TABLE _mem_threads")
-    out: list[str] = []
-    key, stack, todo, i = None, [], [], 0
-    for a in allocs:
-        if (a[0], a[3], a[4]) != key:
-            key = (a[0], a[3], a[4])
-            stack, todo, i = [], ops.get(key, []), 0
-        t = a[5]
-        while i < len(todo) and todo[i][0] <= t:  # open every op that starts by now, innermost last
-            while stack and stack[-1][1] < todo[i][0]:
-                stack.pop()
-            stack.append(todo[i])
-            i += 1
-        while stack and stack[-1][1] < t:  # close the ops that ended before the allocation
-            stack.pop()
-        out.append(str(stack[-1][2]) if stack else NO_OP)
-    return out
+def _ranked(rows: list[dict]) -> list[dict]:
+    return sorted(rows, key=lambda o: (-o["bytes"], o["op"]))
