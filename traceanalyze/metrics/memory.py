@@ -149,7 +149,7 @@ def _growth(r: MemoryRow) -> None:
 # an allocation lies in the step that started last before it, if that step has not ended; its address freed next
 # (the next event at the address frees it) or not: unfreed.
 _ALLOCS = f"""
-WITH f AS ({_FILES}),
+WITH f AS (SELECT file_id, rank FROM ({_FILES}) WHERE file_id = $file_id),
 th AS (SELECT DISTINCT file_id, pid, tid FROM memory_events WHERE file_id IN (SELECT file_id FROM f) AND bytes > 0),
 ops AS (SELECT o.file_id, o.pid, o.tid, o.ts_ns, o.ts_ns + o.dur_ns + 1 AS end_ns, o.dur_ns, o.name
         FROM cpu_ops o SEMI JOIN th ON o.file_id = th.file_id AND o.pid = th.pid AND o.tid = th.tid
@@ -171,7 +171,7 @@ ev AS (
 a AS (SELECT * FROM ev WHERE bytes > 0),
 a2 AS (SELECT a.*, at_t.op FROM a ASOF LEFT JOIN at_t
        ON a.file_id = at_t.file_id AND a.pid = at_t.pid AND a.tid = at_t.tid AND a.ts_ns >= at_t.t),
-st AS (SELECT file_id, start_ns, end_ns FROM profiler_steps($run_id) WHERE NOT window_edge),
+st AS (SELECT file_id, start_ns, end_ns FROM profiler_steps($run_id) WHERE NOT window_edge AND file_id = $file_id),
 a3 AS (SELECT a2.*, coalesce(a2.next_bytes >= 0, true) AND a2.ts_ns <= st.end_ns AS kept
        FROM a2 ASOF LEFT JOIN st ON a2.file_id = st.file_id AND a2.ts_ns >= st.start_ns)
 SELECT rank, device, coalesce(CAST(op AS VARCHAR), '{NO_OP}') AS op,
@@ -183,20 +183,33 @@ FROM a3 GROUP BY ALL
 
 def _ops(con: duckdb.DuckDBPyConnection, run_id: int) -> dict[tuple[int, str], tuple[list, list, int]]:
     """Per (rank, device): the top ops by bytes allocated, the ops of the allocations inside the steps never
-    freed (both most bytes first), and the number of steps those were counted over."""
+    freed (both most bytes first), and the number of steps those were counted over. One file at a time: the
+    windows over its ops' boundaries are what this costs in memory (250 MB for the 8 files of the scale set at
+    once)."""
     n_steps = dict(con.execute("SELECT rank, count(*) FROM profiler_steps($run_id) WHERE NOT window_edge "
                                "GROUP BY rank", {"run_id": run_id}).fetchall())
-    top: dict[tuple, list[dict]] = {}
-    unfreed: dict[tuple, list[dict]] = {}
-    for rank, device, op, n, nbytes, big, n_kept, kept_bytes, kept_big in con.execute(
-            _ALLOCS, {"run_id": run_id}).fetchall():
-        top.setdefault((rank, device), []).append({"op": op, "count": n, "bytes": int(nbytes),
-                                                   "largest_bytes": big})
-        if n_kept:
-            unfreed.setdefault((rank, device), []).append({"op": op, "count": n_kept, "bytes": int(kept_bytes),
-                                                           "largest_bytes": kept_big})
-    return {k: (_ranked(v)[:TOP_OPS], _ranked(unfreed.get(k, [])), n_steps.get(k[0], 0)) for k, v in top.items()}
+    files = [r[0] for r in con.execute(f"SELECT DISTINCT file_id FROM memory_events WHERE file_id IN "
+                                       f"(SELECT file_id FROM ({_FILES})) ORDER BY file_id",
+                                       {"run_id": run_id}).fetchall()]
+    top: dict[tuple, dict[str, list[int]]] = {}
+    unfreed: dict[tuple, dict[str, list[int]]] = {}
+    for fid in files:
+        for rank, device, op, n, nbytes, big, n_kept, kept_bytes, kept_big in con.execute(
+                _ALLOCS, {"run_id": run_id, "file_id": fid}).fetchall():
+            _tally(top.setdefault((rank, device), {}), op, n, nbytes, big)
+            if n_kept:
+                _tally(unfreed.setdefault((rank, device), {}), op, n_kept, kept_bytes, kept_big)
+    return {k: (_ranked(v)[:TOP_OPS], _ranked(unfreed.get(k, {})), n_steps.get(k[0], 0)) for k, v in top.items()}
 
 
-def _ranked(rows: list[dict]) -> list[dict]:
-    return sorted(rows, key=lambda o: (-o["bytes"], o["op"]))
+def _tally(acc: dict[str, list[int]], op: str, n: int, nbytes, big: int) -> None:
+    """Add one file's ``n`` allocations of ``op`` (``nbytes`` in all, the largest ``big``) to a rank's tally."""
+    t = acc.setdefault(op, [0, 0, 0])
+    t[0] += n
+    t[1] += int(nbytes)
+    t[2] = max(t[2], big)
+
+
+def _ranked(acc: dict[str, list[int]]) -> list[dict]:
+    return [{"op": op, "count": c, "bytes": b, "largest_bytes": big}
+            for op, (c, b, big) in sorted(acc.items(), key=lambda kv: (-kv[1][1], kv[0]))]
