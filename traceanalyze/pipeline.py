@@ -674,8 +674,7 @@ def _evidence(con, run_id: int, run: Run, a: _RunAnalyses, facts: dict, gpu, goo
     mode, rank_rows, step_rows, side, coll, link = a.mode, a.rank_rows, a.step_rows, a.side, a.coll, a.link
     prec, comp, loader, launch, idle_rows = a.prec, a.comp, a.loader, a.launch, a.idle_rows
     ranks_model = [_rank_model(r) for r in rank_rows]
-    if good:
-        _add_memory(con, run_id, ranks_model)
+    memory_rows = _memory_beside(con, run_id, a.n_rows) if good else None
     steps_model = [asdict(s) for s in step_rows]
     # the run's step time: median over the counted steps of the longest rank's duration (metrics.steps)
     # ... the compile step (torch.compile in the first step) shown apart: it is no steady step (diagnose)
@@ -715,18 +714,40 @@ def _evidence(con, run_id: int, run: Run, a: _RunAnalyses, facts: dict, gpu, goo
         ev.host = view()
         cur.close()
     ev.unprofiled = side.get("unprofiled")  # the step without the profiler, measured (capture or log)
+    if memory_rows is not None:  # before the rules read the ranks
+        _add_memory(ranks_model, memory_rows())
     return ev, longest, compile_step_us
 
 
-def _add_memory(con, run_id: int, ranks_model: list[dict]) -> None:
-    """Each rank's memory per device (:func:`traceanalyze.metrics.memory.memory_rows`) as ``ranks[j]["memory"]``,
-    only in a run whose traces hold ``[memory]`` events (one indexed query for the others)."""
+def _memory_beside(con, run_id: int, n_rows: int) -> Callable[[], list] | None:
+    """Each rank's memory per device (:func:`traceanalyze.metrics.memory.memory_rows`), computed on a cursor and
+    thread of its own beside the other evidence (in turn for a big run, as the analyses); the returned callable
+    waits for the rows. None for a run whose traces hold no ``[memory]`` events (one indexed query)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from traceanalyze.metrics import memory
 
     if not memory.has_memory(con, run_id):
-        return
+        return None
+    pool = ThreadPoolExecutor(max_workers=1) if n_rows <= OVERLAP_MAX_ROWS else None
+    cur = con.cursor()
+    rows = _deferred(pool, memory.memory_rows, cur, run_id)
+    if pool is not None:
+        pool.shutdown(wait=False)
+
+    def done() -> list:
+        try:
+            return rows()
+        finally:
+            cur.close()
+
+    return done
+
+
+def _add_memory(ranks_model: list[dict], rows: list) -> None:
+    """The memory rows as ``ranks[j]["memory"]`` (one dict per device), on the ranks that have any."""
     by_rank: dict[int, list[dict]] = {}
-    for row in memory.memory_rows(con, run_id):
+    for row in rows:
         by_rank.setdefault(row.rank, []).append(row.model())
     for r in ranks_model:
         if r.get("rank") in by_rank:

@@ -26,6 +26,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 
 import duckdb
+import numpy as np
 
 from traceanalyze.limits import MAX_MEMORY_BYTES
 from traceanalyze.store import header_dict
@@ -140,52 +141,33 @@ def _growth(r: MemoryRow) -> None:
     r.rising = len(vals) >= MIN_GROWTH_STEPS and all(d > 0 for d in inc)
 
 
-# Each allocation's innermost enclosing cpu_op, in one ASOF join instead of a sweep in Python: the ops' starts and
-# ends (end + 1 ns: an op still holds the instant it ends at) are boundaries on their thread, ordered by time (at
-# one instant: ends first, then starts, the outer op first); the running sum of +1 at a start and -1 at an end is
-# the nesting depth after each boundary. The innermost op after a boundary is the op that started last at that
-# depth (a start: its own op; an end at depth d: the enclosing op that opened at depth d; none at depth 0). An
-# allocation lies in the innermost op after the last boundary at or before it (NO_OP without one). Then the steps:
-# an allocation lies in the step that started last before it, if that step has not ended; its address freed next
-# (the next event at the address frees it) or not: unfreed.
+# The allocations of one file: rank, device, thread, time, bytes, and whether each stays: allocated inside a step
+# (the one that started last before it, if it has not ended; the window's last step left out) and not freed (the
+# next event at its address is no free).
 _ALLOCS = f"""
 WITH f AS (SELECT file_id, rank FROM ({_FILES}) WHERE file_id = $file_id),
-th AS (SELECT DISTINCT file_id, pid, tid FROM memory_events WHERE file_id IN (SELECT file_id FROM f) AND bytes > 0),
-ops AS (SELECT o.file_id, o.pid, o.tid, o.ts_ns, o.ts_ns + o.dur_ns + 1 AS end_ns, o.dur_ns, o.name
-        FROM cpu_ops o SEMI JOIN th ON o.file_id = th.file_id AND o.pid = th.pid AND o.tid = th.tid
-        WHERE o.cat = 'cpu_op'),
-b AS (SELECT file_id, pid, tid, ts_ns AS t, 1 AS k, dur_ns, 1 AS delta, name FROM ops
-      UNION ALL SELECT file_id, pid, tid, end_ns, 0, dur_ns, -1, NULL FROM ops),
-d AS (SELECT *, sum(delta) OVER w AS depth, row_number() OVER w AS seq FROM b
-      WINDOW w AS (PARTITION BY file_id, pid, tid ORDER BY t, k, dur_ns DESC ROWS UNBOUNDED PRECEDING)),
-inner_op AS (SELECT file_id, pid, tid, t, seq,
-                    last_value(name IGNORE NULLS) OVER (PARTITION BY file_id, pid, tid, depth ORDER BY seq
-                                                        ROWS UNBOUNDED PRECEDING) AS op
-             FROM d),
-at_t AS (SELECT file_id, pid, tid, t, arg_max(op, seq) AS op FROM inner_op GROUP BY ALL),
 ev AS (
     SELECT m.file_id, f.rank, {_DEVICE} AS device, m.pid, m.tid, m.ts_ns, m.bytes,
            lead(m.bytes) OVER (PARTITION BY m.file_id, m.device_type, m.device_id, m.addr
                                ORDER BY m.ts_ns, m.bytes DESC) AS next_bytes
     FROM memory_events m JOIN f USING (file_id)),
-a AS (SELECT * FROM ev WHERE bytes > 0),
-a2 AS (SELECT a.*, at_t.op FROM a ASOF LEFT JOIN at_t
-       ON a.file_id = at_t.file_id AND a.pid = at_t.pid AND a.tid = at_t.tid AND a.ts_ns >= at_t.t),
-st AS (SELECT file_id, start_ns, end_ns FROM profiler_steps($run_id) WHERE NOT window_edge AND file_id = $file_id),
-a3 AS (SELECT a2.*, coalesce(a2.next_bytes >= 0, true) AND a2.ts_ns <= st.end_ns AS kept
-       FROM a2 ASOF LEFT JOIN st ON a2.file_id = st.file_id AND a2.ts_ns >= st.start_ns)
-SELECT rank, device, coalesce(CAST(op AS VARCHAR), '{NO_OP}') AS op,
-       count(*), sum(bytes), max(bytes),
-       count(*) FILTER (WHERE kept), sum(bytes) FILTER (WHERE kept), max(bytes) FILTER (WHERE kept)
-FROM a3 GROUP BY ALL
+st AS (SELECT file_id, start_ns, end_ns FROM profiler_steps($run_id) WHERE NOT window_edge AND file_id = $file_id)
+SELECT a.rank, a.device, coalesce(a.pid, -1) AS pid, coalesce(a.tid, -1) AS tid, a.ts_ns, a.bytes,
+       coalesce(coalesce(a.next_bytes >= 0, true) AND a.ts_ns <= st.end_ns, false) AS kept
+FROM (SELECT * FROM ev WHERE bytes > 0) a ASOF LEFT JOIN st ON a.file_id = st.file_id AND a.ts_ns >= st.start_ns
+"""
+# The cpu_ops of one file on the threads that allocate: the candidates for each allocation's innermost op.
+_OPS = """
+SELECT coalesce(pid, -1) AS pid, coalesce(tid, -1) AS tid, ts_ns, ts_ns + dur_ns + 1 AS end_ns, dur_ns, name
+FROM cpu_ops WHERE file_id = $file_id AND cat = 'cpu_op'
+  AND (coalesce(pid, -1), coalesce(tid, -1)) IN (SELECT (coalesce(pid, -1), coalesce(tid, -1)) FROM memory_events
+                                                 WHERE file_id = $file_id AND bytes > 0)
 """
 
 
 def _ops(con: duckdb.DuckDBPyConnection, run_id: int) -> dict[tuple[int, str], tuple[list, list, int]]:
     """Per (rank, device): the top ops by bytes allocated, the ops of the allocations inside the steps never
-    freed (both most bytes first), and the number of steps those were counted over. One file at a time: the
-    windows over its ops' boundaries are what this costs in memory (250 MB for the 8 files of the scale set at
-    once)."""
+    freed (both most bytes first), and the number of steps those were counted over. One file at a time."""
     n_steps = dict(con.execute("SELECT rank, count(*) FROM profiler_steps($run_id) WHERE NOT window_edge "
                                "GROUP BY rank", {"run_id": run_id}).fetchall())
     files = [r[0] for r in con.execute(f"SELECT DISTINCT file_id FROM memory_events WHERE file_id IN "
@@ -194,12 +176,77 @@ def _ops(con: duckdb.DuckDBPyConnection, run_id: int) -> dict[tuple[int, str], t
     top: dict[tuple, dict[str, list[int]]] = {}
     unfreed: dict[tuple, dict[str, list[int]]] = {}
     for fid in files:
-        for rank, device, op, n, nbytes, big, n_kept, kept_bytes, kept_big in con.execute(
-                _ALLOCS, {"run_id": run_id, "file_id": fid}).fetchall():
-            _tally(top.setdefault((rank, device), {}), op, n, nbytes, big)
-            if n_kept:
-                _tally(unfreed.setdefault((rank, device), {}), op, n_kept, kept_bytes, kept_big)
+        a = con.execute(_ALLOCS, {"run_id": run_id, "file_id": fid}).fetchnumpy()
+        if not len(a["ts_ns"]):
+            continue
+        ops = con.execute(_OPS, {"file_id": fid}).fetchnumpy()
+        rank = int(a["rank"][0])
+        for device, op, kept, n, nbytes, big in _by_op(a, ops, innermost_ops(ops, a)):
+            _tally((unfreed if kept else top).setdefault((rank, device), {}), op, n, nbytes, big)
     return {k: (_ranked(v)[:TOP_OPS], _ranked(unfreed.get(k, {})), n_steps.get(k[0], 0)) for k, v in top.items()}
+
+
+def _by_op(a: dict, ops: dict, inner: np.ndarray):
+    """Yield ``(device, op name, kept, count, bytes, largest)``: the allocations of one file by device and op name
+    (``inner``: each one's op index, -1 for none), all of them (kept False) and those that stay (kept True)."""
+    devices, dev = np.unique(a["device"].astype(str), return_inverse=True)
+    hit, hit_of = np.unique(inner, return_inverse=True)  # the ops that hold an allocation: names only for them
+    names: dict[str, int] = {}
+    hit_code = np.array([names.setdefault(NO_OP if i < 0 or ops["name"][i] is None else str(ops["name"][i]),
+                                          len(names)) for i in hit.tolist()], np.int64)
+    names_list = list(names)
+    key = dev.astype(np.int64) * len(names_list) + hit_code[hit_of]
+    nbytes = a["bytes"].astype(np.int64)
+    kept = np.asarray(a["kept"], dtype=bool)
+    for flag, mask in ((False, np.ones(len(key), bool)), (True, kept)):
+        if not mask.any():
+            continue
+        uniq, inv = np.unique(key[mask], return_inverse=True)
+        total = np.zeros(len(uniq), np.int64)
+        big = np.zeros(len(uniq), np.int64)
+        np.add.at(total, inv, nbytes[mask])
+        np.maximum.at(big, inv, nbytes[mask])
+        count = np.bincount(inv, minlength=len(uniq))
+        for k, c, b, m in zip(uniq.tolist(), count.tolist(), total.tolist(), big.tolist(), strict=True):
+            d, i = divmod(k, len(names_list))
+            yield str(devices[d]), names_list[i], flag, c, b, m
+
+
+def innermost_ops(ops: dict, allocs: dict) -> np.ndarray:
+    """The index (into ``ops``) of the innermost op enclosing each allocation on its thread; -1 outside any.
+
+    ``ops``: arrays ``pid, tid, ts_ns, end_ns`` (end + 1 ns: an op still holds the instant it ends at), ``dur_ns``,
+    ``name``; ``allocs``: arrays ``pid, tid, ts_ns``. Vectorised (NumPy), no loop per event: the ops' starts, their
+    ends and the allocations are sorted by thread and time (at one instant: ends, then starts, the outer op first,
+    then allocations); the running sum of +1 at a start and -1 at an end is the nesting depth at each of them. An
+    allocation at depth d lies in the op that started last at depth d before it on its thread (d is reached on its
+    thread only through such a start); at depth 0 it lies in none.
+    """
+    n_ops, n_al = len(ops["ts_ns"]), len(allocs["ts_ns"])
+    if not n_ops:
+        return np.full(n_al, -1)
+    thread = np.unique(np.concatenate([ops["pid"], allocs["pid"]]) * (1 << 32)
+                       + np.concatenate([ops["tid"], allocs["tid"]]), return_inverse=True)[1]
+    th_ops, th_al = thread[:n_ops], thread[n_ops:]
+    th = np.concatenate([th_ops, th_ops, th_al])
+    t = np.concatenate([ops["ts_ns"], ops["end_ns"], allocs["ts_ns"]])
+    kind = np.concatenate([np.ones(n_ops, np.int8), np.zeros(n_ops, np.int8), np.full(n_al, 2, np.int8)])
+    dur = np.concatenate([ops["dur_ns"], ops["dur_ns"], np.zeros(n_al, np.int64)])
+    op_of = np.concatenate([np.arange(n_ops), np.full(n_ops + n_al, -1)])
+    order = np.lexsort((-dur, kind, t, th))
+    kind_s, op_s = kind[order], op_of[order]
+    depth = np.cumsum(np.where(kind_s == 1, 1, np.where(kind_s == 0, -1, 0)))
+    n = len(order)
+    by_depth = np.lexsort((np.arange(n), depth))  # each depth's rows in order: the starts then fill forward
+    d2 = depth[by_depth]
+    last_start = np.maximum.accumulate(np.where(kind_s[by_depth] == 1, np.arange(n), -1))
+    group_at = np.maximum.accumulate(np.where(np.r_[True, d2[1:] != d2[:-1]], np.arange(n), 0))
+    inner = np.full(n, -1)
+    ok = (last_start >= group_at) & (d2 > 0)
+    inner[by_depth[ok]] = op_s[by_depth[last_start[ok]]]
+    at = np.empty(n, np.int64)
+    at[order] = np.arange(n)
+    return inner[at[2 * n_ops:]]
 
 
 def _tally(acc: dict[str, list[int]], op: str, n: int, nbytes, big: int) -> None:
