@@ -172,3 +172,21 @@ def test_one_by_one_decoder_keeps_memory_args(tmp_path):
 @pytest.mark.parametrize("kind", ["memory_growth", "memory_near_capacity", "memory_imbalance"])
 def test_memory_kinds_have_no_whatif(kind):
     assert WHATIF_OF_KIND[kind][0] is None
+
+
+def test_hostile_devices_and_threads_still_give_rows(tmp_path):
+    """A GPU event without a Device Id, one of an unknown device type, and a thread id near 2^62: each gets a row
+    (``GPU ?``, ``device 7:0``), and an allocation on the odd thread is inside no op there."""
+    ev = [x("user_annotation", "ProfilerStep#1", 0.0, 1000.0), x("cpu_op", "aten::empty", 100.0, 50.0),
+          x("user_annotation", "ProfilerStep#2", 1000.0, 1000.0)]
+    gpu = mem(110.0, 4096, 4096, 8192, 10)
+    del gpu["args"]["Device Id"]
+    ev += [gpu, mem(120.0, 512, 512, 0, 11, device_type=7), mem(130.0, 64, 64, 0, 12, device_type=0, device_id=-1,
+                                                                 tid=1 << 62)]
+    write_trace(tmp_path / "t" / "rank0.json", 0, ev, world_size=1)
+    run = analyze(tmp_path / "t", jobs=1).model["runs"][0]
+    rows = {m["device"]: m for m in run["ranks"][0]["memory"]}
+    assert sorted(rows) == ["CPU", "GPU ?", "device 7:0"]
+    assert rows["GPU ?"]["top_ops"] == [{"op": "aten::empty", "count": 1, "bytes": 4096, "largest_bytes": 4096}]
+    assert rows["CPU"]["top_ops"][0]["op"] == "(no op)"
+    assert rows["GPU ?"]["total_bytes"] is None and rows["GPU ?"]["peak_reserved_bytes"] == 8192

@@ -61,8 +61,10 @@ class MemoryRow:
 
 
 _FILES = "SELECT file_id, rank FROM files WHERE run_id = $run_id AND status <> 'error' AND rank IS NOT NULL"
-_DEVICE = "CASE WHEN m.device_type = 0 THEN 'CPU' WHEN m.device_type = 1 THEN 'GPU ' || m.device_id " \
-          "ELSE 'device ' || m.device_type || ':' || m.device_id END"
+_DEVICE = "CASE WHEN m.device_type = 0 THEN 'CPU' " \
+          "WHEN m.device_type = 1 THEN 'GPU ' || coalesce(CAST(m.device_id AS VARCHAR), '?') " \
+          "ELSE 'device ' || coalesce(CAST(m.device_type AS VARCHAR), '?') || ':' " \
+          "|| coalesce(CAST(m.device_id AS VARCHAR), '?') END"
 
 
 def has_memory(con: duckdb.DuckDBPyConnection, run_id: int) -> bool:
@@ -225,8 +227,8 @@ def innermost_ops(ops: dict, allocs: dict) -> np.ndarray:
     n_ops, n_al = len(ops["ts_ns"]), len(allocs["ts_ns"])
     if not n_ops:
         return np.full(n_al, -1)
-    thread = np.unique(np.concatenate([ops["pid"], allocs["pid"]]) * (1 << 32)
-                       + np.concatenate([ops["tid"], allocs["tid"]]), return_inverse=True)[1]
+    pid_tid = np.stack([np.concatenate([ops["pid"], allocs["pid"]]), np.concatenate([ops["tid"], allocs["tid"]])], 1)
+    thread = np.unique(pid_tid, axis=0, return_inverse=True)[1].reshape(-1)
     th_ops, th_al = thread[:n_ops], thread[n_ops:]
     th = np.concatenate([th_ops, th_ops, th_al])
     t = np.concatenate([ops["ts_ns"], ops["end_ns"], allocs["ts_ns"]])
