@@ -190,3 +190,18 @@ def test_hostile_devices_and_threads_still_give_rows(tmp_path):
     assert rows["GPU ?"]["top_ops"] == [{"op": "aten::empty", "count": 1, "bytes": 4096, "largest_bytes": 4096}]
     assert rows["CPU"]["top_ops"][0]["op"] == "(no op)"
     assert rows["GPU ?"]["total_bytes"] is None and rows["GPU ?"]["peak_reserved_bytes"] == 8192
+
+
+def test_memory_table_in_markdown_and_html():
+    """The sample's memory table: rank 1 (growing) first, its peak 34,124,300 bytes = 32.5 MiB, +4.0 MiB per step,
+    12.0 MiB of aten::empty never freed inside steps 2-4; rank 0 peaks at 21,541,388 bytes = 20.5 MiB."""
+    from traceanalyze.report.html import render_html
+    from traceanalyze.report.markdown import render_markdown
+
+    model = analyze(SAMPLES / "memory_growth", jobs=1).model
+    md = render_markdown(model)
+    assert ("| 1 | CPU | 32.5 MiB | — | — | 4.0 MiB (every step) | aten\\:\\:empty 12.0 MiB |\n"
+            "| 0 | CPU | 20.5 MiB | — | — | 0 B | — |") in md
+    page = render_html(model)
+    assert "<h3>Memory per rank and device</h3>" in page
+    assert "step 2: 4.0 MiB → step 5: 16.0 MiB" in page and '<tr class="flagged"><td class="n">1</td>' in page

@@ -34,6 +34,7 @@ from traceanalyze.store import header_dict
 MIN_GROWTH_STEPS = 3  # steps with an allocated value at their end before growth is judged (2 increments)
 TOP_OPS = 5  # ops listed per rank and device (largest allocations, and allocations not freed)
 NO_OP = "(no op)"
+SUM_CAP = 1 << 62  # bytes: a sum of allocations is held at this (hostile counts of 1 PiB each would wrap an int64)
 
 
 @dataclass
@@ -207,6 +208,9 @@ def _by_op(a: dict, ops: dict, inner: np.ndarray):
         total = np.zeros(len(uniq), np.int64)
         big = np.zeros(len(uniq), np.int64)
         np.add.at(total, inv, nbytes[mask])
+        approx = np.zeros(len(uniq))
+        np.add.at(approx, inv, nbytes[mask].astype(float))
+        total = np.where(approx >= SUM_CAP, SUM_CAP, total)  # 8,192 allocations of 1 PiB would wrap an int64
         np.maximum.at(big, inv, nbytes[mask])
         count = np.bincount(inv, minlength=len(uniq))
         for k, c, b, m in zip(uniq.tolist(), count.tolist(), total.tolist(), big.tolist(), strict=True):
