@@ -15,6 +15,8 @@ from tests.synth import gpu_job, mem, write_trace, x
 from traceanalyze.diagnose import WHATIF_OF_KIND
 from traceanalyze.ingest import parse
 from traceanalyze.pipeline import analyze
+from traceanalyze.report.html import render_html
+from traceanalyze.report.markdown import render_markdown
 
 H100_LEAK = Path(__file__).resolve().parent / "data" / "gpu" / "h100" / "memory" / "leak"
 MIB, GIB = 1 << 20, 1 << 30
@@ -195,9 +197,6 @@ def test_hostile_devices_and_threads_still_give_rows(tmp_path):
 def test_memory_table_in_markdown_and_html():
     """The sample's memory table: rank 1 (growing) first, its peak 34,124,300 bytes = 32.5 MiB, +4.0 MiB per step,
     12.0 MiB of aten::empty never freed inside steps 2-4; rank 0 peaks at 21,541,388 bytes = 20.5 MiB."""
-    from traceanalyze.report.html import render_html
-    from traceanalyze.report.markdown import render_markdown
-
     model = analyze(SAMPLES / "memory_growth", jobs=1).model
     md = render_markdown(model)
     assert ("| 1 | CPU | 32.5 MiB | — | — | 4.0 MiB (every step) | aten\\:\\:empty 12.0 MiB |\n"
