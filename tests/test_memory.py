@@ -61,6 +61,8 @@ def test_real_h100_leak_names_rank_0_and_8_mib_per_step():
     # (85,017,493,504 - 2,147,483,648) / 8,388,608 = 9,879 steps to fill the GPU: above 1,000, so medium, not high
     assert "its 79.2 GiB are full in about 9,879 more steps" in " | ".join(f["evidence"])
     assert f["whatif_missing"].startswith("memory use does not set the step time")
+    # its bytes do not depend on the step time's 43 % noise: high confidence, nothing to win back in step time
+    assert f["confidence"] == {"level": "high", "range_pct": [0.0, 0.0], "why": []}
     assert not [g for g in run["findings"] if g["kind"] in ("memory_near_capacity", "memory_imbalance")]
 
 

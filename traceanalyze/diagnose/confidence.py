@@ -35,6 +35,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from traceanalyze.diagnose.config import MEMORY_KINDS
 from traceanalyze.diagnose.verdict import finding_scenario
 
 LEVELS = ("high", "medium", "low")
@@ -122,6 +123,12 @@ def _run_caps(b: dict, wait_finding: bool = False) -> list[tuple[str, str]]:
     return caps
 
 
+def _memory_caps(b: dict) -> list[tuple[str, str]]:
+    """The caps on a memory finding: the run's (:func:`_run_caps`) but the step-time noise, which its bytes do not
+    depend on."""
+    return [c for c in _run_caps(b) if "from step to step" not in c[1]]
+
+
 def saving_range(w: dict, b: dict | None) -> list[float] | None:
     """[low, high] saving (% of the step) of what-if row ``w``: its model range (``range_saving_pct``, the precision
     peaks) where it has one, else its saving ± the step-to-step noise (σ/mean, %) of its run, clipped to 0–100;
@@ -178,13 +185,17 @@ def whatif_confidence(w: dict, b: dict) -> tuple[str, list[str]]:
 
 def finding_confidence(f: dict, b: dict | None, whatifs: list[dict]) -> dict:
     """``findings[i].confidence``: ``level``, ``range_pct`` ([low, high] % of the step that fixing it wins back:
-    the what-if's model range, else the impact ± the step-to-step noise, clipped to 0–100) and ``why`` (the
-    reasons for a level below high; empty when high).
+    the what-if's model range, else the impact ± the step-to-step noise, clipped to 0–100; [0, 0] for a memory
+    finding, whose level only the run's steps and ranks cap) and ``why`` (the reasons for a level below high;
+    empty when high).
 
     Args:
         f: a finding (``findings[i]``). b: its run's :func:`basis` (None: run unknown, only the finding's own
             caps apply). whatifs: its run's ``whatif`` rows (levels already set by :func:`assess`).
     """
+    if f.get("kind") in MEMORY_KINDS:  # bytes the allocator counted, not a share of the step: no noise, no range
+        level, why = _lowest(_memory_caps(b) if b else [])
+        return {"level": level, "range_pct": [0.0, 0.0], "why": why}
     caps = _run_caps(b, wait_finding=f.get("cause") in WAIT_CAUSES) if b else []
     impact = _num(f.get("impact_pct")) or 0.0
     sc = finding_scenario(f.get("kind", ""), whatifs)
