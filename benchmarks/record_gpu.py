@@ -119,6 +119,9 @@ def timed(step, n):
     return (time.perf_counter() - t) * 1e3 / n
 
 
+AFTER_STEPS = 5  # capture.profile's time_after: the steps it times without the profiler after the window
+
+
 def run_side(name, out_dir, step, *, plain=False, warm=3, n=20, prof_steps=8, record_shapes=True, meta=None):
     os.makedirs(out_dir, exist_ok=True)
     for i in range(warm):
@@ -127,7 +130,8 @@ def run_side(name, out_dir, step, *, plain=False, warm=3, n=20, prof_steps=8, re
     ms1 = timed(step, n)
     per = []
     with profiler(out_dir, plain=plain, record_shapes=record_shapes) as prof:
-        for i in range(prof_steps):
+        # capture.profile also times AFTER_STEPS steps past the window without the profiler (steps_rank0.json)
+        for i in range(prof_steps + (0 if plain else AFTER_STEPS)):
             t = time.perf_counter()
             step(i)
             torch.cuda.synchronize()
