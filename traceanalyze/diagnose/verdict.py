@@ -160,7 +160,7 @@ WHATIF_OF_KIND: dict[str, tuple[str | None, str]] = {
                          "no_launch_overhead, only remove the launch calls)"),
     "host_sync": ("no_host_sync", ""),
     "step_sync": ("no_host_sync", ""),
-    "host_optimizer": (None, "no scenario models a fused (foreach) optimizer"),
+    "host_optimizer": ("fused_optimizer", ""),
     "unexplained_idle": (None, "no rule names the cause of this idle time, so no scenario removes it"),
 }
 KIND_TO_SCENARIO = {k: sc for k, (sc, _) in WHATIF_OF_KIND.items() if sc is not None}
