@@ -50,7 +50,7 @@ UNEXPLAINED_MEDIUM_PCT = 10.0
 UNEXPLAINED_LOW_PCT = 25.0
 # what-ifs whose saving is host time (launches, a per-parameter optimizer, blocking waits): on a host-bound step the
 # profiler's own host cost, estimated per event, is of the same order as what they remove
-HOST_TIME_SCENARIOS = frozenset({"no_launch_overhead", "fused_optimizer", "no_host_sync"})
+HOST_TIME_SCENARIOS = frozenset({"no_launch_overhead", "fused_optimizer", "no_host_sync", "all"})  # all: may hold one
 OVERHEAD_MEDIUM_PCT = 10.0  # profiler cost (% of the profiled step) above which an estimated base step matters
 # findings whose evidence is time spent waiting inside collectives: a missing rank may be what they wait for
 WAIT_CAUSES = frozenset({"interconnect", "imbalance"})
