@@ -294,7 +294,7 @@ def report(ctx: click.Context, paths: tuple[str, ...], output: str | None, json_
             n_ranks = sum(len(r["ranks"]) for r in model["runs"])
             if out is not None and fmt == "html" or (out is not None and fmt != "html"):
                 _say(f"wrote {out} ({len(model['runs'])} run(s), {n_ranks} rank(s)); database {db_path}")
-        if not any(r["ranks"] or r["log_steps"] or r["log_facts"] for r in model["runs"]):
+        if not any(r["ranks"] or r["log_steps"] or r["log_facts"] or r.get("deaths") for r in model["runs"]):
             raise TraceanalyzeError("nothing could be analyzed: every trace file was unreadable (see above)")
         if not quiet and out is not None:  # the report itself on stdout: no summary mixed into it
             for line in summary_lines(model):

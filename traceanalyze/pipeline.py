@@ -599,6 +599,9 @@ def _analyses(con, run_id: int, run: Run, mode: str, facts: dict, good: list, li
     warnings.extend(side_warnings)
     if not good:
         mode = "logs"
+        warnings.append({"file": str(run.path), "level": "warning",
+                         "message": "no trace found: no Kineto trace (*.json, *.json.gz with a traceEvents array) "
+                                    "for this run; the report shows what its logs say"})
     steps_by_rank: dict[int, list[tuple[int, int, int]]] = {}
     for st in step_rows:
         steps_by_rank.setdefault(st.rank, []).append((st.step, st.start_ns, st.start_ns + int(st.step_time_us * 1e3)))
@@ -713,6 +716,7 @@ def _evidence(con, run_id: int, run: Run, a: _RunAnalyses, facts: dict, gpu, goo
         ev.host = view()
         cur.close()
     ev.unprofiled = side.get("unprofiled")  # the step without the profiler, measured (capture or log)
+    ev.ooms = side.get("ooms") or []
     return ev, longest, compile_step_us
 
 
@@ -759,6 +763,7 @@ def _run_model(run_id: int, run: Run, role: str, a: _RunAnalyses, ev, facts: dic
         "log_facts": {k: [f.value for f in v] for k, v in side["facts"].items()},
         "log_steps": len(side["log_steps"]),
         "log_step_time_ms": _log_step_time(side["log_steps"]),
+        "deaths": [asdict(o) for o in side.get("ooms") or []],
         "profiler_overhead": (replay_model or {}).pop("profiler_overhead", None),
         "replay": replay_model or None,
         "whatif": whatif,
@@ -960,6 +965,7 @@ def _read_sidecars(con, run_id: int, run: Run, warnings: list[dict], max_bytes: 
     log_steps: list = []
     nccl = None
     topology = None
+    ooms: list = []  # logs.OomEvent: the out-of-memory errors and kills the logs record
     capture_steps: list = []  # logs.CaptureSteps of capture's steps_rank{r}.json
     for sc in run.sidecars:
         try:
@@ -968,6 +974,7 @@ def _read_sidecars(con, run_id: int, run: Run, warnings: list[dict], max_bytes: 
                 for f in res.facts:
                     facts.setdefault(f.key, []).append(f)
                 log_steps.extend(res.steps)
+                ooms.extend(res.ooms)
                 store.insert_rows(con, "log_steps", None, [
                     [run_id, str(sc.path), res.framework, st.rank, st.step, st.iter, st.loss, st.lr, st.grad_norm,
                      st.tokens_per_s, st.tflops, st.mfu_pct, st.step_time_ms, st.memory_gib, st.epoch]
@@ -1012,7 +1019,8 @@ def _read_sidecars(con, run_id: int, run: Run, warnings: list[dict], max_bytes: 
                              "message": "ran out of memory while reading it; skipped (lower --max-decompressed)"})
     store.insert_rows(con, "run_facts", None,
                       [[run_id, key, f.value, f.num, f.source] for key, fs in facts.items() for f in fs])
-    side = {"facts": facts, "log_steps": log_steps, "nccl": nccl, "topology": topology, "capture_steps": capture_steps}
+    side = {"facts": facts, "log_steps": log_steps, "nccl": nccl, "topology": topology, "capture_steps": capture_steps,
+            "ooms": ooms}
     # the step time without the profiler (capture, else the log): logs.measured_unprofiled_step
     side["unprofiled"] = logs.measured_unprofiled_step(side) if run.sidecars else None
     return side

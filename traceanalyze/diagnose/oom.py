@@ -1,0 +1,253 @@
+"""A run that died of memory (:func:`rule_died`): a CUDA out-of-memory error (``cuda_oom``) or ranks killed by SIGKILL
+(``host_oom``), from the records the logs hold (:class:`traceanalyze.logs.OomEvent`); and the host-memory arithmetic
+of a killed run (:func:`host_bytes`): what each rank holds in the host's RAM, times the ranks of a host, against the
+host's RAM.
+
+A died run's verdict says so first (:func:`died_verdict`); such a finding has cause ``config`` and ``impact_pct``
+100 (the run produced nothing).
+"""
+
+from __future__ import annotations
+
+import re
+
+from traceanalyze.diagnose.evidence import RunEvidence
+from traceanalyze.findings import Finding
+
+DIED_KINDS = ("cuda_oom", "host_oom")
+FRAGMENTED_PCT = 10.0  # reserved-but-unallocated memory at least this % of the GPU: fragmentation, expandable segments
+MAX_LISTED = 8  # the deaths listed one by one in a finding's evidence
+DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 2}  # bytes a parameter of the checkpoint takes
+# bytes a parameter's optimizer state takes on the host under CPU offload: fp32 master weights and AdamW's two moments
+OFFLOAD_STATE_BYTES = 12
+# parameters of the models a config names, from their model cards: (family pattern, size in the name, parameters)
+KNOWN_MODELS = (
+    (r"llama[-_ ]?3", 8, 8.03e9), (r"llama[-_ ]?3", 70, 70.55e9), (r"llama[-_ ]?3", 405, 405.85e9),
+    (r"llama[-_ ]?2", 7, 6.74e9), (r"llama[-_ ]?2", 13, 13.02e9), (r"llama[-_ ]?2", 70, 68.98e9),
+    (r"mistral", 7, 7.24e9), (r"qwen2", 72, 72.71e9), (r"qwen2", 7, 7.62e9),
+)
+_SIZE_TOKEN = re.compile(r"(?:^|[^a-z0-9.])(\d{1,4}(?:\.\d{1,2})?)b(?:$|[^a-z0-9])")
+
+
+def gib(b: float) -> str:
+    """A GPU memory figure as PyTorch prints it: ``3.50 GiB`` (``MiB`` below 1 GiB)."""
+    return f"{b / (1 << 30):.2f} GiB" if b >= 1 << 30 else f"{b / (1 << 20):.2f} MiB"
+
+
+def gb(b: float) -> str:
+    """A host memory figure in decimal units, as RAM is sold: ``141 GB``, ``1.13 TB``."""
+    return f"{b / 1e12:.2f} TB" if b >= 1e12 else f"{b / 1e9:.0f} GB"
+
+
+def model_params(ev: RunEvidence) -> tuple[float, str] | None:
+    """(parameters, where the count comes from): a log's ``num_params``, else the model a config or log names
+    (``llama3_1_70b``: :data:`KNOWN_MODELS`, else the size in the name, ``70b`` = 70 × 10⁹); None when neither."""
+    n = ev.fact("num_params")
+    if isinstance(n, float) and n > 0:
+        src = ev.facts["num_params"][0].source
+        return n, f"{n / 1e9:.1f} B parameters ({src})"
+    name = ev.fact("model_name")
+    if not isinstance(name, str):
+        return None
+    low = name.lower()
+    m = _SIZE_TOKEN.search(low.replace("_", "-"))
+    if m is None:
+        return None
+    size = float(m.group(1))
+    known = next((p for fam, s, p in KNOWN_MODELS if s == size and re.search(fam, low)), None)
+    short = name[:64]
+    if known is not None:
+        return known, f"{known / 1e9:.1f} B parameters ({short})"
+    return size * 1e9, f"about {size:g} B parameters (the size in the name {short})"
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(str(r) for r in ranks[:16]) + (
+        ", …" if len(ranks) > 16 else "")
+
+
+def cuda_advice(e) -> str:
+    """What to change for one CUDA OOM record (:class:`~traceanalyze.logs.OomEvent`), from its figures: an allocation
+    larger than the GPU is a size bug; reserved-but-unallocated memory of :data:`FRAGMENTED_PCT` % of the GPU or more
+    is fragmentation (expandable segments); otherwise the memory is in use (activation checkpointing, a smaller
+    micro-batch, sharding). The first clause, before ``; ``, is the short fix the verdict names."""
+    cap, frag, tried = e.capacity_bytes, e.reserved_unallocated_bytes, e.tried_bytes
+    if tried and cap and tried > cap:
+        return (f"find the tensor of {gib(tried)}: the one allocation is larger than the whole GPU ({gib(cap)}), "
+                "a shape or size bug rather than memory pressure; print the shapes that feed the failing op")
+    if frag is not None and cap and 100 * frag / cap >= FRAGMENTED_PCT:
+        return (f"set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; {gib(frag)} ({100 * frag / cap:.0f}% of the "
+                "GPU) is reserved by PyTorch's caching allocator but unallocated: fragmentation, which expandable "
+                "segments avoid; if it still fails, activation checkpointing or a smaller micro-batch")
+    return ("activation checkpointing, a smaller micro-batch or sharding; the memory is allocated, not fragmented: "
+            "recompute activations in the backward (activation checkpointing), halve the micro-batch (double the "
+            "gradient accumulation to keep the batch), or shard parameters, gradients and optimizer state across "
+            "the ranks (FSDP / ZeRO-3)")
+
+
+def _cuda_line(e) -> str:
+    """One CUDA OOM record as evidence: where, then every figure it states."""
+    who = ", ".join(x for x in (f"rank {e.rank}" if e.rank is not None else "", f"GPU {e.gpu}"
+                                if e.gpu is not None else "") if x) or "a process"
+    parts = []
+    if e.tried_bytes is not None:
+        parts.append(f"tried to allocate {gib(e.tried_bytes)}")
+    if e.capacity_bytes is not None:
+        parts.append(f"{gib(e.capacity_bytes)} total" + (f", {gib(e.free_bytes)} free" if e.free_bytes is not None
+                                                          else ""))
+    if e.in_use_bytes is not None:
+        parts.append(f"{gib(e.in_use_bytes)} in use by the process (non-PyTorch memory included)")
+    if e.allocated_bytes is not None:
+        parts.append(f"{gib(e.allocated_bytes)} allocated by PyTorch")
+    if e.reserved_unallocated_bytes is not None:
+        pct = (f" ({100 * e.reserved_unallocated_bytes / e.capacity_bytes:.1f}% of the GPU)" if e.capacity_bytes
+               else "")
+        parts.append(f"{gib(e.reserved_unallocated_bytes)} reserved but unallocated{pct}")
+    return f"CUDA out of memory on {who} ({e.form}, {e.source}): " + "; ".join(parts)
+
+
+def _cuda_finding(ev: RunEvidence, cuda: list) -> Finding:
+    e = cuda[0]
+    ranks = sorted({c.rank for c in cuda if c.rank is not None})
+    where = (_ranks_text(ranks) if ranks else "a rank") + (f" (GPU {e.gpu})" if e.gpu is not None and len(ranks) <= 1
+                                                           else "")
+    title = f"CUDA out of memory on {where}"
+    if e.tried_bytes is not None and e.free_bytes is not None and e.capacity_bytes is not None:
+        title += (f": tried to allocate {gib(e.tried_bytes)} with {gib(e.free_bytes)} free of "
+                  f"{gib(e.capacity_bytes)}")
+    evidence = [_cuda_line(c) for c in cuda[:MAX_LISTED]]
+    if len(cuda) > MAX_LISTED:
+        evidence.append(f"… and {len(cuda) - MAX_LISTED} more CUDA out-of-memory records")
+    return Finding("config", "cuda_oom", "high", 100.0, ranks, title, evidence, cuda_advice(e))
+
+
+def host_bytes(ev: RunEvidence, ranks_per_host: int) -> tuple[list[str], str | None]:
+    """The host-memory arithmetic of a killed run: (its lines of evidence, the sum in short, e.g.
+    ``8 × 141 GB bf16 ≈ 1.13 TB > 768 GB``, None when the model's size is unknown). The host's RAM comes from a log
+    or capture's env file (``host_ram_bytes``); without it the sum has no comparison. Each rank holds parameters ×
+    dtype bytes (the precision stated, bf16 assumed otherwise) when every rank loads the checkpoint; with CPU offload
+    (``cpu_offload`` true) the host also holds the fp32 master weights and AdamW's two moments
+    (:data:`OFFLOAD_STATE_BYTES` a parameter), sharded over the world size, of which this host holds its ranks'
+    share."""
+    ram = ev.fact("host_ram_bytes")
+    ram = ram if isinstance(ram, float) and ram > 0 else None
+    ram_src = ev.facts["host_ram_bytes"][0].source if ram is not None else ""
+    mp = model_params(ev)
+    if mp is None:
+        return ([f"host RAM {gb(ram)} ({ram_src}); the model's size is not stated (no parameter count or known "
+                 "model name), so what the ranks load is not known"] if ram else []), None
+    params, what = mp
+    prec = ev.fact("precision")
+    dtype = prec if isinstance(prec, str) and prec in DTYPE_BYTES else None
+    nbytes = DTYPE_BYTES.get(dtype or "bf16", 2)
+    per_rank = params * nbytes
+    need = ranks_per_host * per_rank
+    label = dtype or "bf16 assumed"
+    line = (f"each rank loads the whole checkpoint: {what} × {nbytes} bytes ({label}) = {gb(per_rank)} per rank; "
+            f"{ranks_per_host} × {gb(per_rank)} {label} ≈ {gb(need)}")
+    if ram is not None:
+        line += f" {'>' if need > ram else '≤'} {gb(ram)} host RAM ({ram_src})"
+    lines = [line]
+    short = f"{ranks_per_host} × {gb(per_rank)} {label} ≈ {gb(need)}" + (
+        f" {'>' if need > ram else '≤'} {gb(ram)}" if ram is not None else "")
+    if ev.fact("cpu_offload") == "true":
+        world = ev.world_size if ev.world_size and ev.world_size >= ranks_per_host else ranks_per_host
+        state = params * OFFLOAD_STATE_BYTES / world * ranks_per_host
+        shards = params * nbytes / world * ranks_per_host
+        src = ev.facts["cpu_offload"][0].source
+        lines.append(f"CPU offload ({src}) keeps the optimizer on the host too: {OFFLOAD_STATE_BYTES} bytes a "
+                     f"parameter (fp32 master weights and AdamW's two moments) × {params / 1e9:.1f} B ÷ {world} "
+                     f"ranks × {ranks_per_host} on this host ≈ {gb(state)}, plus the {label} parameter shards "
+                     f"({gb(shards)}): {gb(state + shards)} while training"
+                     + (f" {'>' if state + shards > ram else '≤'} {gb(ram)}" if ram is not None else ""))
+    return lines, short
+
+
+def _host_finding(ev: RunEvidence, kills: list) -> Finding:
+    by_host: dict[str | None, list] = {}
+    for k in kills:
+        by_host.setdefault(k.host, []).append(k)
+    host, hk = max(by_host.items(), key=lambda kv: len(kv[1]))
+    killed = {(k.rank, k.local_rank, k.pid) for k in hk}
+    locals_ = [k.local_rank for k in hk if k.local_rank is not None]
+    per_host = max(len(killed), max(locals_, default=-1) + 1)
+    ranks = sorted({k.rank for k in kills if k.rank is not None})
+    loading = any(k.phase == "checkpoint_load" for k in kills)
+    math_lines, short = host_bytes(ev, per_host)
+    by_kernel = any(k.oom_killer for k in kills) or (short is not None and " > " in short)
+    n = len(killed)
+    who = (f"{n} ranks" if n > 1 else f"rank {hk[0].rank}" if hk[0].rank is not None else "a process") + (
+        f" on {host}" if host else "")
+    title = (f"{who} killed {'by the kernel ' if by_kernel else ''}(SIGKILL)"
+             f"{' while the checkpoint loaded' if loading else ''}: host memory")
+    if short is not None:
+        title += f" ({short})"
+    evidence = [_kill_line(k) for k in kills[:MAX_LISTED]]
+    if len(kills) > MAX_LISTED:
+        evidence.append(f"… and {len(kills) - MAX_LISTED} more kills")
+    if loading:
+        src = next(k.source for k in kills if k.phase == "checkpoint_load")
+        evidence.append(f"the log's last progress before the kill ({src}) was a checkpoint starting to load; no "
+                        "training step followed")
+    if not any(k.oom_killer for k in kills):
+        evidence.append("no kernel line (dmesg: 'Out of memory: Killed process') names the process: a SIGKILL can also "
+                        "come from the scheduler (a cgroup memory limit, a preemption)")
+    evidence += math_lines
+    rec = ("load the checkpoint once per host, not once per rank: load on rank 0 only and broadcast (FSDP "
+           "sync_module_states=True with the other ranks' model on the meta device; accelerate's "
+           "fsdp_cpu_ram_efficient_loading / cpu_ram_efficient_loading; torchtune's distributed recipes load "
+           "rank 0's state dict and shard it), or stream it shard by shard (safetensors, torch.load(mmap=True)); "
+           "CPU offload costs host memory too (fp32 master weights and optimizer state): turn it off where the "
+           "GPUs can hold the sharded state, or use a host with more RAM / fewer ranks per host")
+    if ev.fact("cpu_offload") != "true":
+        rec = rec.replace("CPU offload costs", "CPU offload, if turned on later, costs")
+    return Finding("config", "host_oom", "high", 100.0, ranks, title, evidence, rec)
+
+
+def _kill_line(k) -> str:
+    who = ", ".join(x for x in (f"rank {k.rank}" if k.rank is not None else "",
+                                f"local rank {k.local_rank}" if k.local_rank is not None else "",
+                                f"host {k.host}" if k.host else "", f"pid {k.pid}" if k.pid is not None else "") if x)
+    what = {"torchrun": f"torchrun: exit code {k.exitcode} ({k.signal})", "kernel": "the kernel's OOM killer",
+            "shell": "the shell: Killed"}.get(k.form, k.form)
+    rss = f"; the kernel's OOM killer: anon-rss {gb(k.rss_bytes)}" if k.rss_bytes else (
+        "; the kernel's OOM killer named it" if k.oom_killer and k.form != "kernel" else "")
+    return f"{what}{': ' + who if who else ''} ({k.source}){rss}"
+
+
+def merge_kernel_lines(ooms: list) -> list:
+    """The records of a run's logs with each kernel OOM-killer line of one file folded into the kill of another file
+    that has its pid (a ``dmesg`` beside the training log); returns the records left."""
+    kills = {o.pid: o for o in ooms if o.kind == "host" and o.form == "torchrun" and o.pid is not None}
+    out = []
+    for o in ooms:
+        k = kills.get(o.pid) if o.form == "kernel" else None
+        if k is not None:
+            k.oom_killer = True
+            k.rss_bytes = k.rss_bytes or o.rss_bytes
+            continue
+        out.append(o)
+    return out
+
+
+def rule_died(ev: RunEvidence) -> list[Finding]:
+    """Config, high, impact 100 %: the logs record a CUDA out-of-memory error (``cuda_oom``: the figures and advice
+    of :func:`cuda_advice`) or ranks killed by SIGKILL (``host_oom``: which ranks on which host, whether the
+    checkpoint was loading, and :func:`host_bytes`)."""
+    ooms = merge_kernel_lines(list(ev.ooms))
+    out = []
+    cuda = [o for o in ooms if o.kind == "cuda"]
+    if cuda:
+        out.append(_cuda_finding(ev, cuda))
+    kills = [o for o in ooms if o.kind == "host"]
+    if kills:
+        out.append(_host_finding(ev, kills))
+    return out
+
+
+def died_verdict(findings: list[Finding]) -> str | None:
+    """``Run died: <title>. Fix: <the short fix>.`` for the first finding of :data:`DIED_KINDS`, else None."""
+    f = next((g for g in findings if g.kind in DIED_KINDS), None)
+    if f is None:
+        return None
+    return f"Run died: {f.title}. Fix: {f.recommendation.split('; ')[0]}."
