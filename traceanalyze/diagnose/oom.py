@@ -20,11 +20,12 @@ MAX_LISTED = 8  # the deaths listed one by one in a finding's evidence
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 2}  # bytes a parameter of the checkpoint takes
 # bytes a parameter's optimizer state takes on the host under CPU offload: fp32 master weights and AdamW's two moments
 OFFLOAD_STATE_BYTES = 12
-# parameters of the models a config names, from their model cards: (family pattern, size in the name, parameters)
+# parameters of the models a config names (their checkpoints' counts): (family pattern, size in the name, parameters)
 KNOWN_MODELS = (
-    (r"llama[-_ ]?3", 8, 8.03e9), (r"llama[-_ ]?3", 70, 70.55e9), (r"llama[-_ ]?3", 405, 405.85e9),
-    (r"llama[-_ ]?2", 7, 6.74e9), (r"llama[-_ ]?2", 13, 13.02e9), (r"llama[-_ ]?2", 70, 68.98e9),
-    (r"mistral", 7, 7.24e9), (r"qwen2", 72, 72.71e9), (r"qwen2", 7, 7.62e9),
+    (r"llama[-_ ]?3", 8, 8_030_261_248), (r"llama[-_ ]?3", 70, 70_553_706_496),
+    (r"llama[-_ ]?3", 405, 405_853_388_800), (r"llama[-_ ]?2", 7, 6_738_415_616),
+    (r"llama[-_ ]?2", 13, 13_015_864_320), (r"llama[-_ ]?2", 70, 68_976_648_192), (r"mistral", 7, 7_241_732_096),
+    (r"qwen2", 72, 72_706_203_648), (r"qwen2", 7, 7_615_616_512),
 )
 _SIZE_TOKEN = re.compile(r"(?:^|[^a-z0-9.])(\d{1,4}(?:\.\d{1,2})?)b(?:$|[^a-z0-9])")
 
@@ -57,7 +58,7 @@ def model_params(ev: RunEvidence) -> tuple[float, str] | None:
     known = next((p for fam, s, p in KNOWN_MODELS if s == size and re.search(fam, low)), None)
     short = name[:64]
     if known is not None:
-        return known, f"{known / 1e9:.1f} B parameters ({short})"
+        return float(known), f"{known / 1e9:.1f} B parameters ({short})"
     return size * 1e9, f"about {size:g} B parameters (the size in the name {short})"
 
 
@@ -187,11 +188,13 @@ def _host_finding(ev: RunEvidence, kills: list) -> Finding:
         evidence.append(f"… and {len(kills) - MAX_LISTED} more kills")
     if loading:
         src = next(k.source for k in kills if k.phase == "checkpoint_load")
-        evidence.append(f"the log's last progress before the kill ({src}) was a checkpoint starting to load; no "
+        evidence.append(f"before the kill ({src}) the log's last progress was a checkpoint starting to load; no "
                         "training step followed")
     if not any(k.oom_killer for k in kills):
-        evidence.append("no kernel line (dmesg: 'Out of memory: Killed process') names the process: a SIGKILL can also "
-                        "come from the scheduler (a cgroup memory limit, a preemption)")
+        evidence.append("no kernel line (dmesg: 'Out of memory: Killed process') names the process: "
+                        + ("the sum below exceeds the host's RAM, which is when the kernel's OOM killer acts"
+                           if by_kernel else "a SIGKILL can also come from the scheduler (a cgroup memory limit, "
+                           "a preemption)"))
     evidence += math_lines
     rec = ("load the checkpoint once per host, not once per rank: load on rank 0 only and broadcast (FSDP "
            "sync_module_states=True with the other ranks' model on the meta device; accelerate's "
