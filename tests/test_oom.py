@@ -260,8 +260,9 @@ def test_logs_only_folder_reports_died_verdict(tmp_path: Path) -> None:
     (run / "train.log").write_text(torchtune_70b_log())
     out = tmp_path / "out"
     res = CliRunner().invoke(cli, ["report", str(run), "-o", str(out / "r.html"), "--json", str(out / "r.json"),
-                                   "-j", "1"], catch_exceptions=False)
+                                   "--md", str(out / "r.md"), "-j", "1"], catch_exceptions=False)
     assert res.exit_code == 0, res.output
+    assert "[high] died config/host_oom: 8 ranks on gpu-b-02 killed by the kernel (SIGKILL)" in res.output
     model = json.loads((out / "r.json").read_text())
     assert model["verdict"].startswith("Run died: 8 ranks on gpu-b-02 killed by the kernel (SIGKILL) while the "
                                        "checkpoint loaded: host memory (8 × 141 GB bf16 ≈ 1.13 TB > 768 GB)")
@@ -272,4 +273,8 @@ def test_logs_only_folder_reports_died_verdict(tmp_path: Path) -> None:
     assert any(w["message"].startswith("no trace found") for w in model["warnings"])
     html = (out / "r.html").read_text()
     assert "Run died: 8 ranks on gpu-b-02 killed by the kernel (SIGKILL)" in html and "no trace found" in html
+    assert "No trace found: this run is reported from its logs" in html and ">LOGS<" in html
+    assert "<small>the run died</small>" in html and "100.0 %" not in html
     assert "No significant slowdown" not in html
+    md = (out / "r.md").read_text()
+    assert "config/host\\_oom, high severity, the run died, ranks 0–7" in md

@@ -31,6 +31,7 @@ from traceanalyze.errors import (
     EnvironmentFailure,
     TraceanalyzeError,
 )
+from traceanalyze.findings import DIED_KINDS
 from traceanalyze.fmt import finite, fmt_float, ranges
 from traceanalyze.ingest import block_pandas
 from traceanalyze.limits import DEFAULT_MAX_EVENTS, REGRESSION_THRESHOLD
@@ -104,7 +105,8 @@ def summary_lines(model: dict, limit: int = SUMMARY_FINDINGS) -> list[str]:
         where = f" (rank{'s' if len(ranks) > 1 else ''} {ranges(ranks)})" if 0 < len(ranks) <= 8 else ""
         level = (f.get("confidence") or {}).get("level") if isinstance(f.get("confidence"), dict) else None
         part = f" (part of {f['part_of']})" if f.get("part_of") else ""
-        out.append(f"[{f.get('severity')}] {float(f.get('impact_pct') or 0):.1f}% {f.get('cause')}/{f.get('kind')}: "
+        share = "died" if f.get("kind") in DIED_KINDS else f"{float(f.get('impact_pct') or 0):.1f}%"
+        out.append(f"[{f.get('severity')}] {share} {f.get('cause')}/{f.get('kind')}: "
                    f"{f.get('title')}{where}{part}" + (f" ({level} confidence)" if level else ""))
     if len(top) > limit:
         out.append(f"... {len(top) - limit} more finding(s) in the report")

@@ -26,7 +26,7 @@ MAX_WORLD_SIZE = 1 << 20  # ranks: a distributedInfo.world_size above this is im
 # --- numbers read from a log -----------------------------------------------------------------------------
 MAX_MEMORY_BYTES = 1 << 60  # bytes: a GPU or host memory figure above 1 EiB in an OOM message is garbage (dropped)
 MAX_PARAMS = 1e14  # parameters: a model's parameter count above 100 T in a log is garbage (dropped)
-MAX_OOM_EVENTS = 10_000  # out-of-memory and kill records kept from one log (a crash loop repeats them)
+MAX_OOM_EVENTS = 10_000  # out-of-memory and kill records kept from one log, and from all of a run's (a crash loop)
 MAX_HOST_NAME = 64  # characters of a host name read from a torchrun failure block (longer: cut)
 
 # --- defaults of options -----------------------------------------------------------------------------------

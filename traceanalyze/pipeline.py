@@ -20,6 +20,7 @@ from traceanalyze.discover import Discovery, Run, assign_ranks, check_headers, d
 from traceanalyze.errors import TraceanalyzeError
 from traceanalyze.executors import DaskExecutor, map_large_blocks, release_free_memory
 from traceanalyze.fmt import ranges, rank_spans
+from traceanalyze.limits import MAX_OOM_EVENTS
 from traceanalyze.safety import check_outputs
 from traceanalyze.version import __version__
 
@@ -974,7 +975,7 @@ def _read_sidecars(con, run_id: int, run: Run, warnings: list[dict], max_bytes: 
                 for f in res.facts:
                     facts.setdefault(f.key, []).append(f)
                 log_steps.extend(res.steps)
-                ooms.extend(res.ooms)
+                ooms.extend(res.ooms[: max(0, MAX_OOM_EVENTS - len(ooms))])  # bounded over the run's logs too
                 store.insert_rows(con, "log_steps", None, [
                     [run_id, str(sc.path), res.framework, st.rank, st.step, st.iter, st.loss, st.lr, st.grad_norm,
                      st.tokens_per_s, st.tflops, st.mfu_pct, st.step_time_ms, st.memory_gib, st.epoch]

@@ -12,9 +12,8 @@ from __future__ import annotations
 import re
 
 from traceanalyze.diagnose.evidence import RunEvidence
-from traceanalyze.findings import Finding
+from traceanalyze.findings import DIED_KINDS, Finding
 
-DIED_KINDS = ("cuda_oom", "host_oom")
 FRAGMENTED_PCT = 10.0  # reserved-but-unallocated memory at least this % of the GPU: fragmentation, expandable segments
 MAX_LISTED = 8  # the deaths listed one by one in a finding's evidence
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 2}  # bytes a parameter of the checkpoint takes

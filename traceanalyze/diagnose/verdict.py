@@ -365,7 +365,7 @@ def verdict(findings: list[Finding], runs: list[RunEvidence] | None = None) -> s
     """One sentence for the top of the report (see the module docstring). ``runs`` (the subject runs' evidence)
     adds the GPU idle share to an inconclusive verdict; when one of them has fewer traced ranks than its world size,
     the verdict starts with ``Partial: k of N ranks traced`` (:func:`partial_text`). A run that died (a finding of
-    :data:`~traceanalyze.diagnose.oom.DIED_KINDS`) says so before anything else: ``Run died: ...``
+    :data:`~traceanalyze.findings.DIED_KINDS`) says so before anything else: ``Run died: ...``
     (:func:`~traceanalyze.diagnose.oom.died_verdict`)."""
     died = died_verdict(findings)
     if died is not None:
