@@ -17,7 +17,8 @@ from traceanalyze.cli import cli
 from traceanalyze.diagnose import RunEvidence, verdict
 from traceanalyze.diagnose.oom import rule_died
 from traceanalyze.discover import sniff
-from traceanalyze.logs import Fact, parse_config, parse_text_log
+from traceanalyze.capture import cpu_facts
+from traceanalyze.logs import Fact, parse_config, parse_env, parse_text_log
 
 GIB, MIB = 1 << 30, 1 << 20
 REAL_TORCH_211 = ROOT / "tests" / "data" / "gpu" / "h100" / "oom" / "cuda_oom.log"
@@ -278,3 +279,28 @@ def test_logs_only_folder_reports_died_verdict(tmp_path: Path) -> None:
     assert "No significant slowdown" not in html
     md = (out / "r.md").read_text()
     assert "config/host\\_oom, high severity, the run died, ranks 0–7" in md
+
+
+def test_host_ram_from_env_file_and_local_world_size(tmp_path: Path) -> None:
+    """capture's env file states the host's RAM (cpu.mem_bytes) and LOCAL_WORLD_SIZE: the arithmetic uses both; the
+    one rank torchrun's block names (local rank 2) is not the host's rank count."""
+    env = tmp_path / "env_rank0.json"
+    env.write_text(json.dumps({"traceanalyze_capture": 1, "hostname": "gpu-node-07", "env": {"LOCAL_WORLD_SIZE": "8"},
+                               "cpu": {"mem_bytes": 2 * 10**12}}))
+    facts = parse_env(env)
+    assert [(f.key, f.num) for f in facts if f.key == "host_ram_bytes"] == [("host_ram_bytes", 2e12)]
+    log = _section(4).split("# Older torchrun")[0]
+    ooms = parse_text_log(_log(tmp_path, log)).ooms
+    named = [Fact("model_name", "meta-llama/Llama-2-13b-hf", None, "cfg.yaml:1"),
+             Fact("precision", "fp32", None, "cfg.yaml:2")]
+    (f,) = rule_died(_evidence(ooms, [*facts, *named]))
+    assert "ranks on the host: 8 (LOCAL_WORLD_SIZE, env_rank0.json)" in f.evidence
+    assert f.title == ("rank 10 on gpu-node-07 killed (SIGKILL) while the checkpoint loaded: host memory "
+                       "(8 × 52 GB fp32 ≈ 417 GB ≤ 2.00 TB)")
+    (g,) = rule_died(_evidence(ooms, named))
+    assert "ranks on the host: 3 (at least: local rank 2 was killed)" in g.evidence
+
+
+def test_capture_records_host_memory() -> None:
+    mem = cpu_facts()["mem_bytes"]
+    assert mem is None or mem > 1 << 28  # sysconf's physical pages × page size where it has them (Linux: always)

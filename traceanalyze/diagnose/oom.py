@@ -163,14 +163,26 @@ def host_bytes(ev: RunEvidence, ranks_per_host: int) -> tuple[list[str], str | N
     return lines, short
 
 
+def ranks_per_host(ev: RunEvidence, killed: int, local_ranks: list[int]) -> tuple[int, str]:
+    """(ranks on the killed ranks' host, how it is known): ``LOCAL_WORLD_SIZE`` where an env file states it, else the
+    ranks killed there, or more where a local rank says so (local rank 5 killed: at least 6 ranks on the host)."""
+    for f in ev.facts.get("env") or []:
+        name, _, val = str(f.value).partition("=")
+        if name == "LOCAL_WORLD_SIZE" and val.isdigit() and 0 < int(val) <= 1 << 12:
+            return int(val), f"LOCAL_WORLD_SIZE, {f.source}"
+    by_local = max(local_ranks, default=-1) + 1
+    if by_local > killed:
+        return by_local, f"at least: local rank {by_local - 1} was killed"
+    return killed, "the ranks killed there"
+
+
 def _host_finding(ev: RunEvidence, kills: list) -> Finding:
     by_host: dict[str | None, list] = {}
     for k in kills:
         by_host.setdefault(k.host, []).append(k)
     host, hk = max(by_host.items(), key=lambda kv: len(kv[1]))
     killed = {(k.rank, k.local_rank, k.pid) for k in hk}
-    locals_ = [k.local_rank for k in hk if k.local_rank is not None]
-    per_host = max(len(killed), max(locals_, default=-1) + 1)
+    per_host, how = ranks_per_host(ev, len(killed), [k.local_rank for k in hk if k.local_rank is not None])
     ranks = sorted({k.rank for k in kills if k.rank is not None})
     loading = any(k.phase == "checkpoint_load" for k in kills)
     math_lines, short = host_bytes(ev, per_host)
@@ -194,6 +206,8 @@ def _host_finding(ev: RunEvidence, kills: list) -> Finding:
                         + ("the sum below exceeds the host's RAM, which is when the kernel's OOM killer acts"
                            if by_kernel else "a SIGKILL can also come from the scheduler (a cgroup memory limit, "
                            "a preemption)"))
+    if math_lines:
+        evidence.append(f"ranks on the host: {per_host} ({how})")
     evidence += math_lines
     rec = ("load the checkpoint once per host, not once per rank: load on rank 0 only and broadcast (FSDP "
            "sync_module_states=True with the other ranks' model on the meta device; accelerate's "
