@@ -13,11 +13,11 @@ import pytest
 from click.testing import CliRunner
 
 from tests.conftest import ROOT, shared
+from traceanalyze.capture import cpu_facts
 from traceanalyze.cli import cli
 from traceanalyze.diagnose import RunEvidence, verdict
 from traceanalyze.diagnose.oom import rule_died
 from traceanalyze.discover import sniff
-from traceanalyze.capture import cpu_facts
 from traceanalyze.logs import Fact, parse_config, parse_env, parse_text_log
 
 GIB, MIB = 1 << 30, 1 << 20
