@@ -270,7 +270,10 @@ def test_logs_only_folder_reports_died_verdict(tmp_path: Path) -> None:
     (run_model,) = model["runs"]
     assert run_model["mode"] == "logs" and len(run_model["deaths"]) == 8
     assert run_model["deaths"][0]["signal"] == "SIGKILL" and run_model["deaths"][0]["host"] == "gpu-b-02"
-    assert [f["kind"] for f in model["findings"]] == ["host_oom"]
+    assert [f["kind"] for f in model["findings"]] == ["host_oom"] and model["findings"][0]["main"] is True
+    # the log states the death: high, whatever the missing trace caps for a slowdown
+    assert model["findings"][0]["confidence"] == {"level": "high", "range_pct": None, "why": []}
+    assert model["verdict_confidence"]["level"] == "high"
     assert any(w["message"].startswith("no trace found") for w in model["warnings"])
     html = (out / "r.html").read_text()
     assert "Run died: 8 ranks on gpu-b-02 killed by the kernel (SIGKILL)" in html and "no trace found" in html

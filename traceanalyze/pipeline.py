@@ -19,6 +19,7 @@ from traceanalyze import hardware, ingest, store
 from traceanalyze.discover import Discovery, Run, assign_ranks, check_headers, discover, window_grouping
 from traceanalyze.errors import TraceanalyzeError
 from traceanalyze.executors import DaskExecutor, map_large_blocks, release_free_memory
+from traceanalyze.findings import DIED_KINDS
 from traceanalyze.fmt import ranges, rank_spans
 from traceanalyze.limits import MAX_OOM_EVENTS
 from traceanalyze.safety import check_outputs
@@ -298,7 +299,11 @@ def _report_model(con, runs_model: list[dict], evidence: list, all_findings: lis
         "findings": diagnose.to_dicts(ranked),
         "warnings": warnings,
     }
-    if model["verdict"].startswith("Main cause") or (model["partial"] and ". Main cause: " in model["verdict"]):
+    if model["verdict"].startswith("Run died: "):  # the death the verdict names leads the cards
+        top = next((f for f in model["findings"] if f["kind"] in DIED_KINDS), None)
+        if top is not None:
+            top["main"] = True
+    elif model["verdict"].startswith("Main cause") or (model["partial"] and ". Main cause: " in model["verdict"]):
         # the finding the verdict names leads the report's cards
         top = next((f for f in model["findings"] if f["severity"] in ("high", "medium")), None)
         if top is not None:
