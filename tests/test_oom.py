@@ -307,3 +307,24 @@ def test_host_ram_from_env_file_and_local_world_size(tmp_path: Path) -> None:
 def test_capture_records_host_memory() -> None:
     mem = cpu_facts()["mem_bytes"]
     assert mem is None or mem > 1 << 28  # sysconf's physical pages × page size where it has them (Linux: always)
+
+
+def test_kills_after_a_cuda_oom_are_its_evidence(tmp_path: Path) -> None:
+    """torchrun stops the other ranks after one fails (SIGTERM, then SIGKILL): without the kernel's line or a
+    checkpoint load, those kills are part of the CUDA OOM; a kill the kernel names is a death of its own."""
+    oom = ("[rank{r}]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.00 GiB. GPU {r} has a total "
+           "capacity of 94.99 GiB of which 3.00 GiB is free. Including non-PyTorch memory, this process has 91.90 GiB "
+           "memory in use. Of the allocated memory 90.00 GiB is allocated by PyTorch, and 1.00 GiB is reserved by "
+           "PyTorch but unallocated.\n")
+    kills = "".join(f"E1127 api.py:869] failed (exitcode: -9) local_rank: {r} (pid: {100 + r}) of binary: python\n"
+                    for r in (4, 5))
+    res = parse_text_log(_log(tmp_path, "".join(oom.format(r=r) for r in range(4)) + kills))
+    (f,) = rule_died(_evidence(res.ooms))
+    assert f.kind == "cuda_oom" and f.ranks == [0, 1, 2, 3]
+    assert f.title == "CUDA out of memory on ranks 0–3: tried to allocate 4.00 GiB with 3.00 GiB free of 94.99 GiB"
+    assert f.evidence[-1].startswith("then 2 process(es) killed (SIGKILL) with no kernel OOM-killer line")
+    dmesg = parse_text_log(_log(tmp_path, "Out of memory: Killed process 105 (python) anon-rss:900000000kB\n",
+                                "dmesg.txt")).ooms
+    cuda, host = rule_died(_evidence([*res.ooms, *dmesg]))
+    assert host.kind == "host_oom" and host.title == "local rank 5 killed by the kernel (SIGKILL): host memory"
+    assert verdict([cuda, host]).endswith("Also: local rank 5 killed by the kernel (SIGKILL): host memory.")

@@ -13,6 +13,7 @@ import re
 
 from traceanalyze.diagnose.evidence import RunEvidence
 from traceanalyze.findings import DIED_KINDS, Finding
+from traceanalyze.fmt import ranges
 
 FRAGMENTED_PCT = 10.0  # reserved-but-unallocated memory at least this % of the GPU: fragmentation, expandable segments
 MAX_LISTED = 8  # the deaths listed one by one in a finding's evidence
@@ -62,8 +63,7 @@ def model_params(ev: RunEvidence) -> tuple[float, str] | None:
 
 
 def _ranks_text(ranks: list[int]) -> str:
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(str(r) for r in ranks[:16]) + (
-        ", …" if len(ranks) > 16 else "")
+    return ("rank " if len(ranks) == 1 else "ranks ") + ranges(ranks)
 
 
 def cuda_advice(e) -> str:
@@ -106,7 +106,8 @@ def _cuda_line(e) -> str:
     return f"CUDA out of memory on {who} ({e.form}, {e.source}): " + "; ".join(parts)
 
 
-def _cuda_finding(ev: RunEvidence, cuda: list) -> Finding:
+def _cuda_finding(ev: RunEvidence, cuda: list, after: list) -> Finding:
+    """The ``cuda_oom`` finding of a run's CUDA OOM records; ``after``: kills that likely followed it (evidence)."""
     e = cuda[0]
     ranks = sorted({c.rank for c in cuda if c.rank is not None})
     where = (_ranks_text(ranks) if ranks else "a rank") + (f" (GPU {e.gpu})" if e.gpu is not None and len(ranks) <= 1
@@ -118,6 +119,10 @@ def _cuda_finding(ev: RunEvidence, cuda: list) -> Finding:
     evidence = [_cuda_line(c) for c in cuda[:MAX_LISTED]]
     if len(cuda) > MAX_LISTED:
         evidence.append(f"… and {len(cuda) - MAX_LISTED} more CUDA out-of-memory records")
+    if after:
+        evidence.append(f"then {len(after)} process(es) killed (SIGKILL) with no kernel OOM-killer line and no "
+                        "checkpoint loading: most likely torchrun stopping the other ranks after the failure ("
+                        + ", ".join(k.source for k in after[:4]) + ")")
     return Finding("config", "cuda_oom", "high", 100.0, ranks, title, evidence, cuda_advice(e))
 
 
@@ -188,7 +193,9 @@ def _host_finding(ev: RunEvidence, kills: list) -> Finding:
     math_lines, short = host_bytes(ev, per_host)
     by_kernel = any(k.oom_killer for k in kills) or (short is not None and " > " in short)
     n = len(killed)
-    who = (f"{n} ranks" if n > 1 else f"rank {hk[0].rank}" if hk[0].rank is not None else "a process") + (
+    one = hk[0]
+    who = (f"{n} ranks" if n > 1 else f"rank {one.rank}" if one.rank is not None else
+           f"local rank {one.local_rank}" if one.local_rank is not None else "a process") + (
         f" on {host}" if host else "")
     title = (f"{who} killed {'by the kernel ' if by_kernel else ''}(SIGKILL)"
              f"{' while the checkpoint loaded' if loading else ''}: host memory")
@@ -249,21 +256,28 @@ def merge_kernel_lines(ooms: list) -> list:
 def rule_died(ev: RunEvidence) -> list[Finding]:
     """Config, high, impact 100 %: the logs record a CUDA out-of-memory error (``cuda_oom``: the figures and advice
     of :func:`cuda_advice`) or ranks killed by SIGKILL (``host_oom``: which ranks on which host, whether the
-    checkpoint was loading, and :func:`host_bytes`)."""
+    checkpoint was loading, and :func:`host_bytes`). Beside a CUDA OOM, a kill that neither the kernel's OOM killer
+    names nor a checkpoint load precedes is most likely torchrun stopping the other ranks (SIGTERM, then SIGKILL):
+    evidence of the CUDA OOM, not a host-memory death of its own."""
     ooms = merge_kernel_lines(list(ev.ooms))
     out = []
     cuda = [o for o in ooms if o.kind == "cuda"]
-    if cuda:
-        out.append(_cuda_finding(ev, cuda))
     kills = [o for o in ooms if o.kind == "host"]
+    after = [k for k in kills if not k.oom_killer and k.phase != "checkpoint_load"] if cuda else []
+    if cuda:
+        out.append(_cuda_finding(ev, cuda, after))
+    kills = [k for k in kills if k not in after]
     if kills:
         out.append(_host_finding(ev, kills))
     return out
 
 
 def died_verdict(findings: list[Finding]) -> str | None:
-    """``Run died: <title>. Fix: <the short fix>.`` for the first finding of :data:`DIED_KINDS`, else None."""
-    f = next((g for g in findings if g.kind in DIED_KINDS), None)
-    if f is None:
+    """``Run died: <title>. Fix: <the short fix>.`` for the first finding of :data:`DIED_KINDS` (``Also: <title>.``
+    for a second one: a CUDA OOM and a host kill), else None."""
+    died = [g for g in findings if g.kind in DIED_KINDS]
+    if not died:
         return None
-    return f"Run died: {f.title}. Fix: {f.recommendation.split('; ')[0]}."
+    f = died[0]
+    also = f" Also: {died[1].title}." if len(died) > 1 else ""
+    return f"Run died: {f.title}. Fix: {f.recommendation.split('; ')[0]}.{also}"
