@@ -74,7 +74,7 @@ def test_torch_20_21_form_real(tmp_path: Path) -> None:
     assert _approx(e.reserved_unallocated_bytes, 2.61, GIB)
     (f,) = rule_died(_evidence([e]))
     # 2.61 of 23.65 GiB is 11 %: fragmentation
-    assert verdict([f]) == ("Run died: CUDA out of memory on a rank (GPU 0): tried to allocate 1.25 GiB with "
+    assert verdict([f]) == ("Run died: CUDA out of memory on GPU 0: tried to allocate 1.25 GiB with "
                             "310.00 MiB free of 23.65 GiB. Fix: set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.")
 
 
@@ -95,8 +95,9 @@ def test_torchrun_sigkill_real(tmp_path: Path) -> None:
     assert (old.local_rank, old.pid, old.host, old.rank) == (0, 20511, None, None)  # torchrun <= 2.0, no block
     (f,) = rule_died(_evidence([new]))
     assert f.kind == "host_oom" and f.ranks == [10]
-    assert verdict([f]).startswith("Run died: rank 10 on gpu-node-07 killed (SIGKILL) while the checkpoint loaded: "
-                                   "host memory. Fix: load the checkpoint once per host, not once per rank")
+    assert verdict([f]) == ("Run died: rank 10 on gpu-node-07 killed (SIGKILL) while the checkpoint loaded: host "
+                            "memory. Fix: load the checkpoint once per host, not once per rank.")
+    assert "cpu_ram_efficient_loading" in f.recommendation and "CPU offload, if turned on" in f.recommendation
 
 
 def test_kernel_line_confirms_kill_across_files(tmp_path: Path) -> None:
@@ -113,7 +114,9 @@ def test_kernel_line_confirms_kill_across_files(tmp_path: Path) -> None:
 
 def test_bare_killed_real(tmp_path: Path) -> None:
     (e,) = parse_text_log(_log(tmp_path, _section(6))).ooms
-    assert (e.kind, e.form, e.signal) == ("host", "shell", "SIGKILL")
+    assert (e.kind, e.form, e.signal, e.phase) == ("host", "shell", "SIGKILL", None)
+    assert verdict(rule_died(_evidence([e]))) == ("Run died: a process killed (SIGKILL): host memory. Fix: shrink what "
+                                                  "each rank holds in host memory.")
     assert sniff(tmp_path / "train.log", (tmp_path / "train.log").read_bytes()) == "training_log"
 
 

@@ -110,8 +110,8 @@ def _cuda_finding(ev: RunEvidence, cuda: list, after: list) -> Finding:
     """The ``cuda_oom`` finding of a run's CUDA OOM records; ``after``: kills that likely followed it (evidence)."""
     e = cuda[0]
     ranks = sorted({c.rank for c in cuda if c.rank is not None})
-    where = (_ranks_text(ranks) if ranks else "a rank") + (f" (GPU {e.gpu})" if e.gpu is not None and len(ranks) <= 1
-                                                           else "")
+    gpu = f"GPU {e.gpu}" if e.gpu is not None and len(ranks) <= 1 else ""
+    where = f"{_ranks_text(ranks)}{f' ({gpu})' if gpu else ''}" if ranks else gpu or "a GPU"
     title = f"CUDA out of memory on {where}"
     if e.tried_bytes is not None and e.free_bytes is not None and e.capacity_bytes is not None:
         title += (f": tried to allocate {gib(e.tried_bytes)} with {gib(e.free_bytes)} free of "
@@ -216,15 +216,26 @@ def _host_finding(ev: RunEvidence, kills: list) -> Finding:
     if math_lines:
         evidence.append(f"ranks on the host: {per_host} ({how})")
     evidence += math_lines
-    rec = ("load the checkpoint once per host, not once per rank: load on rank 0 only and broadcast (FSDP "
-           "sync_module_states=True with the other ranks' model on the meta device; accelerate's "
-           "fsdp_cpu_ram_efficient_loading / cpu_ram_efficient_loading; torchtune's distributed recipes load "
-           "rank 0's state dict and shard it), or stream it shard by shard (safetensors, torch.load(mmap=True)); "
-           "CPU offload costs host memory too (fp32 master weights and optimizer state): turn it off where the "
-           "GPUs can hold the sharded state, or use a host with more RAM / fewer ranks per host")
-    if ev.fact("cpu_offload") != "true":
-        rec = rec.replace("CPU offload costs", "CPU offload, if turned on later, costs")
-    return Finding("config", "host_oom", "high", 100.0, ranks, title, evidence, rec)
+    return Finding("config", "host_oom", "high", 100.0, ranks, title, evidence,
+                   host_advice(loading, ev.fact("cpu_offload") == "true"))
+
+
+def host_advice(loading: bool, offload: bool) -> str:
+    """What to change for ranks killed for host memory: while the checkpoint loaded, load it once per host; else
+    shrink what each rank holds on the host. The first clause, before ``; ``, is the short fix the verdict names."""
+    load = ("load the checkpoint on rank 0 only, or on the meta device, and broadcast or shard it: FSDP "
+            "sync_module_states=True with the other ranks' model on the meta device, accelerate's "
+            "fsdp_cpu_ram_efficient_loading (cpu_ram_efficient_loading), torchtune's distributed recipes (rank 0 "
+            "loads the state dict, the others take their shards), or stream it shard by shard (safetensors, "
+            "torch.load(mmap=True))")
+    off = ("CPU offload costs host memory too (fp32 master weights and optimizer state): turn it off where the GPUs "
+           "can hold the sharded state, or use a host with more RAM or fewer ranks per host" if offload else
+           "CPU offload, if turned on, would add its fp32 master weights and optimizer state to the host's load")
+    if loading:
+        return f"load the checkpoint once per host, not once per rank; {load}; {off}"
+    return ("shrink what each rank holds in host memory; the usual holders: each rank's own copy of the checkpoint "
+            f"({load}), DataLoader workers (each holds a copy of the dataset object: fewer num_workers, memory-mapped "
+            f"data), pinned-memory buffers; {off}")
 
 
 def _kill_line(k) -> str:
