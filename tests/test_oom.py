@@ -105,7 +105,8 @@ def test_kernel_line_confirms_kill_across_files(tmp_path: Path) -> None:
     (k,) = parse_text_log(_log(tmp_path, _section(5), "dmesg.txt")).ooms
     assert (k.form, k.pid, k.oom_killer) == ("kernel", 7435, True)
     assert k.rss_bytes == 101234567 * 1024
-    stamped = _log(tmp_path, "[812345.678901] " + _section(5).strip().splitlines()[-1] + "\n", "kern.txt")  # dmesg's clock
+    line = _section(5).strip().splitlines()[-1]
+    stamped = _log(tmp_path, f"[812345.678901] {line}\n", "kern.txt")  # with dmesg's clock
     assert sniff(stamped, stamped.read_bytes()) == "training_log"
     assert [(o.pid, o.oom_killer) for o in parse_text_log(stamped).ooms] == [(7435, True)]
     run = parse_text_log(_log(tmp_path, _section(4))).ooms
