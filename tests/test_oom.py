@@ -335,3 +335,12 @@ def test_kills_after_a_cuda_oom_are_its_evidence(tmp_path: Path) -> None:
     cuda, host = rule_died(_evidence([*res.ooms, *dmesg]))
     assert host.kind == "host_oom" and host.title == "local rank 5 killed by the kernel (SIGKILL): host memory"
     assert verdict([cuda, host]).endswith("Also: local rank 5 killed by the kernel (SIGKILL): host memory.")
+
+
+def test_kills_on_several_hosts(tmp_path: Path) -> None:
+    """Each node's torchrun log: the title names the host with the most kills and counts the others."""
+    a = parse_text_log(_log(tmp_path, torchtune_70b_log(8, "gpu-b-02"), "node0.log")).ooms
+    b = parse_text_log(_log(tmp_path, torchtune_70b_log(2, "gpu-b-03"), "node1.log")).ooms
+    (f,) = rule_died(_evidence([*a, *b]))
+    assert f.title == ("8 ranks on gpu-b-02 (and 2 more on 1 other host) killed (SIGKILL) while the checkpoint "
+                       "loaded: host memory")

@@ -197,6 +197,9 @@ def _host_finding(ev: RunEvidence, kills: list) -> Finding:
     who = (f"{n} ranks" if n > 1 else f"rank {one.rank}" if one.rank is not None else
            f"local rank {one.local_rank}" if one.local_rank is not None else "a process") + (
         f" on {host}" if host else "")
+    others = [h for h in by_host if h is not None and h != host]
+    if others:
+        who += f" (and {len(kills) - len(hk)} more on {len(others)} other host{'s' if len(others) > 1 else ''})"
     title = (f"{who} killed {'by the kernel ' if by_kernel else ''}(SIGKILL)"
              f"{' while the checkpoint loaded' if loading else ''}: host memory")
     if short is not None:
