@@ -36,6 +36,7 @@ import statistics
 from typing import Any
 
 from traceanalyze.diagnose.verdict import finding_scenario
+from traceanalyze.findings import DIED_KINDS
 
 LEVELS = ("high", "medium", "low")
 NOISE_MEDIUM_PCT = 10.0  # σ/mean of the step time above which a single figure is not "high"
@@ -187,12 +188,15 @@ def whatif_confidence(w: dict, b: dict) -> tuple[str, list[str]]:
 def finding_confidence(f: dict, b: dict | None, whatifs: list[dict]) -> dict:
     """``findings[i].confidence``: ``level``, ``range_pct`` ([low, high] % of the step that fixing it wins back:
     the what-if's model range, else the impact ± the step-to-step noise, clipped to 0–100) and ``why`` (the
-    reasons for a level below high; empty when high).
+    reasons for a level below high; empty when high). A finding that the run died (``cuda_oom``, ``host_oom``) is
+    high: the log states it, and no step, trace or replay stands behind it.
 
     Args:
         f: a finding (``findings[i]``). b: its run's :func:`basis` (None: run unknown, only the finding's own
             caps apply). whatifs: its run's ``whatif`` rows (levels already set by :func:`assess`).
     """
+    if f.get("kind") in DIED_KINDS:  # the log states the death: no step, trace or replay is behind it
+        return {"level": "high", "range_pct": None, "why": []}
     caps = _run_caps(b, wait_finding=f.get("cause") in WAIT_CAUSES) if b else []
     impact = _num(f.get("impact_pct")) or 0.0
     sc = finding_scenario(f.get("kind", ""), whatifs)
@@ -238,6 +242,8 @@ def assess(model: dict) -> None:
         b = bases.get(main.get("run", ""))
         model["verdict_confidence"] = {"level": main["confidence"]["level"], "why": main["confidence"]["why"],
                                        "line": b["line"] if b else None}
+        if main.get("kind") in DIED_KINDS:
+            model["verdict_confidence"]["line"] = "the run's logs record the death (see the finding's evidence)"
     elif subject is not None:  # no cause named: how sure "nothing found" is rests on the run alone
         b = bases[subject.get("name", "")]
         level, why = _lowest(_run_caps(b))
