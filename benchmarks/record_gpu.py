@@ -80,6 +80,15 @@ def gpt_loss(model, idx, tgt):
     return F.cross_entropy(logits.view(-1, logits.shape[-1]).float(), tgt.view(-1))
 
 
+def bf16_gpt_step(model, opt, idx, tgt):
+    """One training step of a GPT under bf16 autocast (the loader, optimizer and memory sides)."""
+    with torch.autocast(DEV, dtype=torch.bfloat16):
+        loss = gpt_loss(model, idx, tgt)
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
 def mlp(width=512, layers=40):
     mods = []
     for _ in range(layers):
@@ -110,6 +119,9 @@ def timed(step, n):
     return (time.perf_counter() - t) * 1e3 / n
 
 
+AFTER_STEPS = 5  # capture.profile's time_after: the steps it times without the profiler after the window
+
+
 def run_side(name, out_dir, step, *, plain=False, warm=3, n=20, prof_steps=8, record_shapes=True, meta=None):
     os.makedirs(out_dir, exist_ok=True)
     for i in range(warm):
@@ -118,7 +130,8 @@ def run_side(name, out_dir, step, *, plain=False, warm=3, n=20, prof_steps=8, re
     ms1 = timed(step, n)
     per = []
     with profiler(out_dir, plain=plain, record_shapes=record_shapes) as prof:
-        for i in range(prof_steps):
+        # capture.profile also times AFTER_STEPS steps past the window without the profiler (steps_rank0.json)
+        for i in range(prof_steps + (0 if plain else AFTER_STEPS)):
             t = time.perf_counter()
             step(i)
             torch.cuda.synchronize()
@@ -361,12 +374,7 @@ def pair_loader(out):
 
         def step(i, it=it, model=model, opt=opt):
             idx, tgt = next(it)
-            idx, tgt = idx.to(DEV, non_blocking=True), tgt.to(DEV, non_blocking=True)
-            with torch.autocast(DEV, dtype=torch.bfloat16):
-                loss = gpt_loss(model, idx, tgt)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            bf16_gpt_step(model, opt, idx.to(DEV, non_blocking=True), tgt.to(DEV, non_blocking=True))
 
         res[side] = run_side(f"loader/{side}", f"{out}/loader/{side}", step, n=20, warm=8,
                              meta={"config": "GPT d768 L4 seq512 batch32 bf16; sample = sort of 100k floats",
@@ -392,11 +400,7 @@ def pair_optimizer(out):
         idx, tgt = gpt_data(16, 256) if not SMOKE else (torch.randint(0, 32000, (2, 256)),) * 2
 
         def step(i, model=model, opt=opt, idx=idx, tgt=tgt):
-            with torch.autocast(DEV, dtype=torch.bfloat16):
-                loss = gpt_loss(model, idx, tgt)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            bf16_gpt_step(model, opt, idx, tgt)
 
         res[side] = run_side(f"optimizer/{side}", f"{out}/optimizer/{side}", step, n=50, prof_steps=10,
                              meta={"config": "GPT d512 L8 h8 seq256 batch16 bf16 autocast",
@@ -422,11 +426,7 @@ def pair_memory(out):
     with capture.profile(d, wait=1, warmup=1, active=5, profile_memory=True) as prof:
         for _ in range(7 + 5):
             t = time.perf_counter()
-            with torch.autocast(DEV, dtype=torch.bfloat16):
-                loss = gpt_loss(model, idx, tgt)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            bf16_gpt_step(model, opt, idx, tgt)
             kept.append(torch.empty(2 << 20, dtype=torch.float32, device=DEV).fill_(1.0))  # 8 MiB kept
             torch.cuda.synchronize()
             per.append((time.perf_counter() - t) * 1e3)

@@ -148,6 +148,23 @@ def test_whatif_check_rule() -> None:
     assert whatif_check(slow, _run("f", [], [], None, None), _ev("s", "fp32"), _ev("f", "bf16")) == []
 
 
+def test_a_part_is_not_checked_beside_its_whole() -> None:
+    """A per-parameter optimizer inside a launch-bound step (``part_of``): where the baseline removed both (one CUDA
+    graph), the measured saving is the whole's fix, so only no_launch_overhead is checked; where only the optimizer
+    changed (the launch-bound finding stays), fused_optimizer is checked against it."""
+    opt = dict(_f("host_optimizer", "high", 30.0), part_of="launch_bound")
+    w = [{"scenario": "fused_optimizer", "saving_pct": 30.0, "reliable": True},
+         {"scenario": "no_launch_overhead", "saving_pct": 60.0, "reliable": True}]
+    slow = _run("slow", [_f("launch_bound", "high", 60.0), opt], w, 100e3, 80e3)
+    graphed = _run("graphed", [], [], 20e3, 16e3)
+    rows = whatif_check(slow, graphed, _ev("slow", "bf16"), _ev("graphed", "bf16"))
+    assert [(r["scenario"], r["why"]) for r in rows] == [
+        ("no_launch_overhead", "launch_bound finding here, none in the baseline")]
+    fused = _run("fused", [_f("launch_bound", "high", 55.0)], [], 60e3, 56e3)
+    rows = whatif_check(slow, fused, _ev("slow", "bf16"), _ev("fused", "bf16"))
+    assert [(r["scenario"], r["measured_saving_pct"]) for r in rows] == [("fused_optimizer", 30.0)]  # 1 − 56 / 80
+
+
 def test_next_bottleneck_and_terminal_lines() -> None:
     slow = _run("slow", [_f("dataloader", "high", 40.0)], W, 100e3, None)
     fixed = _run("fixed", [_f("straggler", "medium", 15.0, "imbalance"), _f("fp32_matmul", "low", 3.0)], [],

@@ -142,8 +142,10 @@ def cpu_facts(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> dict[str, Any]:
     the world size it tells whether ranks share cores), ``isa``
     (torch's CPU capability, e.g. ``AVX2``, ``AVX512``) and ``native_bf16`` (True when ``cpuinfo`` lists
     one of :data:`NATIVE_BF16_FLAGS`; False when it lists flags but none of them; None when it cannot be read,
-    e.g. not Linux; ``isa`` None without torch). Without native bf16, oneDNN emulates bf16 matmuls and they run
-    slower than fp32 (2-30x, by CPU), so bf16 autocast is no fix on that host. Never raises.
+    e.g. not Linux; ``isa`` None without torch) and ``mem_bytes`` (the host's physical memory in bytes, from
+    ``sysconf``; None where unsupported: the host-memory arithmetic of a killed run compares with it). Without
+    native bf16, oneDNN emulates bf16 matmuls and they run slower than fp32 (2-30x, by CPU), so bf16 autocast is no
+    fix on that host. Never raises.
     """
     model: str | None = None
     flags: set[str] | None = None
@@ -168,8 +170,12 @@ def cpu_facts(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> dict[str, Any]:
         allowed: int | None = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # not Linux
         allowed = None
+    try:
+        mem: int | None = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):  # not POSIX, or the name is unknown
+        mem = None
     return {"model": model, "cpus": os.cpu_count(), "cpus_allowed": allowed, "threads": threads, "isa": isa,
-            "native_bf16": None if flags is None else bool(flags.intersection(NATIVE_BF16_FLAGS))}
+            "mem_bytes": mem, "native_bf16": None if flags is None else bool(flags.intersection(NATIVE_BF16_FLAGS))}
 
 
 def write_topology(out_dir: str | os.PathLike, timeout_s: float = 20.0) -> Path | None:

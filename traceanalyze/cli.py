@@ -31,6 +31,7 @@ from traceanalyze.errors import (
     EnvironmentFailure,
     TraceanalyzeError,
 )
+from traceanalyze.findings import DIED_KINDS
 from traceanalyze.fmt import finite, fmt_float, ranges
 from traceanalyze.ingest import block_pandas
 from traceanalyze.limits import DEFAULT_MAX_EVENTS, REGRESSION_THRESHOLD
@@ -104,7 +105,8 @@ def summary_lines(model: dict, limit: int = SUMMARY_FINDINGS) -> list[str]:
         where = f" (rank{'s' if len(ranks) > 1 else ''} {ranges(ranks)})" if 0 < len(ranks) <= 8 else ""
         level = (f.get("confidence") or {}).get("level") if isinstance(f.get("confidence"), dict) else None
         part = f" (part of {f['part_of']})" if f.get("part_of") else ""
-        out.append(f"[{f.get('severity')}] {float(f.get('impact_pct') or 0):.1f}% {f.get('cause')}/{f.get('kind')}: "
+        share = "died" if f.get("kind") in DIED_KINDS else f"{float(f.get('impact_pct') or 0):.1f}%"
+        out.append(f"[{f.get('severity')}] {share} {f.get('cause')}/{f.get('kind')}: "
                    f"{f.get('title')}{where}{part}" + (f" ({level} confidence)" if level else ""))
     if len(top) > limit:
         out.append(f"... {len(top) - limit} more finding(s) in the report")
@@ -294,7 +296,7 @@ def report(ctx: click.Context, paths: tuple[str, ...], output: str | None, json_
             n_ranks = sum(len(r["ranks"]) for r in model["runs"])
             if out is not None and fmt == "html" or (out is not None and fmt != "html"):
                 _say(f"wrote {out} ({len(model['runs'])} run(s), {n_ranks} rank(s)); database {db_path}")
-        if not any(r["ranks"] or r["log_steps"] or r["log_facts"] for r in model["runs"]):
+        if not any(r["ranks"] or r["log_steps"] or r["log_facts"] or r.get("deaths") for r in model["runs"]):
             raise TraceanalyzeError("nothing could be analyzed: every trace file was unreadable (see above)")
         if not quiet and out is not None:  # the report itself on stdout: no summary mixed into it
             for line in summary_lines(model):

@@ -118,7 +118,9 @@ _TRAINING_MARKERS = re.compile(
     r"|^iter \d+: loss [\d.]+, time"  # nanoGPT
     r"|\{'loss': |Total train batch size|Gradient Accumulation steps =|\*\*\*\*\* Running training"  # HF
     r"|llamafactory\.|torchtune\.|\"current_steps\":|Unsloth"
-    r"|Recompiling function|FX codegen and compilation took|hit config\.(?:cache_size|recompile)_limit",
+    r"|Recompiling function|FX codegen and compilation took|hit config\.(?:cache_size|recompile)_limit"
+    r"|CUDA out of memory\. Tried to allocate|failed \(exitcode: -?\d+\) local_rank:|Out of memory: Kill"  # deaths
+    r"|(?-i:^Killed$)",
     re.MULTILINE | re.IGNORECASE,
 )
 _UNPROFILED = re.compile(rf'(?<!\\)"{UNPROFILED_KEY}"\s*:')  # the key itself, not inside a string value

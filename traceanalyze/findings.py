@@ -24,10 +24,11 @@ Kind = Literal[
     "straggler", "late_entry", "idle_rank", "untraced_ranks",
     # config
     "gradient_accumulation", "compile_overhead", "recompiles", "dataloader", "launch_bound", "host_bound",
-    "host_sync", "step_sync", "host_optimizer", "unexplained_idle",
+    "host_sync", "step_sync", "host_optimizer", "unexplained_idle", "cuda_oom", "host_oom",
     "memory_growth", "memory_near_capacity", "memory_imbalance",
 ]
 CAUSES: tuple[str, ...] = get_args(Cause)
+DIED_KINDS = ("cuda_oom", "host_oom")  # the run died (of memory): the report says so first, and no step time share
 KINDS: tuple[str, ...] = get_args(Kind)
 SEVERITIES: tuple[str, ...] = get_args(Severity)
 

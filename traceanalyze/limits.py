@@ -21,9 +21,15 @@ SNIFF_BYTES = 64 << 10  # bytes of a file's head read to tell what it is
 MAX_DUR_US = 86_400e6  # µs: an event longer than 1 day is a CUPTI timestamp fault (durations of years)
 MAX_TS_US = 4e15  # µs: |ts| beyond year ~2096 in epoch µs is garbage (and would overflow int64 ns)
 MAX_COLLECTIVE_ELEMENTS = 1 << 40  # elements of one collective message (4 TiB of fp32): more is a corrupt count
-MAX_MEMORY_BYTES = 1 << 50  # bytes of one allocation or allocator total ([memory] events): 1 PiB is no device's
+MAX_ALLOC_BYTES = 1 << 50  # bytes of one allocation or allocator total ([memory] events): 1 PiB is no device's
 MAX_DEVICE_INDEX = 1 << 16  # a [memory] event's Device Id / Device Type beyond this is garbage (set to null)
 MAX_WORLD_SIZE = 1 << 20  # ranks: a distributedInfo.world_size above this is implausible (ignored, one warning)
+
+# --- numbers read from a log -----------------------------------------------------------------------------
+MAX_MEMORY_BYTES = 1 << 60  # bytes: a GPU or host memory figure above 1 EiB in an OOM message is garbage (dropped)
+MAX_PARAMS = 1e14  # parameters: a model's parameter count above 100 T in a log is garbage (dropped)
+MAX_OOM_EVENTS = 10_000  # out-of-memory and kill records kept from one log, and from all of a run's (a crash loop)
+MAX_HOST_NAME = 64  # characters of a host name read from a torchrun failure block (longer: cut)
 
 # --- defaults of options -----------------------------------------------------------------------------------
 DEFAULT_MAX_EVENTS = 2_000_000  # events in a merged Perfetto trace (export --max-events)

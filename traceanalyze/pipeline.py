@@ -19,7 +19,9 @@ from traceanalyze import hardware, ingest, store
 from traceanalyze.discover import Discovery, Run, assign_ranks, check_headers, discover, window_grouping
 from traceanalyze.errors import TraceanalyzeError
 from traceanalyze.executors import DaskExecutor, map_large_blocks, release_free_memory
+from traceanalyze.findings import DIED_KINDS
 from traceanalyze.fmt import ranges, rank_spans
+from traceanalyze.limits import MAX_OOM_EVENTS
 from traceanalyze.safety import check_outputs
 from traceanalyze.version import __version__
 
@@ -297,7 +299,11 @@ def _report_model(con, runs_model: list[dict], evidence: list, all_findings: lis
         "findings": diagnose.to_dicts(ranked),
         "warnings": warnings,
     }
-    if model["verdict"].startswith("Main cause") or (model["partial"] and ". Main cause: " in model["verdict"]):
+    if model["verdict"].startswith("Run died: "):  # the death the verdict names leads the cards
+        top = next((f for f in model["findings"] if f["kind"] in DIED_KINDS), None)
+        if top is not None:
+            top["main"] = True
+    elif model["verdict"].startswith("Main cause") or (model["partial"] and ". Main cause: " in model["verdict"]):
         # the finding the verdict names leads the report's cards
         top = next((f for f in model["findings"] if f["severity"] in ("high", "medium")), None)
         if top is not None:
@@ -599,6 +605,9 @@ def _analyses(con, run_id: int, run: Run, mode: str, facts: dict, good: list, li
     warnings.extend(side_warnings)
     if not good:
         mode = "logs"
+        warnings.append({"file": str(run.path), "level": "warning",
+                         "message": "no trace found: no Kineto trace (*.json, *.json.gz with a traceEvents array) "
+                                    "for this run; the report shows what its logs say"})
     steps_by_rank: dict[int, list[tuple[int, int, int]]] = {}
     for st in step_rows:
         steps_by_rank.setdefault(st.rank, []).append((st.step, st.start_ns, st.start_ns + int(st.step_time_us * 1e3)))
@@ -714,6 +723,7 @@ def _evidence(con, run_id: int, run: Run, a: _RunAnalyses, facts: dict, gpu, goo
         ev.host = view()
         cur.close()
     ev.unprofiled = side.get("unprofiled")  # the step without the profiler, measured (capture or log)
+    ev.ooms = side.get("ooms") or []
     if memory_rows is not None:  # before the rules read the ranks
         _add_memory(ranks_model, memory_rows())
     return ev, longest, compile_step_us
@@ -797,6 +807,7 @@ def _run_model(run_id: int, run: Run, role: str, a: _RunAnalyses, ev, facts: dic
         "log_facts": {k: [f.value for f in v] for k, v in side["facts"].items()},
         "log_steps": len(side["log_steps"]),
         "log_step_time_ms": _log_step_time(side["log_steps"]),
+        "deaths": [asdict(o) for o in side.get("ooms") or []],
         "profiler_overhead": (replay_model or {}).pop("profiler_overhead", None),
         "replay": replay_model or None,
         "whatif": whatif,
@@ -998,6 +1009,7 @@ def _read_sidecars(con, run_id: int, run: Run, warnings: list[dict], max_bytes: 
     log_steps: list = []
     nccl = None
     topology = None
+    ooms: list = []  # logs.OomEvent: the out-of-memory errors and kills the logs record
     capture_steps: list = []  # logs.CaptureSteps of capture's steps_rank{r}.json
     for sc in run.sidecars:
         try:
@@ -1006,6 +1018,7 @@ def _read_sidecars(con, run_id: int, run: Run, warnings: list[dict], max_bytes: 
                 for f in res.facts:
                     facts.setdefault(f.key, []).append(f)
                 log_steps.extend(res.steps)
+                ooms.extend(res.ooms[: max(0, MAX_OOM_EVENTS - len(ooms))])  # bounded over the run's logs too
                 store.insert_rows(con, "log_steps", None, [
                     [run_id, str(sc.path), res.framework, st.rank, st.step, st.iter, st.loss, st.lr, st.grad_norm,
                      st.tokens_per_s, st.tflops, st.mfu_pct, st.step_time_ms, st.memory_gib, st.epoch]
@@ -1050,7 +1063,8 @@ def _read_sidecars(con, run_id: int, run: Run, warnings: list[dict], max_bytes: 
                              "message": "ran out of memory while reading it; skipped (lower --max-decompressed)"})
     store.insert_rows(con, "run_facts", None,
                       [[run_id, key, f.value, f.num, f.source] for key, fs in facts.items() for f in fs])
-    side = {"facts": facts, "log_steps": log_steps, "nccl": nccl, "topology": topology, "capture_steps": capture_steps}
+    side = {"facts": facts, "log_steps": log_steps, "nccl": nccl, "topology": topology, "capture_steps": capture_steps,
+            "ooms": ooms}
     # the step time without the profiler (capture, else the log): logs.measured_unprofiled_step
     side["unprofiled"] = logs.measured_unprofiled_step(side) if run.sidecars else None
     return side

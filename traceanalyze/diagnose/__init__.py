@@ -24,7 +24,9 @@ thresholds are module constants so they read as configuration, beside their rule
 
 One module per cause, like HTA's one analyzer per concern: :mod:`.interconnect` (exposed communication,
 topology, untraced ranks), :mod:`.precision`, :mod:`.imbalance` (straggler, late entry, idle rank), :mod:`.config`
-(compile, data loader, launch- and host-bound, effective batch); :mod:`.evidence` holds :class:`RunEvidence`,
+(compile, data loader, launch- and host-bound, effective batch), :mod:`.oom` (a run that died of memory: CUDA out of
+memory, ranks killed by SIGKILL, the host-memory arithmetic; its verdict, ``Run died: ...``, comes first);
+:mod:`.evidence` holds :class:`RunEvidence`,
 :func:`severity` and what several rules share; :mod:`.verdict` runs the rules, ranks and prices the findings and
 writes the verdict; :mod:`.compare` explains the difference between two runs.
 """

@@ -377,7 +377,10 @@ def whatif_check(subject_run: dict, baseline_run: dict, subject: RunEvidence, ba
     Measured saving = 100 × (1 − baseline step / subject step), both runs' step time without the profiler when both
     have one (basis ``unprofiled``; the source of each: measured by capture, from the log, or estimated), else both
     runs' profiled step time (basis ``profiled``). ``error_pp`` = predicted − measured, in points. When several
-    what-ifs are checked, each is set against the same measured saving (the runs differ in all their causes).
+    what-ifs are checked, each is set against the same measured saving (the runs differ in all their causes); but
+    a what-if whose finding is part of a larger one whose what-if is checked too (``part_of``: a per-parameter
+    optimizer inside a launch-bound step, whose CUDA graph removes the optimizer's launches with the rest) is not:
+    the baseline's saving is the whole's, of which the part prices a share (:func:`_drop_parts`).
 
     Returns ``[{scenario, cause, predicted_saving_pct, predicted_range_pct, measured_saving_pct, error_pp, basis,
     basis_source, subject_step_us, baseline_step_us, reliable, why}]``, ``[]`` when nothing is checked.
@@ -401,7 +404,21 @@ def whatif_check(subject_run: dict, baseline_run: dict, subject: RunEvidence, ba
                     "measured_saving_pct": round(measured, 2), "error_pp": round(pred - measured, 2),
                     "basis": how, "basis_source": sources, "subject_step_us": round(s_us, 3),
                     "baseline_step_us": round(b_us, 3), "reliable": bool(w.get("reliable", False)), "why": why})
-    return out
+    return _drop_parts(out, subject_run)
+
+
+def _drop_parts(rows: list[dict], subject_run: dict) -> list[dict]:
+    """``rows`` less those of a what-if that prices a finding of the subject that is part of a larger finding
+    (``part_of``) whose own what-if has a row: the measured saving is the whole's fix."""
+    checked = {r["scenario"] for r in rows}
+    parts = set()
+    for f in subject_run.get("findings") or []:
+        if not isinstance(f, dict) or not f.get("part_of"):
+            continue
+        own, whole = KIND_TO_SCENARIO.get(f.get("kind")), KIND_TO_SCENARIO.get(f["part_of"])
+        if whole in checked and whole != own:
+            parts.add(own)
+    return [r for r in rows if r["scenario"] not in parts]
 
 
 def next_bottleneck(subject_run: dict, baseline_run: dict) -> dict | None:

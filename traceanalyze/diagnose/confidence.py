@@ -37,6 +37,7 @@ from typing import Any
 
 from traceanalyze.diagnose.config import MEMORY_KINDS
 from traceanalyze.diagnose.verdict import finding_scenario
+from traceanalyze.findings import DIED_KINDS
 
 LEVELS = ("high", "medium", "low")
 NOISE_MEDIUM_PCT = 10.0  # σ/mean of the step time above which a single figure is not "high"
@@ -49,6 +50,9 @@ RANGE_LOW_PP = 40.0
 # explains it (replay.gaps): a wait that would end sooner once the work around it is faster, replayed as fixed
 UNEXPLAINED_MEDIUM_PCT = 10.0
 UNEXPLAINED_LOW_PCT = 25.0
+# what-ifs whose saving is host time (launches, a per-parameter optimizer, blocking waits): on a host-bound step the
+# profiler's own host cost, estimated per event, is of the same order as what they remove
+HOST_TIME_SCENARIOS = frozenset({"no_launch_overhead", "fused_optimizer", "no_host_sync", "all"})  # all: may hold one
 OVERHEAD_MEDIUM_PCT = 10.0  # profiler cost (% of the profiled step) above which an estimated base step matters
 # findings whose evidence is time spent waiting inside collectives: a missing rank may be what they wait for
 WAIT_CAUSES = frozenset({"interconnect", "imbalance"})
@@ -174,6 +178,11 @@ def whatif_confidence(w: dict, b: dict) -> tuple[str, list[str]]:
     over = b["profiler_overhead_pct"]
     if b["unprofiled"] == "estimated" and over is not None and over >= OVERHEAD_MEDIUM_PCT:
         caps.append(("medium", f"priced on an estimated step without the profiler (the profiler costs {over:g} %)"))
+    elif w.get("scenario") in HOST_TIME_SCENARIOS and over is not None and over >= OVERHEAD_MEDIUM_PCT:
+        # a measured unprofiled step rescales the prediction, but the host time the fix removes is still read off
+        # the graph less the profiler's estimated cost, whose per-event figure spreads ±40 % (replay.overhead.RANGE)
+        caps.append(("medium", f"the saving is host time, read off the trace less the profiler's estimated cost "
+                               f"(the profiler costs {over:g} % of the profiled step)"))
     if b.get("unprofiled_caveat"):
         caps.append(("medium", "priced on an uncertain step without the profiler (a multi-process DataLoader "
                                "competes with the profiler for the cores)"))
@@ -187,12 +196,15 @@ def finding_confidence(f: dict, b: dict | None, whatifs: list[dict]) -> dict:
     """``findings[i].confidence``: ``level``, ``range_pct`` ([low, high] % of the step that fixing it wins back:
     the what-if's model range, else the impact ± the step-to-step noise, clipped to 0–100; [0, 0] for a memory
     finding, whose level only the run's steps and ranks cap) and ``why`` (the reasons for a level below high;
-    empty when high).
+    empty when high). A finding that the run died (``cuda_oom``, ``host_oom``) is high: the log states it, and no
+    step, trace or replay stands behind it.
 
     Args:
         f: a finding (``findings[i]``). b: its run's :func:`basis` (None: run unknown, only the finding's own
             caps apply). whatifs: its run's ``whatif`` rows (levels already set by :func:`assess`).
     """
+    if f.get("kind") in DIED_KINDS:  # the log states the death: no step, trace or replay is behind it
+        return {"level": "high", "range_pct": None, "why": []}
     if f.get("kind") in MEMORY_KINDS:  # bytes the allocator counted, not a share of the step: no noise, no range
         level, why = _lowest(_memory_caps(b) if b else [])
         return {"level": level, "range_pct": [0.0, 0.0], "why": why}
@@ -241,6 +253,8 @@ def assess(model: dict) -> None:
         b = bases.get(main.get("run", ""))
         model["verdict_confidence"] = {"level": main["confidence"]["level"], "why": main["confidence"]["why"],
                                        "line": b["line"] if b else None}
+        if main.get("kind") in DIED_KINDS:
+            model["verdict_confidence"]["line"] = "the run's logs record the death (see the finding's evidence)"
     elif subject is not None:  # no cause named: how sure "nothing found" is rests on the run alone
         b = bases[subject.get("name", "")]
         level, why = _lowest(_run_caps(b))

@@ -15,6 +15,7 @@ from traceanalyze.diagnose.evidence import (
 )
 from traceanalyze.findings import Finding
 from traceanalyze.fmt import fmt_bytes, ranges
+from traceanalyze.metrics.host import OPTIMIZER_MIN_KERNELS
 
 MIN_COMPILE_PCT = 10.0  # compile share of a job whose length a log or config states, worth a finding
 MIN_COMPILE_STEADY_STEPS = 100  # without a stated job length: a compile that costs this many steady steps ...
@@ -31,7 +32,6 @@ MIN_LOADER_PCT = 10.0
 HOST_BOUND_IDLE_PCT = 40.0  # GPU idle from which host wait is looked at
 MIN_HOST_SYNC_PCT = 10.0  # GPU idle inside blocking calls, % of the step, worth a finding
 MIN_OPTIMIZER_PCT = 10.0  # host-bound optimizer time, % of the step, worth a finding
-OPTIMIZER_MIN_KERNELS = 50  # kernels per optimizer step from which a loop over parameters shows
 TINY_KERNEL_US = 20.0  # median kernel at or below this: the host's launches, not its other work, set the pace
 
 

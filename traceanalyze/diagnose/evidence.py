@@ -52,6 +52,7 @@ class RunEvidence:
     # graph: dropped once the findings are priced), None without a replay
     price_whatif: Any = None
     whatif: list = field(default_factory=list)  # the replay's what-if rows (runs[i].whatif), before the findings
+    ooms: list = field(default_factory=list)  # [logs.OomEvent]: the out-of-memory errors and kills the logs record
     skew: Any = None  # arrival skew per collective instance (traceanalyze.replay.skew.Skew), None without one
     # steps grouped by rank, made on first use (the rules ask per rank: one pass over the steps, not one per rank)
     _by_rank: tuple | None = field(default=None, init=False, repr=False, compare=False)

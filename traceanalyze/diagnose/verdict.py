@@ -32,6 +32,7 @@ from traceanalyze.diagnose.evidence import (
 )
 from traceanalyze.diagnose.imbalance import late_arrivals, rule_idle_rank, rule_late_entry, rule_straggler
 from traceanalyze.diagnose.interconnect import rule_exposed_communication, rule_untraced_ranks
+from traceanalyze.diagnose.oom import died_verdict, rule_died
 from traceanalyze.diagnose.precision import rule_precision
 from traceanalyze.findings import Finding
 from traceanalyze.replay.whatif import NO_SAVING
@@ -43,7 +44,7 @@ IDLE_EXPLAINERS = ("slow_collectives", "topology", "untraced_ranks", "straggler"
                    "host_optimizer")
 
 
-RULES = [rule_exposed_communication, rule_untraced_ranks, rule_straggler, rule_late_entry, rule_idle_rank,
+RULES = [rule_died, rule_exposed_communication, rule_untraced_ranks, rule_straggler, rule_late_entry, rule_idle_rank,
          rule_precision, rule_compile, rule_dataloader, rule_launch_bound, rule_effective_batch_single, rule_host_sync,
          rule_host_optimizer, rule_memory_growth, rule_memory_near_capacity, rule_memory_imbalance]
 # A specific cause ranks above the general findings it explains, which are then its symptoms: kind -> (the kinds it
@@ -164,8 +165,10 @@ WHATIF_OF_KIND: dict[str, tuple[str | None, str]] = {
                          "no_launch_overhead, only remove the launch calls)"),
     "host_sync": ("no_host_sync", ""),
     "step_sync": ("no_host_sync", ""),
-    "host_optimizer": (None, "no scenario models a fused (foreach) optimizer"),
+    "host_optimizer": ("fused_optimizer", ""),
     "unexplained_idle": (None, "no rule names the cause of this idle time, so no scenario removes it"),
+    "cuda_oom": (None, "the run died: there is no step to make faster"),
+    "host_oom": (None, "the run died: there is no step to make faster"),
     **dict.fromkeys(MEMORY_KINDS, (None, "memory use does not set the step time: no scenario models it")),
 }
 KIND_TO_SCENARIO = {k: sc for k, (sc, _) in WHATIF_OF_KIND.items() if sc is not None}
@@ -366,7 +369,12 @@ def partial_text(p: dict) -> str:
 def verdict(findings: list[Finding], runs: list[RunEvidence] | None = None) -> str:
     """One sentence for the top of the report (see the module docstring). ``runs`` (the subject runs' evidence)
     adds the GPU idle share to an inconclusive verdict; when one of them has fewer traced ranks than its world size,
-    the verdict starts with ``Partial: k of N ranks traced`` (:func:`partial_text`)."""
+    the verdict starts with ``Partial: k of N ranks traced`` (:func:`partial_text`). A run that died (a finding of
+    :data:`~traceanalyze.findings.DIED_KINDS`) says so before anything else: ``Run died: ...``
+    (:func:`~traceanalyze.diagnose.oom.died_verdict`)."""
+    died = died_verdict(findings)
+    if died is not None:
+        return died
     part = next((p for e in runs or [] if (p := partial_run(e, findings)) is not None), None)
     body = _verdict_body(findings, runs, part is not None)
     return body if part is None else f"{partial_text(part)}. {body}"

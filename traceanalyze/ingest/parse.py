@@ -33,10 +33,10 @@ from traceanalyze.errors import InputError
 from traceanalyze.ingest import compute as pc
 from traceanalyze.limits import (
     DEFAULT_MAX_DECOMPRESSED,
+    MAX_ALLOC_BYTES,
     MAX_DEVICE_INDEX,
     MAX_DUR_US,
     MAX_EVENT_BYTES,
-    MAX_MEMORY_BYTES,
     MAX_TS_US,
 )
 from traceanalyze.safety import redact as _redact
@@ -552,8 +552,8 @@ class _Columns:
 
     def _add_memory(self) -> None:
         """The allocator's ``[memory]`` instants into ``memory_events``. An event without a finite ts in range or
-        without an integer ``Bytes`` of at most :data:`MAX_MEMORY_BYTES` is dropped and counted; a total out of
-        [0, MAX_MEMORY_BYTES], a device beyond :data:`MAX_DEVICE_INDEX` or an address beyond int64 becomes null."""
+        without an integer ``Bytes`` of at most :data:`MAX_ALLOC_BYTES` is dropped and counted; a total out of
+        [0, MAX_ALLOC_BYTES], a device beyond :data:`MAX_DEVICE_INDEX` or an address beyond int64 becomes null."""
         events, self.mem_pending = self.mem_pending, []
         if not events:
             return
@@ -562,7 +562,7 @@ class _Columns:
         nbytes = _arr([a.nbytes for a in args], pa.int64())
         ok = pc.fill_null(pc.and_(pc.and_(pc.is_finite(ts), pc.greater_equal(ts, 0.0)),
                                   pc.and_(pc.less_equal(ts, MAX_TS_US),
-                                          pc.less_equal(pc.abs(nbytes), MAX_MEMORY_BYTES))), False)
+                                          pc.less_equal(pc.abs(nbytes), MAX_ALLOC_BYTES))), False)
 
         def bounded(values: list, lo: int, hi: int) -> pa.Array:
             col = _arr(values, pa.int64())
@@ -577,8 +577,8 @@ class _Columns:
             "device_id": bounded([a.device_id for a in args], -1, MAX_DEVICE_INDEX),
             "addr": _arr([a.addr for a in args], pa.int64()),
             "bytes": nbytes,
-            "total_allocated": bounded([a.total_allocated for a in args], 0, MAX_MEMORY_BYTES),
-            "total_reserved": bounded([a.total_reserved for a in args], 0, MAX_MEMORY_BYTES),
+            "total_allocated": bounded([a.total_allocated for a in args], 0, MAX_ALLOC_BYTES),
+            "total_reserved": bounded([a.total_reserved for a in args], 0, MAX_ALLOC_BYTES),
         }
         n_ok = pc.sum(ok).as_py() or 0
         self.memory_dropped += len(events) - n_ok

@@ -30,7 +30,14 @@ Standard :class:`Fact` keys (exact names): ``framework``, ``per_device_batch``,
 ``nccl_version``, ``compile_time_s``, ``recompiles``. Extra keys, emitted only when stated:
 ``first_step_s`` (torchtitan: seconds from "Training starts" to the first step line), ``data_parallel_size``
 (torchtitan mesh/config), ``n_gpu`` (HF ``_n_gpu`` / LLaMA-Factory ``n_gpu``: GPUs per *process*, 1 under
-DDP, so not a world size), ``train_runtime_s`` (HF end-of-training summary).
+DDP, so not a world size), ``train_runtime_s`` (HF end-of-training summary), ``cpu_offload`` (``true``/``false``:
+parameters or optimizer state offloaded to host memory, from a config), ``host_ram_bytes`` (the host's physical
+memory, bytes: a log's ``MemTotal:`` or ``free -h`` line, capture's env file), ``num_params`` (the model's parameter
+count a log states, e.g. torchtitan's ``N total parameters``; trainable-only counts are ``trainable_params``).
+
+Out-of-memory deaths (:class:`OomEvent` in :attr:`LogResult.ooms`, :mod:`.oom`): the CUDA out-of-memory message of
+every PyTorch form, torchrun's record of a rank killed by SIGKILL, the kernel's OOM-killer line and a bare
+``Killed``.
 
 Two plain formats users write themselves are read for their step times (framework ``console`` / ``step_times``):
 console lines such as ``[rank0] step 3 loss 2.31 time 637.9ms`` (``step N``, then ``time``/``step_time``/``dt``/
@@ -51,6 +58,7 @@ from traceanalyze.logs.model import (
     LogStep,
     NcclChannel,
     NcclInfo,
+    OomEvent,
     TopoLink,
     Topology,
     normalize_precision,
@@ -71,6 +79,7 @@ __all__ = [
     "LogStep",
     "NcclChannel",
     "NcclInfo",
+    "OomEvent",
     "TopoLink",
     "Topology",
     "core_sharing",

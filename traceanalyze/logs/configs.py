@@ -174,6 +174,27 @@ def _model_name(cfg: _ConfigFacts) -> tuple[Any, str | None]:
     return mname, km
 
 
+_OFFLOAD_KEYS = ("fsdp_cpu_offload", "cpu_offload", "fsdp_offload_params", "fsdp_config.fsdp_offload_params",
+                 "fsdp_config.offload_params", "parallelism.fsdp_cpu_offload", "training.enable_cpu_offload")
+_OFFLOAD_DEVICE_KEYS = ("zero_optimization.offload_optimizer.device", "zero_optimization.offload_param.device")
+
+
+def _cpu_offload(cfg: _ConfigFacts) -> tuple[bool | None, str | None]:
+    """(parameters or optimizer state offloaded to the host's memory?, key): a boolean of :data:`_OFFLOAD_KEYS`, a
+    DeepSpeed ``offload_*.device`` of ``cpu``, or HF ``fsdp`` options holding ``offload``."""
+    for key in _OFFLOAD_KEYS:
+        if _truthy(cfg.get(key)) is not None:
+            return _truthy(cfg.get(key)), key
+    for key in _OFFLOAD_DEVICE_KEYS:
+        dev = cfg.get(key)
+        if isinstance(dev, str):
+            return dev.strip().lower() == "cpu", key
+    fsdp = cfg.get("fsdp")
+    if isinstance(fsdp, str) and "offload" in fsdp:
+        return True, "fsdp"
+    return None, None
+
+
 def _job_size(cfg: _ConfigFacts) -> tuple[int | None, str | None, int | None]:
     """State world_size, n_gpu, data_parallel_size and total_optimization_steps; return (world size, its key,
     data-parallel size)."""
@@ -217,6 +238,7 @@ def config_facts(data: dict[str, Any], lines: list[str], name: str, line_offset:
     cfg.add("learning_rate", to_number(lr) if not isinstance(lr, bool) else None, k)
     cfg.add("precision", *_precision(cfg))
     cfg.add("compile", *_compile(cfg))
+    cfg.add("cpu_offload", *_cpu_offload(cfg))
     mname, km = _model_name(cfg)
     if isinstance(mname, str):
         cfg.add("model_name", mname, km)
@@ -242,6 +264,9 @@ def parse_config(path: Path, max_bytes: int | None = None) -> list[Fact]:
     precision <- float8 converters (fp8) | ``dtype`` | ``training.mixed_precision_param`` | ``precision`` |
     ``pure_bf16`` | HF ``bf16``/``fp16``/``tf32`` flags (both flags stated false -> fp32, or tf32);
     compile <- ``compile`` (bool) | ``compile.enable`` | ``training.compile`` | ``torch_compile``;
+    cpu_offload (``true``/``false``) <- ``fsdp_cpu_offload`` | ``cpu_offload`` | accelerate ``fsdp_offload_params`` |
+    DeepSpeed ``zero_optimization.offload_optimizer.device`` / ``offload_param.device`` (``cpu``) | HF ``fsdp``
+    options holding ``offload``;
     model_name <- ``model_name_or_path`` | ``model.name`` + ``model.flavor`` | ``model._component_``;
     world_size <- ``world_size`` | litgpt ``devices`` × ``num_nodes``; n_gpu <- ``_n_gpu``;
     data_parallel_size <- torchtitan ``parallelism.data_parallel_shard_degree`` (> 0) ×

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from traceanalyze.limits import MAX_MEMORY_BYTES
 from traceanalyze.logs.model import Fact, to_number
 from traceanalyze.logs.read import read_text
 from traceanalyze.safety import env_allowed, redact_text
@@ -22,7 +23,8 @@ def parse_env(path: Path, max_bytes: int | None = None) -> list[Fact]:
     (``true``/``false``: the CPU has AMX or AVX512-BF16; :func:`traceanalyze.capture.cpu_facts`), ``cpu_count``
     (``cpu.cpus``: logical cores of the host), ``cpu_cpus_allowed`` (``cpu.cpus_allowed``: cores the process may run
     on), ``cpu_threads`` (``cpu.threads``: torch's intra-op threads; these three numeric, whole numbers from 1 to
-    :data:`MAX_CPUS`, else left out) and ``env`` (one
+    :data:`MAX_CPUS`, else left out), ``host_ram_bytes`` (``cpu.mem_bytes``: the host's physical memory, bytes, up
+    to :data:`~traceanalyze.limits.MAX_MEMORY_BYTES`) and ``env`` (one
     fact per communication variable, ``NAME=value``, e.g. ``NCCL_P2P_DISABLE=1``). Text values are cut at
     :data:`MAX_VALUE_CHARS`. Only the variables ``capture`` records are kept
     (:func:`traceanalyze.safety.env_allowed`): anything else in the file, and any name that looks like a
@@ -61,6 +63,9 @@ def parse_env(path: Path, max_bytes: int | None = None) -> list[Fact]:
         n = _count(cpu.get(field))
         if n is not None:
             out.append(Fact(key, str(n), float(n), src))
+    mem = cpu.get("mem_bytes")
+    if isinstance(mem, int) and not isinstance(mem, bool) and 0 < mem <= MAX_MEMORY_BYTES:
+        out.append(Fact("host_ram_bytes", str(mem), float(mem), src))
     if isinstance(cpu.get("native_bf16"), bool):
         add("cpu_native_bf16", "true" if cpu["native_bf16"] else "false")
     env = data.get("env") if isinstance(data.get("env"), dict) else {}

@@ -98,13 +98,55 @@ class NcclInfo:
 
 
 @dataclass(slots=True)
+class OomEvent:
+    """One record that a process died of memory: a CUDA out-of-memory error, or a kill (SIGKILL / exit code -9).
+
+    ``kind`` is ``"cuda"`` (the GPU's memory) or ``"host"`` (a kill, which on Linux is the kernel's OOM killer unless
+    something else sent it); ``form`` where it came from: ``"torch>=2.2"``, ``"torch 2.0-2.1"``, ``"torch<=1.13"``
+    (the three CUDA OOM messages), ``"torchrun"`` (its ``failed (exitcode: -9)`` line or failure block),
+    ``"kernel"`` (``Out of memory: Killed process``) or ``"shell"`` (a bare ``Killed``). ``rank`` is the global
+    rank (a ``[rankN]:`` prefix, the failure block, the file name), ``local_rank`` the rank on its host, ``gpu``
+    the CUDA device index the message names. Sizes in bytes (None when not stated): ``tried_bytes`` the allocation
+    that failed, ``capacity_bytes`` the GPU's total, ``free_bytes`` what was free, ``in_use_bytes`` what the
+    process held including non-PyTorch memory (>= 2.2), ``allocated_bytes`` allocated by PyTorch,
+    ``reserved_unallocated_bytes`` reserved by PyTorch's caching allocator but unallocated (<= 1.13: reserved less
+    allocated), ``rss_bytes`` the killed process's resident anonymous memory (kernel line). ``exitcode`` as
+    torchrun states it; ``signal`` e.g. ``"SIGKILL"``; ``host`` the host name (``[A-Za-z0-9._-]``, at most
+    :data:`~traceanalyze.limits.MAX_HOST_NAME` characters); ``source`` ``"<file>:<line>"``; ``oom_killer`` True when
+    the kernel's ``Out of memory: Killed process`` line names the process; ``phase`` ``"checkpoint_load"`` when the
+    log's last sign of progress before a kill was a checkpoint starting to load (no training step since), else None.
+    """
+
+    kind: str
+    form: str
+    source: str
+    rank: int | None = None
+    local_rank: int | None = None
+    gpu: int | None = None
+    host: str | None = None
+    pid: int | None = None
+    exitcode: int | None = None
+    signal: str | None = None
+    tried_bytes: int | None = None
+    capacity_bytes: int | None = None
+    free_bytes: int | None = None
+    in_use_bytes: int | None = None
+    allocated_bytes: int | None = None
+    reserved_unallocated_bytes: int | None = None
+    rss_bytes: int | None = None
+    oom_killer: bool = False
+    phase: str | None = None
+
+
+@dataclass(slots=True)
 class LogResult:
     """Everything one log file says.
 
     ``framework`` is ``"torchtune"``, ``"torchtitan"``, ``"litgpt"``, ``"nanogpt"``, ``"hf_trainer"``,
     ``"llamafactory"`` or None; ``rank`` is the file's rank when the file belongs to one rank (single
-    ``[rankN]:`` prefix, or a name such as ``rank3.log``), else None; ``warnings`` are notes on content that
-    could not be used (never fatal).
+    ``[rankN]:`` prefix, or a name such as ``rank3.log``), else None; ``ooms`` the out-of-memory errors and kills
+    the log records (:class:`OomEvent`, in file order); ``warnings`` are notes on content that could not be used
+    (never fatal).
     """
 
     path: str
@@ -113,6 +155,7 @@ class LogResult:
     steps: list[LogStep] = field(default_factory=list)
     facts: list[Fact] = field(default_factory=list)
     nccl: NcclInfo | None = None
+    ooms: list[OomEvent] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
     def fact(self, key: str) -> Fact | None:

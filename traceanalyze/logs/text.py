@@ -2,8 +2,9 @@
 
 One small dispatcher (:class:`_TextLogParser`) strips a line's rank prefix and offers the line to each line family
 in a fixed order: NCCL, torchtune step lines, torchtitan, litgpt/nanoGPT, HF Trainer dicts, the HF banner,
-torch.compile, other torchtune lines, LLaMA-Factory, Lightning; a line no family took as a step may be a plain
-console step line. The order decides which family a line belongs to, and the order of steps and facts.
+torch.compile, other torchtune lines, LLaMA-Factory, Lightning, out-of-memory deaths (:mod:`.oom`); a line no
+family took as a step may be a plain console step line. The order decides which family a line belongs to, and the
+order of steps and facts.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from traceanalyze.logs.hf import (
 )
 from traceanalyze.logs.model import Fact, LogResult, LogStep
 from traceanalyze.logs.nccl import NcclLines
+from traceanalyze.logs.oom import OomLines
 from traceanalyze.logs.read import iter_lines, open_binary
 from traceanalyze.logs.state import LogState
 from traceanalyze.logs.trainers import LitgptLines, TitanLines, TorchtuneLines
@@ -147,6 +149,7 @@ class _TextLogParser:
         self.nccl = NcclLines(log)
         self.compile = CompileLines(log)
         self.lightning = LightningLines(log)
+        self.oom = OomLines(log)
         # (does the stripped line interest the family?, its handler), in the order the families see a line
         self.families: tuple[tuple[Callable[[str], bool], LineHandler], ...] = (
             (NcclLines.wants, self.nccl.line),
@@ -159,6 +162,7 @@ class _TextLogParser:
             (TorchtuneLines.wants_text, self.torchtune.text_line),
             (LlamaFactoryLines.wants, self.llamafactory.line),
             (LightningLines.wants, self.lightning.line),
+            (self.oom.wants, self.oom.line),
         )
 
     def _strip_prefix(self, line: str) -> tuple[int | None, str]:
@@ -191,6 +195,7 @@ class _TextLogParser:
     def finish(self) -> LogResult:
         """The result: what only the whole file tells (the file's rank, derived facts, the framework first)."""
         self.torchtune.finish()
+        self.oom.finish()
         log = self.log
         res = log.result
         if len(log.prefix_ranks) == 1:

@@ -170,6 +170,7 @@ def launch_stats(con: duckdb.DuckDBPyConnection, run_id: int) -> LaunchStats:
 BLOCKING_COPY_US = 50.0  # a copy call this long blocked the host (a device-to-host or pageable copy)
 MULTI_TENSOR_KERNELS = ("multi_tensor_apply", "_fused_", "fused_adam", "fused_sgd")  # foreach / fused optimizers
 MULTI_TENSOR_OPS = ("aten::_foreach_", "aten::_fused_")
+OPTIMIZER_MIN_KERNELS = 50  # kernels per optimizer step from which a loop over parameters shows
 TOP_OPS = 10  # CPU ops listed per run in the host view
 
 # the profiler steps the host view reads: counted and not the compile step ($2), on the step thread; a run

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 import duckdb
 import numpy as np
 
-from traceanalyze.limits import MAX_MEMORY_BYTES
+from traceanalyze.limits import MAX_ALLOC_BYTES
 from traceanalyze.store import header_dict
 
 MIN_GROWTH_STEPS = 3  # steps with an allocated value at their end before growth is judged (2 increments)
@@ -107,7 +107,7 @@ def memory_rows(con: duckdb.DuckDBPyConnection, run_id: int) -> list[MemoryRow]:
 
 def gpu_total_bytes(con: duckdb.DuckDBPyConnection, file_id: int, device_id: int | None) -> int | None:
     """``totalGlobalMem`` (bytes) of GPU ``device_id`` in the file's ``deviceProperties``; None when the header
-    has none, or a value that is not an integer in (0, MAX_MEMORY_BYTES]."""
+    has none, or a value that is not an integer in (0, MAX_ALLOC_BYTES]."""
     row = con.execute("SELECT header FROM files WHERE file_id = ?", [file_id]).fetchone()
     props = header_dict(row[0] if row else None).get("deviceProperties")
     if not isinstance(props, list):
@@ -115,7 +115,7 @@ def gpu_total_bytes(con: duckdb.DuckDBPyConnection, file_id: int, device_id: int
     for p in props[:1024]:
         if isinstance(p, dict) and p.get("id") == device_id:
             v = p.get("totalGlobalMem")
-            return v if type(v) is int and 0 < v <= MAX_MEMORY_BYTES else None
+            return v if type(v) is int and 0 < v <= MAX_ALLOC_BYTES else None
     return None
 
 

@@ -23,11 +23,12 @@ from traceanalyze.executors import on_own_cursor, release_free_memory
 from traceanalyze.hardware import GpuInfo
 from traceanalyze.metrics.steps import longest_per_step, median
 from traceanalyze.metrics.where import MAX_TIMELINE_LANES, lanes_to_show
-from traceanalyze.replay import gaps, overhead, precision, simulate, skew
+from traceanalyze.replay import gaps, optimizer, overhead, precision, simulate, skew
 from traceanalyze.replay import graph as gr
 
 SCENARIOS = ("no_straggler", "aligned_step_starts", "ideal_interconnect", "tf32_matmul", "bf16_matmul",
-             "bf16_channels_last", "no_dataloader_wait", "no_compile", "no_launch_overhead", "no_host_sync", "all")
+             "bf16_channels_last", "no_dataloader_wait", "no_compile", "fused_optimizer", "no_launch_overhead",
+             "no_host_sync", "all")
 CAUSES = {"no_straggler": "imbalance: straggler ranks",
           "aligned_step_starts": "imbalance: ranks that enter the step late (work between steps)",
           "ideal_interconnect": "interconnect: slow collectives",
@@ -35,7 +36,9 @@ CAUSES = {"no_straggler": "imbalance: straggler ranks",
           "bf16_matmul": "precision: fp32 matrix math",
           "bf16_channels_last": "precision: fp32 matrix math, NCHW activations (conv net)",
           "no_dataloader_wait": "config: data-loader wait",
-          "no_compile": "config: torch.compile time", "no_launch_overhead": "config: kernel-launch overhead",
+          "no_compile": "config: torch.compile time",
+          "fused_optimizer": "config: an optimizer that launches kernels per parameter (foreach=False)",
+          "no_launch_overhead": "config: kernel-launch overhead",
           "no_host_sync": "config: the host waits for the GPU (blocking syncs)",
           "all": "every fix above together"}
 NO_SAVING = "no measurable saving"  # how a late pricer's reason starts when the replay priced the fix to nothing
@@ -77,6 +80,13 @@ def _rw_launch(g, d, cg, tr, ctx):
     if g.prec_class is not None:
         d = np.where(g.prec_class == gr.P_LAUNCH, 0.0, d)
     return d, _sub(cg, g.gap_cover["launch"]), tr
+
+
+def _rw_fused(g, d, cg, tr, ctx):
+    """A fused optimizer (``torch.optim.AdamW(fused=True)``): the per-parameter loop under ``Optimizer.step``
+    becomes the few ``multi_tensor_apply`` launches of PyTorch's fused kernel, and the optimizer's kernels the time
+    its bytes take at HBM bandwidth (:mod:`.optimizer`: the model, its constants and their sources)."""
+    return (*optimizer.rewrite(g, d, cg, ctx["opt"]), tr)
 
 
 def _rw_tf32(g, d, cg, tr, ctx, bound: str = "mid"):
@@ -307,7 +317,8 @@ REWRITES: dict[str, Callable] = {"no_straggler": _rw_straggler, "aligned_step_st
                                  "ideal_interconnect": _rw_interconnect,
                                  "tf32_matmul": _rw_tf32, "bf16_matmul": _rw_bf16,
                                  "bf16_channels_last": _rw_bf16_channels_last, "no_dataloader_wait": _rw_dataloader,
-                                 "no_compile": _rw_compile, "no_launch_overhead": _rw_launch,
+                                 "no_compile": _rw_compile, "fused_optimizer": _rw_fused,
+                                 "no_launch_overhead": _rw_launch,
                                  "no_host_sync": _rw_host_sync}
 SYNC_EDGE = gr.DEP_TYPES.index("gpu_cpu_sync")
 ANCHOR_TOLERANCE_US = 1.0  # a side-stream task measured to start within this of a busiest-stream task's end follows it
@@ -468,6 +479,8 @@ def _applies(g: gr.Graph, scenario: str, ctx: dict) -> bool:
     key = {"bf16_matmul": "matmul_fp32", "no_dataloader_wait": "dataloader", "no_compile": "compile"}.get(scenario)
     if key:
         return float(g.cover[key].sum() + g.gap_cover.get(key, np.zeros(1)).sum()) >= MIN_SAVING_US
+    if scenario == "fused_optimizer":
+        return bool((ctx.get("opt") or {}).get("applies"))
     if scenario == "no_launch_overhead":
         return g.mode == "gpu" and float(g.gap_cover["launch"].sum()) >= MIN_SAVING_US
     if scenario == "no_host_sync":
@@ -525,6 +538,8 @@ def _assumptions(scenario: str, ctx: dict, g: gr.Graph) -> str:
         return "host time under DataLoader ranges removed (workers prefetch; launch order kept)"
     if scenario == "no_compile":
         return "host time under dynamo/inductor compile ranges removed (a warm cache still traces frames)"
+    if scenario == "fused_optimizer":
+        return optimizer.assumptions(ctx["opt"], g, ctx["d0"])
     if scenario == "no_launch_overhead":
         return ("CUDA graphs: the kernel-launch calls and the host time between consecutive launches removed (one "
                 "graph launch per step remains); the host's other work, the GPU's kernels unchanged")
@@ -583,6 +598,8 @@ def _why_not(g: gr.Graph, scenario: str, ctx: dict) -> str:
         return "no host time under DataLoader ranges in the replayed steps"
     if scenario == "no_compile":
         return "no host time under torch.compile (dynamo/inductor) ranges in the replayed steps"
+    if scenario == "fused_optimizer":
+        return (ctx.get("opt") or {}).get("why") or "a CPU run launches no optimizer kernels"
     if scenario == "no_launch_overhead":
         return ("a CPU run launches no kernels" if g.mode != "gpu" else
                 "no host gap between kernel launches in the replayed steps")
@@ -687,6 +704,7 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_siz
         replay_model["core_sharing"] = core_sharing
     if mode == "gpu":
         ctx["prec"] = precision.context(con, g, gpu)
+        ctx["opt"] = optimizer.context(con, g, ctx["prec"]["peaks"])
     replay_model["left_out"] = _left_out(g, ctx)
     replay_model["unexplained_gaps"] = gaps.summary(g, counted)
     replay_model["collective_skew"] = sk  # not for the JSON: the caller takes it out (traceanalyze.pipeline)
@@ -699,6 +717,7 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_siz
     d0, cg0, tr0 = g.chain_dur, g.chain_gap, g.inst_transfer
     if mode == "gpu":  # the what-ifs are rewrites of the graph without the profiler's host cost
         d0, cg0 = pr.unprofiled(con, run_id, d0, cg0, tr0)
+    ctx["d0"] = d0  # the durations the rewrites start from (fused_optimizer's launch call: their median)
     replay_model["profiler_overhead"] = pr.base(d0, cg0, unprofiled_measured)
     whatif = _price_scenarios(pr, applicable, ctx, (d0, cg0, tr0), measured, results, err, replay_model["reliable"])
     if pricer is not None:

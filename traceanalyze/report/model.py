@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from statistics import median
 from typing import Any
 
+from traceanalyze.findings import DIED_KINDS
 from traceanalyze.fmt import finite, fmt_float, fmt_int, fmt_ms, fmt_pct, ranges, text
 from traceanalyze.report import charts
 from traceanalyze.report.replay import confidence_view, replay_view  # confidence_view: markdown's too
@@ -41,6 +42,8 @@ MODE_TEXT = {
     "cpu": "CPU mode: these traces hold no GPU kernels (CPU-only or gloo training), so the breakdown comes from "
            "the training thread's operators. Compute is time in aten:: ops; non-compute is c10d::/gloo: "
            "communication not hidden under them; idle is time the training thread ran no op.",
+    "logs": "No trace found: this run is reported from its logs, NCCL output and configs alone, so it has no time "
+            "breakdown, timeline or what-if replay. Profile a few steps (traceanalyze.capture) for those.",
 }
 
 DEFINITIONS = [
@@ -114,8 +117,8 @@ def _cause(f: dict) -> str:
 def sorted_findings(model: dict) -> list[dict]:
     """The findings: the one the verdict names first (``main``: a specific cause the diagnosis ranks above the symptom
     it explains, e.g. a blocking host sync above the collectives that wait for it), then by impact (unknown last),
-    then severity, each with ``cause_key``, ``cause_label``, ``severity_key``, ``evidence`` (strings) and
-    ``ranks_text`` added."""
+    then severity, each with ``cause_key``, ``cause_label``, ``severity_key``, ``evidence`` (strings),
+    ``ranks_text`` and ``died`` (a finding that says the run died: :data:`~traceanalyze.findings.DIED_KINDS`) added."""
     fs = [f for f in as_list(model.get("findings")) if isinstance(f, dict)]
 
     def key(f: dict) -> tuple:
@@ -128,7 +131,8 @@ def sorted_findings(model: dict) -> list[dict]:
         out.append({**f, "cause_key": _cause(f), "cause_label": CAUSE_LABELS[_cause(f)],
                     "severity_key": f.get("severity") if f.get("severity") in SEVERITY_ORDER else "low",
                     "evidence": [str(e) for e in as_list(f.get("evidence"))],
-                    "ranks_text": ranges(as_list(f.get("ranks"))), "conf": confidence_view(f.get("confidence"))})
+                    "ranks_text": ranges(as_list(f.get("ranks"))), "conf": confidence_view(f.get("confidence")),
+                    "died": f.get("kind") in DIED_KINDS})
     return out
 
 
