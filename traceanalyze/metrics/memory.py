@@ -152,7 +152,7 @@ def _growth(r: MemoryRow) -> None:
 # (allocations happen inside the op that asks for memory). At one start, the shorter op is the inner one: the keys
 # are (ns since the file's first op or event) × 1024 plus a rank of the op's duration that is larger for shorter ops.
 _BY_OP = f"""
-WITH f AS ({_FILES}),
+WITH f AS (SELECT * FROM ({_FILES}) WHERE file_id = $file_id),
 ev AS (
     SELECT m.file_id, f.rank, {_DEVICE} AS device, coalesce(m.pid, -1) AS pid, coalesce(m.tid, -1) AS tid, m.ts_ns,
            m.bytes, lead(m.bytes) OVER (PARTITION BY m.file_id, m.device_type, m.device_id, m.addr
@@ -181,16 +181,20 @@ FROM j GROUP BY ALL
 
 def _ops(con: duckdb.DuckDBPyConnection, run_id: int) -> dict[tuple[int, str], tuple[list, list, int]]:
     """Per (rank, device): the top ops by bytes allocated, the ops of the allocations inside the steps never
-    freed (both most bytes first), and the number of steps those were counted over."""
+    freed (both most bytes first), and the number of steps those were counted over. One file at a time."""
     n_steps = dict(con.execute("SELECT rank, count(*) FROM profiler_steps($run_id) WHERE NOT window_edge "
                                "GROUP BY rank", {"run_id": run_id}).fetchall())
     top: dict[tuple, dict[str, list[int]]] = {}
     unfreed: dict[tuple, dict[str, list[int]]] = {}
-    rows = con.execute(_BY_OP, {"run_id": run_id}).fetchall()
-    for rank, device, op, kept, n, nbytes, big in rows:  # every allocation once in top, the kept ones again
-        _tally(top.setdefault((rank, device), {}), str(op), n, nbytes, big)
-        if kept:
-            _tally(unfreed.setdefault((rank, device), {}), str(op), n, nbytes, big)
+    files = [r[0] for r in con.execute(f"SELECT DISTINCT file_id FROM memory_events WHERE file_id IN "
+                                       f"(SELECT file_id FROM ({_FILES})) ORDER BY file_id",
+                                       {"run_id": run_id}).fetchall()]
+    for fid in files:  # one file at a time: the join's working set is one rank's events and ops
+        rows = con.execute(_BY_OP, {"run_id": run_id, "file_id": fid}).fetchall()
+        for rank, device, op, kept, n, nbytes, big in rows:  # every allocation once in top, the kept ones again
+            _tally(top.setdefault((rank, device), {}), str(op), n, nbytes, big)
+            if kept:
+                _tally(unfreed.setdefault((rank, device), {}), str(op), n, nbytes, big)
     return {k: (_ranked(v)[:TOP_OPS], _ranked(unfreed.get(k, {})), n_steps.get(k[0], 0)) for k, v in top.items()}
 
 
