@@ -924,7 +924,8 @@ def _stream_waits(con, rc: _RunClock, t: _Tasks, dev: np.ndarray, fids: list[int
     several side streams wait, then launches on each). Correlations count the process's runtime calls in order,
     whatever the thread."""
     w = _fetch(con, """SELECT o.file_id, o.correlation AS corr, o.name = 'cudaStreamWaitEvent' AS is_wait,
-               s.device, s.stream, s.wait_on_stream, s.wait_on_corr
+               coalesce(s.device, -1) AS device, coalesce(s.stream, -1) AS stream,
+               coalesce(s.wait_on_stream, -1) AS wait_on_stream, coalesce(s.wait_on_corr, -1) AS wait_on_corr
         FROM cpu_ops o JOIN files f USING (file_id)
         LEFT JOIN cuda_syncs s ON s.file_id = o.file_id AND s.correlation = o.correlation
              AND s.name = 'Stream Wait Event'
@@ -954,12 +955,8 @@ def _stream_waits(con, rc: _RunClock, t: _Tasks, dev: np.ndarray, fids: list[int
     o = np.argsort(dkey, kind="stable")
     dkey, dres = dkey[o], t.res[dev][o].astype(np.int64)
 
-    def col(name: str) -> np.ndarray:
-        v = w[name][wi]
-        m = np.ma.getmaskarray(v) if np.ma.isMaskedArray(v) else np.zeros(v.shape, bool)
-        return np.where(m, -1, np.ma.filled(v, -1) if np.ma.isMaskedArray(v) else v).astype(np.int64)
-
-    stream, dev_id, on_stream, on_corr = col("stream"), col("device"), col("wait_on_stream"), col("wait_on_corr")
+    stream, dev_id, on_stream, on_corr = (np.asarray(w[k][wi], np.int64) for k in
+                                          ("stream", "device", "wait_on_stream", "wait_on_corr"))
     rk, wcorr = rank[wi], corr[wi]
     row_ranks = np.unique(rk[stream >= 0])
     res_wait = t.resource_ids(rk, 1, dev_id, stream)

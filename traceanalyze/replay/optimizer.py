@@ -176,11 +176,16 @@ def step_launches(con: duckdb.DuckDBPyConnection, g: gr.Graph, src: np.ndarray) 
         return out
     res_a, lo_a, hi_a = np.array(res), np.array(lo), np.array(hi)
     t = g.start[src]
+    # the ranges and the calls grouped by thread once, each thread a slice of each (a mask per thread over every
+    # rank's calls grew with ranks²)
+    o = np.lexsort((lo_a, res_a))
+    res_a, lo_a, hi_a = res_a[o], lo_a[o], hi_a[o]
+    so = np.argsort(g.res[src], kind="stable")
+    src_res = g.res[src][so]
     for r in np.unique(res_a).tolist():
-        m = res_a == r
-        o = np.argsort(lo_a[m])
-        rl, rh = lo_a[m][o], np.maximum.accumulate(hi_a[m][o])
-        sel = np.flatnonzero(g.res[src] == r)
+        a, b = np.searchsorted(res_a, r), np.searchsorted(res_a, r, side="right")
+        rl, rh = lo_a[a:b], np.maximum.accumulate(hi_a[a:b])
+        sel = so[np.searchsorted(src_res, r):np.searchsorted(src_res, r, side="right")]
         j = np.searchsorted(rl, t[sel] + RANGE_TOLERANCE_US, side="right") - 1
         ok = j >= 0
         out[sel[ok]] = t[sel[ok]] < rh[j[ok]] + RANGE_TOLERANCE_US
