@@ -20,6 +20,8 @@ Cases:
 - the comparisons of ``reports/render.py`` (``--baseline``);
 - the generated GPU jobs of ``reports/render.py`` (2 of 8, 8 and 64 ranks, from ``tests/synth.py``);
 - every folder of ``../shared/traces/real/<project>/<case>/`` where ``../shared`` is present;
+- every side of the shared H200 pairs (``../shared/traces/gpu/h200/<pair>/<side>/``) and of our H100 pairs
+  (``tests/data/gpu/h100/<pair>/<side>/``);
 - the merged Perfetto trace of ``export`` for the straggler sample.
 """
 
@@ -38,6 +40,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "sample_traces"
 REAL = ROOT.parent / "shared" / "traces" / "real"
+H200 = ROOT.parent / "shared" / "traces" / "gpu" / "h200"  # the shared GPU pairs' sides
+H100 = ROOT / "tests" / "data" / "gpu" / "h100"  # our own GPU pairs' sides
 WORK = Path("/tmp/ta-snap-0")  # --work: the paths of the copied samples are replaced by <work> in every output
 sys.path.insert(0, str(ROOT))
 # this checkout's package, whatever is installed; one hash seed, since set order decides some output orders
@@ -83,6 +87,10 @@ def cases() -> list[tuple[str, list[str]]]:
     if REAL.is_dir():
         for d in sorted(p for p in REAL.glob("*/*") if p.is_dir()):
             out.append((f"real_{d.parent.name}_{d.name}", [str(d)]))
+    for gpu, root in (("h200", H200), ("h100", H100)):
+        if root.is_dir():  # each side: a folder of one pair holding a trace
+            for d in sorted(p for p in root.glob("*/*") if p.is_dir() and any(p.glob("*.json*"))):
+                out.append((f"{gpu}_{d.parent.name}_{d.name}", [str(d)]))
     return out
 
 
