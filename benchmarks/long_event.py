@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark: parse time of a trace holding one event with a long string (README, Safety 5: linear in bytes).
+"""Benchmark: parse time of a trace holding one event with a long string (docs/safety.md 5: linear in bytes).
 
     python benchmarks/long_event.py                 # 15, 30 and 60 MB strings, 3 runs each
     python benchmarks/long_event.py --mb 60 120 --runs 5

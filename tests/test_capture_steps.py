@@ -1,7 +1,7 @@
 """Step times without the profiler: capture's timer and ``steps_rank{r}.json`` (written in-process with torch, when
 installed; the timer with a fake clock anywhere), discovery of the sidecar, its bounded reader, and the choice of
 the run's unprofiled step time (capture, else the log). Hostile sidecars each cost a warning row naming the file
-(README, Safety), never the report.
+(docs/safety.md), never the report.
 """
 
 from __future__ import annotations

@@ -166,7 +166,7 @@ def test_unreadable_file_io_error(tmp_path):
             pytest.skip(f"/proc/self/mem gives {exc.strerror}, not EIO")
     d = good_run(tmp_path)
     bad = d / "rank1.json"
-    bad.symlink_to("/proc/self/mem")  # outside the folder: read only when asked (README, Safety)
+    bad.symlink_to("/proc/self/mem")  # outside the folder: read only when asked (docs/safety.md)
     a = analyze(d, jobs=1, follow_external_symlinks=True)
     assert [(w["level"], w["message"]) for w in file_warnings(a.model, bad)] == [
         ("error", "cannot read (Input/output error)")]

@@ -1,6 +1,6 @@
-"""The README's Safety guarantees on databases and outputs (issue 14: 1, 2, 3, 10, 13, 14), each checked on inputs
-generated here, in a temporary folder: the refused file byte-identical, nothing written, the exit status of the
-README's table, nothing rendered or printed raw.
+"""The guarantees of docs/safety.md on databases and outputs (issue 14: 1, 2, 3, 10, 13, 14), each checked on inputs
+generated here, in a temporary folder: the refused file byte-identical, nothing written, the exit status of
+docs/options.md's table, nothing rendered or printed raw.
 """
 
 from __future__ import annotations

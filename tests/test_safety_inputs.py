@@ -1,4 +1,4 @@
-"""The README's Safety guarantees on inputs (issue 14: 4, 5, 6, 9, 11, 12), each checked on inputs generated here,
+"""The guarantees of docs/safety.md on inputs (issue 14: 4, 5, 6, 9, 11, 12), each checked on inputs generated here,
 in a temporary folder: the warning row that names the file with its count, the rows that remain, nothing stored
 or printed that should not be; and a fuzz test over header fields, numbers and nesting.
 """

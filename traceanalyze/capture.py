@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from traceanalyze.names import UNPROFILED_KEY
-from traceanalyze.safety import env_allowed  # the allow-list of environment variables (README, Safety)
+from traceanalyze.safety import env_allowed  # the allow-list of environment variables (docs/safety.md)
 
 ENV_MARKER = "traceanalyze_capture"  # top-level key that tells discovery this JSON is an env file
 STEPS_FILE = "steps_rank{rank}.json"  # the step-time sidecar (traceanalyze.names.STEPS_SIDECAR_NAME)

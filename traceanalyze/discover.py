@@ -268,7 +268,7 @@ def discover(inputs: list[str | Path], *, follow_external_symlinks: bool = False
     FIFOs are never opened.
 
     A symlink inside an input folder whose target lies outside that folder (a file or a folder) is not followed:
-    it is skipped with a note listed in ``warned`` (README, Safety: a folder copied from elsewhere must not read
+    it is skipped with a note listed in ``warned`` (docs/safety.md: a folder copied from elsewhere must not read
     ``~/.ssh`` or ``/etc``). With ``follow_external_symlinks`` such files are read and such folders walked, each
     folder once. An input named directly is always read.
 
@@ -536,7 +536,7 @@ def _shown(v: object) -> str:
 
 def check_headers(headers: dict[Path, dict]) -> tuple[dict[Path, dict], list[tuple[str, str]]]:
     """Keep the rank and world size of each trace header only when they are plausible: an integer world size from
-    1 to 2^20, an integer rank with 0 <= rank < world size (README, Safety).
+    1 to 2^20, an integer rank with 0 <= rank < world size (docs/safety.md).
 
     Returns ``(headers, warnings)``: the headers with an implausible ``distributedInfo.rank`` or ``world_size``
     removed (the rank is then worked out from the file name or the worker, like a file without one), and one

@@ -1,6 +1,6 @@
 """Errors the tool reports to users as one line, never as a traceback.
 
-Each carries the exit status of the command line (README, "Exit status"): 1 for a problem with the inputs or the
+Each carries the exit status of the command line (docs/options.md, Exit status): 1 for a problem with the inputs or the
 analysis, 2 for a usage error, 3 when the environment refuses a write (disk full, permission, read-only folder),
 4 when memory runs out.
 """

@@ -1,6 +1,6 @@
 """Every default bound, in one place: what one input may cost, and the defaults that options start from.
 
-Inputs are hostile (README, Safety): every size, count and number read from a file is bounded, and each bound
+Inputs are hostile (docs/safety.md): every size, count and number read from a file is bounded, and each bound
 is named here once, with its unit and why it is that size. Rule thresholds (what makes a finding) live with
 their rules in :mod:`traceanalyze.diagnose`; the report's display caps live in :mod:`traceanalyze.report`.
 This module imports nothing, so every layer may read it.

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from traceanalyze.limits import MAX_WORLD_SIZE, SNIFF_BYTES
 
-# Sane bounds on what a header or a file name says (README, Safety: one implausible header field costs one warning):
+# Sane bounds on what a header or a file name says (docs/safety.md: one implausible header field costs one warning):
 # rank < world size <= 2^20 (no job has a million ranks; larger values are corrupt or hostile, and a loop or a
 # set over them would exhaust memory).
 

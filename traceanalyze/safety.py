@@ -1,4 +1,4 @@
-"""Safety rails for what traceanalyze writes and prints (README, "Safety"):
+"""Safety rails for what traceanalyze writes and prints (docs/safety.md):
 
 - :func:`check_outputs`: no output path is an input file (resolved paths, symlinks and hard links count), no two
   outputs share a path, and every output folder is writable; checked before any work.
@@ -75,7 +75,7 @@ def md_text(x: object) -> str:
 
 # ---- secrets ------------------------------------------------------------------------------------------------------
 
-# A name that looks like a credential (README, Safety: no secrets in reports): HF_TOKEN, AWS_SECRET_ACCESS_KEY,
+# A name that looks like a credential (docs/safety.md: no secrets in reports): HF_TOKEN, AWS_SECRET_ACCESS_KEY,
 # WANDB_API_KEY, DB_PASSWORD, GOOGLE_APPLICATION_CREDENTIALS, ... Case-insensitive, anywhere in the name.
 _CREDENTIAL = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
 # NAME=value inside a string (a command line or an env dump copied into a header), NAME credential-like
@@ -90,7 +90,7 @@ def is_credential_name(name: object) -> bool:
     return isinstance(name, str) and _CREDENTIAL.search(name) is not None
 
 
-# The environment variables kept from a process (README, Safety): the ones that change communication, recorded by
+# The environment variables kept from a process (docs/safety.md): the ones that change communication, recorded by
 # capture.environment and read back from env_rank{r}.json by logs.parse_env; nothing else is stored or printed.
 ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "GLOO_", "UCX_", "FI_")
 ENV_NAMES = ("CUDA_VISIBLE_DEVICES", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK",
@@ -101,8 +101,8 @@ ENV_NAMES = ("CUDA_VISIBLE_DEVICES", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE",
 def env_allowed(name: str) -> bool:
     """Whether an environment variable is one :func:`traceanalyze.capture.environment` records
     (:data:`ENV_PREFIXES`, :data:`ENV_NAMES`) and not named like a credential (``*KEY*``, ``*TOKEN*``, ``*SECRET*``,
-    ``*PASSWORD*``, ``*CREDENTIAL*``): the allow-list the analyzer also applies to ``env_rank{r}.json`` (README,
-    Safety)."""
+    ``*PASSWORD*``, ``*CREDENTIAL*``): the allow-list the analyzer also applies to ``env_rank{r}.json``
+    (docs/safety.md)."""
     return isinstance(name, str) and (name.startswith(ENV_PREFIXES) or name in ENV_NAMES) and not \
         is_credential_name(name)
 

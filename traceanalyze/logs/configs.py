@@ -277,7 +277,7 @@ def parse_config(path: Path, max_bytes: int | None = None) -> list[Fact]:
     installed.
     """
     path = Path(path)
-    text = read_text(path, max_bytes)  # bounded: README, Safety
+    text = read_text(path, max_bytes)  # bounded: docs/safety.md
     suffix = Path(path.name.lower().removesuffix(".gz")).suffix
     data: Any
     try:

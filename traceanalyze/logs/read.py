@@ -1,4 +1,4 @@
-"""The bounded readers every log parser reads through (README, Safety: every file is size-bounded).
+"""The bounded readers every log parser reads through (docs/safety.md: every file is size-bounded).
 
 What a log, config, env, NCCL or topology file (or its .gz) may inflate to is bounded like a trace
 (``--max-decompressed``, default :data:`DEFAULT_MAX_BYTES`); a file read whole (config, env, trainer_state.json) at

@@ -6,7 +6,7 @@ step time without it comes, in this order, from ``capture`` (the steps :mod:`tra
 recorded window), ``log`` (the training log's step times, when most of its steps ran without the profiler), else
 none (the replay's ``estimate`` from the trace alone is not made here).
 
-Inputs are hostile (README, Safety): the file is read whole through :func:`~traceanalyze.logs.read.read_text` (at
+Inputs are hostile (docs/safety.md): the file is read whole through :func:`~traceanalyze.logs.read.read_text` (at
 most 64 MiB, a gzip bomb never inflated in full); a list is read up to :data:`MAX_CAPTURE_STEPS` values; a value
 that is not a number, NaN, infinite, zero or negative, or longer than a day (:data:`MAX_DUR_US`) is dropped and
 counted in one warning per list; JSON nested deeper than the decoder's bound is a warning. Valid values are kept.

@@ -233,7 +233,7 @@ def parse_text_log(path: Path, max_bytes: int | None = None) -> LogResult:
     rank); without those, for torchtitan logs with compile on, first-step time (from "Training starts at
     step" to the first step line) minus one steady-state step (from the last two step lines' timestamps).
 
-    ``max_bytes`` bounds what the file may inflate to (default :data:`DEFAULT_MAX_BYTES`; README, Safety).
+    ``max_bytes`` bounds what the file may inflate to (default :data:`DEFAULT_MAX_BYTES`; docs/safety.md).
 
     Raises :class:`InputError` when the file cannot be read or is over the bound; odd content never raises.
     """
