@@ -88,9 +88,14 @@ def cases() -> list[tuple[str, list[str]]]:
         for d in sorted(p for p in REAL.glob("*/*") if p.is_dir()):
             out.append((f"real_{d.parent.name}_{d.name}", [str(d)]))
     for gpu, root in (("h200", H200), ("h100", H100)):
-        if root.is_dir():  # each side: a folder of one pair holding a trace
-            for d in sorted(p for p in root.glob("*/*") if p.is_dir() and any(p.glob("*.json*"))):
-                out.append((f"{gpu}_{d.parent.name}_{d.name}", [str(d)]))
+        if not root.is_dir():
+            continue
+        copy = WORK / gpu  # copied, as the samples: the checkout's path and file times are in the outputs
+        shutil.copytree(root, copy)
+        for f in copy.rglob("*"):
+            os.utime(f, (1_700_000_000, 1_700_000_000))
+        for d in sorted(p for p in copy.glob("*/*") if p.is_dir() and any(p.glob("*.json*"))):
+            out.append((f"{gpu}_{d.parent.name}_{d.name}", [str(d)]))  # each side: a folder holding a trace
     return out
 
 
