@@ -42,7 +42,7 @@ BUILD_THREADS_MAX = 2  # threads that build chunks at once (DuckDB and NumPy wor
 def build(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_size: int | None,
           clock_offsets_us: dict | None = None, max_chunk_events: int = BUILD_CHUNK_EVENTS,
           threads: int | None = None) -> Graph:
-    """Build the run's graph from the store (module docstring); nothing is written (see :func:`save`).
+    """Build the run's graph from the store (the package docstring); nothing is written (see :func:`.writer.save`).
 
     Args:
         con: the store with ``files.run_id``/``rank`` set.
@@ -54,7 +54,8 @@ def build(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_size: in
             depend on it.
         threads: chunks built at once, each on a cursor of its own (default :func:`build_threads`; 1 where the
             caller runs other work meanwhile); the graph does not depend on it. On GPU runs the profiler's events
-            (:func:`profiler_events`) are counted on one more thread, beside the collectives' matching at the end.
+            (:func:`.events.profiler_events`) are counted on one more thread, beside the collectives' matching at the
+            end.
     """
     threads = build_threads() if threads is None else max(1, threads)
     rc = run_clock(con, run_id, mode, world_size, clock_offsets_us)

@@ -14,7 +14,7 @@ from traceanalyze.replay.graph.tasks import Tasks
 
 
 class Edges:
-    """The explicit edges as they are found (:data:`DEP_TYPES` codes), in order."""
+    """The explicit edges as they are found (:data:`.model.DEP_TYPES` codes), in order."""
 
     def __init__(self) -> None:
         self.lists: tuple[list, list, list, list, list] = ([], [], [], [], [])

@@ -21,7 +21,7 @@ def profiler_events(con, rc: RunClock, g: Graph) -> np.ndarray:
     ``Input Dims`` entries: one per input, one more per tensor of a list input); 0 for device tasks. The
     profiler's own host cost is paid per recorded event (:mod:`traceanalyze.replay.overhead`)."""
     out = np.zeros((4, g.start.size), np.uint16)
-    # the host threads: resources named host:pid/tid (:func:`order_tasks`), each with its rank
+    # the host threads: resources named host:pid/tid (:func:`.tasks.order_tasks`), each with its rank
     first = np.flatnonzero(g.first)
     res_first = np.full(len(g.res_names), -1, np.int64)
     res_first[g.res[first]] = first

@@ -13,7 +13,7 @@ from traceanalyze.replay.graph.source import RunClock
 
 
 def match_collectives(con, g: Graph, rc: RunClock, coll_fid: np.ndarray, coll_ts: np.ndarray) -> None:
-    """Instances across ranks (module docstring): fills ``g.inst*``, drops incomplete ones from the rendezvous."""
+    """Instances across ranks (the package docstring): fills ``g.inst*``, drops incomplete ones from the rendezvous."""
     tasks = np.flatnonzero(g.kind == K_COLL)
     if tasks.size == 0:
         return

@@ -63,7 +63,7 @@ def precision_classes(t: Tasks) -> np.ndarray:
 
 def categories(con, rc: RunClock, t: Tasks, fids: list[int], prec: np.ndarray
                 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], np.ndarray]:
-    """µs of each host task and of the gap before it under each category (module docstring), and each gap's label;
+    """µs of each host task and of the gap before it under each category (the package docstring), and each gap's label;
     ``prec``: :func:`precision_classes` (GPU runs: the fp32 matrix-math kernels are ``matmul_fp32``)."""
     run_id, mode, origin, off_ns, world = rc.run_id, rc.mode, rc.origin, rc.off_ns, rc.world
     res, rk, kind, flag = t.res, t.rk, t.kind, t.cols["flag"]

@@ -103,5 +103,5 @@ def rank_step_groups(g: Graph, sel: np.ndarray) -> tuple[int, np.ndarray, np.nda
 
 
 def host_resources(g: Graph) -> np.ndarray:
-    """Per resource of ``g``: a host thread (named ``host:pid/tid`` by :func:`order_tasks`)."""
+    """Per resource of ``g``: a host thread (named ``host:pid/tid`` by :func:`.tasks.order_tasks`)."""
     return np.array([r.startswith("host:") for r in g.res_names], dtype=bool)

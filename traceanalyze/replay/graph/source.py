@@ -84,7 +84,7 @@ def unify_names(parts: list[tuple[np.ndarray, object]]) -> tuple[object, np.ndar
 
 @dataclass
 class RunClock:
-    """The run's files, ranks and clocks, as every part of :func:`build` reads them.
+    """The run's files, ranks and clocks, as every part of :func:`.builder.build` reads them.
 
     ``origin``: the run's first CPU timestamp (ns); ``off_ns``: per rank 0..``world``, its clock offset (ns);
     ``fid``/``fid_rank``: the run's file ids (sorted) and each one's rank.

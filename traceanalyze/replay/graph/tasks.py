@@ -130,9 +130,9 @@ def _fold_calls(h: dict, dev_keys: np.ndarray) -> dict:
 
     A call is kept when it is a launch or a synchronize (``flag``), when device work was launched under its
     correlation (``dev_keys``), or when it starts :data:`WAIT_GAP_US` or more after the end of its thread's previous
-    call (a wait may end there, :func:`wait_edges`). The others (``cudaStreamIsCapturing``, ``cudaEventQuery``,
+    call (a wait may end there, :func:`.deps.wait_edges`). The others (``cudaStreamIsCapturing``, ``cudaEventQuery``,
     ``cudaStreamWaitEvent``, ...; about half the calls) join the gap before the next task, which keeps the
-    thread's time; ``idle`` keeps each kept call's own idle time before it, for :func:`wait_edges`."""
+    thread's time; ``idle`` keeps each kept call's own idle time before it, for :func:`.deps.wait_edges`."""
     fid = np.asarray(h["file_id"], np.int64)
     ts, dur = np.asarray(h["ts_ns"], np.int64), np.asarray(h["dur_ns"], np.int64)
     thr = _thread_codes(fid, h["pid"], h["tid"])
@@ -156,7 +156,7 @@ def _fold_calls(h: dict, dev_keys: np.ndarray) -> dict:
 
 def device_tasks(con, rc: RunClock, fids: list[int], comm: list[str]) -> dict:
     """Task columns of the GPU runs' kernels, memcpys and memsets; NCCL kernels are collectives, and ``ext`` is the
-    launching op's code (:func:`precision_classes`): 0 none or not fp32, bit 0 fp32 inputs, bit 1 on autocast's
+    launching op's code (:func:`.labels.precision_classes`): 0 none or not fp32, bit 0 fp32 inputs, bit 1 on autocast's
     fp32 list, bit 2 in place."""
     k = fetch_arrow(con, """SELECT k.file_id, CASE k.cat WHEN 'gpu_memcpy' THEN 1 WHEN 'gpu_memset' THEN 2
                ELSE 0 END AS catc, k.name, k.device, k.stream, k.ts_ns, k.dur_ns, k.correlation,
