@@ -24,6 +24,7 @@ Collective instances are matched across ranks by ``(process group, Seq)`` when e
 by the per-rank ordinal within each ``ProfilerStep#N`` (per process group); an instance is complete when every
 rank of its group is in the folder, each has one call, and name and bytes agree (TraceLens
 ``strict_metadata_check``). Transfer = median over ranks of (end − latest start) (straggler paper §3.2);
+incomplete instances keep their measured duration and are listed as unmatched.
 
 The package, by what it builds: :mod:`.model` (the :class:`Graph` record, its codes and shared constants),
 :mod:`.source` (the store's rows as arrays, the run's clocks), :mod:`.tasks` (tasks in resource order, their steps),
