@@ -38,10 +38,10 @@ def main() -> int:
     import numpy as np
 
     from traceanalyze.pipeline import analyze
-    from traceanalyze.replay import graph as gr
+    from traceanalyze.replay.graph import deps
 
     if args.no_event_waits:
-        gr._stream_waits = lambda *a: (np.zeros(0, np.int64),) * 4
+        deps._stream_waits = lambda *a: (np.zeros(0, np.int64),) * 4
     print("| folder | streams: kept of idle ms/step | threads: kept of idle ms/step | most kept on | "
           "largest what-if on-path % |\n|---|--:|--:|---|--:|")
     for f in folders():

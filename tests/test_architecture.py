@@ -3,7 +3,7 @@
 `lint-imports` (pyproject.toml, run by .ci/run) checks that imports go down the layers. These tests read every
 module's syntax tree and check the rest of the rules: no module uses a private name of another, a function
 imports a project module only where the layering allows nothing else (never to dodge a cycle), and functions
-stay short enough to hold in one's head, with each exception named here with its reason.
+stay short enough to hold in one's head, with each exception named here with its reason, and so do modules.
 """
 
 from __future__ import annotations
@@ -11,8 +11,16 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parents[1] / "traceanalyze"
 MAX_FUNCTION_LINES = 80
+MAX_MODULE_LINES = 800
+
+# Modules longer than MAX_MODULE_LINES, each with why it stays whole.
+LONG_MODULES: dict[str, str] = {
+    "ingest/parse.py": "the Kineto decoder, left whole by issue 39",
+}
 
 # Functions longer than MAX_FUNCTION_LINES, each with why it stays whole.
 LONG_FUNCTIONS: dict[str, str] = {}
@@ -111,3 +119,14 @@ def test_functions_are_short_or_named_with_their_reason():
                     long[f"{module}.{node.name}"] = n
     assert {k: v for k, v in long.items() if k not in LONG_FUNCTIONS} == {}
     assert sorted(k for k in LONG_FUNCTIONS if k not in long) == []
+
+
+@pytest.mark.xfail(strict=False, reason="issue 39: whatif.py, pipeline.py and load.py are split by other branches")
+def test_modules_are_short_or_named_with_their_reason():
+    long = {}
+    for p in sorted(PACKAGE.rglob("*.py")):
+        n = len(p.read_text(encoding="utf-8").splitlines())
+        if n > MAX_MODULE_LINES:
+            long[p.relative_to(PACKAGE).as_posix()] = n
+    assert {k: v for k, v in long.items() if k not in LONG_MODULES} == {}
+    assert sorted(k for k in LONG_MODULES if k not in long) == []

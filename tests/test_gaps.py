@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from traceanalyze.pipeline import analyze
-from traceanalyze.replay import graph as gr
+from traceanalyze.replay.graph import deps
 
 CONV = Path(__file__).parent / "data" / "gpu" / "h100" / "conv"
 
@@ -51,7 +51,7 @@ def test_without_the_waits_the_side_streams_idle_stays_and_caps_confidence(monke
     """The same trace with no cross-stream wait (what a torch 2.11 trace got before issue 37): 92 ms of each step is
     side-stream idle replayed as a fixed delay, the bf16 what-if's path runs 37 % through it and predicts 13.5 %,
     and its confidence says why it is low."""
-    monkeypatch.setattr(gr, "_stream_waits", lambda *a: (np.zeros(0, np.int64),) * 4)
+    monkeypatch.setattr(deps, "_stream_waits", lambda *a: (np.zeros(0, np.int64),) * 4)
     run = _run(CONV / "slow")
     ug = run["replay"]["unexplained_gaps"]
     assert ug["streams"]["kept_us"] == pytest.approx(92_350, rel=0.01)

@@ -216,6 +216,7 @@ def test_graph_built_rank_by_rank_is_the_graph_built_at_once(tmp_path, kind):
     do chunks built on two threads at once (each on its own cursor), and an even split over two threads."""
     from tests.synth import write_trace
     from traceanalyze.replay import graph as gr
+    from traceanalyze.replay.graph import builder, source
 
     if kind == "gpu":
         for r, delay in ((0, 0.0), (1, 3000.0), (2, 10.0)):
@@ -229,11 +230,11 @@ def test_graph_built_rank_by_rank_is_the_graph_built_at_once(tmp_path, kind):
     by_rank = gr.build(a.con, run_id, mode, world, max_chunk_events=1, threads=1)
     threaded = gr.build(a.con, run_id, mode, world, max_chunk_events=1, threads=2)
     halves = gr.build(a.con, run_id, mode, world, threads=2)
-    rc = gr._run_clock(a.con, run_id, mode, world, None)
-    assert len(gr._rank_chunks(a.con, rc, 1)) == len(whole.ranks)
-    assert len(gr._rank_chunks(a.con, rc, 10**9)) == 1
+    rc = source.run_clock(a.con, run_id, mode, world, None)
+    assert len(builder._rank_chunks(a.con, rc, 1)) == len(whole.ranks)
+    assert len(builder._rank_chunks(a.con, rc, 10**9)) == 1
     # two threads: the ranks split in two chunks, whatever the bound (the first closed at half the run's events)
-    assert [len(c) for c in gr._rank_chunks(a.con, rc, 10**9, 2)] == {"gpu": [2, 1], "cpu": [3, 1]}[kind]
+    assert [len(c) for c in builder._rank_chunks(a.con, rc, 10**9, 2)] == {"gpu": [2, 1], "cpu": [3, 1]}[kind]
     assert whole.start.size == {"gpu": 63, "cpu": 2892}[kind]  # 3 x 21 tasks; the straggler sample
     assert whole.n_instances == {"gpu": 3, "cpu": 6}[kind]
     assert _graphs_equal(whole, by_rank) == []
@@ -529,11 +530,12 @@ def test_profiler_events_counted_by_time_parts_of_a_big_file(monkeypatch):
     import numpy as np
 
     from traceanalyze.replay import graph as gr
+    from traceanalyze.replay.graph import events
 
     a, _ = _run(real("hta/df_index_resolver"))
     whole = gr.build(a.con, 1, "gpu", None).prof_events
-    monkeypatch.setattr(gr, "PROFILER_EVENTS_BATCH", 7_000)
-    parts = gr._time_parts(a.con, 1, 15)
+    monkeypatch.setattr(events, "PROFILER_EVENTS_BATCH", 7_000)  # read where the events are counted
+    parts = events._time_parts(a.con, 1, 15)
     assert len(parts) == 15 and parts[0][0] is None and parts[-1][1] is None
     cut = gr.build(a.con, 1, "gpu", None).prof_events
     assert np.array_equal(whole, cut) and whole.sum(axis=1).tolist() == [58695, 42373, 9, 0]

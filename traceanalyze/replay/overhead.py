@@ -8,7 +8,7 @@ guides list "compare profiled and unprofiled step time" as a pitfall; nothing in
 
 The estimate (:func:`unprofiled`): each host task's gap, then its own duration (at most half of it), shrinks by
 ``ops × per_op_us + calls × per_call_us`` (:func:`per_op_us`, :data:`PER_CALL_US`; the events from
-:func:`traceanalyze.replay.graph._profiler_events`),
+:func:`traceanalyze.replay.graph.events.profiler_events`),
 and the graph is replayed: a GPU-bound step stays, a host-bound one shrinks.
 
 Calibration (``python benchmarks/profiler_overhead.py --fit``, issue 37): fitted on every GPU side whose loop was
@@ -38,7 +38,7 @@ from traceanalyze.replay import graph as gr
 # µs of host time per recorded event (module docstring: the calibration): per op or annotation, by what is recorded;
 # per runtime or driver call (CUPTI's callback and activity record, whatever the options)
 PER_OP_US = {"base": 1.0, "record_shapes": 1.0, "with_stack": 2.2, "profile_memory": 0.5}
-PER_SHAPE_US = 0.5  # per input shape record_shapes copies (graph._profiler_events row 3), on top of its per-op share
+PER_SHAPE_US = 0.5  # per input shape record_shapes copies (graph.events row 3), on top of its per-op share
 PER_CALL_US = 4.0
 # µs per range Python opens only while a profiler runs (inductor's record_function around each Triton launch, the
 # compiled graph's call): an empty torch.profiler.record_function costs 9.4 µs under the profiler on this project's

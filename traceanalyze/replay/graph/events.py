@@ -1,0 +1,129 @@
+"""The events the profiler recorded on each host task's thread (``Graph.prof_events``): what the profiler's own
+host cost is paid for (:mod:`traceanalyze.replay.overhead`)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from traceanalyze.metrics.collectives import int_column
+from traceanalyze.replay.graph.model import T_SHIFT, Graph, host_resources
+from traceanalyze.replay.graph.source import RunClock, fetch
+
+PROFILER_EVENTS_BATCH = 250_000  # CPU ops whose profiler events are counted at once (profiler_events)
+
+
+def profiler_events(con, rc: RunClock, g: Graph) -> np.ndarray:
+    """Per host task (and step marker) of ``g``: the events the profiler recorded on its thread from the end of the
+    thread's previous task to its own end, each counted at its start, as four uint16 rows (8 bytes a task; a count
+    over 65,535 is clipped): ``[0]`` cpu ops and annotations recorded in C++, ``[1]`` runtime and driver calls,
+    ``[2]`` the ranges Python opens only while a profiler runs (inductor's ``triton_*`` launches, ``## Call
+    CompiledFxGraph``, compiled regions), ``[3]`` the shapes ``record_shapes`` copied for those ops (each op's
+    ``Input Dims`` entries: one per input, one more per tensor of a list input); 0 for device tasks. The
+    profiler's own host cost is paid per recorded event (:mod:`traceanalyze.replay.overhead`)."""
+    out = np.zeros((4, g.start.size), np.uint16)
+    # the host threads: resources named host:pid/tid (:func:`.tasks.order_tasks`), each with its rank
+    first = np.flatnonzero(g.first)
+    res_first = np.full(len(g.res_names), -1, np.int64)
+    res_first[g.res[first]] = first
+    host = host_resources(g) & (res_first >= 0)
+    threads = {}
+    for r in np.flatnonzero(host).tolist():
+        pid, _, tid = g.res_names[r][5:].partition("/")
+        threads[(int(g.rank[res_first[r]]), int(pid), int(tid))] = r
+    idx = np.flatnonzero(host[g.res])
+    if not idx.size:
+        return out
+    # by batches of files (bounded memory: the events of 8 ranks at once held 55 MB), each thread once (a code per
+    # row from SQL: no per-row lookup), the events by thread and time
+    fids = [int(f) for f in rc.fid]
+    sizes = dict(con.execute("SELECT file_id, coalesce(n_cpu_ops, 0) FROM files WHERE file_id IN (SELECT unnest(?))",
+                             [fids]).fetchall())
+    # each host task's window [lo, hi) as sortable keys (resource << T_SHIFT + ns), computed once for all batches
+    lim = (1 << T_SHIFT) - 1
+    res = g.res[idx].astype(np.int64) << T_SHIFT
+    e_ns = np.clip(((g.start + g.dur) * 1e3).astype(np.int64), 0, lim)
+    s_ns = np.clip((g.start[idx] * 1e3).astype(np.int64), 0, lim)
+    prev_e = np.concatenate([[0], e_ns[:-1]])[idx]
+    win = (idx, g.rank[idx], res + np.where(g.first[idx], s_ns, np.minimum(prev_e, s_ns)), res + e_ns[idx])
+    del res, e_ns, s_ns, prev_e
+    batch: list[int] = []
+    n = 0
+    for f in [*fids, None]:
+        if f is not None and sizes.get(f, 0) > PROFILER_EVENTS_BATCH:  # one file over a batch: by time ranges
+            for lo, hi in _time_parts(con, f, -(-sizes[f] // PROFILER_EVENTS_BATCH)):
+                _count_events(con, rc, threads, [f], win, out, lo, hi)
+            continue
+        if f is not None and (not batch or n + sizes.get(f, 0) <= PROFILER_EVENTS_BATCH):
+            batch.append(f)
+            n += sizes.get(f, 0)
+            continue
+        if batch:
+            _count_events(con, rc, threads, batch, win, out)
+        batch, n = ([f], sizes.get(f, 0)) if f is not None else ([], 0)
+    return out
+
+
+def _time_parts(con, fid: int, parts: int) -> list[tuple[int | None, int | None]]:
+    """``[lo, hi)`` ranges of trace time (ns; None: open) that cut the CPU ops of file ``fid`` into about ``parts``
+    parts of as many ops (approximate quantiles: a part may hold somewhat more). Counts add up over any such cut."""
+    qs = [k / parts for k in range(1, parts)]
+    cuts = con.execute("SELECT approx_quantile(ts_ns, ?::FLOAT[]) FROM cpu_ops WHERE file_id = ?",
+                       [qs, fid]).fetchall()[0][0] or []
+    bounds = sorted({int(c) for c in cuts if c is not None})
+    return list(zip([None, *bounds], [*bounds, None], strict=True))
+
+
+def _count_events(con, rc: RunClock, threads: dict, fids: list[int], win: tuple, out: np.ndarray,
+                  ts_lo: int | None = None, ts_hi: int | None = None) -> None:
+    """Add the profiler events of the files ``fids`` to ``out`` (:func:`profiler_events`), in place; only those
+    that start in ``[ts_lo, ts_hi)`` (trace ns; None: open). ``threads``: (rank, pid, tid) -> the host thread's
+    resource; ``win``: the host tasks (ids, ranks, window start and end keys)."""
+    r = fetch(con, """WITH ev AS MATERIALIZED (
+                SELECT f.rank, c.pid, c.tid, c.ts_ns,
+                       CASE WHEN c.cat IN ('cuda_runtime', 'cuda_driver') THEN 1
+                            WHEN c.name LIKE 'triton\\_%' ESCAPE '\\' OR c.name LIKE '## Call CompiledFxGraph%'
+                                 OR c.name LIKE 'Torch-Compiled Region%' OR c.name IN ('CompiledFunction',
+                                 'CompiledFunctionBackward') THEN 2 ELSE 0 END AS kind,
+                       -- the shapes record_shapes copied: the '[' of Input Dims less the outer one (no JSON parse)
+                       CASE WHEN c.input_dims IS NULL THEN 0
+                            ELSE greatest(length(c.input_dims) - length(replace(c.input_dims, '[', '')) - 1, 0)
+                       END AS shapes
+                FROM cpu_ops c JOIN files f USING (file_id)
+                WHERE f.run_id = $1 AND f.rank IS NOT NULL AND f.file_id IN (SELECT unnest($2))
+                  AND c.cat IN ('cpu_op', 'user_annotation', 'cuda_runtime', 'cuda_driver')
+                  AND ($3::BIGINT IS NULL OR c.ts_ns >= $3) AND ($4::BIGINT IS NULL OR c.ts_ns < $4)),
+            code AS (SELECT rank, pid, tid, row_number() OVER (ORDER BY rank, pid, tid) - 1 AS th
+                     FROM (SELECT DISTINCT rank, pid, tid FROM ev))
+        SELECT code.th, ev.ts_ns, ev.kind, ev.shapes, code.rank AS th_rank, code.pid AS th_pid, code.tid AS th_tid
+        FROM ev JOIN code ON code.rank = ev.rank AND code.pid IS NOT DISTINCT FROM ev.pid
+                         AND code.tid IS NOT DISTINCT FROM ev.tid""", [rc.run_id, fids, ts_lo, ts_hi])
+    code = np.asarray(r["th"], np.int64)
+    if code.size == 0:
+        return
+    # the threads, in code order: the first row of each code
+    first = np.zeros(int(code.max()) + 1, np.int64)
+    first[code[::-1]] = np.arange(code.size - 1, -1, -1)
+    th_rank = np.asarray(r["th_rank"], np.int64)[first]
+    th_res = np.array([threads.get((int(rk), int(a), int(b)), -1) for rk, a, b in
+                       zip(th_rank.tolist(), int_column(r["th_pid"])[0][first].tolist(),
+                           int_column(r["th_tid"])[0][first].tolist(), strict=True)], np.int64)
+    th_shift = rc.origin + rc.off_ns[np.clip(th_rank, 0, rc.world)]
+    lim = (1 << T_SHIFT) - 1
+    r_res = th_res[code]
+    ok = r_res >= 0
+    kind = np.asarray(r["kind"], np.int8)[ok]
+    shapes = np.asarray(r["shapes"], np.int64)[ok]
+    keys = (r_res[ok] << T_SHIFT) + np.clip(np.asarray(r["ts_ns"], np.int64)[ok] - th_shift[code[ok]], 0, lim)
+    del r, r_res, code
+    o = np.argsort(keys, kind="stable")
+    keys, kind, shapes = keys[o], kind[o], shapes[o]
+    del o
+    idx, ranks, lo_key, hi_key = win
+    m = np.flatnonzero(np.isin(ranks, np.unique(th_rank)))  # the host tasks of these ranks
+    sel = idx[m]
+    hi_i = np.searchsorted(keys, hi_key[m], side="left")
+    lo_i = np.searchsorted(keys, lo_key[m], side="left")
+    for i in range(4):  # events of each kind (shapes: their count) before each position, then the count in [lo, hi)
+        cum = np.concatenate([[0], np.cumsum(kind == i if i < 3 else shapes, dtype=np.int64)])
+        cnt = out[i, sel].astype(np.int64) + np.clip(cum[hi_i] - cum[lo_i], 0, None)
+        out[i, sel] = np.minimum(cnt, np.iinfo(np.uint16).max)

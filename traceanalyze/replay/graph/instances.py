@@ -1,0 +1,204 @@
+"""Collective instances matched across ranks (module docstring of :mod:`traceanalyze.replay.graph`): by Comms Id,
+else (process group, Seq), else the per-step ordinal; complete or not, and each one's transfer time."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from traceanalyze.metrics.collectives import busbw_factor, collective_calls, int_column
+from traceanalyze.replay.graph.model import K_COLL, Graph
+from traceanalyze.replay.graph.source import RunClock
+
+
+def match_collectives(con, g: Graph, rc: RunClock, coll_fid: np.ndarray, coll_ts: np.ndarray) -> None:
+    """Instances across ranks (the package docstring): fills ``g.inst*``, drops incomplete ones from the rendezvous."""
+    tasks = np.flatnonzero(g.kind == K_COLL)
+    if tasks.size == 0:
+        return
+    meta = _task_meta(_collective_meta(con, rc.run_id, rc.mode), coll_fid, coll_ts, rc.origin)
+    # Comms Id when every call has one (identical on all participants by construction, kineto #1286), else
+    # (process group, Seq) when every call has a Seq, else the per-step order
+    use_cid = all(c is not None for c in meta["comms_id"].tolist())
+    use_seq = not use_cid and bool(meta["has_seq"].all())
+    rank = g.rank[tasks]
+    start, end = g.start[tasks], g.start[tasks] + g.dur[tasks]
+    inst, n_inst = _instances(rank, g.step[tasks], start, meta["pg"], meta["seq"], use_seq,
+                              meta["comms_id"] if use_cid else None)
+    complete, coll_name, inst_bytes, inst_n, reasons = _check_instances(g, rank, inst, n_inst, meta)
+    g.inst[tasks] = inst
+    g.inst_all = inst
+    g.inst_transfer = _instance_transfer(inst, n_inst, complete, start, end)
+    g.inst_complete, g.inst_coll = complete, coll_name
+    g.inst_bytes, g.inst_n = inst_bytes, inst_n
+    g.inst_matched_by = ["Comms Id" if use_cid else "process group and Seq" if use_seq else "per-step ordinal"
+                         ] * n_inst
+    # incomplete instances keep their measured durations: no rendezvous
+    inc = ~complete[inst]
+    g.inst[tasks[inc]] = -1
+    n_inc = int((~complete).sum())
+    if n_inc:
+        g.unmatched.append(_unmatched_note(reasons, n_inc, n_inst))
+        g.partial = reasons["peers"] > 0
+
+
+def _collective_meta(con, run_id: int, mode: str) -> dict[str, np.ndarray]:
+    """Per collective call (file, start): normalised name, bytes, process group, Seq, group ranks, Comms Id
+    (:func:`traceanalyze.metrics.collectives.collective_calls`; CPU runs carry no process group)."""
+    calls = collective_calls(con, run_id, mode, groups=mode == "gpu")
+    n = calls.op.size
+    if calls.groups is not None:
+        seq, has_seq = int_column(calls.groups["seq"])
+        pg = np.asarray(calls.groups["pg_name"], dtype=object)
+        pg_ranks = np.asarray(calls.groups["pg_ranks"], dtype=object)
+        cid = calls.groups["comms_id"]
+        comms_id = np.array([c if c not in (None, "") else None for c in cid.tolist()], dtype=object)
+    else:
+        seq, has_seq = np.zeros(n, np.int64), np.zeros(n, bool)
+        pg = np.full(n, None, dtype=object)
+        pg_ranks = np.full(n, None, dtype=object)
+        comms_id = np.full(n, None, dtype=object)
+    return {"fid": calls.file_id, "ts": calls.start, "op": calls.op, "bytes": calls.nbytes.astype(np.int64),
+            "seq": seq, "has_seq": has_seq, "pg": pg, "pg_ranks": pg_ranks, "comms_id": comms_id}
+
+
+def _task_meta(meta: dict[str, np.ndarray], fid: np.ndarray, ts: np.ndarray, origin: int) -> dict[str, np.ndarray]:
+    """Per collective task, its call's :func:`_collective_meta` (looked up by file and start; defaults where none
+    matches): ``op``, ``bytes``, ``seq``, ``has_seq``, ``pg`` ("" for none) and ``pg_ranks``."""
+    mkey = np.array([(f, t) for f, t in zip(meta["fid"].tolist(), meta["ts"].tolist(), strict=True)],
+                    dtype=np.int64).reshape(-1, 2)
+    order = np.lexsort((mkey[:, 1], mkey[:, 0])) if mkey.size else np.zeros(0, np.int64)
+    mk_sorted = (mkey[order, 0] << 44) + (mkey[order, 1] - origin) if mkey.size else np.zeros(0, np.int64)
+    q = (fid.astype(np.int64) << 44) + (ts - origin)
+    j = np.clip(np.searchsorted(mk_sorted, q), 0, max(mk_sorted.size - 1, 0))
+    found = mk_sorted.size > 0 and True
+    hit = (mk_sorted[j] == q) if found else np.zeros(fid.size, bool)
+    mi = order[j] if found else np.zeros(fid.size, np.int64)
+
+    def col(name, default):
+        v = np.asarray(meta[name])[mi] if found else np.full(fid.size, default)
+        return np.where(hit, v, default)
+
+    return {"op": col("op", "unknown"), "bytes": col("bytes", 0).astype(np.int64),
+            "seq": col("seq", 0).astype(np.int64), "has_seq": col("has_seq", False).astype(bool),
+            "pg": np.array([p if p else "" for p in col("pg", None).tolist()], dtype=object),
+            "pg_ranks": col("pg_ranks", None), "comms_id": col("comms_id", None)}
+
+
+def _instances(rank: np.ndarray, step: np.ndarray, start: np.ndarray, pg: np.ndarray, seq: np.ndarray,
+               use_seq: bool, comms_id: np.ndarray | None = None) -> tuple[np.ndarray, int]:
+    """(per collective task, its instance; the number of instances): calls of one Comms Id (``comms_id`` given),
+    else of one (process group, Seq), else the n-th call of a process group in one profiler step on each rank.
+    Instances are numbered in order of first appearance among the tasks."""
+    o = np.lexsort((start, step, pg, rank))
+    keys: list[tuple] = [None] * rank.size  # type: ignore[list-item]
+    ordinal: dict[tuple, int] = {}
+    for i in o.tolist():
+        if comms_id is not None:
+            keys[i] = ("cid", str(comms_id[i]))
+        elif use_seq:
+            keys[i] = ("seq", pg[i], int(seq[i]))
+        else:
+            k = (int(rank[i]), pg[i], int(step[i]))
+            ordinal[k] = ordinal.get(k, -1) + 1
+            keys[i] = ("ord", pg[i], int(step[i]), ordinal[k])
+    inst_of: dict[tuple, int] = {}
+    inst = np.array([inst_of.setdefault(k, len(inst_of)) for k in keys], dtype=np.int64)
+    return inst, len(inst_of)
+
+
+def _check_instances(g: Graph, rank: np.ndarray, inst: np.ndarray, n_inst: int, meta: dict[str, np.ndarray]
+                     ) -> tuple[np.ndarray, list[str], np.ndarray, np.ndarray, dict[str, int]]:
+    """(complete, name, bytes, group size) per instance and the count of incomplete ones by reason. Complete: one
+    call on each rank of its group, every one in the folder, not a send/recv, name and bytes alike (TraceLens
+    ``strict_metadata_check``)."""
+    op, nbytes, pg_ranks = meta["op"], meta["bytes"], meta["pg_ranks"]
+    present = set(g.ranks)
+    complete = np.ones(n_inst, dtype=bool)
+    coll_name: list[str] = [""] * n_inst
+    inst_bytes = np.zeros(n_inst, np.int64)
+    inst_n = np.zeros(n_inst, np.int64)
+    by_inst: dict[int, list[int]] = {}
+    for i, m in enumerate(inst.tolist()):
+        by_inst.setdefault(m, []).append(i)
+    reasons = {"peers": 0, "mismatch": 0, "duplicate": 0, "p2p": 0}
+    for m, members in by_inst.items():
+        rs = [int(rank[i]) for i in members]
+        expected = _group_ranks(pg_ranks[members[0]]) or list(range(g.world_size))
+        coll_name[m] = str(op[members[0]])
+        inst_bytes[m] = int(nbytes[members[0]])
+        inst_n[m] = len(expected)
+        if len(set(rs)) != len(rs):
+            complete[m] = False
+            reasons["duplicate"] += 1
+        elif set(expected) - present or set(rs) != set(expected):
+            complete[m] = False
+            reasons["peers"] += 1
+        elif coll_name[m] == "send_recv":  # two parties, paired by peer: not a rendezvous of the whole group
+            complete[m] = False
+            reasons["p2p"] += 1
+        elif len({(str(op[i]), int(nbytes[i])) for i in members}) > 1:
+            complete[m] = False
+            reasons["mismatch"] += 1
+    return complete, coll_name, inst_bytes, inst_n, reasons
+
+
+def _instance_transfer(inst: np.ndarray, n_inst: int, complete: np.ndarray, start: np.ndarray, end: np.ndarray
+                       ) -> np.ndarray:
+    """Per instance (µs): the median over participants of (end − latest start); an incomplete instance, the median
+    measured duration; the shortest duration where the median is not positive."""
+    latest = np.full(n_inst, -np.inf)
+    np.maximum.at(latest, inst, start)
+    after = np.where(complete[inst], end - latest[inst], end - start)
+    med = _group_median(inst, after, n_inst)
+    shortest = np.full(n_inst, np.inf)
+    np.minimum.at(shortest, inst, end - start)
+    return np.where(med > 0, med, shortest)
+
+
+def _group_median(group: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
+    """Median of ``values`` per group id 0..n-1 (NaN for an empty group)."""
+    o = np.lexsort((values, group))
+    g, v = group[o], values[o]
+    cnt = np.bincount(g, minlength=n)
+    first = np.concatenate([[0], np.cumsum(cnt)[:-1]])
+    lo = first + (cnt - 1) // 2
+    hi = first + cnt // 2
+    ok = cnt > 0
+    out = np.full(n, np.nan)
+    out[ok] = (v[np.clip(lo, 0, v.size - 1)][ok] + v[np.clip(hi, 0, v.size - 1)][ok]) / 2
+    return out
+
+
+def _group_ranks(text) -> list[int] | None:
+    if not text:
+        return None
+    try:
+        v = json.loads(text) if isinstance(text, str) else text
+    except ValueError:
+        return None
+    if isinstance(v, list) and v and all(isinstance(x, int) for x in v) and len(v) < 30:
+        return [int(x) for x in v]
+    return None  # truncated at 30 entries by kineto, or absent: the run's world size then
+
+
+def _unmatched_note(reasons: dict[str, int], n_inc: int, n_inst: int) -> str:
+    """The replay's note on the instances that kept their measured duration, by reason."""
+    why = []
+    if reasons["peers"]:
+        why.append(f"{reasons['peers']} whose peers are not all in the folder")
+    if reasons["mismatch"]:
+        why.append(f"{reasons['mismatch']} whose name or size differ across ranks (the per-step order slipped)")
+    if reasons["duplicate"]:
+        why.append(f"{reasons['duplicate']} matched twice on one rank")
+    if reasons["p2p"]:
+        why.append(f"{reasons['p2p']} point-to-point send/recv (pairing by peer is not implemented)")
+    return f"{n_inc} of {n_inst} collective instances kept their measured duration: " + "; ".join(why)
+
+
+def ideal_transfer_us(g: Graph, link_gbps: float) -> np.ndarray:
+    """Per instance: bytes × busbw factor ÷ link bandwidth (µs), nccl-tests ``PERFORMANCE.md``; 0 when the bytes
+    are unknown."""
+    f = np.array([busbw_factor(c, int(n)) for c, n in zip(g.inst_coll, g.inst_n.tolist(), strict=True)])
+    return g.inst_bytes * f / (link_gbps * 1e9) * 1e6 if f.size else np.zeros(0)

@@ -1,0 +1,160 @@
+"""What each task is, for the what-ifs: its precision class (:data:`~traceanalyze.replay.graph.model.
+PRECISION_CLASSES`, from the kernel's name and its launching op's inputs), the µs of it and of the gap before it
+under each category (dataloader, compile, optimizer ranges, launch gaps, fp32 matrix math), and each gap's
+label."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from traceanalyze import matmath
+from traceanalyze.metrics.collectives import int_column
+from traceanalyze.metrics.host import COMPILE_RANGES
+from traceanalyze.replay.graph.model import (
+    CATEGORIES,
+    GAP_LABELS,
+    K_HOST,
+    K_KERNEL,
+    MATMUL_OPS,
+    P_ATTN_FP32,
+    P_LAUNCH,
+    P_MEM,
+    P_MEM_IN_PLACE,
+    P_MM_FP32,
+    P_MM_LOWP,
+    P_MM_TF32,
+    T_SHIFT,
+)
+from traceanalyze.replay.graph.source import RunClock, fetch
+from traceanalyze.replay.graph.tasks import Tasks
+
+
+def precision_classes(t: Tasks) -> np.ndarray:
+    """Each task's precision class (int8, :data:`PRECISION_CLASSES`) for the precision what-ifs: a device kernel's
+    matrix-math family and math mode from its name (:mod:`traceanalyze.matmath`), else from its launching op's
+    ``Input type`` (``ext`` bit 0: fp32 inputs); a non-matrix kernel of an fp32 op that autocast would run in 16 bits
+    (``P_MEM``: not on autocast's fp32 list, not in place); a non-matrix kernel of an in-place fp32 op not on that list
+    (``P_MEM_IN_PLACE``: an optimizer's update of fp32 state, or ``relu_``/``add_`` on an activation); 0 for every
+    other task."""
+    names = t.names.to_pylist() if hasattr(t.names, "to_pylist") else list(t.names)
+    fam = np.zeros(len(names) + 1, np.int8)
+    mode = np.zeros(len(names) + 1, np.int8)  # 1 fp32, 2 tf32, 3 16-bit or narrower, 0 unknown
+    codes = {"fp32": 1, "tf32": 2, "bf16": 3, "fp16": 3, "fp8": 3, "int8": 3}
+    for i, nm in enumerate(names):
+        f = matmath.kernel_family(nm or "")
+        if f:
+            fam[i] = {"gemm": 1, "conv": 1, "attention": 2}[f]
+            mode[i] = codes.get(matmath.kernel_dtype(nm)[0] or "", 0)
+    nc = np.clip(t.name_code, 0, len(names))
+    ext = t.cols["ext"]
+    kern = (t.rk == 1) & (t.kind == K_KERNEL)
+    f, m = np.where(kern, fam[nc], 0), np.where(kern, mode[nc], 0)
+    m = np.where((f > 0) & (m == 0) & ((ext & 1) == 1), 1, m)  # a name that does not tell: the op's fp32 inputs
+    out = np.zeros(t.n, np.int8)
+    out[(f == 1) & (m == 1)] = P_MM_FP32
+    out[(f == 2) & (m == 1)] = P_ATTN_FP32
+    out[(f > 0) & (m == 2)] = P_MM_TF32
+    out[(f > 0) & (m == 3)] = P_MM_LOWP
+    out[kern & (f == 0) & (ext == 1)] = P_MEM
+    out[kern & (f == 0) & (ext == 5)] = P_MEM_IN_PLACE
+    out[(t.rk == 0) & (t.kind == K_HOST) & (t.cols["flag"] == 2)] = P_LAUNCH
+    return out
+
+
+def categories(con, rc: RunClock, t: Tasks, fids: list[int], prec: np.ndarray
+                ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], np.ndarray]:
+    """µs of each host task and of the gap before it under each category (the package docstring), and each gap's label;
+    ``prec``: :func:`precision_classes` (GPU runs: the fp32 matrix-math kernels are ``matmul_fp32``)."""
+    run_id, mode, origin, off_ns, world = rc.run_id, rc.mode, rc.origin, rc.off_ns, rc.world
+    res, rk, kind, flag = t.res, t.rk, t.kind, t.cols["flag"]
+    start, end, gap, first = t.start, t.end, t.gap, t.first
+    n = start.size
+    r = fetch(con, """SELECT f.rank, c.pid, c.tid, c.ts_ns, c.ts_ns + c.dur_ns AS end_ns,
+               CASE WHEN is_dataloader_op(c.name) THEN 0 WHEN c.name IN (SELECT unnest($2)) THEN 1
+                    WHEN c.name LIKE 'Optimizer.%' THEN 2 ELSE 4 END AS cat
+        FROM cpu_ops c JOIN files f USING (file_id)
+        WHERE f.run_id = $1 AND f.rank IS NOT NULL AND f.file_id IN (SELECT unnest($5))
+          AND c.cat IN ('cpu_op', 'user_annotation')
+          AND (is_dataloader_op(c.name) OR c.name IN (SELECT unnest($2)) OR c.name LIKE 'Optimizer.%'
+               OR ($3 AND c.name IN (SELECT unnest($4))
+                   AND (c.input_types LIKE '["float"%' OR c.input_types LIKE '[''float''%')))""",
+               [run_id, list(COMPILE_RANGES), mode != "gpu", list(MATMUL_OPS), fids])
+    r_res = t.resource_ids(r["rank"], 0, int_column(r["pid"])[0], int_column(r["tid"])[0])
+    r_rank = np.asarray(r["rank"], np.int64)
+    shift = origin + off_ns[np.clip(r_rank, 0, world)]
+    lo = np.clip(np.asarray(r["ts_ns"], np.int64) - shift, 0, (1 << T_SHIFT) - 1)
+    hi = np.clip(np.asarray(r["end_ns"], np.int64) - shift, 0, (1 << T_SHIFT) - 1)
+    cat = np.asarray(r["cat"], np.int64)
+    s_ns = np.clip((start * 1e3).astype(np.int64), 0, (1 << T_SHIFT) - 1)
+    e_ns = np.clip((end * 1e3).astype(np.int64), 0, (1 << T_SHIFT) - 1)
+    p_ns = np.concatenate([[0], e_ns[:-1]])
+    host = (rk == 0) & (kind == K_HOST)
+    cover: dict[str, np.ndarray] = {}
+    gap_cover: dict[str, np.ndarray] = {}
+    for ci, cname in enumerate(CATEGORIES):
+        if cname == "launch":
+            continue
+        code = 4 if cname == "matmul_fp32" else ci
+        m = (cat == code) & (r_res >= 0)
+        if not m.any():  # calloc'd zeros: no memory until written (most runs have no ranges of most kinds)
+            cover[cname], gap_cover[cname] = np.zeros(n), np.zeros(n)
+            continue
+        u = _union_cover(r_res[m], lo[m], hi[m])
+        at_start = _covered(u, res, s_ns)
+        c_task = (_covered(u, res, e_ns) - at_start) / 1e3
+        c_gap = (at_start - _covered(u, res, p_ns)) / 1e3
+        del at_start
+        cover[cname] = np.where(host, c_task, 0.0)
+        gap_cover[cname] = np.where(host & ~first, np.clip(c_gap, 0, None), 0.0)
+    # the fp32 matrix-math kernels (GPU runs: GEMM, convolution, attention on CUDA cores): the whole kernel
+    if mode == "gpu":
+        fp32 = np.isin(prec, (P_MM_FP32, P_ATTN_FP32))
+        cover["matmul_fp32"] = np.where(fp32, end - start, 0.0) if fp32.any() else np.zeros(n)
+    # launch overhead: the gap between two kernel launches of one thread, outside dataloader/compile ranges
+    is_launch = flag == 2
+    prev_launch = np.concatenate([[False], is_launch[:-1]])
+    lg = host & ~first & is_launch & prev_launch & (mode == "gpu")
+    gap_cover["launch"] = np.where(lg, np.clip(gap - gap_cover["dataloader"] - gap_cover["compile"], 0, None), 0.0)
+    cover["launch"] = np.zeros(n)
+    label = np.zeros(n, np.int8)
+    best = np.zeros(n)
+    for code, cname in enumerate(GAP_LABELS[1:], start=1):
+        c = gap_cover[cname]
+        better = c > np.maximum(best, 0.5 * gap)
+        label[better] = code
+        best = np.maximum(best, c)
+    label[~host | first] = -1
+    return cover, gap_cover, label
+
+
+def _union_cover(keys: np.ndarray, lo: np.ndarray, hi: np.ndarray):
+    """Disjoint union of intervals per key (key << T_SHIFT + ns): returns (starts, ends, cumulative covered ns
+    before each interval) in one sorted key space, for :func:`_covered`."""
+    if lo.size == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
+    k = keys.astype(np.int64) << T_SHIFT
+    a, b = lo + k, hi + k
+    o = np.argsort(a, kind="stable")
+    a, b = a[o], b[o]
+    run_end = np.maximum.accumulate(b)
+    new = np.ones(a.size, dtype=bool)
+    new[1:] = a[1:] > run_end[:-1]
+    idx = np.flatnonzero(new)
+    starts = a[idx]
+    ends = np.maximum.reduceat(b, idx)
+    lengths = ends - starts
+    before = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    return starts, ends, before
+
+
+def _covered(cover, keys: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Covered ns up to time ``t`` (per key) in the union built by :func:`_union_cover`."""
+    starts, ends, before = cover
+    if starts.size == 0:
+        return np.zeros(t.size, dtype=np.int64)
+    x = (keys.astype(np.int64) << T_SHIFT) + t
+    i = np.searchsorted(starts, x, side="right") - 1
+    ok = i >= 0
+    ic = np.clip(i, 0, None)
+    inside = np.minimum(x, ends[ic]) - starts[ic]
+    return np.where(ok, before[ic] + np.clip(inside, 0, None), 0)

@@ -1,0 +1,124 @@
+"""The store's rows as arrays for the graph's build: queries read as NumPy columns (:func:`fetch`,
+:func:`fetch_arrow`), task names held once as Arrow dictionaries (:func:`encode_names`, :func:`unify_names`), and
+the run's files, ranks and clocks (:class:`RunClock`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from traceanalyze.ingest import compute as pc  # Arrow's compute functions without importing pyarrow.compute
+
+FETCH_BATCH_ROWS = 1 << 17  # rows per Arrow batch read from DuckDB by fetch_arrow
+
+
+def fetch(con, sql: str, params: list) -> dict[str, np.ndarray]:
+    return con.execute(sql, params).fetchnumpy()
+
+
+def fetch_arrow(con, sql: str, params: list) -> dict:
+    """Columns of a query: ``name`` as (per row: index into the distinct names, the distinct names as an Arrow
+    string array), the others as NumPy arrays with NULL read as 0. The result streams from DuckDB in batches of
+    :data:`FETCH_BATCH_ROWS`, each converted as it comes: the whole result never exists as Arrow (at 1,024 ranks
+    that was hundreds of MB beside the arrays made from it)."""
+    import pyarrow as pa
+
+    con.complete()  # DuckDB 2 refuses a new query while a DB-API result of this connection is unfinished
+    reader = con.sql(sql, params=params).to_arrow_reader(FETCH_BATCH_ROWS)
+    parts: dict[str, list] = {c: [] for c in reader.schema.names}
+    for batch in reader:
+        for c, a in zip(batch.schema.names, batch.columns, strict=True):
+            if c == "name":
+                parts[c].append(encode_names(a))
+                continue
+            if a.null_count:
+                a = pc.fill_null(a, False if pa.types.is_boolean(a.type) else 0)
+            # a copy: a view would keep the whole DuckDB batch (its strings too) alive until the end
+            parts[c].append(a.to_numpy(zero_copy_only=False, writable=True))
+        del batch
+    out: dict = {}
+    for c in list(parts):
+        chunks = parts.pop(c)
+        if c == "name":
+            out[c] = unify_names(chunks)[::-1] if chunks else (np.zeros(0, np.int64), pa.array([], pa.string()))
+        else:
+            out[c] = np.concatenate(chunks) if chunks else np.zeros(0, np.int64)  # callers cast as they need
+    return out
+
+
+def encode_names(names) -> tuple[np.ndarray, object]:
+    """(per row: index into the distinct names, the distinct names as an Arrow string array) of an Arrow string
+    column: a graph holds each of its few hundred names once, not once per task."""
+    import pyarrow as pa
+
+    enc = pc.dictionary_encode(names, "encode")  # an Arrow array: a batch's column, or the step markers
+    codes = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    return codes, pc.cast(enc.dictionary, pa.string())
+
+
+def unify_names(parts: list[tuple[np.ndarray, object]]) -> tuple[object, np.ndarray]:
+    """(the distinct names, sorted, as an Arrow string array; per row of the concatenated parts: its index into
+    them) of several :func:`encode_names` results. ``parts`` is emptied on the way (its codes are released as
+    soon as they are remapped: a graph-sized array each at 1,024 ranks)."""
+    import pyarrow as pa
+
+    enc = pc.dictionary_encode(pa.concat_arrays([d for _, d in parts]), "encode")
+    # sorted, so that the codes do not depend on how the rows came in (chunks, batches)
+    by_name = pc.array_sort_indices(enc.dictionary, "at_end").to_numpy()
+    rank_of = np.empty(by_name.size, np.int64)
+    rank_of[by_name] = np.arange(by_name.size)
+    remap = rank_of[enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)]
+    base = np.cumsum([0] + [len(d) for _, d in parts])
+    n = sum(c.size for c, _ in parts)
+    joined = np.empty(n, np.int64)
+    at = 0
+    for i, b in enumerate(base[:-1].tolist()):
+        c = parts[i][0]
+        joined[at: at + c.size] = remap[b + c] if c.size else c
+        at += c.size
+        parts[i] = (None, None)  # type: ignore[assignment]  # this part's codes go now
+    parts.clear()
+    return pc.take(enc.dictionary, pa.array(by_name)), joined
+
+
+@dataclass
+class RunClock:
+    """The run's files, ranks and clocks, as every part of :func:`.builder.build` reads them.
+
+    ``origin``: the run's first CPU timestamp (ns); ``off_ns``: per rank 0..``world``, its clock offset (ns);
+    ``fid``/``fid_rank``: the run's file ids (sorted) and each one's rank.
+    """
+
+    run_id: int
+    mode: str
+    ranks: list[int]
+    world: int
+    origin: int
+    off_ns: np.ndarray
+    fid: np.ndarray
+    fid_rank: np.ndarray
+
+    def rank_of(self, fids: np.ndarray) -> np.ndarray:
+        """The rank of each file id (int64 array)."""
+        return self.fid_rank[np.searchsorted(self.fid, fids)] if fids.size else np.zeros(0, np.int64)
+
+    def rel_ns(self, ts: np.ndarray, rank: np.ndarray) -> np.ndarray:
+        """Timestamps (ns, the rank's clock) as ns since the run's start on the reference clock."""
+        return ts - self.origin - self.off_ns[np.clip(rank, 0, self.world)]
+
+
+def run_clock(con, run_id: int, mode: str, world_size: int | None, clock_offsets_us: dict | None) -> RunClock:
+    offs = {int(k): float(v) for k, v in (clock_offsets_us or {}).items()}
+    files = fetch(con, "SELECT file_id, rank FROM files WHERE run_id = ? AND rank IS NOT NULL ORDER BY file_id",
+                   [run_id])
+    file_rank = dict(zip(files["file_id"].tolist(), files["rank"].tolist(), strict=True))
+    ranks = sorted(set(file_rank.values()))
+    world = max(world_size or 0, (max(ranks) + 1) if ranks else 0)
+    origin = con.execute("SELECT min(ts_ns) FROM cpu_ops JOIN files USING (file_id) WHERE run_id = ?",
+                         [run_id]).fetchone()[0] or 0
+    fid = np.array(sorted(file_rank), dtype=np.int64)
+    fid_rank = np.array([file_rank[f] for f in fid.tolist()], dtype=np.int64)
+    off_ns = np.array([int(offs.get(r, 0.0) * 1e3) for r in range(world + 1)], dtype=np.int64)
+    return RunClock(run_id=run_id, mode=mode, ranks=ranks, world=world, origin=origin, off_ns=off_ns, fid=fid,
+                     fid_rank=fid_rank)
