@@ -1,6 +1,7 @@
 """What-ifs: each one rewrites task durations, gaps or transfer times and replays the graph; the findings' impact
 comes from them (:func:`traceanalyze.diagnose.apply_to_findings`). Design: ``shared/WHATIF.md`` §6,
-``docs/replay.md``.
+``docs/replay.md``. Each scenario is a record of :mod:`traceanalyze.replay.scenarios` (its rewrite, when it applies,
+its assumptions and how it is priced); this module prices them, in the registry's order, then ``all``.
 
 Step times follow the one step definition (:mod:`traceanalyze.metrics.steps`): a step's time is the longest
 duration of that ``ProfilerStep#N`` over the ranks; the run's step time is the median over the counted steps.
