@@ -125,8 +125,8 @@ def test_bf16_and_tf32_whatifs_move_fp32_convolutions(tmp_path):
     pc = precision.context(con, g, GpuInfo("NVIDIA H100 80GB HBM3", (9, 0)))
     assert pc["bf16"] == "bf16" and pc["tf32"] == "tf32" and pc["cast_frac"] is None
     d = g.dur
-    bf = precision.rewrite(g, d, pc, "bf16_matmul")
-    tf = precision.rewrite(g, d, pc, "tf32_matmul")
+    bf = precision.rewrite(g, d, pc, precision.Fix("bf16"))
+    tf = precision.rewrite(g, d, pc, precision.Fix("tf32"))
     new = d[kern] / eff_bf16
     assert bf[kern] == pytest.approx(new + (d[kern] - new) * precision.CAST_SHARE_NO_SHAPES)
     assert tf[kern] == pytest.approx(d[kern] / eff_tf32)

@@ -12,16 +12,16 @@ import pytest
 from tests.synth import write_gpu_job
 from traceanalyze.pipeline import analyze
 from traceanalyze.replay import graph as gr
-from traceanalyze.replay import whatif
+from traceanalyze.replay.scenarios import host
 
 
 def _by_rank(g: gr.Graph) -> tuple[np.ndarray, ...]:
-    """The rule of :func:`whatif._without_host_syncs`, stream by stream and rank by rank (the reference): each
+    """The rule of :func:`host.without_host_syncs`, stream by stream and rank by rank (the reference): each
     blocking wait precedes the first task of every stream of its rank that starts at or after the task after the
     wait; each device task of a step on a rank's other streams follows the busiest stream's last task ended by its
     start (+ the tolerance). New edges end to start, as event waits, after the kept ones; edges ordered by
     destination."""
-    sync = whatif._host_sync_edges(g)
+    sync = host._host_sync_edges(g)
     dev = np.isin(g.kind, gr.GPU_KINDS)
     new: list[tuple[int, int]] = []
     for s in sorted(set(g.res[dev].tolist())):
@@ -37,7 +37,7 @@ def _by_rank(g: gr.Graph) -> tuple[np.ndarray, ...]:
         ids = np.flatnonzero(g.res == main)
         ends = np.maximum.accumulate(g.start[ids] + g.dur[ids])
         for t in np.flatnonzero(dev & (g.rank == r) & (g.res != main) & (g.step >= 0)).tolist():
-            j = int(np.searchsorted(ends, g.start[t] + whatif.ANCHOR_TOLERANCE_US, side="right")) - 1
+            j = int(np.searchsorted(ends, g.start[t] + host.ANCHOR_TOLERANCE_US, side="right")) - 1
             if j >= 0:
                 new.append((int(ids[j]), t))
     s2 = np.array([*g.dep_src[~sync].tolist(), *(a for a, _ in new)], np.int64)
@@ -50,7 +50,7 @@ def _by_rank(g: gr.Graph) -> tuple[np.ndarray, ...]:
 
 
 def _same(g: gr.Graph) -> None:
-    free = whatif._without_host_syncs(g)
+    free = host.without_host_syncs(g)
     got = (free.dep_src, free.dep_dst, free.dep_end, free.dep_off, free.dep_type)
     for a, b in zip(got, _by_rank(g), strict=True):
         assert a.dtype == b.dtype and np.array_equal(a, b)
@@ -89,10 +89,10 @@ def gpu40(tmp_path_factory) -> gr.Graph:
 def test_no_host_sync_graph_of_40_ranks_is_the_rank_by_rank_graph(gpu40):
     g, dev = gpu40, np.isin(gpu40.kind, gr.GPU_KINDS)
     assert {len(set(g.res[dev & (g.rank == r)].tolist())) for r in g.ranks} == {2}  # a GEMM and an NCCL stream
-    sync = whatif._host_sync_edges(g)
+    sync = host._host_sync_edges(g)
     assert sync.sum() == 240  # per rank, 3 steps' syncs on both streams
-    assert whatif._sync_order_edges(g, dev, sync)[0].size == 400
-    assert whatif._side_stream_anchors(g, dev)[0].size == 120  # each step's NCCL kernel after its GEMM
+    assert host._sync_order_edges(g, dev, sync)[0].size == 400
+    assert host._side_stream_anchors(g, dev)[0].size == 120  # each step's NCCL kernel after its GEMM
     _same(g)
 
 

@@ -13,6 +13,7 @@ from traceanalyze.diagnose.interconnect import interconnect_recommendation, slow
 from traceanalyze.diagnose.precision import CPU_PRECISION_ADVICE
 from traceanalyze.diagnose.verdict import KIND_TO_SCENARIO
 from traceanalyze.findings import Finding
+from traceanalyze.replay.scenarios import ALL, REGISTRY, by_name
 
 
 def effective_batch_of(ev: RunEvidence) -> float | None:
@@ -278,12 +279,12 @@ def compile_tradeoff(subject: RunEvidence, baseline: RunEvidence, findings: list
 
 
 # The what-if a fix between the two runs checks (issue 31): the subject's findings of these kinds name the cause
-# the what-if removes: the kinds it prices (KIND_TO_SCENARIO), and for the launch what-if also the host-side kinds a
-# fix of the launches (CUDA graphs, a fused optimizer) removes with them. Precision what-ifs are picked by the runs'
-# matrix-math dtypes (:func:`_precision_scenario`).
+# the what-if removes: the kinds it prices (KIND_TO_SCENARIO), and those a fix of that cause removes with them (the
+# record's ``also_fixes``: for the launch what-if the host-side kinds CUDA graphs or a fused optimizer remove).
+# Precision what-ifs are picked by the runs' matrix-math dtypes (:func:`_precision_scenario`).
 CHECK_KINDS: dict[str, tuple[str, ...]] = {
-    sc: tuple(k for k, s in KIND_TO_SCENARIO.items() if s == sc) for sc in dict.fromkeys(KIND_TO_SCENARIO.values())}
-CHECK_KINDS["no_launch_overhead"] += ("host_optimizer", "host_bound")
+    sc: tuple(k for k, s in KIND_TO_SCENARIO.items() if s == sc) + by_name(sc).also_fixes
+    for sc in dict.fromkeys(KIND_TO_SCENARIO.values())}
 CHANGED_COST_SHARE = 0.5  # a baseline finding costing less than this share of the subject's (µs per step): changed
 _TICKET = ("high", "medium")
 
@@ -297,10 +298,11 @@ def _precision_scenario(subject: RunEvidence, baseline: RunEvidence) -> str | No
     bm = baseline.prec.main_dtype if baseline.prec else None
     if sm != "fp32" or bm is None:
         return None
-    sc = {"bf16": "bf16_matmul", "fp16": "bf16_matmul", "tf32": "tf32_matmul"}.get(bm)
-    if sc == "bf16_matmul" and (subject.prec.layout, baseline.prec.layout) == ("NCHW", "channels_last"):
-        return "bf16_channels_last"
-    return sc
+    fixes = [s for s in REGISTRY if s.precision is not None and bm in s.precision.dtypes]
+    layout = (subject.prec.layout, baseline.prec.layout) == ("NCHW", "channels_last")
+    # the switch with channels_last where the layouts say so and one exists for this dtype, else the plain one
+    return next((s.name for s in fixes if s.precision.channels_last == layout), None) or next(
+        (s.name for s in fixes if not s.precision.channels_last), None)
 
 
 def _cost_us(f: dict, step_us: float | None) -> float:
@@ -313,16 +315,15 @@ def _fixed_cause(scenario: str, subject_run: dict, baseline_run: dict, subject: 
                  baseline: RunEvidence) -> str | None:
     """Why the baseline is the subject with ``scenario``'s cause fixed, or None when it is not (the rule of
     :func:`whatif_check`)."""
-    if scenario in ("bf16_matmul", "tf32_matmul", "bf16_channels_last"):
+    rec = by_name(scenario)
+    if rec is not None and rec.precision is not None:
         ps = _precision_scenario(subject, baseline)
         if ps is not None:
             layout = (f"; activations {subject.prec.layout} here, {baseline.prec.layout} in the baseline"
-                      if ps == "bf16_channels_last" else "")
+                      if by_name(ps).precision.channels_last else "")
             return (f"matrix math in {subject.prec.main_dtype} here, {baseline.prec.main_dtype} in the baseline"
                     + layout if ps == scenario else None)
-        if scenario in ("tf32_matmul", "bf16_channels_last"):
-            return None
-    kinds = CHECK_KINDS.get(scenario, ())
+    kinds = CHECK_KINDS.get(scenario, ())  # none for a precision switch no finding kind maps to
     mine = [f for f in subject_run.get("findings") or [] if f.get("kind") in kinds and f.get("severity") in _TICKET]
     if not mine:
         return None
@@ -392,7 +393,7 @@ def whatif_check(subject_run: dict, baseline_run: dict, subject: RunEvidence, ba
     measured = 100 * (1 - b_us / s_us)
     out = []
     for w in subject_run.get("whatif") or []:
-        if not isinstance(w, dict) or w.get("scenario") == "all" or not _positive(abs(w.get("saving_pct") or 0)):
+        if not isinstance(w, dict) or w.get("scenario") == ALL or not _positive(abs(w.get("saving_pct") or 0)):
             continue
         why = _fixed_cause(str(w.get("scenario")), subject_run, baseline_run, subject, baseline)
         if why is None:

@@ -38,6 +38,7 @@ from typing import Any
 from traceanalyze.diagnose.config import MEMORY_KINDS
 from traceanalyze.diagnose.verdict import finding_scenario
 from traceanalyze.findings import DIED_KINDS
+from traceanalyze.replay.scenarios import ALL, by_name
 
 LEVELS = ("high", "medium", "low")
 NOISE_MEDIUM_PCT = 10.0  # σ/mean of the step time above which a single figure is not "high"
@@ -50,9 +51,6 @@ RANGE_LOW_PP = 40.0
 # explains it (replay.gaps): a wait that would end sooner once the work around it is faster, replayed as fixed
 UNEXPLAINED_MEDIUM_PCT = 10.0
 UNEXPLAINED_LOW_PCT = 25.0
-# what-ifs whose saving is host time (launches, a per-parameter optimizer, blocking waits): on a host-bound step the
-# profiler's own host cost, estimated per event, is of the same order as what they remove
-HOST_TIME_SCENARIOS = frozenset({"no_launch_overhead", "fused_optimizer", "no_host_sync", "all"})  # all: may hold one
 OVERHEAD_MEDIUM_PCT = 10.0  # profiler cost (% of the profiled step) above which an estimated base step matters
 # findings whose evidence is time spent waiting inside collectives: a missing rank may be what they wait for
 WAIT_CAUSES = frozenset({"interconnect", "imbalance"})
@@ -149,10 +147,18 @@ def saving_range(w: dict, b: dict | None) -> list[float] | None:
     return [round(max(0.0, min(100.0, x)), 1) for x in (lo, hi)]
 
 
+def _host_time(w: dict) -> bool:
+    """Whether what-if row ``w``'s saving is host time (launches, a per-parameter optimizer, blocking waits: its
+    record's ``host_time``; ``all`` may hold one): on a host-bound step the profiler's own host cost, estimated per
+    event, is of the same order as what it removes."""
+    rec = by_name(w.get("scenario"))
+    return w.get("scenario") == ALL or (rec is not None and rec.host_time)
+
+
 def whatif_confidence(w: dict, b: dict) -> tuple[str, list[str]]:
     """(level, reasons) of one what-if row ``w`` (``runs[i].whatif[j]``) of a run with basis ``b``."""
-    caps = _run_caps(b, wait_finding=w.get("scenario") in ("no_straggler", "aligned_step_starts",
-                                                            "ideal_interconnect"))
+    rec = by_name(w.get("scenario"))
+    caps = _run_caps(b, wait_finding=rec is not None and rec.collective_waits)
     err = b["replay_error_pct"]
     if w.get("reliable") is False:
         caps.append(("low", str(w.get("unreliable_reason") or "the replay marks this what-if unreliable")))
@@ -160,9 +166,8 @@ def whatif_confidence(w: dict, b: dict) -> tuple[str, list[str]]:
         caps.append(("low", f"the replay misses the measured step by {err:g} %"))
     elif err is not None and err > REPLAY_MEDIUM_PCT:
         caps.append(("medium", f"the replay misses the measured step by {err:g} %"))
-    if w.get("scenario") == "aligned_step_starts" and b["steps"] <= 1:
-        caps.append(("low", "one traced step: the late start comes from before it, which the trace does not show; "
-                            "the saving assumes that delay goes"))
+    if rec is not None and rec.one_step_caveat and b["steps"] <= 1:
+        caps.append(("low", rec.one_step_caveat))
     rng = w.get("range_saving_pct")
     if isinstance(rng, list) and len(rng) == 2 and all(_num(x) is not None for x in rng):
         width = abs(rng[1] - rng[0])
@@ -178,7 +183,7 @@ def whatif_confidence(w: dict, b: dict) -> tuple[str, list[str]]:
     over = b["profiler_overhead_pct"]
     if b["unprofiled"] == "estimated" and over is not None and over >= OVERHEAD_MEDIUM_PCT:
         caps.append(("medium", f"priced on an estimated step without the profiler (the profiler costs {over:g} %)"))
-    elif w.get("scenario") in HOST_TIME_SCENARIOS and over is not None and over >= OVERHEAD_MEDIUM_PCT:
+    elif _host_time(w) and over is not None and over >= OVERHEAD_MEDIUM_PCT:
         # a measured unprofiled step rescales the prediction, but the host time the fix removes is still read off
         # the graph less the profiler's estimated cost, whose per-event figure spreads ±40 % (replay.overhead.RANGE)
         caps.append(("medium", f"the saving is host time, read off the trace less the profiler's estimated cost "

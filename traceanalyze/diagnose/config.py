@@ -16,6 +16,7 @@ from traceanalyze.diagnose.evidence import (
 from traceanalyze.findings import Finding
 from traceanalyze.fmt import fmt_bytes, ranges
 from traceanalyze.metrics.host import OPTIMIZER_MIN_KERNELS
+from traceanalyze.replay.scenarios import for_kind
 
 MIN_COMPILE_PCT = 10.0  # compile share of a job whose length a log or config states, worth a finding
 MIN_COMPILE_STEADY_STEPS = 100  # without a stated job length: a compile that costs this many steady steps ...
@@ -31,6 +32,7 @@ PROFILE_AFTER_WARMUP = ("profile after warm-up: torch.profiler.schedule(wait=1, 
 MIN_LOADER_PCT = 10.0
 HOST_BOUND_IDLE_PCT = 40.0  # GPU idle from which host wait is looked at
 MIN_HOST_SYNC_PCT = 10.0  # GPU idle inside blocking calls, % of the step, worth a finding
+STEP_SYNC_WHATIF = for_kind("step_sync").name  # the what-if whose saving a step_sync finding is (the host runs ahead)
 MIN_OPTIMIZER_PCT = 10.0  # host-bound optimizer time, % of the step, worth a finding
 TINY_KERNEL_US = 20.0  # median kernel at or below this: the host's launches, not its other work, set the pace
 
@@ -308,7 +310,7 @@ def _step_sync(ev: RunEvidence, by_rank: dict[int, list]) -> list[Finding]:
     that wait for untraced ranks, whose timing no replay can move."""
     if ev.world_size and len(ev.ranks) < ev.world_size:
         return []
-    w = next((x for x in ev.whatif if x.get("scenario") == "no_host_sync" and x.get("reliable")), None)
+    w = next((x for x in ev.whatif if x.get("scenario") == STEP_SYNC_WHATIF and x.get("reliable")), None)
     if w is None or not isinstance(w.get("saving_pct"), (int, float)) or w["saving_pct"] < MIN_HOST_SYNC_PCT:
         return []
     rank = max(by_rank, key=lambda r: sum(b.us_per_step for b in by_rank[r]))

@@ -18,7 +18,7 @@ from traceanalyze.diagnose.evidence import (
 )
 from traceanalyze.findings import Finding
 from traceanalyze.replay.precision import CONV_SHARE_MIN  # where bf16_channels_last applies: the same conv share
-from traceanalyze.replay.whatif import CPU_BF16_SPEEDUP  # the speed-up the what-if replay assumes at most
+from traceanalyze.replay.scenarios.precision import CPU_BF16_SPEEDUP  # the speed-up the what-if replay assumes at most
 
 MIN_FP32_SHARE = 50.0  # % of matrix-math time in fp32 without tensor cores
 GPU_FP32_SPEEDUP_DEFAULT = 4.0  # bf16 over fp32 when no peak is known (never: gpu_peaks assumes one and says so)

@@ -35,6 +35,7 @@ from traceanalyze.diagnose.interconnect import rule_exposed_communication, rule_
 from traceanalyze.diagnose.oom import died_verdict, rule_died
 from traceanalyze.diagnose.precision import rule_precision
 from traceanalyze.findings import Finding
+from traceanalyze.replay.scenarios import ALL, REGISTRY, by_name
 from traceanalyze.replay.whatif import NO_SAVING
 
 IDLE_EXPLAIN_PCT = 50.0  # a GPU idle above this is never healthy without a finding that explains it
@@ -143,38 +144,33 @@ def _link_parts(fs: list[Finding]) -> None:
         part.part_of = whole.kind if whole is not None and part.severity != "low" else None
 
 
+# finding kinds no what-if prices, each with why no scenario models it
+UNPRICED_KINDS: dict[str, str] = {
+    "untraced_ranks": "the ranks the traced ones wait for have no trace: no scenario can replay their work",
+    "gradient_accumulation": "no scenario models a gradient-accumulation change",
+    "host_bound": "no scenario models removing the host's own work between launches (CUDA graphs, "
+                  "no_launch_overhead, only remove the launch calls)",
+    "unexplained_idle": "no rule names the cause of this idle time, so no scenario removes it",
+    "cuda_oom": "the run died: there is no step to make faster",
+    "host_oom": "the run died: there is no step to make faster",
+    **dict.fromkeys(MEMORY_KINDS, "memory use does not set the step time: no scenario models it"),
+}
 # finding kind -> (the what-if scenario that removes its cause, how it is priced) or (None, why no scenario models
 # it): the one table the impacts (apply_to_findings), the pricing of a finding's missing what-if
-# (price_missing_whatifs) and ``whatif_missing`` read. How it is priced: "ranks" prices the scenario for the
-# finding's own ranks (a straggler the rule names, whatever the replay's own test says), "" as the replay finds it.
+# (price_missing_whatifs) and ``whatif_missing`` read, from the scenarios' records (their ``kinds``) and
+# :data:`UNPRICED_KINDS`. How it is priced: "ranks" prices the scenario for the finding's own ranks (a straggler the
+# rule names, whatever the replay's own test says: the record's ``rank_kinds``), "" as the replay finds it.
 WHATIF_OF_KIND: dict[str, tuple[str | None, str]] = {
-    "straggler": ("no_straggler", "ranks"),
-    "late_entry": ("aligned_step_starts", "ranks"),
-    "idle_rank": ("no_straggler", ""),
-    "slow_collectives": ("ideal_interconnect", ""),
-    "topology": ("ideal_interconnect", ""),
-    "fp32_matmul": ("bf16_matmul", ""),
-    "autocast_missing": ("bf16_matmul", ""),
-    "compile_overhead": ("no_compile", ""),
-    "recompiles": ("no_compile", ""),
-    "dataloader": ("no_dataloader_wait", ""),
-    "launch_bound": ("no_launch_overhead", ""),
-    "untraced_ranks": (None, "the ranks the traced ones wait for have no trace: no scenario can replay their work"),
-    "gradient_accumulation": (None, "no scenario models a gradient-accumulation change"),
-    "host_bound": (None, "no scenario models removing the host's own work between launches (CUDA graphs, "
-                         "no_launch_overhead, only remove the launch calls)"),
-    "host_sync": ("no_host_sync", ""),
-    "step_sync": ("no_host_sync", ""),
-    "host_optimizer": ("fused_optimizer", ""),
-    "unexplained_idle": (None, "no rule names the cause of this idle time, so no scenario removes it"),
-    "cuda_oom": (None, "the run died: there is no step to make faster"),
-    "host_oom": (None, "the run died: there is no step to make faster"),
-    **dict.fromkeys(MEMORY_KINDS, (None, "memory use does not set the step time: no scenario models it")),
+    **{k: (s.name, "ranks" if k in s.rank_kinds else "") for s in REGISTRY for k in s.kinds},
+    **{k: (None, why) for k, why in UNPRICED_KINDS.items()},
 }
 KIND_TO_SCENARIO = {k: sc for k, (sc, _) in WHATIF_OF_KIND.items() if sc is not None}
-# A scenario that prices a kind's fix more fully where the replay offers it: the finding's advice then names that fix.
-# A conv net on NCHW activations is advised bf16 autocast and channels_last (diagnose.precision), priced together.
-WIDER_SCENARIO = {"bf16_matmul": "bf16_channels_last"}
+# A scenario that prices a kind's fix more fully where the replay offers it (a record's ``extends``): the finding's
+# advice then names that fix. A conv net on NCHW activations is advised bf16 autocast and channels_last
+# (diagnose.precision), priced together.
+WIDER_SCENARIO = {s.extends: s.name for s in REGISTRY if s.extends}
+# finding kind -> the smaller fix its advice offers first, with that fix's what-if (a record's ``offered_first``)
+OFFERED_FIRST = {k: s.name for s in REGISTRY for k in s.offered_first}
 
 
 def finding_scenario(kind: str, whatifs: list[dict] | None) -> str | None:
@@ -209,17 +205,19 @@ def apply_to_findings(findings: list[Finding], whatifs: list[dict] | None, mode:
         impact = max(0.0, float(w["saving_pct"]))
         if math.isfinite(impact):
             f.impact_pct = round(impact, 1)
+            rec = by_name(w["scenario"])
             if f.severity != "low":  # the rules decide what is worth a ticket; the replay, what it costs
                 f.severity = severity(impact)
-                if mode == "cpu" and w["scenario"] == "bf16_matmul":
+                if mode == "cpu" and rec is not None and rec.precision is not None:  # an assumed CPU speed-up
                     f.severity = "low" if impact < CPU_PRECISION_TICKET_PCT else "medium"
             f.evidence = [*f.evidence, f"impact from the what-if replay ({w['scenario']}): predicted step time "
                                        f"{w['predicted_step_time_us'] / 1e3:.2f} ms, {impact:.1f}% saved"
                                        + _range_text(w)]
-            if w["scenario"] == "bf16_channels_last" and "bf16_matmul" in by:
-                f.evidence.append(_channels_last_split(by["bf16_matmul"], w))
-        if f.kind == "fp32_matmul" and by.get("tf32_matmul", {}).get("reliable"):
-            _offer_tf32_first(f, by["tf32_matmul"])
+            if rec is not None and rec.extends and rec.extends in by:
+                f.evidence.append(_channels_last_split(by[rec.extends], w))
+        first = OFFERED_FIRST.get(f.kind)
+        if first and by.get(first, {}).get("reliable"):
+            _offer_tf32_first(f, by[first])
     return rank_findings(findings)
 
 
@@ -250,7 +248,7 @@ def price_missing_whatifs(findings: list[Finding], whatifs: list[dict], price: P
             row, why, rows = price(sc, f.ranks if how == "ranks" else None) if price is not None else (
                 None, no_price, [])
             if row is not None:
-                at = next((i for i, w in enumerate(whatifs) if w.get("scenario") == "all"), len(whatifs))
+                at = next((i for i, w in enumerate(whatifs) if w.get("scenario") == ALL), len(whatifs))
                 whatifs.insert(at, row)
                 sim_rows += rows
                 continue
@@ -304,10 +302,10 @@ def _range_text(w: dict) -> str:
 
 
 def _channels_last_split(alone: dict, both: dict) -> str:
-    """Which of bf16 autocast and channels_last carries the saving: bf16 alone (``alone``, the ``bf16_matmul`` row)
-    and both (``both``, ``bf16_channels_last``), % of the step."""
+    """Which of bf16 autocast and channels_last carries the saving: bf16 alone (``alone``, the row of the scenario
+    ``both`` extends) and both (``both``, bf16 autocast and channels_last), % of the step."""
     a, b = max(0.0, float(alone["saving_pct"])), max(0.0, float(both["saving_pct"]))
-    return (f"bf16 alone (what-if bf16_matmul): {a:.1f}% saved; + channels_last: {b:.1f}%: channels_last adds "
+    return (f"bf16 alone (what-if {alone['scenario']}): {a:.1f}% saved; + channels_last: {b:.1f}%: channels_last adds "
             f"{b - a:.1f} points (the layout transposes go, batch norm and elementwise kernels move bf16 bytes)")
 
 
@@ -319,7 +317,7 @@ def _offer_tf32_first(f: Finding, w: dict) -> None:
     """A GPU precision finding offers TF32 first (one line of code, no change of dtype), with its own what-if;
     bf16 autocast, the larger change, follows."""
     saved = max(0.0, float(w["saving_pct"]))
-    f.evidence = [*f.evidence, f"TF32 alone (what-if tf32_matmul): predicted step time "
+    f.evidence = [*f.evidence, f"TF32 alone (what-if {w['scenario']}): predicted step time "
                                f"{w['predicted_step_time_us'] / 1e3:.2f} ms, {saved:.1f}% saved" + _range_text(w)]
     f.recommendation = (f"first, one line: {TF32_ONE_LINE}, predicted to save {saved:.0f}%; then, for the rest, "
                         + f.recommendation)

@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 
 import duckdb
 import numpy as np
@@ -73,15 +74,31 @@ DISTINCT_SHAPES_MAX = 100_000  # distinct (Input Dims, Input type) of forward ma
 # fp32 at the point estimate and the high end; the low end is bf16_matmul's point estimate (an operand left fp32)
 CHANNELS_LAST_MEMORY_FACTORS = (0.75, 0.5, 0.5)
 CONV_SHARE_MIN = 50.0  # % of the fp32/TF32 matrix-math time in convolutions from which channels_last is offered
-BF16_SCENARIOS = ("bf16_matmul", "bf16_channels_last")  # the what-ifs that switch to bf16 autocast
+# the dtypes a run that made a switch shows as its main matrix-math dtype (bf16 autocast is fp16 before sm80)
+MODE_DTYPES = {"tf32": ("tf32",), "bf16": ("bf16", "fp16")}
 
 
-def target_dtype(gpu: GpuInfo, scenario: str) -> str | None:
-    """The math mode ``scenario`` switches fp32 matrix math to on ``gpu``: ``tf32`` (sm80+, else None), ``bf16``
-    (sm80+ or unknown) or ``fp16`` (sm70/sm75 autocast with GradScaler); None when the GPU has no such mode
-    (before sm70, or TF32 before sm80)."""
+@dataclass(frozen=True)
+class Fix:
+    """A precision switch: the math ``mode`` fp32 matrix math goes to (``tf32``: TF32 tensor cores, fp32 tensors;
+    ``bf16``: bf16 autocast, fp16 with a GradScaler before sm80), and whether channels_last comes with it (conv
+    nets on NCHW activations)."""
+
+    mode: str
+    channels_last: bool = False
+
+    @property
+    def dtypes(self) -> tuple[str, ...]:
+        """The main matrix-math dtypes of a run that made this switch (:data:`MODE_DTYPES`)."""
+        return MODE_DTYPES[self.mode]
+
+
+def target_dtype(gpu: GpuInfo, mode: str) -> str | None:
+    """The math mode a switch to ``mode`` (:attr:`Fix.mode`) runs fp32 matrix math in on ``gpu``: ``tf32`` (sm80+,
+    else None), ``bf16`` (sm80+ or unknown) or ``fp16`` (sm70/sm75 autocast with GradScaler); None when the GPU has
+    no such mode (before sm70, or TF32 before sm80)."""
     cc = gpu.capability
-    if scenario == "tf32_matmul":
+    if mode == "tf32":
         return "tf32" if cc is None or features(cc).tf32 else None
     if cc is not None and not features(cc).tensor_cores:
         return None
@@ -128,8 +145,7 @@ def context(con: duckdb.DuckDBPyConnection, g: gr.Graph, gpu: GpuInfo | None) ->
     mm_us = float(g.dur[mm].sum()) if mm is not None else 0.0
     cb = cast_bytes(con, g.run_id) if mm_us > 0 else None
     cast_us = cb / (peaks.hbm_gbps * 1e3 * COPY_EFFICIENCY) if cb else None  # GB/s × 1e3 = bytes per µs
-    return {"gpu": gpu, "peaks": peaks, "tf32": target_dtype(gpu, "tf32_matmul"),
-            "bf16": target_dtype(gpu, "bf16_matmul"),
+    return {"gpu": gpu, "peaks": peaks, "tf32": target_dtype(gpu, "tf32"), "bf16": target_dtype(gpu, "bf16"),
             "cast_frac": (cast_us / mm_us) if cast_us and mm_us else None, "cast_us": cast_us,
             "layout": layout(g, mm) if mm is not None else None}
 
@@ -140,7 +156,7 @@ def layout(g: gr.Graph, mm: np.ndarray) -> dict:
     ``nchw_us`` (kernels that run on NCHW tensors), ``transpose_us`` (cuDNN's layout transposes),
     ``channels_last_us`` (PyTorch's channels-last kernels), ``transposes`` (the transposes' name codes) and
     ``nchw_conv_net``: convolutions are at least :data:`CONV_SHARE_MIN` % of that math and the NCHW kernels and
-    transposes take longer than the channels-last ones (``bf16_channels_last`` applies)."""
+    transposes take longer than the channels-last ones (a switch with channels_last applies)."""
     names = g.name.to_pylist() if hasattr(g.name, "to_pylist") else list(g.name)
     lay = [matmath.activation_layout(n or "") for n in names]
     conv = np.array([matmath.kernel_family(n or "") == "conv" for n in names] + [False], bool)
@@ -167,25 +183,26 @@ def _retime(d: np.ndarray, sel: np.ndarray, ratio: float | None, bound: str) -> 
     d[sel] = np.maximum(old / eff, np.minimum(old, MIN_KERNEL_US))
 
 
-def rewrite(g: gr.Graph, d: np.ndarray, pc: dict, scenario: str, bound: str = "mid") -> np.ndarray:
-    """Task durations after ``scenario`` (``tf32_matmul`` or ``bf16_matmul``) at ``bound`` (``low``/``mid``/``high``
-    saving): a copy of ``d`` with the precision classes re-timed (module docstring). ``pc``: :func:`context`."""
+def rewrite(g: gr.Graph, d: np.ndarray, pc: dict, fix: Fix, bound: str = "mid") -> np.ndarray:
+    """Task durations after the switch ``fix`` at ``bound`` (``low``/``mid``/``high`` saving): a copy of ``d`` with
+    the precision classes re-timed (module docstring). ``pc``: :func:`context`."""
     d = d.copy()
     cls = g.prec_class
     if cls is None:
         return d
     peaks: Peaks = pc["peaks"]
-    new = pc["tf32"] if scenario == "tf32_matmul" else pc["bf16"]
+    new = pc[fix.mode]
     if new is None:
         return d
     mm, attn, tf = cls == gr.P_MM_FP32, cls == gr.P_ATTN_FP32, cls == gr.P_MM_TF32
-    before = d.copy() if scenario in BF16_SCENARIOS else None
+    autocast = fix.mode == "bf16"
+    before = d.copy() if autocast else None
     _retime(d, mm, peaks.ratio("fp32", new), bound)
-    if scenario in BF16_SCENARIOS:
+    if autocast:
         _retime(d, attn, peaks.ratio("fp32", new), bound)
         _retime(d, tf, peaks.ratio("tf32", new), bound)
         mem = cls == gr.P_MEM
-        if scenario == "bf16_channels_last":
+        if fix.channels_last:
             mem |= activation_in_place(g)
             d[mem] = d[mem] * CHANNELS_LAST_MEMORY_FACTORS[BOUNDS.index(bound)]
             d[np.isin(g.name_code, pc["layout"]["transposes"]) & (g.kind == gr.K_KERNEL)] = 0.0
@@ -213,20 +230,20 @@ def activation_in_place(g: gr.Graph) -> np.ndarray:
     return out & ~under
 
 
-def applies(g: gr.Graph, pc: dict, scenario: str) -> bool:
-    """Whether ``scenario`` changes any kernel of ``g`` on this GPU; ``bf16_channels_last`` only on a conv net with
-    NCHW activations (:func:`layout`: ``nchw_conv_net``)."""
-    if g.prec_class is None or (pc["tf32"] if scenario == "tf32_matmul" else pc["bf16"]) is None:
+def applies(g: gr.Graph, pc: dict, fix: Fix) -> bool:
+    """Whether the switch ``fix`` changes any kernel of ``g`` on this GPU; with channels_last only on a conv net
+    with NCHW activations (:func:`layout`: ``nchw_conv_net``)."""
+    if g.prec_class is None or pc[fix.mode] is None:
         return False
-    if scenario == "bf16_channels_last" and not (pc.get("layout") or {}).get("nchw_conv_net"):
+    if fix.channels_last and not (pc.get("layout") or {}).get("nchw_conv_net"):
         return False
-    classes = (gr.P_MM_FP32,) if scenario == "tf32_matmul" else (gr.P_MM_FP32, gr.P_ATTN_FP32, gr.P_MM_TF32)
+    classes = (gr.P_MM_FP32,) if fix.mode == "tf32" else (gr.P_MM_FP32, gr.P_ATTN_FP32, gr.P_MM_TF32)
     return bool(np.isin(g.prec_class, classes).any())
 
 
 def channels_last_why_not(pc: dict) -> str:
-    """Why ``bf16_channels_last`` does not apply to a run whose fp32 matrix math ``bf16_matmul`` rewrites, in
-    words (``pc``: :func:`context`)."""
+    """Why channels_last does not apply to a run whose fp32 matrix math bf16 autocast rewrites, in words (``pc``:
+    :func:`context`)."""
     lay = pc.get("layout") or {}
     if lay.get("conv_share_pct", 0.0) < CONV_SHARE_MIN:
         return (f"convolutions are {lay.get('conv_share_pct', 0.0):.0f} % of the fp32 matrix math, under the "
@@ -234,13 +251,13 @@ def channels_last_why_not(pc: dict) -> str:
     return "no kernel name says the activations are NCHW (channels_last already, or the names do not tell)"
 
 
-def assumptions(scenario: str, pc: dict) -> str:
-    """The model's assumptions for ``scenario``, with the peaks it used and where they come from."""
+def assumptions(fix: Fix, pc: dict) -> str:
+    """The model's assumptions for the switch ``fix``, with the peaks it used and where they come from."""
     peaks: Peaks = pc["peaks"]
-    new = pc["tf32"] if scenario == "tf32_matmul" else pc["bf16"]
+    new = pc[fix.mode]
     r = peaks.ratio("fp32", new or "bf16")
     src = f"dense datasheet peaks of an {peaks.reference}" + (f" ({peaks.assumed})" if peaks.assumed else "")
-    if scenario == "tf32_matmul":
+    if fix.mode == "tf32":
         return (f"fp32 GEMMs and convolutions on CUDA cores re-timed by the TF32/fp32 peak ratio "
                 f"{r or 0:.1f}× ({src}); range {(r or 0) / 2:.1f}–{r or 0:.1f}×, point estimate at ratio/√2; "
                 "fp32 attention (SDPA) and every other kernel unchanged; no kernel below "
@@ -250,7 +267,7 @@ def assumptions(scenario: str, pc: dict) -> str:
              if pc.get("cast_us") else f"casts at {CAST_SHARE_NO_SHAPES:.0%} of the time saved (no Input Dims)")
     math_ = (f"fp32 matrix math (GEMM, convolution, attention) re-timed by the {new}/fp32 peak ratio {r or 0:.1f}× "
              f"({src}; TF32 kernels by {new}/TF32), range ratio/2 to ratio, point estimate ratio/√2")
-    if scenario == "bf16_channels_last":
+    if fix.channels_last:
         lay = pc["layout"]
         lo, mid, _ = CHANNELS_LAST_MEMORY_FACTORS
         return (f"bf16 autocast + channels_last (convolutions {lay['conv_share_pct']:.0f} % of the fp32 matrix "

@@ -1,6 +1,7 @@
 """What-ifs: each one rewrites task durations, gaps or transfer times and replays the graph; the findings' impact
 comes from them (:func:`traceanalyze.diagnose.apply_to_findings`). Design: ``shared/WHATIF.md`` §6,
-``docs/replay.md``.
+``docs/replay.md``. Each scenario is a record of :mod:`traceanalyze.replay.scenarios` (its rewrite, when it applies,
+its assumptions and how it is priced); this module prices them, in the registry's order, then ``all``.
 
 Step times follow the one step definition (:mod:`traceanalyze.metrics.steps`): a step's time is the longest
 duration of that ``ProfilerStep#N`` over the ranks; the run's step time is the median over the counted steps.
@@ -25,229 +26,15 @@ from traceanalyze.metrics.steps import longest_per_step, median
 from traceanalyze.metrics.where import MAX_TIMELINE_LANES, lanes_to_show
 from traceanalyze.replay import gaps, optimizer, overhead, precision, simulate, skew
 from traceanalyze.replay import graph as gr
+from traceanalyze.replay.scenarios import ALL, ALL_CAUSE, MIN_SAVING_US, REGISTRY, Arrays, Scenario, by_name
+from traceanalyze.replay.scenarios.host import pipelined_step_times, without_host_syncs
+from traceanalyze.replay.scenarios.precision import BF16_SPEEDUP_CPU, BF16_SPEEDUP_GPU, CPU_BF16_SPEEDUP
 
-SCENARIOS = ("no_straggler", "aligned_step_starts", "ideal_interconnect", "tf32_matmul", "bf16_matmul",
-             "bf16_channels_last", "no_dataloader_wait", "no_compile", "fused_optimizer", "no_launch_overhead",
-             "no_host_sync", "all")
-CAUSES = {"no_straggler": "imbalance: straggler ranks",
-          "aligned_step_starts": "imbalance: ranks that enter the step late (work between steps)",
-          "ideal_interconnect": "interconnect: slow collectives",
-          "tf32_matmul": "precision: fp32 matrix math (TF32 off)",
-          "bf16_matmul": "precision: fp32 matrix math",
-          "bf16_channels_last": "precision: fp32 matrix math, NCHW activations (conv net)",
-          "no_dataloader_wait": "config: data-loader wait",
-          "no_compile": "config: torch.compile time",
-          "fused_optimizer": "config: an optimizer that launches kernels per parameter (foreach=False)",
-          "no_launch_overhead": "config: kernel-launch overhead",
-          "no_host_sync": "config: the host waits for the GPU (blocking syncs)",
-          "all": "every fix above together"}
+SCENARIOS = (*(s.name for s in REGISTRY), ALL)  # the order they are priced in (scenarios.REGISTRY), then all
+CAUSES = {**{s.name: s.cause for s in REGISTRY}, ALL: ALL_CAUSE}
 NO_SAVING = "no measurable saving"  # how a late pricer's reason starts when the replay priced the fix to nothing
 UNRELIABLE_ERROR_PCT = 5.0  # replay error above which the what-ifs are marked unreliable (straggler paper §3.3)
-# bf16 over fp32 matrix-math speed-up (low, mid, high). GPUs: bf16 tensor cores vs TF32 (2x) up to fp32 CUDA
-# cores (8-16x on sm80/sm90 datasheets); CPUs without AMX: half the bytes moved, conversions eat part of it, up to
-# CPU_BF16_SPEEDUP (the speed-up the precision rule of traceanalyze.diagnose assumes).
-CPU_BF16_SPEEDUP = 2.0  # bf16 halves bytes moved; CPUs with AMX/AVX512-BF16 gain more
-BF16_SPEEDUP_GPU = (2.0, 4.0, 8.0)
-BF16_SPEEDUP_CPU = (1.25, 1.5, CPU_BF16_SPEEDUP)
-CAST_SHARE = 0.1  # cast (aten::_to_copy) cost added, as a share of the matrix-math time saved
-STRAGGLER_EXCESS_PCT = 25.0  # a rank working this much longer per step than the median rank is a straggler
-# (4 gloo ranks on 2 cores differ by up to ~20 % from scheduling alone: sample_traces/healthy)
-LATE_ENTRY_PCT = 10.0  # a rank whose step begins this share of the median step after the median rank's enters late
-MIN_SAVING_US = 1.0  # a scenario whose rewrite changes less than this is left out (it does not apply)
 MIN_PRECISION_PCT = 0.5  # a precision rewrite removing less than this share of the step is not replayed
-PRECISION_SCENARIOS = ("tf32_matmul", "bf16_matmul", "bf16_channels_last")  # GPU: replay.precision's rewrites
-# a scenario that does all another does and more: "all" combines the larger one only
-SUPERSEDES = {"bf16_matmul": ("tf32_matmul",), "bf16_channels_last": ("tf32_matmul", "bf16_matmul")}
-
-Arrays = tuple[np.ndarray, np.ndarray, np.ndarray]
-
-
-def _sub(base: np.ndarray, cut: np.ndarray) -> np.ndarray:
-    return np.clip(base - cut, 0.0, None)
-
-
-def _rw_dataloader(g, d, cg, tr, ctx):
-    return _sub(d, g.cover["dataloader"]), _sub(cg, g.gap_cover["dataloader"]), tr
-
-
-def _rw_compile(g, d, cg, tr, ctx):
-    return _sub(d, g.cover["compile"]), _sub(cg, g.gap_cover["compile"]), tr
-
-
-def _rw_launch(g, d, cg, tr, ctx):
-    """CUDA graphs (or torch.compile mode="reduce-overhead"): the host time between consecutive launches and the
-    launch calls themselves go; one graph launch per step remains, a few µs."""
-    if g.prec_class is not None:
-        d = np.where(g.prec_class == gr.P_LAUNCH, 0.0, d)
-    return d, _sub(cg, g.gap_cover["launch"]), tr
-
-
-def _rw_fused(g, d, cg, tr, ctx):
-    """A fused optimizer (``torch.optim.AdamW(fused=True)``): the per-parameter loop under ``Optimizer.step``
-    becomes the few ``multi_tensor_apply`` launches of PyTorch's fused kernel, and the optimizer's kernels the time
-    its bytes take at HBM bandwidth (:mod:`.optimizer`: the model, its constants and their sources)."""
-    return (*optimizer.rewrite(g, d, cg, ctx["opt"]), tr)
-
-
-def _rw_tf32(g, d, cg, tr, ctx, bound: str = "mid"):
-    return precision.rewrite(g, d, ctx["prec"], "tf32_matmul", bound), cg, tr
-
-
-def _rw_bf16(g, d, cg, tr, ctx, speedup: float | None = None, bound: str = "mid"):
-    if g.mode == "gpu" and ctx.get("prec"):
-        return precision.rewrite(g, d, ctx["prec"], "bf16_matmul", bound), cg, tr
-    r = speedup or ctx["bf16"][1]
-    mm = g.cover["matmul_fp32"]
-    return d - mm * (1 - 1 / r) * (1 - CAST_SHARE), cg, tr
-
-
-def _rw_bf16_channels_last(g, d, cg, tr, ctx, bound: str = "mid"):
-    """bf16 autocast + channels_last on a conv net with NCHW activations (:mod:`.precision`)."""
-    return precision.rewrite(g, d, ctx["prec"], "bf16_channels_last", bound), cg, tr
-
-
-def _rw_interconnect(g, d, cg, tr, ctx):
-    ideal = gr.ideal_transfer_us(g, ctx["link_gbps"])
-    return d, cg, np.where(g.inst_bytes > 0, np.minimum(tr, ideal), tr)
-
-
-def _busy_us(g: gr.Graph) -> dict[int, float]:
-    """Per rank: median over its counted steps of the host time it spends working (host tasks and the gaps
-    between them, waits left out), µs."""
-    width = int(g.step.max(initial=0)) + 2
-    counted = np.array([r * width + s for r, s, _, _, c in g.steps if c], dtype=np.int64)
-    key = g.rank * width + g.step
-    sel = np.flatnonzero((g.kind == gr.K_HOST) & (g.step >= 0) & np.isin(key, counted))
-    if sel.size == 0:
-        return {}
-    keys, inv = np.unique(key[sel], return_inverse=True)
-    per = np.bincount(inv.reshape(-1), weights=g.chain_dur[sel] + g.chain_gap[sel])
-    out: dict[int, list[float]] = {}
-    for k, v in zip((keys // width).tolist(), per.tolist(), strict=True):
-        out.setdefault(int(k), []).append(v)
-    return {r: float(np.median(v)) for r, v in out.items()}
-
-
-def _stragglers(g: gr.Graph) -> set[int]:
-    """Ranks whose working host time per step is more than :data:`STRAGGLER_EXCESS_PCT` above the median rank's."""
-    busy = _busy_us(g)
-    if len(busy) < 2:
-        return set()
-    mid = float(np.median(list(busy.values())))
-    return {r for r, b in busy.items() if b > mid * (1 + STRAGGLER_EXCESS_PCT / 100)}
-
-
-def _straggler_ranks(g: gr.Graph, ctx: dict) -> set[int]:
-    """The ranks ``no_straggler`` rewrites: those the straggler finding names (``ctx["stragglers"]``, priced for
-    it: :func:`_late_pricer`), else the replay's own test (:func:`_stragglers`)."""
-    return set(ctx.get("stragglers") or ()) or _stragglers(g)
-
-
-def _rw_straggler(g, d, cg, tr, ctx):
-    """The straggler ranks' op classes (step, name, n-th occurrence on the rank) at the mean over their peers
-    (the other ranks); a class that fewer than half the peers run is the straggler's extra work and goes; the gap
-    before each task the same. The peers keep their measured times (their own noise stays, as in a healthy run);
-    a collective's transfer goes to the median of its (operation, bytes) class."""
-    slow = _straggler_ranks(g, ctx)
-    sel = np.flatnonzero((g.step >= 0) & np.isin(g.kind, (gr.K_HOST, gr.K_KERNEL, gr.K_MEMCPY, gr.K_MEMSET)))
-    d, cg = d.copy(), cg.copy()
-    if sel.size and slow:
-        cls = g.step[sel].astype(np.int64) * (int(g.name_code.max(initial=0)) + 1) + g.name_code[sel]
-        o = np.lexsort((g.start[sel], cls, g.rank[sel]))
-        rk, cl = g.rank[sel][o], cls[o]
-        newgrp = np.ones(o.size, dtype=bool)
-        newgrp[1:] = (rk[1:] != rk[:-1]) | (cl[1:] != cl[:-1])
-        grp_start = np.maximum.accumulate(np.where(newgrp, np.arange(o.size), 0))
-        key = np.stack([cl, np.arange(o.size) - grp_start], axis=1)
-        _, kid = np.unique(key, axis=0, return_inverse=True)
-        kid = kid.reshape(-1)
-        idx = sel[o]
-        peer = ~np.isin(rk, list(slow))
-        cnt = np.bincount(kid[peer], minlength=kid.max() + 1)
-        n_peers = len(set(g.ranks) - slow)
-        mean_d = np.bincount(kid[peer], weights=d[idx][peer], minlength=cnt.size) / np.maximum(cnt, 1)
-        mean_g = np.bincount(kid[peer], weights=cg[idx][peer], minlength=cnt.size) / np.maximum(cnt, 1)
-        keep = cnt[kid] * 2 >= n_peers
-        mine = ~peer
-        d[idx[mine]] = np.where(keep[mine], mean_d[kid[mine]], 0.0)
-        cg[idx[mine]] = np.where(keep[mine], mean_g[kid[mine]], 0.0)
-    tr = tr.copy()
-    if tr.size:
-        pairs: dict[tuple, list[int]] = {}
-        for i, (c, b) in enumerate(zip(g.inst_coll, g.inst_bytes.tolist(), strict=True)):
-            pairs.setdefault((c, b), []).append(i)
-        for members in pairs.values():
-            tr[members] = float(np.median(tr[members]))
-    return d, cg, tr
-
-
-def _late_entries(g: gr.Graph) -> set[int]:
-    """Ranks that enter the counted steps late: in more than half of them, the rank's ``ProfilerStep`` begins
-    :data:`LATE_ENTRY_PCT` % of the median step time or more after the median rank's (the replay's aligned clocks)."""
-    begins: dict[int, dict[int, float]] = {}
-    lengths = []
-    for r, s, b, e, c in g.steps:
-        if c:
-            begins.setdefault(s, {})[r] = float(g.start[b])
-            lengths.append(float(g.start[e] - g.start[b]))
-    if not lengths:
-        return set()
-    bar = LATE_ENTRY_PCT / 100 * float(np.median(lengths))
-    late: dict[int, int] = {}
-    for by in begins.values():
-        mid = float(np.median(list(by.values())))
-        for r, t in by.items():
-            if len(by) > 1 and t - mid >= bar:
-                late[r] = late.get(r, 0) + 1
-    return {r for r, k in late.items() if 2 * k > len(begins)}
-
-
-def _late_ranks(g: gr.Graph, ctx: dict) -> set[int]:
-    """The ranks ``aligned_step_starts`` moves: those the late-entry finding names (``ctx["late_ranks"]``, priced
-    for it: :func:`_late_pricer`), else the replay's own test (:func:`_late_entries`)."""
-    return set(ctx.get("late_ranks") or ()) or _late_entries(g)
-
-
-def _rw_aligned(g, d, cg, tr, ctx):
-    """The late ranks' work between steps goes: in every traced step, the host gap after their last task before the
-    step-end marker (work after the optimizer that no op records: one rank's logging, evaluation or checkpoint
-    bookkeeping), the gap between that marker and the next step's begin marker, and the gap before their first task
-    in the step, each at most the other ranks' median of the same gap of the same step. Their first traced step
-    starts with the others (:func:`_aligned_starts`: the delay from before the trace). The work inside the steps is
-    unchanged. Physical reason: a collective returns on a rank only once every rank of its group has called it
-    (PyTorch, ``torch.distributed`` collective semantics), so a rank that enters the step late holds the others at
-    its first collective for the time it entered late; and each rank's host thread runs its work in order (the
-    straggler paper's replay, OSDI 2025, and Lumos' list scheduling, ``shared/WHATIF.md`` §5: a delay shifts
-    everything after it on that worker), so work at the end of one step delays that rank's entry into the next by
-    as much. Its untraced CPU time is kept as gaps (WHATIF.md pitfall 8), which is what this rewrite removes."""
-    late = _late_ranks(g, ctx)
-    slots = _between_step_gaps(g)
-    if not late or slots.size == 0:
-        return d, cg, tr
-    cg = cg.copy()
-    task, step, rank, kind = slots.T
-    is_late = np.isin(rank, list(late))
-    for key in np.unique(step * 3 + kind).tolist():
-        mine = (step * 3 + kind) == key
-        ref = cg[task[mine & ~is_late]]
-        if ref.size:
-            cut = task[mine & is_late]
-            cg[cut] = np.minimum(cg[cut], float(np.median(ref)))
-    return d, cg, tr
-
-
-def _between_step_gaps(g: gr.Graph) -> np.ndarray:
-    """Rows ``(task, step, rank, slot)`` of the host gaps between two steps' work, each stored on the task after it:
-    slot 0 the gap before a step-end marker (after the step's last task), 1 the gap before a step-begin marker (from
-    the previous step's end marker), 2 the gap before the first task of a step (after its begin marker)."""
-    rows = []
-    for r, s, b, e, _ in g.steps:
-        rows.append((e, s, r, 0))
-        if not g.first[b]:
-            rows.append((b, s, r, 1))
-        if b + 1 < e and not g.first[b + 1]:
-            rows.append((b + 1, s, r, 2))
-    return np.array(rows, dtype=np.int64).reshape(-1, 4)
 
 
 def _without_gap_cut(g: gr.Graph, cut: np.ndarray | None) -> gr.Graph:
@@ -262,306 +49,18 @@ def _without_gap_cut(g: gr.Graph, cut: np.ndarray | None) -> gr.Graph:
     return dataclasses.replace(g, dep_off=off)
 
 
-def _aligned_starts(g: gr.Graph, ctx: dict) -> np.ndarray | None:
-    """Per task, where the replay starts it when pinned (:func:`~traceanalyze.replay.simulate.pinned_tasks`): the
-    late ranks' (:func:`_late_ranks`) pinned tasks earlier by how much later their first traced step began than the
-    other ranks' median begin of that step (µs), so that they enter the trace with the others; None when no late
-    rank entered its first traced step late. The delay before the trace is not in it (the step before's tail, an
-    untraced stall, the profiler starting later on that rank): this assumes it goes."""
-    late = _late_ranks(g, ctx)
-    if not late:
-        return None
-    first = min((s for r, s, _, _, _ in g.steps if r in late), default=None)
-    begins = {r: float(g.start[b]) for r, s, b, _, _ in g.steps if s == first}
-    ref = [t for r, t in begins.items() if r not in late]
-    if not ref:
-        return None
-    mid = float(np.median(ref))
-    shift = {r: begins[r] - mid for r in late if begins.get(r, mid) > mid}
-    if not shift:
-        return None
-    by_rank = np.zeros(int(g.rank.max(initial=0)) + 1)
-    for r, dt in shift.items():
-        by_rank[r] = dt
-    starts = g.start.copy()
-    pinned = simulate.pinned_tasks(g)
-    starts[pinned] -= by_rank[g.rank[pinned]]  # one pass over the tasks (a mask per late rank grew with ranks²)
-    return starts
-
-
-def _rw_host_sync(g, d, cg, tr, ctx):
-    """The blocking waits go from the graph itself (:func:`_without_host_syncs`); a copy call that holds the host
-    (a pageable ``cudaMemcpy*``, whose host stages the bytes) becomes an asynchronous one from pinned memory: it
-    returns once enqueued, at the median cost of the run's launch calls, and the copy engine moves the bytes as
-    measured on the GPU (CUDA C++ Best Practices Guide, "Pinned Memory" and "Asynchronous and Overlapping
-    Transfers")."""
-    copies, cost = _host_copies(g)
-    if copies.size:
-        d = d.copy()
-        d[copies] = np.minimum(d[copies], cost)
-    return d, cg, tr
-
-
-def _host_copies(g: gr.Graph) -> tuple[np.ndarray, float]:
-    """(task ids of the host's copy calls in the steps, ``*Memcpy*``; the median duration of the run's launch calls,
-    µs: what an asynchronous copy call costs the host)."""
-    launch = g.dep_src[g.dep_type == gr.DEP_TYPES.index("launch")]
-    launch = launch[g.kind[launch] == gr.K_HOST]
-    codes = gr.name_codes(g, "memcpy")
-    if not (launch.size and codes):
-        return np.zeros(0, np.int64), 0.0
-    copies = np.flatnonzero((g.kind == gr.K_HOST) & (g.step >= 0) & np.isin(g.name_code, codes))
-    return copies, float(np.median(g.chain_dur[launch]))
-
-
-REWRITES: dict[str, Callable] = {"no_straggler": _rw_straggler, "aligned_step_starts": _rw_aligned,
-                                 "ideal_interconnect": _rw_interconnect,
-                                 "tf32_matmul": _rw_tf32, "bf16_matmul": _rw_bf16,
-                                 "bf16_channels_last": _rw_bf16_channels_last, "no_dataloader_wait": _rw_dataloader,
-                                 "no_compile": _rw_compile, "fused_optimizer": _rw_fused,
-                                 "no_launch_overhead": _rw_launch,
-                                 "no_host_sync": _rw_host_sync}
-SYNC_EDGE = gr.DEP_TYPES.index("gpu_cpu_sync")
-ANCHOR_TOLERANCE_US = 1.0  # a side-stream task measured to start within this of a busiest-stream task's end follows it
-
-
-def _host_sync_edges(g: gr.Graph) -> np.ndarray:
-    """Per explicit edge: whether it is a blocking GPU->CPU wait (``gpu_cpu_sync``: a synchronize call, a blocking
-    copy) of a profiler step."""
-    sync = g.dep_type == SYNC_EDGE
-    if sync.any():
-        sync &= g.step[g.dep_dst] >= 0
-    return sync
-
-
-def _without_host_syncs(g: gr.Graph) -> gr.Graph:
-    """``g`` without its steps' blocking GPU->CPU waits (:func:`_host_sync_edges`): the host goes on launching while
-    the GPU works (CUDA's asynchronous launch queue). The order the wait kept on the GPU stays: each device task the
-    host waited for still precedes the first task of every stream of its rank that started after the wait (as a
-    stream-wait event would), since the next step's kernels need this one's results (:func:`_sync_order_edges`);
-    and the work of each rank's other streams (collectives, copies) starts no earlier than the busiest stream's
-    work it was measured to follow, since what triggers it there (gradients ready, data ready) is a cross-stream
-    wait the trace does not record (:func:`_side_stream_anchors`). A shallow copy: only the edge arrays are new.
-    Every rank at once, in a few sorts and searches over the tasks (rank by rank over arrays of every rank, it
-    grew with ranks²: 35 s of a 1,024-rank report)."""
-    sync = _host_sync_edges(g)
-    dev = np.isin(g.kind, gr.GPU_KINDS)
-    w_src, w_dst = _sync_order_edges(g, dev, sync)
-    a_src, a_dst = _side_stream_anchors(g, dev)
-    s2 = np.concatenate([g.dep_src[~sync], w_src, a_src])
-    d2 = np.concatenate([g.dep_dst[~sync], w_dst, a_dst])
-    n_old = int((~sync).sum())
-    end = np.concatenate([g.dep_end[~sync], np.ones(s2.size - n_old, dtype=g.dep_end.dtype)])
-    off = np.concatenate([g.dep_off[~sync], np.zeros(s2.size - n_old, dtype=g.dep_off.dtype)])
-    typ = np.concatenate([g.dep_type[~sync], np.full(s2.size - n_old, gr.DEP_TYPES.index("event_wait"),
-                                                     dtype=g.dep_type.dtype)])
-    o = np.argsort(d2, kind="stable")  # the replay groups edges by destination
-    return dataclasses.replace(g, dep_src=s2[o], dep_dst=d2[o], dep_end=end[o], dep_off=off[o], dep_type=typ[o])
-
-
-def _sync_order_edges(g: gr.Graph, dev: np.ndarray, sync: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(source, destination) edges, end to start: for each blocking wait (``sync``, per explicit edge) and each
-    stream of its rank, the awaited device task precedes the stream's first task that starts at or after the task
-    after the wait (none when no task of the stream does). Ordered by stream, then wait."""
-    src, dst = g.dep_src[sync], g.dep_dst[sync]
-    streams = np.unique(g.res[dev])
-    lo, hi = np.searchsorted(g.res, streams), np.searchsorted(g.res, streams, side="right")
-    by_rank = np.lexsort((streams, g.rank[lo]))  # each rank's streams, in resource order
-    ranks = g.rank[lo][by_rank]
-    a, b = np.searchsorted(ranks, g.rank[dst]), np.searchsorted(ranks, g.rank[dst], side="right")
-    wait = np.repeat(np.arange(src.size), b - a)  # one (wait, stream of its rank) pair per row
-    k = by_rank[np.repeat(a, b - a) + np.arange(wait.size) - np.repeat(np.cumsum(b - a) - (b - a), b - a)]
-    o = np.lexsort((wait, k))
-    wait, k = wait[o], k[o]
-    used = np.unique(k)
-    idx, seg = _ranges(lo[used], hi[used])
-    qseg = np.searchsorted(used, k)
-    j = _search_segments(g.start[idx], seg, g.start[dst[wait]], qseg, "left")
-    ok = j < (hi - lo)[k]
-    return src[wait][ok].astype(np.int64), (lo[k] + j)[ok].astype(np.int64)
-
-
-def _side_stream_anchors(g: gr.Graph, dev: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(source, destination) edges, end to start: each device task of a step on a rank's other streams starts no
-    earlier than the end of the busiest stream's last task that had ended when it was measured to start
-    (:func:`_without_host_syncs`). The busiest stream holds the most device time (ties: the first); a rank with
-    one stream has none."""
-    busy = np.bincount(g.res[dev], weights=g.dur[dev], minlength=int(g.res.max(initial=0)) + 1)
-    streams, first = np.unique(g.res[dev], return_index=True)
-    rank = g.rank[np.flatnonzero(dev)[first]]
-    o = np.lexsort((streams, -busy[streams], rank))  # per rank, the busiest stream first
-    head = np.flatnonzero(np.r_[True, rank[o][1:] != rank[o][:-1]]) if o.size else np.zeros(0, np.int64)
-    several = np.diff(np.append(head, o.size)) >= 2
-    main_rank, main = rank[o][head][several], streams[o][head][several]  # ranks ascending
-    if main.size == 0:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    cand = np.flatnonzero(dev & (g.step >= 0))
-    at = np.minimum(np.searchsorted(main_rank, g.rank[cand]), main.size - 1)
-    mine = (main_rank[at] == g.rank[cand]) & (main[at] != g.res[cand])
-    side, main_of = cand[mine], main[at[mine]]
-    by_res = np.unique(main)
-    lo, hi = np.searchsorted(g.res, by_res), np.searchsorted(g.res, by_res, side="right")
-    idx, seg = _ranges(lo, hi)
-    ends = _segment_cummax(g.start[idx] + g.dur[idx], seg)
-    qseg = np.searchsorted(by_res, main_of)
-    j = _search_segments(ends, seg, g.start[side] + ANCHOR_TOLERANCE_US, qseg, "right") - 1
-    ok = j >= 0
-    return (lo[qseg] + j)[ok].astype(np.int64), side[ok].astype(np.int64)
-
-
-def _ranges(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(the indices of the ranges ``[lo, hi)`` one after another, the range each one is in) (int64)."""
-    n = (hi - lo).astype(np.int64)
-    seg = np.repeat(np.arange(n.size), n)
-    return np.arange(seg.size) + np.repeat(lo.astype(np.int64) - (np.cumsum(n) - n), n), seg
-
-
-def _search_segments(v: np.ndarray, vseg: np.ndarray, q: np.ndarray, qseg: np.ndarray, side: str) -> np.ndarray:
-    """Per query ``q[i]``: ``np.searchsorted(v[vseg == qseg[i]], q[i], side)``, every query in one search. ``vseg``
-    ascending, ``v`` ascending within each segment. The values are ranked first (exactly: equal values, equal
-    ranks), so that (segment, rank) is one sortable integer."""
-    u = np.unique(np.concatenate([v, q]))
-    m = u.size + 1
-    kv = vseg.astype(np.int64) * m + np.searchsorted(u, v)
-    kq = qseg.astype(np.int64) * m + np.searchsorted(u, q)
-    return np.searchsorted(kv, kq, side=side) - np.searchsorted(vseg, qseg)
-
-
-def _segment_cummax(v: np.ndarray, seg: np.ndarray) -> np.ndarray:
-    """The running maximum of ``v`` restarted at each segment (``seg`` ascending): exactly the floats of
-    ``np.maximum.accumulate`` per segment, from their ranks offset by segment."""
-    u, inv = np.unique(v, return_inverse=True)
-    off = seg.astype(np.int64) * max(u.size, 1)
-    return u[np.maximum.accumulate(off + inv.reshape(-1)) - off] if v.size else v.copy()
-
-
-def pipelined_step_times(g: gr.Graph, rp: simulate.Replay) -> dict[tuple[int, int], float]:
-    """(rank, step) -> replayed step time when the host runs ahead of the GPU (µs): the longest of the host's step
-    (its markers), the GPU's span of the step's device work (first start to last end, every stream of the rank) and
-    the time from the end of the rank's device work of the step before to the end of this step's. Without a wait
-    for the GPU a step's host work overlaps the GPU's, so the slower of the two sets the pace: the steady state of
-    a two-stage pipeline (CUDA C++ Programming Guide, "Asynchronous Concurrent Execution"). The GPU work of two
-    steps is never overlapped: the next step's kernels need this one's results (the optimizer's update, the
-    reduced gradients), which a trace without cross-stream event waits does not show."""
-    dev = np.flatnonzero(np.isin(g.kind, gr.GPU_KINDS) & (g.step >= 0))
-    width, keys, inv = gr.rank_step_groups(g, dev)
-    first: dict[int, float] = {}
-    last: dict[int, float] = {}
-    if dev.size:
-        ends = np.full(keys.size, -np.inf)
-        starts = np.full(keys.size, np.inf)
-        np.maximum.at(ends, inv, rp.end[dev])
-        np.minimum.at(starts, inv, rp.start[dev])
-        last = dict(zip(keys.tolist(), ends.tolist(), strict=True))
-        first = dict(zip(keys.tolist(), starts.tolist(), strict=True))
-    out = {}
-    for r, s, b, e, _ in g.steps:
-        t = float(rp.start[e] - rp.start[b])
-        k = r * width + s
-        if k in last and np.isfinite(last[k]) and np.isfinite(first[k]):
-            t = max(t, last[k] - first[k], last[k] - last.get(k - 1, float(rp.start[b])))
-        out[(r, s)] = t
-    return out
-
-
-def _applies(g: gr.Graph, scenario: str, ctx: dict) -> bool:
-    if scenario == "no_straggler":
-        return bool(_stragglers(g))
-    if scenario == "aligned_step_starts":
-        return bool(_late_entries(g))
-    if scenario == "ideal_interconnect":
-        return bool(ctx.get("link_gbps")) and bool((g.inst_bytes > 0).any())
-    if scenario == "bf16_matmul" and ctx.get("native_bf16") is False:
-        return False  # emulated bf16 is slower than fp32: no fix on this host (_left_out says why)
-    if scenario in PRECISION_SCENARIOS and g.mode == "gpu":
-        return bool(ctx.get("prec")) and precision.applies(g, ctx["prec"], scenario)
-    if scenario in ("tf32_matmul", "bf16_channels_last"):
-        return False
-    key = {"bf16_matmul": "matmul_fp32", "no_dataloader_wait": "dataloader", "no_compile": "compile"}.get(scenario)
-    if key:
-        return float(g.cover[key].sum() + g.gap_cover.get(key, np.zeros(1)).sum()) >= MIN_SAVING_US
-    if scenario == "fused_optimizer":
-        return bool((ctx.get("opt") or {}).get("applies"))
-    if scenario == "no_launch_overhead":
-        return g.mode == "gpu" and float(g.gap_cover["launch"].sum()) >= MIN_SAVING_US
-    if scenario == "no_host_sync":
-        if g.mode != "gpu":
-            return False
-        copies, cost = _host_copies(g)
-        return bool(_host_sync_edges(g).any()) or float(np.clip(g.chain_dur[copies] - cost, 0, None).sum()) >= \
-            MIN_SAVING_US
-    return False
-
-
 def _left_out(g: gr.Graph, ctx: dict) -> list[dict]:
-    """What-ifs the trace would support but the host rules out, each ``{"scenario", "why"}``: bf16 on a CPU that
-    has neither AMX nor AVX512-BF16 (``env_rank{r}.json`` ``cpu.native_bf16``), where oneDNN emulates bf16 and
-    the matmuls run slower than in fp32."""
-    if ctx.get("native_bf16") is not False or float(g.cover["matmul_fp32"].sum()) < MIN_SAVING_US:
-        return []
-    return [{"scenario": "bf16_matmul",
-             "why": f"the host CPU ({ctx.get('cpu_model') or 'model unknown'}) has neither AMX nor AVX512-BF16: "
-                    "bf16 matmuls would be emulated, slower than fp32, so bf16 autocast is no fix on this host"}]
-
-
-def _named_ranks(scenario: str, ctx: dict, g: gr.Graph) -> str:
-    """``1, 3 (why)``: the ranks a scenario of :data:`RANK_SCENARIOS` rewrites, and whether a finding named them or
-    the replay's own test did."""
-    key, words = RANK_SCENARIOS[scenario]
-    ranks = _straggler_ranks(g, ctx) if scenario == "no_straggler" else _late_ranks(g, ctx)
-    test = (f"working host time per step > {STRAGGLER_EXCESS_PCT:g} % over the median rank" if scenario ==
-            "no_straggler" else f"step begins ≥ {LATE_ENTRY_PCT:g} % of the step after the median rank's")
-    return f"{', '.join(str(r) for r in sorted(ranks))} ({f'named by the {words} finding' if ctx.get(key) else test})"
-
-
-def _assumptions(scenario: str, ctx: dict, g: gr.Graph) -> str:
-    if scenario == "no_straggler":
-        return (f"straggler rank(s) {_named_ranks(scenario, ctx, g)}: each op class (step, name, n-th call) and the "
-                "gap before it at the mean of the other ranks, work they do not do removed; the other ranks "
-                "unchanged; each collective's transfer at the median of its size class" + _cores_note(scenario, ctx))
-    if scenario == "aligned_step_starts":
-        return (f"late rank(s) {_named_ranks(scenario, ctx, g)}: their first traced step starts with the other "
-                "ranks' median (the delay before the trace, which it does not show, assumed to go), and in every step "
-                "the host gap after their last task before the step ends, the gap between steps and the gap before "
-                "their first task at most the other ranks' median; the work inside the steps and the other ranks "
-                "unchanged" + _cores_note(scenario, ctx))
-    if scenario == "ideal_interconnect":
-        return (f"transfer = bytes × busbw factor ÷ {ctx['link_gbps']:g} GB/s ({ctx['link_source']}), capped at "
-                "the measured transfer; latency term ignored" + _cores_note(scenario, ctx))
-    if scenario in PRECISION_SCENARIOS and ctx.get("prec"):
-        return precision.assumptions(scenario, ctx["prec"])
-    if scenario == "bf16_matmul":
-        lo, mid, hi = ctx["bf16"]
-        return (f"fp32 matrix math {mid:g}× faster in bf16 (range {lo:g}–{hi:g}× gives the range), plus casts at "
-                f"{CAST_SHARE:.0%} of the time saved; no measured bf16 kernel of the same shape is used; collective "
-                "bytes unchanged (DDP reduces fp32 gradients under autocast)")
-    if scenario == "no_dataloader_wait":
-        return "host time under DataLoader ranges removed (workers prefetch; launch order kept)"
-    if scenario == "no_compile":
-        return "host time under dynamo/inductor compile ranges removed (a warm cache still traces frames)"
-    if scenario == "fused_optimizer":
-        return optimizer.assumptions(ctx["opt"], g, ctx["d0"])
-    if scenario == "no_launch_overhead":
-        return ("CUDA graphs: the kernel-launch calls and the host time between consecutive launches removed (one "
-                "graph launch per step remains); the host's other work, the GPU's kernels unchanged")
-    if scenario == "no_host_sync":
-        return ("every blocking wait for the GPU in the steps removed (no synchronize or .item() each step, pinned "
-                "memory with non_blocking=True): the host queues the next launches while the GPU runs, so a step "
-                "takes the longer of the host's work and the GPU's (a two-stage pipeline); a value the host reads "
-                "from the GPU arrives a step later")
-    return "every applicable rewrite at once; savings do not add up"
-
-
-# what-ifs that change how many ranks compute at once: on ranks that share CPU cores each op's measured duration
-# holds the others' load, so a replay of measured durations cannot price them (README: How accurate is it)
-CONCURRENCY_SCENARIOS = ("no_straggler", "aligned_step_starts", "ideal_interconnect")
+    """What-ifs the trace would support but the host rules out, each ``{"scenario", "why"}`` (each record's
+    ``left_out``: bf16 on a CPU without AMX or AVX512-BF16)."""
+    return [{"scenario": s.name, "why": why} for s in REGISTRY if s.left_out and (why := s.left_out(g, ctx))]
 
 
 def _changes_concurrency(scenario: str, ctx: dict) -> bool:
     """Whether ``scenario`` (``all``: any scenario it combines) changes how many ranks compute at once."""
-    if scenario == "all":
-        return any(s in CONCURRENCY_SCENARIOS for s in ctx.get("applicable") or ())
-    return scenario in CONCURRENCY_SCENARIOS
+    if scenario == ALL:
+        return any(by_name(s).changes_concurrency for s in ctx.get("applicable") or ())
+    rec = by_name(scenario)
+    return rec is not None and rec.changes_concurrency
 
 
 def _cores_note(scenario: str, ctx: dict) -> str:
@@ -572,69 +71,27 @@ def _cores_note(scenario: str, ctx: dict) -> str:
     return ""
 
 
-def _why_not(g: gr.Graph, scenario: str, ctx: dict) -> str:
-    """Why ``scenario`` does not apply to the run's graph (:func:`_applies` False), in words."""
-    if scenario == "no_straggler":
-        return (f"no rank's working host time per step is more than {STRAGGLER_EXCESS_PCT:g} % over the median "
-                "rank's (the replay's straggler test)")
-    if scenario == "aligned_step_starts":
-        return (f"no rank's step begins {LATE_ENTRY_PCT:g} % of the step or more after the median rank's in most "
-                "counted steps (the replay's late-entry test)")
-    if scenario == "ideal_interconnect":
-        if not ctx.get("link_gbps"):
-            return "the link's expected bandwidth is unknown (pass --link-bw GB/s)"
-        return "no collective in the replayed steps states its message size"
-    if scenario == "bf16_matmul" and ctx.get("native_bf16") is False:
-        lo = _left_out(g, ctx)
-        return lo[0]["why"] if lo else "no fp32 matrix math in the replayed steps"
-    if scenario == "tf32_matmul" and g.mode != "gpu":
-        return "TF32 is a GPU feature"
-    if scenario == "bf16_channels_last" and g.mode != "gpu":
-        return "channels_last is priced on GPU runs (cuDNN's NHWC tensor-core convolutions)"
-    if scenario == "bf16_channels_last" and _applies(g, "bf16_matmul", ctx):
-        return precision.channels_last_why_not(ctx["prec"])
-    if scenario in PRECISION_SCENARIOS:
-        return "no fp32 matrix math in the replayed steps that the precision model rewrites"
-    if scenario == "no_dataloader_wait":
-        return "no host time under DataLoader ranges in the replayed steps"
-    if scenario == "no_compile":
-        return "no host time under torch.compile (dynamo/inductor) ranges in the replayed steps"
-    if scenario == "fused_optimizer":
-        return (ctx.get("opt") or {}).get("why") or "a CPU run launches no optimizer kernels"
-    if scenario == "no_launch_overhead":
-        return ("a CPU run launches no kernels" if g.mode != "gpu" else
-                "no host gap between kernel launches in the replayed steps")
-    if scenario == "no_host_sync":
-        return ("a CPU run has no GPU to wait for" if g.mode != "gpu" else
-                "no blocking wait for the GPU (synchronize, blocking copy) in the replayed steps")
-    return f"no scenario {scenario!r}"
-
-
-# scenarios priced for the ranks a finding names: scenario -> (the ctx key that holds them, the finding in words)
-RANK_SCENARIOS = {"no_straggler": ("stragglers", "straggler"), "aligned_step_starts": ("late_ranks", "late-entry")}
-
-
 def _late_pricer(pr: _Pricer, ctx: dict, base: Arrays, measured: dict, err: float, reliable: bool) -> Callable:
     """The pricer of one more scenario on this run's graph, for a finding the replay's own tests did not price
     (:func:`traceanalyze.diagnose.price_missing_whatifs`): ``price(scenario, ranks=None) -> (whatif row or None,
-    why there is none, sim_result rows)``. ``ranks``: the ranks a finding names, for the scenarios of
-    :data:`RANK_SCENARIOS` (``no_straggler`` for a straggler finding's, ``aligned_step_starts`` for a late-entry
-    finding's). It holds the graph until it is dropped."""
+    why there is none, sim_result rows)``. ``ranks``: the ranks a finding names, for a scenario that rewrites named
+    ranks (its record's ``ranks_ctx``: a straggler finding's, a late-entry finding's). It holds the graph until it
+    is dropped."""
     g = pr.g
     replayed = set(g.ranks)
 
     def price(scenario: str, ranks: list[int] | None = None) -> tuple[dict | None, str, list]:
-        if scenario not in REWRITES:
+        rec = by_name(scenario)
+        if rec is None:
             return None, f"no scenario {scenario!r}", []
         c = ctx
-        if scenario in RANK_SCENARIOS and ranks:
+        if rec.ranks_ctx and ranks:
             named = {r for r in ranks if r in replayed}
             if not named or len(named) >= len(g.ranks):
-                return None, f"the {RANK_SCENARIOS[scenario][1]} finding's ranks are not among the replayed ranks " \
-                             "with peers", []
-            c = dict(ctx, **{RANK_SCENARIOS[scenario][0]: named})
-        elif not _applies(g, scenario, ctx):
-            return None, _why_not(g, scenario, ctx), []
+                return None, f"the {rec.ranks_finding} finding's ranks are not among the replayed ranks with peers", []
+            c = dict(ctx, **{rec.ranks_ctx: named})
+        elif not rec.applies(g, ctx):
+            return None, rec.why_not(g, ctx), []
         if c is ctx and scenario in pr.skipped:  # priced by the replay already, for no row: not again
             return None, pr.skipped[scenario], []
         rows: list = []
@@ -663,7 +120,8 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_siz
     ``build_threads``: threads that build the graph. ``gpu``: the run's GPU (the precision peaks).
     ``unprofiled_measured``: ``{"step_time_us", "source"}`` measured without the profiler (``capture`` or ``log``),
     or None: estimated (:mod:`.overhead`). ``core_sharing`` (:func:`traceanalyze.logs.core_sharing`): on a CPU run
-    whose ranks share cores, :data:`CONCURRENCY_SCENARIOS` are ``reliable: false`` with an ``unreliable_reason``.
+    whose ranks share cores, the what-ifs that change how many ranks compute at once (``changes_concurrency``) are
+    ``reliable: false`` with an ``unreliable_reason``.
     ``pricer``: when a list, receives :func:`_late_pricer`'s pricer of one more scenario (it holds the graph).
 
     On GPU runs every what-if is priced on the step without the profiler: its rewrite applies to the graph with the
@@ -714,7 +172,7 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_siz
     pr.on_path = simulate.on_critical_paths(base, _markers(g)) if mode != "gpu" else None  # GPU: the unprofiled's
     del base
     results += [[run_id, "replay", r, s, measured[(r, s)], base_t[(r, s)]] for r, s in sorted(measured)]
-    applicable = ctx["applicable"] = [s for s in SCENARIOS[:-1] if _applies(g, s, ctx)]
+    applicable = ctx["applicable"] = [s.name for s in REGISTRY if s.applies(g, ctx)]
     d0, cg0, tr0 = g.chain_dur, g.chain_gap, g.inst_transfer
     if mode == "gpu":  # the what-ifs are rewrites of the graph without the profiler's host cost
         d0, cg0 = pr.unprofiled(con, run_id, d0, cg0, tr0)
@@ -794,12 +252,12 @@ class _Pricer:
                     cut: np.ndarray | None = None) -> tuple[dict, dict]:
         """(step -> longest replayed time over the counted ranks, (rank, step) -> replayed time); ``sync_free``:
         on the graph without its blocking waits for the GPU, the host running ahead (:func:`pipelined_step_times`);
-        ``starts``: the pinned tasks' starts (:func:`_aligned_starts`), default the measured ones; ``cut``: per
+        ``starts``: the pinned tasks' starts (a scenario's ``starts``), default the measured ones; ``cut``: per
         task, µs of the gap before it that the rewrite took out, also out of its incoming edges
         (:func:`_without_gap_cut`)."""
         if sync_free:
             if self.g_free is None:
-                self.g_free = _without_host_syncs(self.g)
+                self.g_free = without_host_syncs(self.g)
             g = _without_gap_cut(self.g_free, cut)
             rp = simulate.replay(g, *arrs, starts=starts, keep_binding=True)
             t = pipelined_step_times(g, rp)
@@ -859,7 +317,7 @@ class _Pricer:
         return (median(per_step.values()) or self.est_run) * self.scale, t, clamped
 
 
-def _add_range(row: dict, pr: _Pricer, sc: str, pred: float, arrs: Arrays, base: Arrays, ctx: dict) -> None:
+def _add_range(row: dict, pr: _Pricer, rec: Scenario, pred: float, arrs: Arrays, base: Arrays, ctx: dict) -> None:
     """A precision what-if's range (``range_us``, ``range_saving_pct``). GPU runs: without two more replays, the
     replayed saving scaled by the kernel time each end of the model's range removes against the point estimate's
     (the same kernels, so the same share on the path); CPU runs: replays at the assumed speed-ups' ends."""
@@ -868,10 +326,10 @@ def _add_range(row: dict, pr: _Pricer, sc: str, pred: float, arrs: Arrays, base:
         cut_mid = float((d0 - arrs[0]).sum())
         ends = []
         for b in ("low", "high"):
-            cut_b = float((d0 - REWRITES[sc](g, d0, cg0, tr0, ctx, bound=b)[0]).sum())
+            cut_b = float((d0 - rec.rewrite(g, d0, cg0, tr0, ctx, bound=b)[0]).sum())
             ends.append(u - (u - pred) * (cut_b / cut_mid if cut_mid > 0 else 1.0))
     else:
-        ends = [pr.predict(_rw_bf16(g, d0, cg0, tr0, ctx, speedup=x))[0] for x in (ctx["bf16"][0], ctx["bf16"][2])]
+        ends = [pr.predict(rec.rewrite(g, d0, cg0, tr0, ctx, bound=b))[0] for b in ("low", "high")]
     row["range_us"] = [round(min(ends), 3), round(max(ends), 3)]
     row["range_saving_pct"] = [round(100 * (u - max(ends)) / u, 2), round(100 * (u - min(ends)) / u, 2)]
 
@@ -879,32 +337,6 @@ def _add_range(row: dict, pr: _Pricer, sc: str, pred: float, arrs: Arrays, base:
 def _markers(g: gr.Graph) -> np.ndarray:
     """The begin and end markers of the counted steps (task ids): what a step time is measured between."""
     return np.array([t for _, _, b, e, c in g.steps if c for t in (b, e)], dtype=np.int64)
-
-
-def _sync_saving_bound(pr: _Pricer, arrs: Arrays, d0: np.ndarray) -> float:
-    """The most ``no_host_sync`` can save, % of the step without the profiler: the median over the counted steps of
-    the smaller of two bounds. The step less its floor under the rewrite (:func:`_floors`: no step beats its
-    busiest resource's work, however the host and the GPU overlap); and, over the ranks, the most time the host
-    spends blocked in the step's waits plus what the rewrite takes off its copy calls (a synced step is the host's
-    work plus its wait; running ahead overlaps the two, so it gains at most the wait; a rank that waits for
-    another in a collective gains at most what that one gains)."""
-    g = pr.g
-    floor = _floors(g, arrs[0], arrs[1], pr.groups)
-    calls = np.unique(g.dep_dst[_host_sync_edges(g)] - 1)
-    calls = calls[calls >= 0]
-    gain = np.zeros(g.start.size)
-    gain[calls] = np.clip(g.dur[calls] - g.chain_dur[calls], 0, None)  # the blocked part (graph._sync_edges)
-    gain += np.clip(d0 - arrs[0], 0, None)
-    sel = np.flatnonzero((gain > 0) & (g.step >= 0))
-    width, keys, inv = gr.rank_step_groups(g, sel)
-    per: dict[int, float] = {}
-    if sel.size:
-        tot = np.bincount(inv, weights=gain[sel])
-        for k, v in zip(keys.tolist(), tot.tolist(), strict=True):
-            per[k % width] = max(per.get(k % width, 0.0), v)
-    vals = [100 * min(pr.est[s] - floor.get(s, 0.0), per.get(s, 0.0)) / pr.est[s] for s in pr.m_long
-            if pr.est.get(s)]
-    return max(0.0, float(np.median(vals))) if vals else 100.0
 
 
 def _on_path_changes(pr: _Pricer, arrs: Arrays, base: Arrays, starts: np.ndarray | None = None) -> bool:
@@ -923,51 +355,63 @@ def _on_path_changes(pr: _Pricer, arrs: Arrays, base: Arrays, starts: np.ndarray
     return bool((ch & pr.on_path).any())
 
 
+def _rewritten(pr: _Pricer, sc: str, rec: Scenario | None, applicable: list[str], ctx: dict, base: Arrays,
+               whatif: list[dict]) -> Arrays | None:
+    """The graph's arrays after scenario ``sc`` (``all``: every scenario it combines, :func:`_combined`), or None
+    when it is not replayed (``pr.skipped`` then says why)."""
+    g, (d0, cg0, tr0) = pr.g, base
+    if rec is None:
+        # a fix that saves less than the step-to-step noise leaves "all" at the other fix, within that noise
+        if sum(w["scenario"] != ALL and w["saving_pct"] > pr.noise_pct for w in whatif) < 2:
+            return None  # one fix that saves anything: "all" would replay it again
+        arrs: Arrays = (d0, cg0, tr0)
+        for s in _combined(applicable, pr.skipped):
+            arrs = by_name(s).rewrite(g, *arrs, ctx)
+        return arrs
+    if rec.extends and not any(w["scenario"] == rec.extends for w in whatif):
+        # offered with the fix it extends (channels_last with bf16 autocast): where that saves nothing, neither is
+        pr.skipped[sc] = pr.skipped.get(rec.extends, NO_SAVING)
+        return None
+    arrs = rec.rewrite(g, d0, cg0, tr0, ctx)
+    # a replay never saves more than the work the rewrite removes: a precision fix that removes less than
+    # MIN_PRECISION_PCT of the step (within a run's step-to-step noise) is not replayed
+    if rec.precision is not None and g.mode == "gpu" and float(np.clip(d0 - arrs[0], 0, None).sum()) / max(
+            1, len(pr.m_long)) < max(MIN_SAVING_US, MIN_PRECISION_PCT / 100 * pr.m_run):
+        pr.skipped[sc] = (f"{NO_SAVING}: the {sc} rewrite removes less than {MIN_PRECISION_PCT:g} % of the "
+                          "step's work (within a run's step-to-step noise), so it was not replayed")
+        return None
+    if rec.saving_bound is not None and (bound := rec.saving_bound(
+            g, arrs, d0, _floors(g, arrs[0], arrs[1], pr.groups), pr.est, pr.m_long)) <= pr.noise_pct:
+        pr.skipped[sc] = (f"{NO_SAVING}: removing the waits saves at most {bound:.2f} % of the step (the time "
+                          "the host waits and copies, and no step below its busiest resource's work), within "
+                          "the step-to-step noise "
+                          f"({pr.noise_pct:.2f} %), so it was not replayed")
+        return None
+    return arrs
+
+
 def _price_scenarios(pr: _Pricer, applicable: list[str], ctx: dict, base: Arrays, measured: dict, results: list,
                      err: float, reliable: bool) -> list[dict]:
     """The ``whatif`` rows of the applicable scenarios, each alone, then ``all`` together (when several); each
     replay's step times are appended to ``results`` (``sim_result`` rows)."""
     g, (d0, cg0, tr0), m_run, run_id = pr.g, base, pr.m_run, pr.g.run_id
     whatif: list[dict] = []
-    n_steps = max(1, len(pr.m_long))
-    for sc in [*applicable, *(["all"] if len(applicable) > 1 else [])]:
-        if sc == "all":
-            # a fix that saves less than the step-to-step noise leaves "all" at the other fix, within that noise
-            if sum(w["scenario"] != "all" and w["saving_pct"] > pr.noise_pct for w in whatif) < 2:
-                break  # one fix that saves anything: "all" would replay it again
-            arrs: Arrays = (d0, cg0, tr0)
-            for s in _combined(applicable, pr.skipped):
-                arrs = REWRITES[s](g, *arrs, ctx)
-        elif sc == "bf16_channels_last" and not any(w["scenario"] == "bf16_matmul" for w in whatif):
-            # channels_last is offered with bf16 autocast: where bf16 alone saves nothing, neither is priced
-            pr.skipped[sc] = pr.skipped.get("bf16_matmul", NO_SAVING)
+    for sc in [*applicable, *([ALL] if len(applicable) > 1 else [])]:
+        rec = by_name(sc)
+        arrs = _rewritten(pr, sc, rec, applicable, ctx, base, whatif)
+        if arrs is None:
+            if rec is None:
+                break
             continue
-        else:
-            arrs = REWRITES[sc](g, d0, cg0, tr0, ctx)
-            # a replay never saves more than the work the rewrite removes: a precision fix that removes less than
-            # MIN_PRECISION_PCT of the step (within a run's step-to-step noise) is not replayed
-            if sc in PRECISION_SCENARIOS and g.mode == "gpu" and \
-                    float(np.clip(d0 - arrs[0], 0, None).sum()) / n_steps < max(MIN_SAVING_US,
-                                                                                MIN_PRECISION_PCT / 100 * m_run):
-                pr.skipped[sc] = (f"{NO_SAVING}: the {sc} rewrite removes less than {MIN_PRECISION_PCT:g} % of the "
-                                  "step's work (within a run's step-to-step noise), so it was not replayed")
-                continue
-        if sc == "no_host_sync" and (bound := _sync_saving_bound(pr, arrs, d0)) <= pr.noise_pct:
-            pr.skipped[sc] = (f"{NO_SAVING}: removing the waits saves at most {bound:.2f} % of the step (the time "
-                              "the host waits and copies, and no step below its busiest resource's work), within "
-                              "the step-to-step noise "
-                              f"({pr.noise_pct:.2f} %), so it was not replayed")
-            continue
-        aligned = sc == "aligned_step_starts" or (sc == "all" and "aligned_step_starts" in applicable)
-        starts = _aligned_starts(g, ctx) if aligned else None
-        cut = np.clip(cg0 - arrs[1], 0, None) if aligned else None
-        if sc not in ("all", "no_host_sync") and not _on_path_changes(pr, arrs, (d0, cg0, tr0), starts):
+        parts = [rec] if rec is not None else [by_name(s) for s in applicable]
+        pin = next((p.starts for p in parts if p.starts is not None), None)
+        starts = pin(g, ctx) if pin is not None else None
+        cut = np.clip(cg0 - arrs[1], 0, None) if pin is not None else None
+        if rec is not None and rec.skip_off_path and not _on_path_changes(pr, arrs, (d0, cg0, tr0), starts):
             pr.skipped[sc] = (f"{NO_SAVING}: none of the work the {sc} rewrite changes is on the critical path of "
                               "the replayed steps, so it cannot shorten them (not replayed)")
             continue
-        pred, t, clamped = pr.predict(arrs, sync_free=sc == "no_host_sync" or
-                                      (sc == "all" and "no_host_sync" in applicable), starts=starts,
-                                      cut=cut)
+        pred, t, clamped = pr.predict(arrs, sync_free=any(p.runs_ahead for p in parts), starts=starts, cut=cut)
         results += [[run_id, sc, r, s, measured[(r, s)], t[(r, s)]] for r, s in sorted(measured)]
         row = _whatif_row(g, sc, ctx, pred, pr.u_run, err, reliable)
         row["unexplained_gap_pct"] = pr.kept_on_path
@@ -976,11 +420,12 @@ def _price_scenarios(pr: _Pricer, applicable: list[str], ctx: dict, base: Arrays
         if clamped:
             row["assumptions"] += ("; clamped to the floor: no step shorter than the busy time of the work this "
                                    "fix leaves (each GPU stream's kernels, the host's remaining work)")
-        if sc in PRECISION_SCENARIOS:
-            _add_range(row, pr, sc, pred, arrs, (d0, cg0, tr0), ctx)
-        if sc == "bf16_channels_last":
-            _split_note(row, whatif)
-        if row["saving_us"] >= MIN_SAVING_US or sc == "all":
+        if rec is not None and rec.precision is not None:
+            _add_range(row, pr, rec, pred, arrs, (d0, cg0, tr0), ctx)
+        if rec is not None and rec.split_note is not None:
+            alone = next((w for w in whatif if w["scenario"] == rec.extends), None)
+            row["assumptions"] += rec.split_note(row, alone) if alone is not None else ""
+        if row["saving_us"] >= MIN_SAVING_US or rec is None:
             whatif.append(row)
         else:
             pr.skipped[sc] = (f"{NO_SAVING}: the {sc} rewrite saves less than {MIN_SAVING_US:g} µs per step on the "
@@ -989,21 +434,12 @@ def _price_scenarios(pr: _Pricer, applicable: list[str], ctx: dict, base: Arrays
 
 
 def _combined(applicable: list[str], skipped: dict[str, str]) -> list[str]:
-    """The scenarios ``all`` combines: the applicable ones, less ``bf16_channels_last`` where bf16 alone was not
-    priced (it is offered with bf16 only), less those a combined one does all of (:data:`SUPERSEDES`: bf16 does what
-    TF32 does, bf16 + channels_last what bf16 alone does)."""
-    used = [s for s in applicable if not (s == "bf16_channels_last" and "bf16_matmul" in skipped)]
-    return [s for s in used if not any(s in SUPERSEDES.get(o, ()) for o in used)]
-
-
-def _split_note(row: dict, whatif: list[dict]) -> None:
-    """The ``bf16_channels_last`` row's assumptions say which change carries its saving: bf16 alone (the
-    ``bf16_matmul`` row, priced before it), and what channels_last adds, in points of the step."""
-    alone = next((w for w in whatif if w["scenario"] == "bf16_matmul"), None)
-    if alone is not None:
-        row["assumptions"] += (f"; bf16 alone (bf16_matmul) {alone['saving_pct']:.1f} %, + channels_last "
-                               f"{row['saving_pct']:.1f} %: channels_last adds "
-                               f"{row['saving_pct'] - alone['saving_pct']:.1f} points")
+    """The scenarios ``all`` combines: the applicable ones, less one that extends another that was not priced
+    (``extends``: channels_last is offered with bf16 only), less those a combined one does all of (``supersedes``:
+    bf16 does what TF32 does, bf16 + channels_last what bf16 alone does)."""
+    used = [s for s in applicable if not ((e := by_name(s).extends) and e in skipped)]
+    superseded = {x for s in used for x in by_name(s).supersedes}
+    return [s for s in used if s not in superseded]
 
 
 def _floors(g: gr.Graph, d: np.ndarray, cg: np.ndarray, groups: tuple | None = None) -> dict[int, float]:
@@ -1092,6 +528,14 @@ def _replay_model(g: gr.Graph, base: simulate.Replay, measured: dict, base_t: di
     if not base.converged:
         replay_model["unmatched"].append(f"the replay did not settle in {base.passes} passes")
     return replay_model
+
+
+def _assumptions(sc: str, ctx: dict, g: gr.Graph) -> str:
+    """A row's ``assumptions``: its record's, with the note on shared cores (:func:`_cores_note`)."""
+    rec = by_name(sc)
+    if rec is None:
+        return "every applicable rewrite at once; savings do not add up"
+    return rec.assumptions(ctx, g) + _cores_note(sc, ctx)
 
 
 def _whatif_row(g: gr.Graph, sc: str, ctx: dict, pred: float, m_run: float, err: float, reliable: bool) -> dict:
@@ -1208,4 +652,5 @@ def _picture(g: gr.Graph, rp: simulate.Replay, measured, counted, m_long, sk: sk
             "kept_waiting_us": round(kept[star], 1) if star is not None else None, "n_ranks": len(marks)}
 
 
-__all__ = ["CAUSES", "CPU_BF16_SPEEDUP", "SCENARIOS", "replay_run"]
+__all__ = ["CAUSES", "CPU_BF16_SPEEDUP", "MIN_SAVING_US", "NO_SAVING", "SCENARIOS", "UNRELIABLE_ERROR_PCT",
+           "pipelined_step_times", "replay_run"]
