@@ -61,3 +61,24 @@ def write_ep_job(folder: Path, world: int = 2, steps: int = 4, **kw) -> Path:
     for r in range(world):
         write_trace(folder / f"rank{r}.json", r, ep_job(r, world, steps, **kw), world_size=world, backend="nccl")
     return folder
+
+
+def mixed_rank(rank: int, steps: int = 2) -> list[dict]:
+    """One GPU rank of 2: per profiler step two NCCL all-reduces that carry their record (process group, "Comms Id")
+    and one DeepEP ``dispatch`` kernel that carries none, all on stream 20, ending together on both ranks."""
+    ev: list[dict] = []
+    corr = 100 + 1000 * rank
+    for s in range(steps):
+        t = 1000.0 + 4000.0 * s
+        ev.append(x("user_annotation", f"ProfilerStep#{s}", t, 3500.0))
+        for i, n in enumerate((1024, 4096)):
+            start = t + 100 + 1000 * i
+            k = kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL", start, 800.0, 20, corr, start - 50)
+            k[0]["args"].update({"Collective name": "allreduce", "In msg nelems": n, "Out msg nelems": n,
+                                 "Group size": 2, "dtype": "Float", "Process Group Name": "0",
+                                 "Process Group Ranks": "[0, 1]", "Comms Id": f"0:{s}:{n}"})
+            ev += k
+            corr += 1
+        ev += kernel(DISPATCH, t + 2200, 300.0, 20, corr, t + 2100)
+        corr += 1
+    return ev

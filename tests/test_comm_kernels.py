@@ -202,3 +202,20 @@ def test_no_kernels_no_rows(tmp_path):
     a, _ = _analyze(tmp_path / "cpu")
     assert unclassified_kernels(a.con, 1) == [] and unclassified_warning([]) == []
     a.con.close()
+
+
+@pytest.mark.xfail(strict=True, reason="replay/graph.py _match_collectives decides Comms Id / Seq matching for all "
+                   "collective tasks at once: one call-less DeepEP kernel sends the NCCL calls to per-step order")
+def test_call_less_kernels_leave_nccl_matched_by_comms_id(tmp_path):
+    """NCCL all-reduces with "Comms Id" beside a DeepEP kernel without any record: the all-reduces stay matched by
+    their Comms Id (4 instances, all complete) and the DeepEP kernels pair by their per-step order (2 more)."""
+    from tests.comm_synth import mixed_rank
+    from tests.synth import write_trace
+
+    for r in (0, 1):
+        write_trace(tmp_path / "mixed" / f"rank{r}.pt.trace.json", r, mixed_rank(r), backend="nccl")
+    a, run = _analyze(tmp_path / "mixed")
+    assert run["replay"]["unmatched"] == []
+    assert a.con.execute("SELECT count(DISTINCT instance_id) FILTER (complete), count(DISTINCT instance_id) FILTER "
+                         "(matched_by = 'Comms Id') FROM sim_coll").fetchone() == (6, 4)
+    a.con.close()
