@@ -69,16 +69,22 @@ def unclassified_kernels(con: duckdb.DuckDBPyConnection, run_id: int) -> list[di
     class: :func:`no_class` among those ``kernel_class`` calls compute), and ``top``: the :data:`TOP_UNCLASSIFIED`
     heaviest such names, each ``{"name", "time_us", "pct", "count"}`` (``pct`` of the run's kernel time), by time
     then name."""
+    # the macro and the name patterns once per distinct (name, category), not per kernel
     rows = con.execute("""
-        SELECT k.name, kernel_class(k.cat, k.name) AS klass, sum(k.dur_ns) AS ns, count(*) AS n
-        FROM kernels k JOIN files f USING (file_id)
-        WHERE f.run_id = ? AND f.rank IS NOT NULL AND k.cat <> 'gpu_user_annotation'
-        GROUP BY k.name, klass""", [run_id]).fetchall()
+        SELECT name, kernel_class(cat, name) AS klass, ns, n FROM (
+            SELECT k.name, k.cat, sum(k.dur_ns) AS ns, count(*) AS n FROM kernels k JOIN files f USING (file_id)
+            WHERE f.run_id = ? AND f.rank IS NOT NULL AND k.cat <> 'gpu_user_annotation' GROUP BY k.name, k.cat)
+        """, [run_id]).fetchall()
     total = sum(int(ns or 0) for _, _, ns, _ in rows)
     if total <= 0:
         return []
-    odd = sorted(((int(ns or 0), str(name), int(n)) for name, klass, ns, n in rows
-                  if klass == "compute" and name is not None and no_class(str(name))), key=lambda r: (-r[0], r[1]))
+    by_name: dict[str, list[int]] = {}
+    for name, klass, ns, n in rows:
+        if klass == "compute" and name is not None and no_class(str(name)):
+            acc = by_name.setdefault(str(name), [0, 0])
+            acc[0] += int(ns or 0)
+            acc[1] += int(n)
+    odd = sorted(((ns, name, n) for name, (ns, n) in by_name.items()), key=lambda r: (-r[0], r[1]))
     odd_ns = sum(r[0] for r in odd)
     top = [{"name": name, "time_us": ns / 1e3, "pct": 100.0 * ns / total, "count": n}
            for ns, name, n in odd[:TOP_UNCLASSIFIED]]
