@@ -148,9 +148,17 @@ CREATE TABLE IF NOT EXISTS report_cache (  -- the last report's model, keyed by 
 """
 
 # Macros stored in the database so users can classify rows the way the metrics do, in their own queries.
+# kernel_class: communication is NCCL/RCCL, DeepEP's dispatch/combine, NVSHMEM and the custom collectives (vLLM's
+# custom all-reduce, symmetric memory, userbuffers); the naming table is docs/kernel_names.md.
 MACROS = r"""
 CREATE OR REPLACE MACRO kernel_class(cat, name) AS CASE
-    WHEN regexp_matches(name, '^(void )?(nccl|rccl)') THEN 'communication'
+    WHEN regexp_matches(name, '^(void )?(nccl|rccl'
+        '|(deep_ep::(intranode|internode|internode_ll)::)?(notify_dispatch|cached_notify|cached_notify_dispatch'
+        '|cached_notify_combine|dispatch|combine|clean_low_latency_buffer)(<|\(|$)'
+        '|deep_ep::(intranode|internode|internode_ll)::barrier(<|\(|$)'
+        '|((\(anonymous namespace\)|[a-z_0-9]+)::){0,3}(nvshmem|cross_device_reduce_[12]stage'
+        '|one_shot_all_reduce|two_shot_all_reduce|multimem_(all_reduce|all_gather|one_shot)|allToAllV'
+        '|exchangeSplitAndOffset|k?userbuffers_))') THEN 'communication'
     WHEN cat IN ('gpu_memcpy', 'gpu_memset') OR regexp_matches(name, '^(Memcpy|Memset|dma)') THEN 'memory'
     ELSE 'compute' END;
 CREATE OR REPLACE MACRO cpu_op_class(cat, name) AS CASE

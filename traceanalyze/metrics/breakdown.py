@@ -2,9 +2,14 @@
 (HTA 0.5.0, ``hta/analyzers/breakdown_analysis.py``) so the figures can be checked against it.
 
 GPU mode (the run has kernels). A kernel's class comes from its name and category (HTA
-``get_kernel_type``): *communication* when the name starts with ``nccl``/``rccl`` (``ncclKernel_*``,
-``ncclDevKernel_*``), *memory* for ``gpu_memcpy``/``gpu_memset`` (names ``Memcpy*``/``Memset*``), else
-*compute*. ``gpu_user_annotation`` rows are not kernels and are left out.
+``get_kernel_type``, widened): *communication* when the name starts with ``nccl``/``rccl`` (``ncclKernel_*``,
+``ncclDevKernel_*``) or is one of DeepEP's expert-parallel kernels (``deep_ep::intranode::dispatch<…>``,
+``combine<…>``, ``notify_dispatch``, ``cached_notify``, the low-latency ``internode_ll`` ones), NVSHMEM's, or a
+custom collective's (vLLM's ``cross_device_reduce_*``, symmetric memory's ``one_shot_all_reduce_kernel``,
+``multimem_*``, ``allToAllV``, userbuffers); *memory* for ``gpu_memcpy``/``gpu_memset`` (names
+``Memcpy*``/``Memset*``), else *compute* (the ``kernel_class`` macro, ``store.MACROS``; naming table in
+``docs/kernel_names.md``). ``gpu_user_annotation`` rows are not kernels and are left out. A compute kernel of no
+known family is flagged when such kernels weigh (:mod:`.kernels`).
 
 Profiler-step filter: :mod:`.steps`, the one definition of a step used by every metric. The breakdown counts
 the kernels launched (``cuda_runtime``/``cuda_driver`` row with the same ``correlation``) before the start of
