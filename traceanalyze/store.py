@@ -23,7 +23,7 @@ import errno
 import hashlib
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import duckdb
@@ -698,3 +698,46 @@ _FINGERPRINT_DDL = "ALTER TABLE files ADD COLUMN IF NOT EXISTS fingerprint VARCH
 _DDL_TABLES = tuple(re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", DDL)) + (MARKER_TABLE,)
 _SCHEMA_STAMP = "schema " + hashlib.sha256(
     f"{SCHEMA_VERSION}|{DDL}|{_FINGERPRINT_DDL}|{MACROS}".encode()).hexdigest()[:16]
+
+
+# ---- the report cache: one stored report model per key (tool version, options and input files) ---------------------
+
+def report_cache_key(options_key: str, runs: Iterable[tuple[str, str | None, Iterable[tuple[Path, tuple | None]]]],
+                     skipped: Iterable[tuple[str, str]]) -> str:
+    """SHA-256 (hex) of everything a report depends on: ``options_key`` (the tool's version and the report-affecting
+    options, :meth:`traceanalyze.options.Options.report_key`), each run's path and role with each of its files'
+    identity (``(cache key, fingerprint)`` from :func:`traceanalyze.ingest.file_identity`: size, mtime and content;
+    None for a file gone missing), and the files discovery skipped with why."""
+    h = hashlib.sha256(options_key.encode())
+    for path, role, files in runs:
+        h.update(f"|run {path} {role}".encode())
+        for p, identity in files:
+            h.update((f"|{p} missing" if identity is None else f"|{identity[0][0]} {identity[1]}").encode())
+    for f, m in skipped:
+        h.update(f"|skipped {f} {m}".encode())
+    return h.hexdigest()
+
+
+def cached_report(con: duckdb.DuckDBPyConnection, key: str) -> dict | None:
+    """The report model stored under ``key`` (:func:`report_cache_key`), stamped now (``generated_at``, UTC) and
+    marked cached (the model and each run's files), or None: no such key, or a stored text that is no JSON."""
+    import datetime as dt
+
+    rows = con.execute("SELECT model FROM report_cache WHERE key = ?", [key]).fetchall()
+    if not rows:
+        return None
+    try:
+        cached = json.loads(rows[0][0])
+    except ValueError:
+        return None
+    cached["generated_at"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    cached["cached"] = True
+    for run in cached["runs"]:
+        for f in run["files"]:
+            f["cached"] = True
+    return cached
+
+
+def store_report(con: duckdb.DuckDBPyConnection, key: str, model_json: str) -> None:
+    """Store a report model's compact JSON under its key (:func:`report_cache_key`)."""
+    con.execute("INSERT INTO report_cache VALUES (?, ?)", [key, model_json])
