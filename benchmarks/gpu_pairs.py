@@ -54,15 +54,16 @@ SETS = {"h200": (H200, PAIRS, FIXED_KINDS), "h100": (H100, PAIRS_H100, FIXED_KIN
 def model_of(folder: Path, without_capture: bool = False) -> dict:
     """The report model of one side (in-memory database); with ``without_capture`` its ``steps_rank*.json`` are
     left out (a copy of the folder without them)."""
+    from traceanalyze.options import Options
     from traceanalyze.pipeline import analyze
 
     if without_capture and any(folder.glob("steps_rank*.json")):
         with tempfile.TemporaryDirectory() as tmp:
             dst = Path(tmp) / folder.name
             shutil.copytree(folder, dst, ignore=shutil.ignore_patterns("steps_rank*.json"))
-            a = analyze(dst, jobs=1)
+            a = analyze(dst, Options(jobs=1))
     else:
-        a = analyze(folder, jobs=1)
+        a = analyze(folder, Options(jobs=1))
     a.con.close()
     return a.model
 

@@ -98,6 +98,7 @@ def _sides() -> list[tuple[Path, float]]:
 
 def _estimator(folder: Path):
     """A function (per_op, per_shape, per_call) -> the side's estimated step without the profiler (ms)."""
+    from traceanalyze.options import Options
     from traceanalyze.pipeline import analyze
     from traceanalyze.replay import overhead, whatif
 
@@ -110,7 +111,7 @@ def _estimator(folder: Path):
 
     whatif._Pricer.unprofiled = spy
     try:
-        a = analyze(folder, jobs=1)
+        a = analyze(folder, Options(jobs=1))
     finally:
         whatif._Pricer.unprofiled = orig
     pr, (d, cg, tr) = box["pr"], box["arrs"]

@@ -2,7 +2,7 @@
 
     python benchmarks/replay_share.py /tmp/scale8 --runs 5
 
-Runs ``traceanalyze report`` cold on FOLDER in turn with the replay stubbed out (``pipeline._replay`` returns
+Runs ``traceanalyze report`` cold on FOLDER in turn with the replay stubbed out (``stages.replay`` returns
 nothing) and with it, ``--runs`` pairs, each in a fresh process and a fresh database; prints every time and peak RSS
 (the process's own, ``ru_maxrss``) and the medians.
 """
@@ -18,9 +18,9 @@ from pathlib import Path
 
 CHILD = """
 import resource, sys, time
-from traceanalyze import cli, pipeline
+from traceanalyze import cli, stages
 if sys.argv[1] == "stub":
-    pipeline._replay = lambda *a, **k: ({}, [], {})
+    stages.replay = lambda *a, **k: ({}, [], {})
 t = time.perf_counter()
 try:
     sys.argv = ["traceanalyze", "report", sys.argv[2], "-o", sys.argv[3] + "/r.html", "--db",

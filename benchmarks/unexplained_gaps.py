@@ -37,6 +37,7 @@ def main() -> int:
     sys.path.insert(0, str(ROOT))
     import numpy as np
 
+    from traceanalyze.options import Options
     from traceanalyze.pipeline import analyze
     from traceanalyze.replay.graph import deps
 
@@ -45,7 +46,7 @@ def main() -> int:
     print("| folder | streams: kept of idle ms/step | threads: kept of idle ms/step | most kept on | "
           "largest what-if on-path % |\n|---|--:|--:|---|--:|")
     for f in folders():
-        a = analyze(f, jobs=1)
+        a = analyze(f, Options(jobs=1))
         a.con.close()
         run = (a.model.get("runs") or [{}])[0]
         ug = (run.get("replay") or {}).get("unexplained_gaps") or {}

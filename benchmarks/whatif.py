@@ -31,9 +31,10 @@ DEFAULT_PAIRS = [("no_straggler", "straggler", "healthy", None),
 
 def run_model(folder: Path, link_bw: float | None = None) -> dict:
     """The report model's first run for ``folder`` (in-memory database)."""
+    from traceanalyze.options import Options
     from traceanalyze.pipeline import analyze
 
-    a = analyze(folder, link_bw_gbps=link_bw, jobs=1)
+    a = analyze(folder, Options(link_bw_gbps=link_bw, jobs=1))
     a.con.close()
     return a.model["runs"][0]
 

@@ -34,12 +34,14 @@ DEFERRED_IMPORTS: dict[tuple[str, str], str] = {
     ("traceanalyze.cli", "traceanalyze.export"): _NUMPY + " and exports nothing",
     ("traceanalyze.cli", "traceanalyze.batch"): "a report runs no batch (4 ms of imports on every re-run)",
     ("traceanalyze.ingest.load", "traceanalyze.ingest"): "the Kineto decoder (msgspec, " + _NUMPY + ")",
-    ("traceanalyze.pipeline", "traceanalyze"): "diagnose (" + _NUMPY + "); logs (yaml, patterns)",
-    ("traceanalyze.pipeline", "traceanalyze.metrics"): _NUMPY,
-    ("traceanalyze.pipeline", "traceanalyze.metrics.collectives"): _NUMPY,
-    ("traceanalyze.pipeline", "traceanalyze.metrics.host"): _NUMPY,
-    ("traceanalyze.pipeline", "traceanalyze.metrics.precision"): _NUMPY,
-    ("traceanalyze.pipeline", "traceanalyze.replay.whatif"): _NUMPY,
+    ("traceanalyze.pipeline", "traceanalyze"): "diagnose (" + _NUMPY + ")",
+    ("traceanalyze.stages", "traceanalyze"): "diagnose (" + _NUMPY + ")",
+    ("traceanalyze.stages", "traceanalyze.logs"): "the log parsers (yaml, ~100 patterns compiled on import)",
+    ("traceanalyze.stages", "traceanalyze.metrics"): _NUMPY,
+    ("traceanalyze.stages", "traceanalyze.metrics.collectives"): _NUMPY,
+    ("traceanalyze.stages", "traceanalyze.metrics.host"): _NUMPY,
+    ("traceanalyze.stages", "traceanalyze.metrics.precision"): _NUMPY,
+    ("traceanalyze.stages", "traceanalyze.replay.whatif"): _NUMPY,
 }
 
 

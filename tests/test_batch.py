@@ -238,10 +238,10 @@ def test_a_failing_analysis_does_not_stop_the_batch(tmp_path, monkeypatch):
         shutil.copytree(SAMPLES / name, tmp_path / "a" / name)
     real = pipeline.analyze
 
-    def flaky(inputs, **kw):
+    def flaky(inputs, options=None, **kw):
         if any("dataloader_bound" in str(p) for p in inputs):
             raise RuntimeError("boom")
-        return real(inputs, **kw)
+        return real(inputs, options, **kw)
 
     monkeypatch.setattr(pipeline, "analyze", flaky)
     res = batch.run_batch(tmp_path / "a", tmp_path / "out", jobs=1)  # jobs=1: analyzed in this process

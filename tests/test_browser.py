@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, sample
+from traceanalyze.options import Options
 from traceanalyze.pipeline import analyze
 from traceanalyze.report import render_html
 
@@ -34,7 +35,7 @@ def test_report_opens_offline_without_errors(tmp_path, monkeypatch):
     exe = _chromium()
     sample("straggler")
     monkeypatch.chdir(ROOT)  # a relative input: the page (and so the screenshot) holds no machine path
-    a = analyze("sample_traces/straggler", jobs=1)
+    a = analyze("sample_traces/straggler", Options(jobs=1))
     a.model["generated_at"] = "2026-11-22T00:00:00+00:00"  # a stable screenshot
     page_path = tmp_path / "report.html"
     page_path.write_text(render_html(a.model), encoding="utf-8")

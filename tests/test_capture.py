@@ -77,11 +77,11 @@ def test_analyze_capture_output(job, tmp_path):
 
 
 def test_capture_step_times_reach_the_pipeline(job, monkeypatch):
-    from traceanalyze import pipeline
+    from traceanalyze.logs import sidecars
 
     sides: list[dict] = []
-    real = pipeline._read_sidecars
-    monkeypatch.setattr(pipeline, "_read_sidecars", lambda *a, **kw: sides.append(real(*a, **kw)) or sides[-1])
+    real = sidecars.read_sidecars
+    monkeypatch.setattr(sidecars, "read_sidecars", lambda *a, **kw: sides.append(real(*a, **kw)) or sides[-1])
     with ta.analyze(job, jobs=1) as a:
         assert not [w for w in a.warnings if "steps_rank" in w["file"]]
     unp = sides[-1]["unprofiled"]

@@ -15,10 +15,11 @@ import pytest
 
 import traceanalyze as ta
 from tests.synth import cpu_job, write_trace
-from traceanalyze import capture, logs, pipeline
+from traceanalyze import capture, logs
 from traceanalyze.discover import classify, discover
 from traceanalyze.errors import InputError
 from traceanalyze.limits import MAX_CAPTURE_STEPS
+from traceanalyze.logs import sidecars
 from traceanalyze.logs.model import LogStep
 from traceanalyze.logs.steps import CaptureSteps, measured_unprofiled_step, parse_capture_steps
 
@@ -36,15 +37,15 @@ def run_folder(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def sides(monkeypatch):
-    """What ``pipeline._read_sidecars`` returned, per call (the side dict the replay stage reads)."""
+    """What ``logs.sidecars.read_sidecars`` returned, per call (the side dict the replay stage reads)."""
     got: list[dict] = []
-    real = pipeline._read_sidecars
+    real = sidecars.read_sidecars
 
     def spy(*a, **kw):
         got.append(real(*a, **kw))
         return got[-1]
 
-    monkeypatch.setattr(pipeline, "_read_sidecars", spy)
+    monkeypatch.setattr(sidecars, "read_sidecars", spy)
     return got
 
 

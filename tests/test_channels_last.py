@@ -14,6 +14,7 @@ from tests.synth import x
 from tests.test_whatif_gpu import DGRAD, FPROP, H100, WGRAD, _conv_trace
 from traceanalyze import matmath
 from traceanalyze.hardware import GpuInfo, gpu_peaks
+from traceanalyze.options import Options
 from traceanalyze.pipeline import analyze
 from traceanalyze.replay import graph as gr
 from traceanalyze.replay import precision
@@ -57,7 +58,7 @@ def test_nchw_conv_net_is_advised_and_priced_channels_last(tmp_path):
     # one H100 rank, 15 ms steps: LAYER's kernels back to back on one stream (14.3 ms: GPU-bound), fp32 ops, no
     # Input Dims, the optimizer's add_ inside Optimizer.step#SGD.step
     _conv_trace(tmp_path / "rank0.pt.trace.json", layer=LAYER, step_us=STEP_US)
-    a = analyze(tmp_path, jobs=1)
+    a = analyze(tmp_path, Options(jobs=1))
     (run,) = a.model["runs"]
     p = run["precision"]
     # steps 0-2 counted: every conv kernel is a convolution; the fprop writes NCHW, the BN runs on NCHW
@@ -133,7 +134,7 @@ def test_a_gpt_is_not_advised_channels_last(tmp_path):
     doc = {"schemaVersion": 1, "deviceProperties": [H100], "traceEvents": ev,
            "distributedInfo": {"backend": "nccl", "rank": 0, "world_size": 1}}
     (tmp_path / "rank0.pt.trace.json").write_text(json.dumps(doc))
-    m = analyze(tmp_path, jobs=1).model
+    m = analyze(tmp_path, Options(jobs=1)).model
     (run,) = m["runs"]
     assert (run["precision"]["conv_share_pct"], run["precision"]["layout"]) == (0.0, None)
     assert {w["scenario"] for w in run["whatif"]} >= {"bf16_matmul"}
@@ -160,7 +161,7 @@ def _truth_saving(side: str) -> float:
 def test_real_h100_resnet50_bf16_and_channels_last(side, bf16, both):
     assert _truth_saving("bf16") == pytest.approx(60.5, abs=0.05)
     assert _truth_saving("fixed") == pytest.approx(74.0, abs=0.05)
-    m = analyze(H100_CONV / side, jobs=1).model
+    m = analyze(H100_CONV / side, Options(jobs=1)).model
     (run,) = m["runs"]
     p = run["precision"]
     assert p["layout"] == "NCHW" and p["conv_share_pct"] == pytest.approx(90.7, abs=0.1)
@@ -179,10 +180,10 @@ def test_real_h100_resnet50_bf16_and_channels_last(side, bf16, both):
 
 def test_real_h100_bf16_and_channels_last_sides():
     """The bf16 NCHW side is read as NCHW but has no fp32 math left to price; the fixed side is channels_last."""
-    bf16 = analyze(H100_CONV / "bf16", jobs=1).model["runs"][0]
+    bf16 = analyze(H100_CONV / "bf16", Options(jobs=1)).model["runs"][0]
     assert bf16["precision"]["layout"] == "NCHW"
     assert not {"bf16_matmul", "bf16_channels_last"} & {w["scenario"] for w in bf16["whatif"]}
-    fixed = analyze(H100_CONV / "fixed", jobs=1).model["runs"][0]
+    fixed = analyze(H100_CONV / "fixed", Options(jobs=1)).model["runs"][0]
     assert fixed["precision"]["layout"] == "channels_last"
     assert fixed["precision"]["layout_us"].keys() == {"channels_last"}
 
@@ -194,7 +195,7 @@ def test_real_h100_bf16_and_channels_last_sides():
 def test_real_h100_comparison_checks_the_fix_the_baseline_made(baseline, scenario, predicted, measured, why):
     """Against each fixed side the comparison checks the what-if of what that side changed (the measured saving is
     on both sides' step without the profiler as their traces estimate it: the fixed side's loop synced each step)."""
-    m = analyze(H100_CONV / "slow", baseline=H100_CONV / baseline, jobs=1).model
+    m = analyze(H100_CONV / "slow", Options(baseline=H100_CONV / baseline, jobs=1)).model
     (chk,) = m["comparison"]["whatif_check"]
     assert (chk["scenario"], chk["why"]) == (scenario, why)
     assert chk["predicted_saving_pct"] == pytest.approx(predicted, abs=0.1)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import SAMPLES, real, sample
+from traceanalyze.options import Options
 from traceanalyze.pipeline import analyze
 
 CASES = Path(__file__).parent / "fixtures" / "logs" / "cases"
@@ -24,7 +25,7 @@ def _truth(path: Path) -> dict:
 def test_sample_scenarios_top_finding_matches_ground_truth(name):
     path = sample(name)
     truth = _truth(path)["expected"]
-    m = analyze(path, jobs=1).model
+    m = analyze(path, Options(jobs=1)).model
     high = [f for f in m["findings"] if f["severity"] == "high"]
     if truth["cause"] is None:
         assert high == [], f"false alarm on {name}: {high}"
@@ -37,7 +38,7 @@ def test_sample_scenarios_top_finding_matches_ground_truth(name):
 
 
 def test_straggler_evidence_names_the_waiting_ranks():
-    m = analyze(sample("straggler"), jobs=1).model
+    m = analyze(sample("straggler"), Options(jobs=1)).model
     (run,) = m["runs"]
     waits = {int(k): v for k, v in run["collective_wait_us"].items()}
     slow = _truth(sample("straggler"))["expected"]["ranks"][0]
@@ -50,7 +51,7 @@ def test_straggler_evidence_names_the_waiting_ranks():
 
 def test_slow_interconnect_busbw_is_the_rate_limit():
     # the slow run's veth pair is shaped to 200 Mbit/s = 0.025 GB/s; gloo's all_reduce reaches most of it
-    m = analyze(sample("slow_interconnect"), jobs=1, link_bw_gbps=0.025).model
+    m = analyze(sample("slow_interconnect"), Options(jobs=1, link_bw_gbps=0.025)).model
     (run,) = m["runs"]
     big = max(run["collectives"], key=lambda c: c["size_bytes"] or 0)
     assert big["collective"] == "all_reduce"
@@ -60,7 +61,7 @@ def test_slow_interconnect_busbw_is_the_rate_limit():
 
 
 def test_baseline_comparison_explains_the_step_delta():
-    m = analyze(sample("slow_interconnect"), baseline=sample("fast_interconnect"), jobs=1).model
+    m = analyze(sample("slow_interconnect"), Options(baseline=sample("fast_interconnect"), jobs=1)).model
     roles = {r["name"]: r["role"] for r in m["runs"]}
     assert roles == {"slow_interconnect": "subject", "fast_interconnect": "baseline"}
     c = m["comparison"]
@@ -73,7 +74,7 @@ def test_baseline_comparison_explains_the_step_delta():
 
 def test_grad_accum_effective_batch_doubles():
     path = sample("grad_accum")
-    m = analyze(path / "2proc", baseline=path / "1proc", jobs=1).model
+    m = analyze(path / "2proc", Options(baseline=path / "1proc", jobs=1)).model
     eff = {r["name"]: r["effective_batch"] for r in m["runs"]}
     assert eff == {"2proc": 32.0, "1proc": 16.0}  # 2 per device × GAS 8 × 1 or 2 ranks, from the Trainer banner
     top = m["findings"][0]
@@ -82,14 +83,14 @@ def test_grad_accum_effective_batch_doubles():
 
 
 def test_grad_accum_folder_pairs_its_two_runs_by_itself():
-    m = analyze(sample("grad_accum"), jobs=1).model
+    m = analyze(sample("grad_accum"), Options(jobs=1)).model
     assert m["findings"][0]["kind"] == "gradient_accumulation"
     assert {r["name"]: r["role"] for r in m["runs"]} == {"1proc": "baseline", "2proc": "subject"}
 
 
 def test_df_index_resolver_names_exposed_communication():
     # zero comm/compute overlap, communication about a third of kernel time
-    m = analyze(real("hta/df_index_resolver"), jobs=1).model
+    m = analyze(real("hta/df_index_resolver"), Options(jobs=1)).model
     f = next(f for f in m["findings"] if f["cause"] == "interconnect")
     steps = m["runs"][0]["steps"]
     per_step = sum(s["exposed_comm_us"] for s in steps) / sum(s["step_time_us"] for s in steps)
@@ -104,7 +105,7 @@ def test_df_index_resolver_names_exposed_communication():
 # -- the five reported cases, from their logs, NCCL output, topology and configs --------------------------
 
 def _case(name: str) -> dict:
-    return analyze(CASES / name, jobs=1).model
+    return analyze(CASES / name, Options(jobs=1)).model
 
 
 def test_case_slow_interconnect_on_8_gpus():
@@ -155,10 +156,10 @@ def test_samples_folder_exists_in_repo():
 
 def test_launch_bound_needs_host_wait_on_the_busiest_stream():
     # nccl_parser_config (A100): GPU idle ~77% between tiny kernels, and 99.6% of stream 7's idle is host wait
-    m = analyze(real("hta/nccl_parser_config"), jobs=1).model
+    m = analyze(real("hta/nccl_parser_config"), Options(jobs=1)).model
     top = m["findings"][0]
     assert (top["cause"], top["kind"]) == ("config", "launch_bound")
     assert any("host wait is 100% of the idle time" in e for e in top["evidence"])
     # trace_filter also idles with small kernels, but its compute stream waits on other work (45% host wait)
-    m = analyze(real("hta/trace_filter"), jobs=1).model
+    m = analyze(real("hta/trace_filter"), Options(jobs=1)).model
     assert not [f for f in m["findings"] if f["kind"] == "launch_bound"]

@@ -19,6 +19,7 @@ from traceanalyze.cli import cli
 from traceanalyze.discover import classify, discover
 from traceanalyze.fmt import fmt_ms
 from traceanalyze.logs import parse_text_log
+from traceanalyze.options import Options
 from traceanalyze.pipeline import analyze
 from traceanalyze.report import charts, render_html
 
@@ -34,7 +35,7 @@ def test_partial_traces_waiting_for_untraced_ranks_are_inconclusive(tmp_path):
     write_gpu_job(tmp_path, 8, 6, straggler=6)
     for r in range(4, 8):
         (tmp_path / f"rank{r}.json").unlink()
-    m = analyze(tmp_path, jobs=1).model
+    m = analyze(tmp_path, Options(jobs=1)).model
     assert m["verdict"] == ("Partial: 4 of 8 ranks traced (the missing ranks could explain the waits inside "
                             "collectives: untraced ranks, slow collectives). Inconclusive: 35% of each step is exposed "
                             "communication with ranks not in these traces, where waiting for them cannot be told from "
@@ -48,7 +49,7 @@ def test_partial_traces_waiting_for_untraced_ranks_are_inconclusive(tmp_path):
 
 
 def test_real_two_of_128_ranks_is_inconclusive_not_healthy():
-    m = analyze(real("hta/trace_filter"), jobs=1).model
+    m = analyze(real("hta/trace_filter"), Options(jobs=1)).model
     assert m["verdict"] == ("Partial: 2 of 128 ranks traced (the missing ranks could explain the waits inside "
                             "collectives: untraced ranks). Inconclusive: 17% of each step waits in collectives for "
                             "ranks not in these traces; the GPU is idle 54%.")
@@ -77,7 +78,7 @@ def _host_bound_trace(folder: Path) -> Path:
 
 def test_host_bound_step_with_few_kernels_is_found_from_the_idle_breakdown(tmp_path):
     _host_bound_trace(tmp_path)
-    m = analyze(tmp_path, jobs=1).model
+    m = analyze(tmp_path, Options(jobs=1)).model
     assert m["verdict"] == ("Main cause: config (launch bound): Launch-bound: GPU idle 93% between tiny kernels, 100% "
                             "of it waiting for the host — about 93% of step time.")
     f = m["findings"][0]
@@ -89,7 +90,7 @@ def test_host_bound_step_with_few_kernels_is_found_from_the_idle_breakdown(tmp_p
 
 
 def test_real_h100_step_is_launch_bound():
-    m = analyze(real("tracelens/h100"), jobs=1).model
+    m = analyze(real("tracelens/h100"), Options(jobs=1)).model
     f = m["findings"][0]
     # impact from the what-if replay (no_launch_overhead), not the rule's estimate: the host time between launches
     # includes the other runtime calls (22 cudaDeviceGetAttribute, 16 cudaFuncSetAttribute, ...), which CUDA graphs
@@ -135,7 +136,7 @@ def test_logs_and_traces_subfolders_are_one_run_named_after_the_job(tmp_path):
     # rank0.log holds the Trainer banner; rank1.log only warnings (not a training log)
     assert (run.name, run.path, len(run.traces), [s.path.name for s in run.sidecars]) == ("my-job", job, 2,
                                                                                           ["rank0.log"])
-    (rm,) = analyze(job, jobs=1).model["runs"]
+    (rm,) = analyze(job, Options(jobs=1)).model["runs"]
     assert (rm["name"], rm["mode"], rm["world_size"], len(rm["ranks"])) == ("my-job", "cpu", 2, 2)
     assert rm["log_facts"]["gradient_accumulation_steps"] == ["8"] and rm["log_facts"]["per_device_batch"] == ["2"]
     from traceanalyze.batch import find_runs
@@ -147,11 +148,11 @@ def test_logs_and_traces_subfolders_are_one_run_named_after_the_job(tmp_path):
 # -- 3. precision advice fits the device --------------------------------------------------------------------
 
 def test_cpu_precision_advice_and_main_cause_only_when_worth_a_ticket():
-    fp32 = analyze(sample("precision_fp32"), jobs=1).model
+    fp32 = analyze(sample("precision_fp32"), Options(jobs=1)).model
     f = _finding(fp32, "fp32_matmul")
     assert (f["severity"], f["impact_pct"]) == ("medium", 20.4)  # impact from the bf16_matmul replay
     assert "torch.autocast('cpu', dtype=torch.bfloat16)" in f["recommendation"] and "cuda" not in f["recommendation"]
-    healthy = analyze(sample("healthy"), jobs=1).model
+    healthy = analyze(sample("healthy"), Options(jobs=1)).model
     assert healthy["verdict"] == "No significant slowdown found: no finding reaches medium severity."
     h = _finding(healthy, "fp32_matmul")
     assert (h["severity"], h["impact_pct"]) == ("low", 12.5)  # the replay's price; the rule keeps it low
@@ -161,7 +162,7 @@ def test_cpu_precision_advice_and_main_cause_only_when_worth_a_ticket():
     assert h["evidence"][-2] == ("estimated gain 30.9 ms per step is within 2 standard deviations of this run's step "
                                  "times (σ 22.3 ms over 8 rank-steps): not worth a ticket on this evidence; measure it "
                                  "with one bf16 run")
-    two = analyze(sample("grad_accum") / "2proc", jobs=1).model
+    two = analyze(sample("grad_accum") / "2proc", Options(jobs=1)).model
     t = _finding(two, "fp32_matmul")
     assert (t["severity"], t["impact_pct"]) == ("low", 6.5)  # the bf16_matmul replay
     assert not two["verdict"].startswith("Main cause: precision")
@@ -170,7 +171,7 @@ def test_cpu_precision_advice_and_main_cause_only_when_worth_a_ticket():
 # -- 4. one unit per table ----------------------------------------------------------------------------------
 
 def test_compile_step_is_apart_and_its_cost_is_per_cold_start_without_a_stated_job_length():
-    m = analyze(sample("compile_cold"), jobs=1).model
+    m = analyze(sample("compile_cold"), Options(jobs=1)).model
     (run,) = m["runs"]
     assert run["step_time_us"] == 62894.588 and run["step_stat"] == "1 step"  # step 1, not the mean with step 0
     cs = run["compile_step"]
@@ -190,7 +191,7 @@ def test_compile_step_is_apart_and_its_cost_is_per_cold_start_without_a_stated_j
 
 
 def test_per_rank_table_is_per_step_and_window_totals_are_apart():
-    m = analyze(sample("straggler"), jobs=1).model
+    m = analyze(sample("straggler"), Options(jobs=1)).model
     (run,) = m["runs"]
     r0 = [s for s in run["steps"] if s["rank"] == 0]
     per_step = sorted(s["exposed_comm_us"] for s in r0)
@@ -208,7 +209,7 @@ def test_per_rank_table_is_per_step_and_window_totals_are_apart():
 # -- 5. comparison attributes a delta only to a finding that can explain it --------------------------------
 
 def test_comparison_does_not_blame_a_cause_both_runs_share():
-    m = analyze(sample("straggler"), baseline=sample("healthy"), jobs=1).model
+    m = analyze(sample("straggler"), Options(baseline=sample("healthy"), jobs=1)).model
     parts = {p["part"]: p for p in m["comparison"]["parts"]}
     assert parts["compute"]["delta_us"] == -10661.5 and parts["compute"]["finding"] is None  # both runs are fp32
     assert parts["exposed communication"]["finding"].startswith("Rank 2 is a straggler")
@@ -226,7 +227,7 @@ def test_comparison_does_not_blame_a_cause_both_runs_share():
 
 
 def test_step_table_highlights_follow_the_straggler_finding():
-    m = analyze(sample("straggler"), jobs=1).model
+    m = analyze(sample("straggler"), Options(jobs=1)).model
     doc = render_html(m)
     table = doc.split('<table class="steps">')[1].split("</table>")[0]
     head = table.split("</thead>")[0]
@@ -255,7 +256,7 @@ def test_straggler_evidence_names_ops_and_host_gaps(tmp_path):
     doc = json.loads(gzip.open(res.path).read())
     marks = [e for e in doc["traceEvents"] if e["name"].startswith("straggler")]
     assert {e["pid"] for e in marks} == {5} and all(e["dur"] == 30300.0 for e in marks[:3])
-    strag = _finding(analyze(sample("straggler"), jobs=1).model, "straggler")
+    strag = _finding(analyze(sample("straggler"), Options(jobs=1)).model, "straggler")
     assert strag["evidence"][1].startswith("per op against the median rank (per step): aten::linear 78.3 ms vs "
                                            "13.3 ms (+65.0 ms)")
     assert strag["recommendation"].startswith("rank 2 does more work: the ops listed")
@@ -299,7 +300,7 @@ def test_docs_list_every_exit_status():
 
 def test_64_rank_page_is_short_with_heatmaps_timeline_and_outliers_first(tmp_path):
     write_gpu_job(tmp_path, 64, 8, straggler=37)
-    m = analyze(tmp_path, jobs=1).model
+    m = analyze(tmp_path, Options(jobs=1)).model
     tl = m["runs"][0]["timeline"]
     assert (tl["step"], tl["n_ranks"], len(tl["lanes"])) == (5, 64, 32)
     assert tl["lanes"][0]["rank"] == 37 and tl["markers"][0]["rank"] == 37
@@ -338,7 +339,7 @@ def test_step_time_json_and_console_lines_are_read_and_listed_as_used(tmp_path):
     assert classify(big) == ("training_log", "")
     steps = parse_text_log(tmp_path / "console.log").steps
     assert [(s.rank, s.step, s.step_time_ms) for s in steps] == [(0, 3, 637.9), (1, 3, 640.1), (0, 4, 650.0)]
-    m = analyze(tmp_path, jobs=1).model
+    m = analyze(tmp_path, Options(jobs=1)).model
     used = {Path(w["file"]).name: (w["level"], w["message"]) for w in m["warnings"] if w["file"]}
     assert used["step_times_rank0.json"] == ("info", "used: a step-time JSON with 5000 step time(s), median 641.0 ms "
                                                      "(the run's step time from logs)")

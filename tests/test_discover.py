@@ -9,6 +9,7 @@ import pytest
 
 from traceanalyze.discover import assign_ranks, discover
 from traceanalyze.names import rank_from_name
+from traceanalyze.options import Options
 from traceanalyze.pipeline import analyze
 
 
@@ -61,7 +62,7 @@ def test_symlink_loop_does_not_hang(tmp_path):
 def test_two_windows_of_one_rank_are_kept(tmp_path):
     tiny_trace(tmp_path / "a.json", 0, 1, t0=0)
     tiny_trace(tmp_path / "b.json", 0, 1, t0=1000)
-    a = analyze(tmp_path, jobs=1)
+    a = analyze(tmp_path, Options(jobs=1))
     (run,) = a.model["runs"]
     (r,) = run["ranks"]
     assert r["n_files"] == 2
@@ -73,7 +74,7 @@ def test_two_windows_of_one_rank_are_kept(tmp_path):
 def test_missing_ranks_are_reported_with_advice(tmp_path):
     for r in range(5):
         tiny_trace(tmp_path / f"rank{r}.json", r, 8)
-    a = analyze(tmp_path, jobs=1)
+    a = analyze(tmp_path, Options(jobs=1))
     (msg,) = [w["message"] for w in a.model["warnings"] if "no trace" in w["message"]]
     assert msg.startswith("3 of 8 ranks have no trace (ranks 5–7)") and "copy every rank's trace" in msg
     run = a.model["runs"][0]
@@ -85,12 +86,12 @@ def test_own_outputs_beside_the_traces_are_not_read_back(tmp_path):
 
     for r in range(2):
         tiny_trace(tmp_path / f"rank{r}.json", r, 2)
-    first = analyze(tmp_path, jobs=1)
+    first = analyze(tmp_path, Options(jobs=1))
     from traceanalyze.pipeline import to_json
 
     (tmp_path / "report.json").write_text(to_json(first.model))  # a --json report written into the folder
     export_trace(first.con, tmp_path / "merged.json.gz")
-    again = analyze(tmp_path, jobs=1).model
+    again = analyze(tmp_path, Options(jobs=1)).model
     (run,) = again["runs"]
     assert [f["path"].rsplit("/", 1)[-1] for f in run["files"]] == ["rank0.json", "rank1.json"]
     assert run["sidecars"] == [] and not [w for w in again["warnings"] if w.get("level") == "error"]

@@ -16,6 +16,7 @@ from tests.synth import x
 from tests.test_whatif_gpu import H100, _write
 from traceanalyze.hardware import GpuInfo, gpu_peaks
 from traceanalyze.metrics.steps import median
+from traceanalyze.options import Options
 from traceanalyze.pipeline import analyze
 from traceanalyze.replay import graph as gr
 from traceanalyze.replay import optimizer, simulate
@@ -75,7 +76,7 @@ def test_multi_tensor_apply_launches_as_pytorch_chunks_them():
 
 def test_a_foreach_false_adamw_step_is_priced_as_the_fused_kernel(tmp_path):
     _adamw_job(tmp_path / "rank0.pt.trace.json")
-    a = analyze(tmp_path, jobs=1)
+    a = analyze(tmp_path, Options(jobs=1))
     (run,) = a.model["runs"]
     w = next(w for w in run["whatif"] if w["scenario"] == "fused_optimizer")
     assert w["cause"] == "config: an optimizer that launches kernels per parameter (foreach=False)"
@@ -129,7 +130,7 @@ def test_the_fused_model_prices_only_a_per_parameter_loop(tmp_path):
         if e["name"] == ELEMENTWISE:
             e["name"] = "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<>"
     (tmp_path / "a" / "rank0.pt.trace.json").write_text(json.dumps(doc))
-    a = analyze(tmp_path / "a", jobs=1)
+    a = analyze(tmp_path / "a", Options(jobs=1))
     g = gr.build(a.con, a.model["runs"][0]["run_id"], "gpu", 1)
     assert optimizer.per_parameter(a.con, g) == {"applies": False, "why": "the optimizer already launches "
                                                  "multi-tensor or fused kernels (foreach or fused)"}
@@ -148,7 +149,7 @@ def _truth_saving(side: str) -> float:
 def test_real_h100_foreach_false_adamw_against_fused():
     # 1 − 25.72 / 36.03 and 1 − 28.30 / 36.03 (the README's 21.4 % is of the rounded 28.3 and 36.0 ms)
     assert round(_truth_saving("fixed"), 1) == 28.6 and round(_truth_saving("foreach"), 2) == 21.46
-    a = analyze(H100_OPT / "slow", jobs=1)
+    a = analyze(H100_OPT / "slow", Options(jobs=1))
     (run,) = a.model["runs"]
     w = next(w for w in run["whatif"] if w["scenario"] == "fused_optimizer")
     # predicted 42.3 % against the 28.6 % measured (fused=True: 36.0 → 25.7 ms a step, truth.json): +13.7 points.
@@ -174,7 +175,7 @@ def test_real_h100_foreach_false_adamw_against_fused():
     t = simulate.replay(g, d, cg, g.inst_transfer).step_times(g)
     assert median(v for (_, s), v in t.items() if s in (4, 5, 6)) == pytest.approx(33_409, abs=1)
 
-    fixed = analyze(H100_OPT / "fixed", jobs=1)
+    fixed = analyze(H100_OPT / "fixed", Options(jobs=1))
     assert "fused_optimizer" not in {w["scenario"] for w in fixed.model["runs"][0]["whatif"]}
     # the fused side's multi_tensor_apply kernels per step: the step counters' add, then 4 of _fused_adamw_
     per_step = fixed.con.execute("""
@@ -188,7 +189,7 @@ def test_real_h100_comparison_checks_the_fused_optimizer():
     """Against the fused side the comparison checks fused_optimizer: the host_optimizer finding is gone there (the
     launch-bound one stays, 61 % of the step: not checked). Measured on both sides' unprofiled steps as captured
     (39.58 → 27.50 ms: 30.5 %)."""
-    m = analyze(H100_OPT / "slow", baseline=H100_OPT / "fixed", jobs=1).model
+    m = analyze(H100_OPT / "slow", Options(baseline=H100_OPT / "fixed", jobs=1)).model
     (chk,) = m["comparison"]["whatif_check"]
     assert (chk["scenario"], chk["why"]) == ("fused_optimizer", "host_optimizer finding here, none in the baseline")
     assert (chk["basis"], chk["basis_source"]) == ("unprofiled", {"subject": "capture", "baseline": "capture"})

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from traceanalyze.options import Options
 from traceanalyze.pipeline import analyze
 from traceanalyze.replay.graph import deps
 
@@ -16,7 +17,7 @@ CONV = Path(__file__).parent / "data" / "gpu" / "h100" / "conv"
 
 
 def _run(folder: Path) -> dict:
-    a = analyze(folder, jobs=1)
+    a = analyze(folder, Options(jobs=1))
     a.con.close()
     return a.model["runs"][0]
 
@@ -31,7 +32,7 @@ def test_side_streams_wait_for_the_main_stream(side, saving, edges):
     trace without cuda_sync rows (`slow`) and with torch 2.11's rows (`slow_sync`: -1 for the awaited stream) both
     give those waits, so the side streams keep under 1 ms of each 153 ms step as fixed idle and the bf16 what-if
     follows the main stream (the fix measured 60.5 %)."""
-    a = analyze(CONV / side, jobs=1)
+    a = analyze(CONV / side, Options(jobs=1))
     n = a.con.execute("SELECT count(*) FROM sim_dep WHERE edge_type = 'event_wait'").fetchone()[0]
     run = a.model["runs"][0]
     a.con.close()

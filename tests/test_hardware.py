@@ -9,6 +9,7 @@ import pytest
 from tests.synth import x
 from traceanalyze import hardware
 from traceanalyze.hardware import GpuInfo
+from traceanalyze.options import Options
 from traceanalyze.pipeline import analyze
 
 V100 = {"id": 0, "name": "Tesla V100-SXM2-16GB", "computeMajor": 7, "computeMinor": 0}
@@ -80,7 +81,7 @@ def _fp32_gpu_trace(path, props: list) -> None:
 ])
 def test_precision_finding_follows_the_gpu(tmp_path, props, gpu, want, not_want):
     _fp32_gpu_trace(tmp_path / "run" / "rank0.json", props)
-    a = analyze(tmp_path / "run", jobs=1, gpu=gpu)
+    a = analyze(tmp_path / "run", Options(jobs=1, gpu=gpu))
     (run,) = a.model["runs"]
     (f,) = [f for f in run["findings"] if f["kind"] == "fp32_matmul"]
     assert want in f["recommendation"]
@@ -99,7 +100,7 @@ def test_precision_finding_follows_the_gpu(tmp_path, props, gpu, want, not_want)
 
 def test_gpu_option_is_ignored_when_the_trace_says(tmp_path):
     _fp32_gpu_trace(tmp_path / "run" / "rank0.json", [V100])
-    a = analyze(tmp_path / "run", jobs=1, gpu="H100")
+    a = analyze(tmp_path / "run", Options(jobs=1, gpu="H100"))
     (run,) = a.model["runs"]
     assert (run["gpu_capability"], run["gpu_source"]) == ("sm70", "trace deviceProperties")
     assert any(w["message"] == "--gpu H100 ignored: the trace's deviceProperties say Tesla V100-SXM2-16GB (sm70)"

@@ -15,6 +15,7 @@ from traceanalyze.diagnose.config import rule_compile
 from traceanalyze.findings import Finding
 from traceanalyze.logs.model import Fact, LogStep
 from traceanalyze.metrics.host import CompileStats
+from traceanalyze.options import Options
 from traceanalyze.pipeline import analyze
 from traceanalyze.report import render_html, render_markdown
 
@@ -66,7 +67,7 @@ def test_blocking_copy_is_the_main_cause_not_the_collective_wait(tmp_path):
     for r in range(4):
         write_trace(tmp_path / f"rank{r}.json", r, _blocking_job(r, 4, blocker=2, block_us=40_000.0), world_size=4,
                     backend="nccl")
-    m = analyze(tmp_path, jobs=1).model
+    m = analyze(tmp_path, Options(jobs=1)).model
     f = m["findings"][0]
     assert (f["cause"], f["kind"], f["severity"], f["ranks"]) == ("config", "host_sync", "high", [2])
     # priced by no_host_sync: the copy from pinned memory returns once enqueued, no rank waits for the GPU, so
@@ -99,7 +100,7 @@ def test_a_short_blocking_copy_is_no_finding(tmp_path):
     for r in range(2):
         write_trace(tmp_path / f"rank{r}.json", r, _blocking_job(r, 2, blocker=1, block_us=1_000.0), world_size=2,
                     backend="nccl")
-    m = analyze(tmp_path, jobs=1).model
+    m = analyze(tmp_path, Options(jobs=1)).model
     assert "host_sync" not in {f["kind"] for f in m["findings"]}  # 1 ms of a 34 ms step: below 10 %
     (run,) = m["runs"]
     assert [b["us_per_step"] for b in run["host"]["blocking_calls"] if b["call"] == "cudaMemcpyAsync"] == [1000.0]
@@ -151,7 +152,7 @@ def _optimizer_job(folder, fused: bool, steps: int = 5):
 def test_per_parameter_optimizer_is_named_inside_launch_bound(tmp_path):
     # CUDA graphs (no_launch_overhead) save 73.7 % of the step, a fused optimizer (fused_optimizer) 64.0 %: the
     # verdict leads with launch-bound and names the optimizer inside it; the JSON keeps both, linked by part_of
-    m = analyze(_optimizer_job(tmp_path, fused=False), jobs=1).model
+    m = analyze(_optimizer_job(tmp_path, fused=False), Options(jobs=1)).model
     whole, f = m["findings"][:2]
     assert (whole["kind"], whole["severity"], whole["impact_pct"]) == ("launch_bound", "high", 73.7)
     assert (f["cause"], f["kind"], f["severity"]) == ("config", "host_optimizer", "high")
@@ -206,7 +207,7 @@ def test_a_part_that_saves_more_than_its_whole_leads_unlinked():
 
 
 def test_fused_optimizer_is_no_finding(tmp_path):
-    m = analyze(_optimizer_job(tmp_path, fused=True), jobs=1).model
+    m = analyze(_optimizer_job(tmp_path, fused=True), Options(jobs=1)).model
     assert "host_optimizer" not in {f["kind"] for f in m["findings"]}
     assert m["runs"][0]["host"]["optimizer"]["multi_tensor"] is True
 
@@ -216,7 +217,7 @@ def test_host_names_are_escaped_in_the_report(tmp_path):
     ev += [x("cpu_op", "<script>alert(1)</script>", 1100.0 + 5000 * s, 3000.0) for s in range(4)]
     ev += [k for s in range(4) for k in kernel("gemm", 1200.0 + 5000 * s, 100.0, 7, s + 1, 1150.0 + 5000 * s)]
     write_trace(tmp_path / "rank0.json", 0, ev, world_size=1, backend="nccl")
-    m = analyze(tmp_path, jobs=1).model
+    m = analyze(tmp_path, Options(jobs=1)).model
     assert m["runs"][0]["host"]["top_ops"][0]["name"] == "<script>alert(1)</script>"
     doc = render_html(m)
     assert "<script>alert(1)" not in doc and "&lt;script&gt;alert(1)" in doc
@@ -239,7 +240,7 @@ def _compile_window(folder, ranks: int = 2):
 
 
 def test_a_window_of_only_the_compile_step_is_inconclusive_never_healthy(tmp_path):
-    m = analyze(_compile_window(tmp_path), jobs=1).model
+    m = analyze(_compile_window(tmp_path), Options(jobs=1)).model
     assert m["verdict"] == ("Inconclusive: torch.compile fills the profiled window (26.4 s of 26.5 s on rank 0): the "
                             "steady step is unknown; profile after warm-up (a profiler schedule with the compile step "
                             "in wait/warmup) and keep the compile cache warm (TORCHINDUCTOR_CACHE_DIR, the FX graph "
@@ -294,7 +295,7 @@ def test_real_h200_launch_slow_leads_with_the_larger_saving():
     # CUDA graphs measured 84.2 % saved (the replay: 89.9 %); the per-parameter optimizer is part of that host time:
     # a fused Adam alone (fused_optimizer, not measured: the pair's fix was the whole step as one CUDA graph) saves
     # 50.8 %, its 162 tensors (10.6 M elements) in 5 multi_tensor_apply launches + 2 for the step counters
-    m = analyze(shared(f"{H200}/launch/slow"), jobs=1).model
+    m = analyze(shared(f"{H200}/launch/slow"), Options(jobs=1)).model
     whole, f = m["findings"][:2]
     assert (whole["kind"], whole["severity"], whole["impact_pct"]) == ("launch_bound", "high", 89.9)
     assert whole["main"]
@@ -315,14 +316,14 @@ def test_real_h200_launch_slow_leads_with_the_larger_saving():
 
 @pytest.mark.parametrize("side", ["launch/fixed", "precision/slow", "precision/fixed", "precision/tf32"])
 def test_real_h200_sides_without_a_per_parameter_optimizer(side):
-    m = analyze(shared(f"{H200}/{side}"), jobs=1).model
+    m = analyze(shared(f"{H200}/{side}"), Options(jobs=1)).model
     assert not {"host_optimizer", "host_sync"} & {f["kind"] for f in m["findings"]}
     opt = m["runs"][0]["host"]["optimizer"]
     assert opt is None or opt["multi_tensor"] is True  # fused AdamW on the precision sides, a CUDA graph on fixed
 
 
 def test_real_h200_compile_cost_and_steady_launch_evidence():
-    m = analyze(shared(f"{H200}/compile/slow"), jobs=1).model
+    m = analyze(shared(f"{H200}/compile/slow"), Options(jobs=1)).model
     c = _finding(m, "compile_overhead")
     assert c["severity"] == "medium"
     assert c["title"] == "torch.compile took 17.2 s once (a cold start), the time of 795 steady steps"
@@ -338,7 +339,7 @@ def test_real_h200_compile_cost_and_steady_launch_evidence():
 
 
 def test_real_h200_compile_against_eager_states_the_break_even():
-    m = analyze(shared(f"{H200}/compile/slow"), baseline=shared(f"{H200}/compile/fixed"), jobs=1).model
+    m = analyze(shared(f"{H200}/compile/slow"), Options(baseline=shared(f"{H200}/compile/fixed"), jobs=1)).model
     t = m["comparison"]["compile"]
     assert (t["compiled"], t["eager"], t["source"]) == ("slow", "fixed", "gpu")
     assert t["compile_s"] == pytest.approx(17.17, abs=0.01)
@@ -350,7 +351,7 @@ def test_real_h200_compile_against_eager_states_the_break_even():
 def test_no_blocking_call_share_without_a_profiler_step():
     # HTA's triton_example: no ProfilerStep range, one 16.8 µs cudaDeviceSynchronize outside the GPU window (1.8 µs
     # of kernels): a share of "the step" would read 957 %; there is no step, so no host_sync finding
-    m = analyze(real("hta/triton_example"), jobs=1).model
+    m = analyze(real("hta/triton_example"), Options(jobs=1)).model
     assert m["runs"][0]["host"]["blocking_calls"][0]["call"] == "cudaDeviceSynchronize"
     assert not [f for f in m["findings"] if f["kind"] == "host_sync"]
     assert all(0 <= f["impact_pct"] <= 100 for f in m["findings"])
@@ -379,7 +380,7 @@ def _step_end_sync_job(host_us: float = 5_000.0, gpu_us: float = 20_000.0, steps
 
 def test_a_sync_at_every_step_end_is_priced_as_the_host_running_ahead(tmp_path):
     write_trace(tmp_path / "rank0.json", 0, _step_end_sync_job(), world_size=1, backend="nccl")
-    m = analyze(tmp_path, jobs=1).model
+    m = analyze(tmp_path, Options(jobs=1)).model
     run = m["runs"][0]
     w = next(w for w in run["whatif"] if w["scenario"] == "no_host_sync")
     # synced: 5.1 ms of host work, then the 20 ms kernel, every step; without the wait the host's 5 ms hide under
@@ -411,7 +412,7 @@ def test_a_step_sync_follows_the_straggler_it_would_hide():
 def test_real_h200_bf16_loop_synced_each_step():
     """precision/fixed (bf16 GPT): the traced loop syncs every step; record_gpu.py timed it at 38.1 ms so and at
     33.5 ms with one sync per N steps, without the profiler."""
-    m = analyze(shared(f"{H200}/precision/fixed"), jobs=1).model
+    m = analyze(shared(f"{H200}/precision/fixed"), Options(jobs=1)).model
     run = m["runs"][0]
     assert run["profiler_overhead"]["unprofiled_step_time_us"] / 1e3 == pytest.approx(38.1, rel=0.15)
     w = next(w for w in run["whatif"] if w["scenario"] == "no_host_sync")

@@ -12,6 +12,7 @@ from traceanalyze import store
 from traceanalyze.errors import InputError
 from traceanalyze.ingest import load, parse
 from traceanalyze.ingest.parse import parse_trace
+from traceanalyze.options import Options
 
 
 def _kernel(i: int, name: str = "void gemm_kernel<float>(float*)") -> dict:
@@ -201,9 +202,9 @@ def test_large_plain_file_split_in_byte_ranges_gives_the_same_rows(tmp_path, mon
         monkeypatch.setattr(load, "_insert_part", lambda *a, **k: inserts.append(1) or real_insert(*a, **k))
     if case == "tail base misread":  # the shift applied to early parts is corrected once the last part is read
         monkeypatch.setattr(parse, "tail_base_time_ns", lambda path, header: 0)
-    whole = analyze(src, jobs=1)
+    whole = analyze(src, Options(jobs=1))
     inserts.clear()
-    parts = analyze(plain.parent, jobs=jobs)
+    parts = analyze(plain.parent, Options(jobs=jobs))
     if case == "4 ranges, 1 job":
         assert len(inserts) == 4
     q = "SELECT count(*), sum(ts_ns), sum(dur_ns), count(DISTINCT name) FROM {}"
@@ -247,14 +248,14 @@ def test_interrupted_split_file_is_marked_loading_and_loaded_whole_next_time(tmp
     db = tmp_path / "s.duckdb"
     monkeypatch.setattr(load, "_insert_part", third_raises)
     with pytest.raises(KeyboardInterrupt):
-        analyze(plain.parent, db=db, jobs=2)
+        analyze(plain.parent, Options(db=db, jobs=2))
     monkeypatch.setattr(load, "_insert_part", real_insert)
     con = store.connect(db)
     assert con.execute("SELECT status FROM files").fetchall() == [("loading",)]
     assert 0 < con.execute("SELECT count(*) FROM kernels").fetchone()[0]  # the first two parts are in
     con.close()
-    a = analyze(plain.parent, db=db, jobs=2)
-    whole = analyze(src, jobs=1)
+    a = analyze(plain.parent, Options(db=db, jobs=2))
+    whole = analyze(src, Options(jobs=1))
     assert not a.model["runs"][0]["files"][0]["cached"]
     q = "SELECT count(*), sum(ts_ns), sum(dur_ns) FROM {}"
     for t in ("kernels", "cpu_ops", "comm_events"):
@@ -267,7 +268,7 @@ def test_split_file_with_a_failed_part_is_one_error_and_leaves_no_rows(tmp_path,
 
     src, plain, _ = _plain_copy(tmp_path, monkeypatch, n_parts=4)
     monkeypatch.setattr(load, "_parse_one", _third_part_fails)
-    a = analyze(plain.parent, db=tmp_path / "e.duckdb", jobs=2)
+    a = analyze(plain.parent, Options(db=tmp_path / "e.duckdb", jobs=2))
     assert a.con.execute("SELECT status, message FROM files").fetchall() == [
         ("error", "an event larger than 64 MiB; the file is corrupt")]
     for t in ("kernels", "cpu_ops", "comm_events"):
@@ -298,7 +299,8 @@ def test_load_uses_the_system_allocator_and_puts_the_default_back(tmp_path, monk
 
     monkeypatch.setattr(load, "_insert_part", insert)
     before = pa.default_memory_pool().backend_name
-    a = analyze(_write(tmp_path, _trace([_kernel(i) for i in range(50)] + [_op(i) for i in range(50)])), jobs=1)
+    folder = _write(tmp_path, _trace([_kernel(i) for i in range(50)] + [_op(i) for i in range(50)]))
+    a = analyze(folder, Options(jobs=1))
     # IPC streams, even in-process; one per table with rows (the trace has no metadata, collective or sync rows)
     assert seen == [("system", ["cpu_ops", "kernels"])]
     assert pa.default_memory_pool().backend_name == before
@@ -370,7 +372,7 @@ def test_each_trace_is_read_for_its_fingerprint_once_per_report(tmp_path, monkey
         return real(path)
 
     monkeypatch.setattr(load, "fingerprint", counted)
-    a = analyze(folder, jobs=1)
+    a = analyze(folder, Options(jobs=1))
     assert sorted(reads) == ["rank0.json", "rank1.json"]
     stored = dict(a.con.execute("SELECT path, fingerprint FROM files").fetchall())
     assert stored == {str((folder / n).resolve()): real(folder / n) for n in ("rank0.json", "rank1.json")}

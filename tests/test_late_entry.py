@@ -12,6 +12,7 @@ from tests.conftest import SAMPLES
 from tests.synth import late_entry_job, write_trace
 from traceanalyze.diagnose import RunEvidence, verdict
 from traceanalyze.findings import Finding
+from traceanalyze.options import Options
 from traceanalyze.pipeline import analyze
 from traceanalyze.replay.skew import COLUMNS, Skew
 
@@ -25,7 +26,7 @@ def _job(folder, steps=1, tail_us=0.0):
     for r in range(len(LEADS)):
         write_trace(folder / f"rank{r}.json", r, late_entry_job(r, LEADS, steps=steps, tail_us=tail_us),
                     world_size=len(LEADS), backend="nccl")
-    return analyze(folder, jobs=1)
+    return analyze(folder, Options(jobs=1))
 
 
 def _whatif(run, scenario="aligned_step_starts"):
@@ -131,7 +132,7 @@ def test_recorded_late_entry_pairs(name):
     slow = PAIRS / name / "slow"
     if not slow.exists():
         pytest.skip(f"pair {name} not recorded")
-    model = analyze(slow, jobs=1).model
+    model = analyze(slow, Options(jobs=1)).model
     run = model["runs"][0]
     f = next(f for f in run["findings"] if f["kind"] == "late_entry")
     assert f["ranks"] == [0] and f["severity"] in ("medium", "high")

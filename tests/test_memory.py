@@ -14,6 +14,7 @@ from tests.conftest import SAMPLES
 from tests.synth import gpu_job, mem, write_trace, x
 from traceanalyze.diagnose import WHATIF_OF_KIND
 from traceanalyze.ingest import parse
+from traceanalyze.options import Options
 from traceanalyze.pipeline import analyze
 from traceanalyze.report.html import render_html
 from traceanalyze.report.markdown import render_markdown
@@ -38,7 +39,7 @@ def test_real_h100_leak_names_rank_0_and_8_mib_per_step():
     the median increment is 8,388,608. Inside steps 2-5 (the last one left out), four 8 MiB blocks of aten::empty
     are never freed: 4 × 8,388,608 = 33,554,432 bytes."""
     truth = json.loads((H100_LEAK / "truth_side.json").read_text())
-    run = analyze(H100_LEAK, jobs=1).model["runs"][0]
+    run = analyze(H100_LEAK, Options(jobs=1)).model["runs"][0]
     gpu = _memory(run, 0, "GPU 0")
     assert [v for _, v in gpu["step_end_allocated"]] == [644_715_008 + k * 8_388_608 for k in range(5)]
     assert gpu["growth_bytes_per_step"] == truth["leak_bytes_per_step"] == 8_388_608
@@ -72,7 +73,7 @@ def test_sample_memory_growth_names_rank_1_and_4_mib_per_step():
     allocated memory at the ends of steps 2..5 is 4,202,500, 8,396,804, 12,591,108 and 16,785,412 bytes: +4,194,304
     each step. Rank 0 ends every step at 8,196 bytes (counted from the profiler's start): no growth."""
     truth = json.loads((SAMPLES / "memory_growth" / "scenario.json").read_text())
-    model = analyze(SAMPLES / "memory_growth", jobs=1).model
+    model = analyze(SAMPLES / "memory_growth", Options(jobs=1)).model
     run = model["runs"][0]
     r1 = _memory(run, 1, "CPU")
     assert r1["step_end_allocated"] == [[2, 4_202_500], [3, 8_396_804], [4, 12_591_108], [5, 16_785_412]]
@@ -102,7 +103,7 @@ def _mem_job(folder: Path, peaks_gib: list[float], reserved_gib: list[float], to
             ev += [mem(e["ts"] + 5, size, base + size, reserved, addr), mem(e["ts"] + 55, -size, base, reserved, addr)]
         write_trace(folder / f"rank{r}.json", r, ev, world_size=4, backend="nccl",
                     device_properties=[{"id": 0, "name": "NVIDIA H100 80GB HBM3", "totalGlobalMem": total}])
-    return analyze(folder, jobs=1).model["runs"][0]
+    return analyze(folder, Options(jobs=1)).model["runs"][0]
 
 
 def test_generated_near_capacity_and_imbalance(tmp_path):
@@ -136,7 +137,7 @@ def test_trace_without_memory_events_has_no_table_rows_and_no_memory_key(tmp_pat
     run = _mem_job(tmp_path / "m", [10, 10, 10, 10], [12, 12, 12, 12], 80 * GIB)
     assert all(r["memory"] for r in run["ranks"])  # with events: every rank has its rows
     write_trace(tmp_path / "plain" / "rank0.json", 0, gpu_job(0, 1, steps=3), world_size=1, backend="nccl")
-    plain = analyze(tmp_path / "plain", jobs=1).model["runs"][0]
+    plain = analyze(tmp_path / "plain", Options(jobs=1)).model["runs"][0]
     assert ["memory" in r for r in plain["ranks"]] == [False]
     info, tables = parse.parse_trace(tmp_path / "plain" / "rank0.json")
     assert tables["memory_events"].num_rows == 0 and info.warnings == []
@@ -188,7 +189,7 @@ def test_hostile_devices_and_threads_still_give_rows(tmp_path):
     ev += [gpu, mem(120.0, 512, 512, 0, 11, device_type=7), mem(130.0, 64, 64, 0, 12, device_type=0, device_id=-1,
                                                                  tid=1 << 62)]
     write_trace(tmp_path / "t" / "rank0.json", 0, ev, world_size=1)
-    run = analyze(tmp_path / "t", jobs=1).model["runs"][0]
+    run = analyze(tmp_path / "t", Options(jobs=1)).model["runs"][0]
     rows = {m["device"]: m for m in run["ranks"][0]["memory"]}
     assert sorted(rows) == ["CPU", "GPU ?", "device 7:0"]
     assert rows["GPU ?"]["top_ops"] == [{"op": "aten::empty", "count": 1, "bytes": 4096, "largest_bytes": 4096}]
@@ -199,7 +200,7 @@ def test_hostile_devices_and_threads_still_give_rows(tmp_path):
 def test_memory_table_in_markdown_and_html():
     """The sample's memory table: rank 1 (growing) first, its peak 34,124,300 bytes = 32.5 MiB, +4.0 MiB per step,
     12.0 MiB of aten::empty never freed inside steps 2-4; rank 0 peaks at 21,541,388 bytes = 20.5 MiB."""
-    model = analyze(SAMPLES / "memory_growth", jobs=1).model
+    model = analyze(SAMPLES / "memory_growth", Options(jobs=1)).model
     md = render_markdown(model)
     assert ("| 1 | CPU | 32.5 MiB | — | — | 4.0 MiB (every step) | aten\\:\\:empty 12.0 MiB |\n"
             "| 0 | CPU | 20.5 MiB | — | — | 0 B | — |") in md

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import real
+from traceanalyze.options import Options
 from traceanalyze.pipeline import analyze
 
 # rank -> (idle %, compute %, non-compute %, comm/comp overlap %), from shared/traces/README.md
@@ -16,7 +17,7 @@ HTA_TRACE_FILTER = {0: (53.56, 17.71, 28.74, 11.81), 1: (54.72, 22.57, 22.72, 20
 
 
 def _ranks(path) -> dict[int, dict]:
-    a = analyze(path, jobs=1)
+    a = analyze(path, Options(jobs=1))
     (run,) = a.model["runs"]
     return {r["rank"]: r for r in run["ranks"]}
 
@@ -62,7 +63,7 @@ def test_nccl_parser_config_close_to_hta():
 
 def test_old_schema_kineto_trace():
     # 2021 schema: "Kernel"/"Memcpy" categories, "stream 7" tids, absolute epoch µs, computeProperties
-    a = analyze(real("kineto/tb_plugin_test"), jobs=1)
+    a = analyze(real("kineto/tb_plugin_test"), Options(jobs=1))
     (run,) = a.model["runs"]
     (r,) = run["ranks"]
     assert run["gpu_model"] == "Tesla V100-DGXS-32GB"
@@ -72,7 +73,7 @@ def test_old_schema_kineto_trace():
 
 
 def test_new_schema_base_time_applied():
-    a = analyze(real("hta/nccl_parser_config"), jobs=1)
+    a = analyze(real("hta/nccl_parser_config"), Options(jobs=1))
     base, = a.con.execute("SELECT base_time_ns FROM files").fetchone()
     assert base == 1711964646000000000
     lo, = a.con.execute("SELECT min(ts_ns) FROM kernels").fetchone()
@@ -84,14 +85,14 @@ def test_every_real_folder_reports(tmp_path):
 
     for rel in ["hta/trace_filter", "hta/df_index_resolver", "hta/nccl_parser_config", "hta/triton_example",
                 "tracelens/h100", "kineto/tb_plugin_test"]:
-        a = analyze(real(rel), jobs=1)
+        a = analyze(real(rel), Options(jobs=1))
         assert a.model["runs"] and a.model["runs"][0]["ranks"], rel
         assert not [w for w in a.model["warnings"] if w.get("level") == "error"], rel
         assert html(a.model)
 
 
 def test_nccl_collective_metadata_is_ingested():
-    a = analyze(real("hta/nccl_parser_config"), jobs=1)
+    a = analyze(real("hta/nccl_parser_config"), Options(jobs=1))
     n, coll, group = a.con.execute("""
         SELECT count(*), any_value(collective), any_value(group_size) FROM comm_events
         WHERE source = 'kernels' AND collective IS NOT NULL AND name LIKE 'ncclKernel%'""").fetchone()
@@ -102,12 +103,12 @@ def test_nccl_collective_metadata_is_ingested():
 
 
 def test_overlapped_and_sequential_analyses_give_the_same_model(monkeypatch):
-    from traceanalyze import pipeline
+    from traceanalyze import stages
 
     src = real("hta/trace_filter")
-    overlapped = analyze(src, jobs=1).model["runs"][0]
-    monkeypatch.setattr(pipeline, "OVERLAP_MAX_ROWS", 0)  # as for a run of many events: one analysis at a time
-    sequential = analyze(src, jobs=1).model["runs"][0]
+    overlapped = analyze(src, Options(jobs=1)).model["runs"][0]
+    monkeypatch.setattr(stages, "OVERLAP_MAX_ROWS", 0)  # as for a run of many events: one analysis at a time
+    sequential = analyze(src, Options(jobs=1)).model["runs"][0]
     assert overlapped["idle_breakdown"] and overlapped["top_kernels"]
     for key in ("idle_breakdown", "top_kernels", "ranks", "steps"):
         assert sequential[key] == overlapped[key], key

@@ -12,6 +12,7 @@ from tests.old_schema import to_2021
 from tests.synth import cpu_job, kernel, write_trace, x
 from traceanalyze.errors import TraceanalyzeError
 from traceanalyze.metrics.steps import run_step_time_us, step_set
+from traceanalyze.options import Options
 from traceanalyze.pipeline import analyze
 from traceanalyze.report import render_html
 
@@ -40,7 +41,7 @@ def two_gpu_ranks(tmp_path):
 
 
 def test_steps_complete_on_every_rank_and_not_at_a_window_edge(two_gpu_ranks):
-    a = analyze(two_gpu_ranks, jobs=1)
+    a = analyze(two_gpu_ranks, Options(jobs=1))
     (run,) = a.model["runs"]
     # step 1 is missing on rank 1 and step 4 is the partial last step of both windows: steps 2 and 3 remain
     assert [(s["rank"], s["step"], s["step_time_us"]) for s in run["steps"]] == [
@@ -70,7 +71,7 @@ def test_cpu_mode_leaves_the_last_step_out(tmp_path):
     d = tmp_path / "job"
     write_trace(d / "rank0.json", 0, cpu_job(0, 0.0))
     write_trace(d / "rank1.json", 1, cpu_job(1, 0.0))
-    (run,) = analyze(d, jobs=1).model["runs"]
+    (run,) = analyze(d, Options(jobs=1)).model["runs"]
     assert sorted({s["step"] for s in run["steps"]}) == [1, 2]  # of 3 profiled
     r0 = run["ranks"][0]
     assert (r0["n_steps"], r0["window_us"], r0["step_time_us"]) == (2, 20_000.0, 10_000.0)
@@ -83,7 +84,7 @@ def test_old_schema_windows_of_one_worker(tmp_path):
     d = tmp_path / "resnet"
     to_2021(DATALOADER_RANK0, d / "worker0.1621401187223.pt.trace.json.gz")
     to_2021(DATALOADER_RANK0, d / "worker0.1621401197223.pt.trace.json.gz", shift_us=10e6, step_offset=10)
-    a = analyze(d, jobs=1)
+    a = analyze(d, Options(jobs=1))
     (run,) = a.model["runs"]
     assert run["ranks_found"] == [0]  # one rank in two windows, not ranks 0 and 1
     assert run["file_grouping"] == ("2 trace files read as 1 rank; rank 0: 2 profiling windows (the same worker "
@@ -106,7 +107,7 @@ def test_old_schema_windows_of_one_worker(tmp_path):
     new = tmp_path / "new"
     new.mkdir()
     shutil.copy(DATALOADER_RANK0, new / DATALOADER_RANK0.name)
-    (orig,) = analyze(new, jobs=1).model["runs"]
+    (orig,) = analyze(new, Options(jobs=1)).model["runs"]
     assert orig["step_time_us"] == run["step_time_us"]
     assert orig["dataloader"]["share_pct"] == run["dataloader"]["share_pct"]
     assert orig["dataloader"]["loader_us"][0] * 2 == pytest.approx(run["dataloader"]["loader_us"][0], abs=1e-6)
@@ -117,7 +118,7 @@ def test_windows_grouped_by_header_rank(tmp_path):
     d = tmp_path / "job"
     write_trace(d / "a.json", 0, gpu_job({1: 10_000, 2: 10_000, 3: 10_000}), world_size=1)
     write_trace(d / "b.json", 0, gpu_job({7: 20_000, 8: 20_000, 9: 20_000}, start=1e6), world_size=1)
-    a = analyze(d, jobs=1)
+    a = analyze(d, Options(jobs=1))
     (run,) = a.model["runs"]
     assert run["ranks_found"] == [0]
     assert run["file_grouping"].endswith("rank 0: 2 profiling windows (the same distributedInfo.rank 0 in their "
@@ -135,7 +136,7 @@ def test_windows_grouped_by_header_rank(tmp_path):
 
 
 def test_tb_plugin_old_schema_trace_shows_its_step():
-    a = analyze(real("kineto/tb_plugin_test"), jobs=1)
+    a = analyze(real("kineto/tb_plugin_test"), Options(jobs=1))
     (run,) = a.model["runs"]
     # ProfilerStep#2 is an Operator (cpu_op) there: one step, kept (a window of one step has no partial edge)
     assert [(s["step"], s["step_time_us"]) for s in run["steps"]] == [(2, 13410.0)]
@@ -151,7 +152,7 @@ def test_nothing_to_analyse_names_each_file_and_why(tmp_path):
     (d / "garbage.json").write_text(json.dumps({"hello": "world"}))
     (d / "notes.txt").write_text("nothing here\n")
     with pytest.raises(TraceanalyzeError) as exc:
-        analyze(d, jobs=1)
+        analyze(d, Options(jobs=1))
     assert str(exc.value) == (
         f"{d}: no Kineto trace or training log found (looked for *.json and *.json.gz with a traceEvents array, "
         f"and for logs, NCCL output, topology and configs); skipped {d}/garbage.json: JSON that is neither a Kineto "

@@ -11,6 +11,7 @@ import pytest
 from tests.conftest import shared
 from tests.synth import x
 from traceanalyze.metrics.precision import op_flops
+from traceanalyze.options import Options
 from traceanalyze.pipeline import analyze
 
 H100 = {"id": 0, "name": "NVIDIA H100 80GB HBM3", "computeMajor": 9, "computeMinor": 0}
@@ -58,7 +59,7 @@ def _gemm_trace(path: Path, steps: int = 4) -> float:
 
 def test_mfu_is_model_flops_over_the_step_against_the_best_dense_peak(tmp_path):
     flops = _gemm_trace(tmp_path / "run" / "rank0.json")
-    run = analyze(tmp_path / "run", jobs=1).model["runs"][0]
+    run = analyze(tmp_path / "run", Options(jobs=1)).model["runs"][0]
     m = run["mfu"]
     assert (m["model_flops_per_step"], m["peak_tflops"], m["peak_dtype"], m["peak_reference"]) == \
         (round(flops), 989, "bf16", "H100")
@@ -72,7 +73,7 @@ def test_mfu_is_model_flops_over_the_step_against_the_best_dense_peak(tmp_path):
 
 
 def test_h200_mfu_orders_the_sides_as_their_speed():
-    mfu = {s: analyze(shared(f"traces/gpu/h200/precision/{s}"), jobs=1).model["runs"][0]["mfu_pct"]
+    mfu = {s: analyze(shared(f"traces/gpu/h200/precision/{s}"), Options(jobs=1)).model["runs"][0]["mfu_pct"]
            for s in ("slow", "tf32", "fixed")}
     # the same 10.5 TFLOP GPT step: fp32 218 ms, TF32 70 ms, bf16 ~34-39 ms, against 989 TFLOPS
     assert mfu["slow"] == pytest.approx(4.87, abs=0.05)

@@ -13,6 +13,7 @@ from traceanalyze import diagnose
 from traceanalyze.findings import KINDS
 from traceanalyze.logs import Fact, core_sharing
 from traceanalyze.metrics.collectives import CollectiveAnalysis
+from traceanalyze.options import Options
 from traceanalyze.pipeline import analyze
 from traceanalyze.replay.whatif import SCENARIOS
 from traceanalyze.report import render_html, render_markdown
@@ -34,7 +35,7 @@ def test_one_of_16_ranks_is_a_partial_verdict_and_the_interconnect_finding_is_in
     write_gpu_job(tmp_path, 16, 6, straggler=5)
     for r in range(1, 16):
         (tmp_path / f"rank{r}.json").unlink()
-    m = analyze(tmp_path, jobs=1).model
+    m = analyze(tmp_path, Options(jobs=1)).model
     assert m["verdict"] == ("Partial: 1 of 16 ranks traced (the missing ranks could explain the waits inside "
                             "collectives: slow collectives). Inconclusive: 36% of the step is exposed communication, "
                             "either collectives' transfer or waiting for ranks not in these traces; no other finding "
@@ -59,7 +60,7 @@ def test_one_of_16_ranks_is_a_partial_verdict_and_the_interconnect_finding_is_in
 
 def test_a_complete_run_has_no_partial(tmp_path):
     write_gpu_job(tmp_path, 2, 6, straggler=1)
-    m = analyze(tmp_path, jobs=1).model
+    m = analyze(tmp_path, Options(jobs=1)).model
     assert m["partial"] is None and m["runs"][0]["partial"] is None
     assert not m["verdict"].startswith("Partial")
     assert 'id="partial"' not in render_html(m)
@@ -131,7 +132,7 @@ def _compute_straggler(folder: Path, ratio: float = 1.6, steps: int = 5) -> Path
 def test_a_compute_straggler_gets_its_no_straggler_whatif(tmp_path):
     # rank 1 works 1.6x: the straggler rule names it (excess 19.6% of the median rank's work), but its host time is
     # only 22% over the 2-rank median, under the replay's own 25% test: no_straggler is priced for the finding
-    m = analyze(_compute_straggler(tmp_path), jobs=1).model
+    m = analyze(_compute_straggler(tmp_path), Options(jobs=1)).model
     run = m["runs"][0]
     f = _finding(m, "straggler")
     assert f["ranks"] == [1] and "whatif_missing" not in f
@@ -144,7 +145,7 @@ def test_a_compute_straggler_gets_its_no_straggler_whatif(tmp_path):
 
 
 def test_a_finding_without_a_scenario_says_why_on_its_card():
-    m = analyze(sample("pairs/straggler_sleep/slow"), jobs=1).model
+    m = analyze(sample("pairs/straggler_sleep/slow"), Options(jobs=1)).model
     f = _finding(m, "fp32_matmul")  # the host has no native bf16: the bf16 what-if is left out
     assert f["whatif_missing"].startswith("the host CPU (Intel(R) Xeon(R) Processor @ 2.80GHz) has neither AMX nor "
                                           "AVX512-BF16")
@@ -183,7 +184,7 @@ def test_price_missing_whatifs_uses_the_table_and_the_pricer():
 
 def test_what_ifs_that_change_concurrency_are_unreliable_when_ranks_share_cores():
     # 4 gloo ranks x 1 thread (OMP_NUM_THREADS=1) on 2 cores
-    m = analyze(sample("pairs/straggler_compute/slow"), jobs=1).model
+    m = analyze(sample("pairs/straggler_compute/slow"), Options(jobs=1)).model
     run = m["runs"][0]
     why = ("4 ranks × 1 thread (OMP_NUM_THREADS) on 2 cores of host vm: the ranks share cores, so a fix that changes "
            "how many ranks compute at once (a straggler or a wait removed) changes every op's duration, which a "
@@ -205,7 +206,7 @@ def test_what_ifs_that_change_concurrency_are_unreliable_when_ranks_share_cores(
 
 def test_one_thread_per_core_keeps_the_straggler_whatif_reliable():
     # 2 ranks x 1 thread on 2 cores
-    run = analyze(sample("pairs/straggler_sleep/slow"), jobs=1).model["runs"][0]
+    run = analyze(sample("pairs/straggler_sleep/slow"), Options(jobs=1)).model["runs"][0]
     assert run["replay"]["core_sharing"]["shared"] is False
     w = _whatif(run, "no_straggler")
     assert w["reliable"] is True and "unreliable_reason" not in w
@@ -242,7 +243,7 @@ def test_gpu_runs_ignore_core_sharing(tmp_path):
     write_gpu_job(tmp_path, 2, 6, straggler=1)
     (tmp_path / "env_rank0.json").write_text('{"traceanalyze_capture": 1, "rank": 0, "world_size": 2, '
                                              '"cpu": {"cpus": 1, "threads": 8}}')
-    run = analyze(tmp_path, jobs=1).model["runs"][0]
+    run = analyze(tmp_path, Options(jobs=1)).model["runs"][0]
     assert "core_sharing" not in run["replay"]
     assert all(w["reliable"] and "unreliable_reason" not in w for w in run["whatif"])
 
@@ -254,7 +255,7 @@ def test_a_skipped_replay_is_the_reason_on_every_finding_that_maps_to_a_scenario
         raise ValueError("a graph the replay cannot handle")
 
     monkeypatch.setattr(whatif, "replay_run", boom)
-    m = analyze(_compute_straggler(tmp_path), jobs=1).model
+    m = analyze(_compute_straggler(tmp_path), Options(jobs=1)).model
     assert m["runs"][0]["whatif"] == []
     f = _finding(m, "straggler")
     assert f["whatif_missing"] == "the replay was skipped: a graph the replay cannot handle"

@@ -10,6 +10,7 @@ import pytest
 from tests.conftest import shared
 from traceanalyze.fmt import KERNEL_NAME_CHARS, short_kernel_name
 from traceanalyze.metrics import step_kernels, top_kernels
+from traceanalyze.options import Options
 from traceanalyze.pipeline import analyze
 from traceanalyze.report import render_html
 from traceanalyze.report.replay import time_ticks
@@ -78,7 +79,7 @@ def test_short_kernel_name_bounded_on_hostile_names() -> None:
 
 
 def _run(path, db) -> tuple:
-    a = analyze([path], db=db)
+    a = analyze([path], Options(db=db))
     return a, a.model["runs"][0]
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import real, sample
+from traceanalyze.options import Options
 from traceanalyze.pipeline import analyze
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
@@ -17,7 +18,7 @@ import whatif as bench  # noqa: E402
 
 
 def _run(folder, **kw):
-    a = analyze(folder, jobs=1, **kw)
+    a = analyze(folder, Options(jobs=1, **kw))
     return a, a.model["runs"][0]
 
 
@@ -181,9 +182,9 @@ def test_generated_gpu_pair_graph_replay_and_straggler(tmp_path):
 
 def test_replay_is_cached_with_the_report(tmp_path):
     db = tmp_path / "r.duckdb"
-    first = analyze(sample("straggler"), db=db, jobs=1)
+    first = analyze(sample("straggler"), Options(db=db, jobs=1))
     first.con.close()
-    again = analyze(sample("straggler"), db=db, jobs=1)
+    again = analyze(sample("straggler"), Options(db=db, jobs=1))
     assert again.model.get("cached") is True
     assert again.model["runs"][0]["replay"] == first.model["runs"][0]["replay"]
     assert again.model["runs"][0]["whatif"] == first.model["runs"][0]["whatif"]
@@ -501,9 +502,9 @@ def test_any_slabs_replay_to_the_bit(tmp_path, monkeypatch, job):
 
 def test_graph_tables_written_beside_the_whatifs_or_discarded():
     """With ``defer`` the graph's tables are written on a thread of their own while the what-ifs replay: the same
-    rows once the deferred write has run; a run kept without its replay (``pipeline._discard_writes``) leaves none
+    rows once the deferred write has run; a run kept without its replay (``stages.discard_writes``) leaves none
     of them."""
-    from traceanalyze import pipeline
+    from traceanalyze import stages
     from traceanalyze.replay import whatif
 
     a, run = _run(sample("straggler"))
@@ -516,7 +517,7 @@ def test_graph_tables_written_beside_the_whatifs_or_discarded():
     assert written[0] == run["replay"]["tasks"] and written[1] == run["replay"]["edges"] and min(written) > 0
     writes: list = []
     whatif.replay_run(a.con, 1, "cpu", None, defer=writes)
-    pipeline._discard_writes(writes)
+    stages.discard_writes(writes)
     assert counts() == [0, 0, 0, 0] and writes == []
     whatif.replay_run(a.con, 1, "cpu", None, defer=writes)
     for w in writes:
@@ -603,7 +604,7 @@ def test_replay_started_before_the_step_metrics_gives_the_same_report(tmp_path, 
     from match_collectives; the report model (its replay, what-ifs and warnings) and the sim_* tables are the
     same as when it starts after them. A run without profiler steps still gets no replay and no sim_* rows."""
     from tests.synth import write_trace
-    from traceanalyze import pipeline
+    from traceanalyze import stages
 
     if kind == "gpu":
         for r, delay in ((0, 0.0), (1, 3000.0), (2, 10.0)):
@@ -613,10 +614,10 @@ def test_replay_started_before_the_step_metrics_gives_the_same_report(tmp_path, 
         folder = sample("straggler")
     tables = ("SELECT (SELECT count(*) FROM sim_task), (SELECT sum(start_us) FROM sim_task), (SELECT count(*) "
               "FROM sim_dep), (SELECT count(*) FROM sim_coll), (SELECT sum(replayed_us) FROM sim_result)")
-    monkeypatch.setattr(pipeline, "EARLY_REPLAY_MIN_ROWS", 10**12)
-    late = analyze(folder, jobs=1)
-    monkeypatch.setattr(pipeline, "EARLY_REPLAY_MIN_ROWS", 0)
-    early = analyze(folder, jobs=1)
+    monkeypatch.setattr(stages, "EARLY_REPLAY_MIN_ROWS", 10**12)
+    late = analyze(folder, Options(jobs=1))
+    monkeypatch.setattr(stages, "EARLY_REPLAY_MIN_ROWS", 0)
+    early = analyze(folder, Options(jobs=1))
     assert late.model["runs"][0]["replay"]["reliable"] is not None
     assert _model_without_time(early) == _model_without_time(late)
     n_tasks = {"gpu": 63, "cpu": 2892}[kind]
@@ -629,7 +630,7 @@ def test_replay_started_before_the_step_metrics_gives_the_same_report(tmp_path, 
         write_trace(flat / f"rank{r}.pt.trace.json", r,
                     [e for e in _gpu_rank(r, 0.0) if not str(e.get("name", "")).startswith("ProfilerStep")],
                     backend="nccl")
-    stepless = analyze(flat, jobs=1)
+    stepless = analyze(flat, Options(jobs=1))
     assert stepless.model["runs"][0]["steps"] == []
     assert not stepless.model["runs"][0].get("replay")
     assert stepless.con.execute(tables).fetchone()[0] == 0

@@ -31,6 +31,7 @@ from traceanalyze.cli import cli
 from traceanalyze.errors import InputError, TraceanalyzeError
 from traceanalyze.ingest import load, parse
 from traceanalyze.ingest.parse import GPU_CATS, parse_trace
+from traceanalyze.options import Options
 from traceanalyze.pipeline import analyze, to_json
 from traceanalyze.report import html as report_html
 from traceanalyze.report import render_html, render_markdown
@@ -144,7 +145,7 @@ def test_one_broken_file_is_named_and_the_other_rank_is_analyzed(tmp_path, case)
     bad = d / name
     build(bad)
     message = message.replace("{dir}", str(d))
-    a = analyze(d, jobs=1)
+    a = analyze(d, Options(jobs=1))
     assert [(w["level"], w["message"]) for w in file_warnings(a.model, bad)] == [(level, message)]
     assert ranks_of(a.model) == [0]
     assert a.model["runs"][0]["ranks"][0]["n_kernels"] == 40
@@ -167,7 +168,7 @@ def test_unreadable_file_io_error(tmp_path):
     d = good_run(tmp_path)
     bad = d / "rank1.json"
     bad.symlink_to("/proc/self/mem")  # outside the folder: read only when asked (docs/safety.md)
-    a = analyze(d, jobs=1, follow_external_symlinks=True)
+    a = analyze(d, Options(jobs=1, follow_external_symlinks=True))
     assert [(w["level"], w["message"]) for w in file_warnings(a.model, bad)] == [
         ("error", "cannot read (Input/output error)")]
     assert ranks_of(a.model) == [0]
@@ -180,7 +181,7 @@ def test_unreadable_file_permission(tmp_path):
     d = good_run(tmp_path)
     bad = write_trace(d / "rank1.json", 1, 2)
     bad.chmod(0)
-    a = analyze(d, jobs=1)
+    a = analyze(d, Options(jobs=1))
     assert [(w["level"], w["message"]) for w in file_warnings(a.model, bad)] == [
         ("error", "cannot read (permission denied); skipped")]
     code, _, err = report(d, tmp_path)
@@ -190,7 +191,7 @@ def test_unreadable_file_permission(tmp_path):
 def test_folder_named_like_a_trace_is_walked_not_read(tmp_path):
     d = good_run(tmp_path)
     (d / "rank1.json").mkdir()
-    a = analyze(d, jobs=1)
+    a = analyze(d, Options(jobs=1))
     assert not [w for w in a.model["warnings"] if "rank1.json" in str(w["file"])]
     assert [w["message"] for w in a.model["warnings"]] == [
         f"1 of 2 ranks have no trace (ranks 1): copy every rank's trace file into {d} for a complete picture"]
@@ -200,7 +201,7 @@ def test_folder_named_like_a_trace_is_walked_not_read(tmp_path):
 def test_symlinked_folder_loop_and_explicit_broken_inputs(tmp_path):
     d = good_run(tmp_path)
     (d / "again").symlink_to(d)  # a folder loop: never followed
-    a = analyze(d, jobs=1)
+    a = analyze(d, Options(jobs=1))
     assert ranks_of(a.model) == [0] and len(a.model["runs"]) == 1
     # a broken symlink or FIFO named on the command line: skipped with its error; the other input still runs
     link = tmp_path / "rank1.json"
@@ -217,7 +218,7 @@ def test_nothing_readable_exits_1_naming_the_files(tmp_path):
     d.mkdir()
     (d / "rank0.json").symlink_to(d / "gone.json")
     with pytest.raises(TraceanalyzeError) as exc:
-        analyze(d, jobs=1)
+        analyze(d, Options(jobs=1))
     msg = f"{d}: no readable trace or log; {d}/rank0.json: broken symlink (its target {d}/gone.json does not exist)"
     assert str(exc.value) == msg
     code, out, err = report(d, tmp_path)
@@ -238,7 +239,7 @@ def test_nothing_readable_exits_1_naming_the_files(tmp_path):
 def test_trace_without_events_is_a_warning_and_an_empty_rank(tmp_path):
     d = good_run(tmp_path)
     empty = write_trace(d / "rank1.json", 1, 2, [])
-    a = analyze(d, jobs=1)
+    a = analyze(d, Options(jobs=1))
     assert [(w["level"], w["message"]) for w in file_warnings(a.model, empty)] == [
         ("warning", "the trace holds no events")]
     assert ranks_of(a.model) == [0, 1]
@@ -250,7 +251,7 @@ def test_trace_without_events_is_a_warning_and_an_empty_rank(tmp_path):
 
 def test_traces_without_gpu_events_are_read_in_cpu_mode(tmp_path):
     src = sample("straggler")  # gloo on CPU: no kernel at all
-    a = analyze(src, jobs=1)
+    a = analyze(src, Options(jobs=1))
     (run,) = a.model["runs"]
     assert run["mode"] == "cpu" and ranks_of(a.model) == [0, 1, 2, 3]
     assert all(r["n_kernels"] == 0 and r["window_us"] > 0 for r in run["ranks"])
@@ -258,7 +259,7 @@ def test_traces_without_gpu_events_are_read_in_cpu_mode(tmp_path):
     # one rank with kernels, one with host ops only: both kept, the report says GPU mode and rank 1 is idle
     d = good_run(tmp_path)
     write_trace(d / "rank1.json", 1, 2, [op(i) for i in range(20)])
-    a = analyze(d, jobs=1)
+    a = analyze(d, Options(jobs=1))
     assert a.model["runs"][0]["mode"] == "gpu" and ranks_of(a.model) == [0, 1]
     assert a.model["runs"][0]["ranks"][1]["n_kernels"] == 0
     assert report(d, tmp_path)[0] == 0
@@ -284,7 +285,7 @@ def test_events_with_missing_or_wrong_fields_and_years_long_durations(tmp_path):
     text = text[:-2] + ', {"ph": "X", "cat": "kernel", "name": "nan", "ts": 1.0, "dur": NaN}]}'  # not JSON
     bad = d / "rank1.json"
     bad.write_text(text)
-    a = analyze(d, jobs=1)
+    a = analyze(d, Options(jobs=1))
     msgs = [(w["level"], w["message"]) for w in file_warnings(a.model, bad)]
     assert msgs == [("warning", "1 malformed events skipped; 4 events skipped: missing, non-numeric, NaN or "
                                 "out-of-range ts/dur; 1 event with a negative duration dropped; 2 events longer "
@@ -391,7 +392,7 @@ def test_truncated_rank_through_pipeline_and_cli(tmp_path):
     cut.write_bytes(data[: len(data) // 2])
     n = sum(1 for end, _ in _event_ends(data) if end <= len(data) // 2)
     msg = f"truncated (JSON ends mid-array, as when a job is killed mid-write); read {n} complete events"
-    a = analyze(d, jobs=1)
+    a = analyze(d, Options(jobs=1))
     assert [(w["level"], w["message"]) for w in file_warnings(a.model, cut)] == [("partial", msg)]
     assert ranks_of(a.model) == [0, 1]
     code, _, err = report(d, tmp_path)
@@ -403,9 +404,9 @@ def test_truncated_rank_through_pipeline_and_cli(tmp_path):
 
 def test_copy_of_a_rank_is_read_once(tmp_path):
     d = good_run(tmp_path, ranks=(0, 1))
-    single = analyze(d, jobs=1).model["runs"][0]["ranks"][0]
+    single = analyze(d, Options(jobs=1)).model["runs"][0]["ranks"][0]
     shutil.copy(d / "rank0.json", d / "rank0_copy.json")
-    a = analyze(d, jobs=1)
+    a = analyze(d, Options(jobs=1))
     msg = f"a copy of {d}/rank0.json (rank 0, the same events); read once"
     assert [(w["level"], w["message"]) for w in file_warnings(a.model, d / "rank0_copy.json")] == [("warning", msg)]
     r0 = a.model["runs"][0]["ranks"][0]
@@ -417,7 +418,7 @@ def test_copy_of_a_rank_is_read_once(tmp_path):
 def test_two_different_files_of_one_rank_at_the_same_time(tmp_path):
     d = good_run(tmp_path, ranks=(0, 1))
     write_trace(d / "rank0_other.json", 0, 2, events(30))
-    a = analyze(d, jobs=1)
+    a = analyze(d, Options(jobs=1))
     msg = (f"rank 0 again, at the same time as {d}/rank0.json: not a second profiling window; left out (two runs "
            "in one folder? put each run's traces in its own folder)")
     assert [w["message"] for w in file_warnings(a.model, d / "rank0_other.json")] == [msg]
@@ -425,7 +426,7 @@ def test_two_different_files_of_one_rank_at_the_same_time(tmp_path):
     # two windows of one rank, apart in time, are still two windows
     (d / "rank0_other.json").unlink()
     write_trace(d / "rank0_later.json", 0, 2, events(t0=T0 + 60e6))
-    a = analyze(d, jobs=1)
+    a = analyze(d, Options(jobs=1))
     assert a.model["runs"][0]["ranks"][0]["n_files"] == 2
     assert not [w for w in a.model["warnings"] if w["level"] != "info"]
 
@@ -442,7 +443,7 @@ def test_folder_mixing_world_sizes(tmp_path):
     d = good_run(tmp_path, world=8, ranks=(0, 1))
     write_trace(d / "rank2.json", 2, 4)
     write_trace(d / "rank3.json", 3, 4)
-    a = analyze(d, jobs=1)
+    a = analyze(d, Options(jobs=1))
     msg = (f"{d} mixes runs (world_size 4 in rank2.json, rank3.json; world_size 8 in rank0.json, rank1.json): put "
            "each run's traces in its own folder")
     assert [w for w in a.model["warnings"] if "mixes runs" in w["message"]] == [
@@ -455,7 +456,7 @@ def test_folder_mixing_world_sizes(tmp_path):
 def test_folder_mixing_runs_a_day_apart(tmp_path):
     d = good_run(tmp_path, ranks=(0,))
     write_trace(d / "rank1.json", 1, 2, events(t0=T0 + 86_400e6))
-    a = analyze(d, jobs=1)
+    a = analyze(d, Options(jobs=1))
     msg = (f"{d} seems to mix runs: rank1.json start 24.0 h after rank0.json (the ranks of one job start within "
            "seconds); put each run's traces in its own folder")
     assert [w["message"] for w in a.model["warnings"] if "mix runs" in w["message"]] == [msg]
@@ -465,7 +466,7 @@ def test_folder_mixing_runs_a_day_apart(tmp_path):
 
 def test_real_and_sample_runs_are_not_called_mixed():
     for src in (real("hta/trace_filter"), sample("straggler")):
-        a = analyze(src, jobs=1)
+        a = analyze(src, Options(jobs=1))
         assert not [w for w in a.model["warnings"] if "mix" in w["message"] or "copy of" in w["message"]]
 
 
@@ -478,7 +479,7 @@ def test_hostile_names_are_escaped_and_bounded(tmp_path):
     names = [*XSS, "nul\x00bell\x07esc\x1b[31mred\x7f", huge, "quote ' \" & amp"]
     evs = [kernel(i, names[i % len(names)]) for i in range(40)] + [op(i, names[i % len(names)]) for i in range(40)]
     write_trace(d / "rank1.json", 1, 2, evs, extra={"<b>": "</style><script>x</script>"})
-    a = analyze(d, jobs=1)
+    a = analyze(d, Options(jobs=1))
     assert {k["name"] for k in a.model["runs"][0]["top_kernels"]} >= {XSS[0], XSS[1]}  # the model keeps them raw
     doc = render_html(a.model)
     for s in XSS:
@@ -512,7 +513,7 @@ def test_gzip_bomb_is_bounded_with_a_clear_message(tmp_path):
         fh.write(one + b"]}")
     assert bomb.stat().st_size < 100_000  # ~8 MiB of JSON
     msg = "decompresses to more than 1 MiB (a gzip bomb?); raise --max-decompressed if this is a real trace"
-    a = analyze(d, jobs=1, max_decompressed=1 << 20)
+    a = analyze(d, Options(jobs=1, max_decompressed_bytes=1 << 20))
     assert [(w["level"], w["message"]) for w in file_warnings(a.model, bomb)] == [("error", msg)]
     assert ranks_of(a.model) == [0]
     code, _, err = report(d, tmp_path, "--max-decompressed", "1M")
@@ -672,12 +673,12 @@ def test_interrupted_ingest_leaves_a_usable_database_and_the_rerun_reuses_it(tmp
 
     monkeypatch.setattr(load, "_insert_part", third_raises)
     with pytest.raises(KeyboardInterrupt):
-        analyze(d, db=db, jobs=1)
+        analyze(d, Options(db=db, jobs=1))
     with duckdb.connect(str(db), read_only=True) as con:
         assert con.execute("SELECT count(*), min(status), max(status) FROM files").fetchone() == (2, "ok", "ok")
         assert con.execute("SELECT count(*) FROM kernels").fetchone() == (80,)
     monkeypatch.setattr(load, "_insert_part", real_insert)
-    a = analyze(d, db=db, jobs=1)
+    a = analyze(d, Options(db=db, jobs=1))
     assert [f["cached"] for f in a.model["runs"][0]["files"]] == [True, True, False, False]
     assert ranks_of(a.model) == [0, 1, 2, 3]
     assert a.con.execute("SELECT count(*) FROM kernels").fetchone() == (160,)
@@ -702,12 +703,12 @@ def test_interrupt_after_some_inserts_of_a_transaction_stores_none_of_its_files(
 
     monkeypatch.setattr(load, "_insert_part", third_raises)
     with pytest.raises(KeyboardInterrupt):
-        analyze(d, db=db, jobs=1)
+        analyze(d, Options(db=db, jobs=1))
     assert calls == [1, 1, 1]  # one file an insert, inside one transaction
     with duckdb.connect(str(db), read_only=True) as con:
         assert con.execute("SELECT (SELECT count(*) FROM files), (SELECT count(*) FROM kernels)").fetchone() == (0, 0)
     monkeypatch.setattr(load, "_insert_part", real_insert)
-    a = analyze(d, db=db, jobs=1)
+    a = analyze(d, Options(db=db, jobs=1))
     assert [f["cached"] for f in a.model["runs"][0]["files"]] == [False] * 4
     assert a.con.execute("SELECT count(*) FROM kernels").fetchone() == (160,)
     a.con.close()
@@ -736,6 +737,7 @@ def test_interrupted_cli_run_says_so_in_one_line(tmp_path, monkeypatch):
 KILLER = """
 import os, signal, sys
 from traceanalyze.ingest import load
+from traceanalyze.options import Options
 from traceanalyze.pipeline import analyze
 orig, n = load._insert_part, [0]
 def dying(con, *args, **kw):
@@ -747,7 +749,7 @@ def dying(con, *args, **kw):
     return orig(con, *args, **kw)
 load._insert_part = dying
 load.TRANSACTION_FILES = 1  # a transaction per file, so that the third is the one killed
-analyze(sys.argv[1], db=sys.argv[2], jobs=1)
+analyze(sys.argv[1], Options(db=sys.argv[2], jobs=1))
 """
 
 
@@ -804,7 +806,7 @@ def test_corrupt_collective_element_count_is_unknown_not_wrapped(tmp_path, nelem
                                  "Group size": 2, "dtype": "Float"})
             ev += k
         write_trace(tmp_path / f"rank{r}.pt.trace.json", r, ev, backend="nccl")
-    a = analyze(tmp_path, jobs=1)
+    a = analyze(tmp_path, Options(jobs=1))
     calls = collective_calls(a.con, 1, "gpu")
     assert calls.nelems.tolist() == [0, 1024, 0, 1024]
     assert calls.has_bytes.tolist() == [False, True, False, True]

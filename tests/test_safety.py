@@ -423,14 +423,14 @@ def test_click_usage_errors_quote_paths_without_control_or_bidi_characters(tmp_p
 # ---- 13. environment failures --------------------------------------------------------------------------------------
 
 def test_out_of_memory_names_the_stage_and_what_to_try(tmp_path, monkeypatch):
-    from traceanalyze import pipeline
+    from traceanalyze import stages
 
     d = two_ranks(tmp_path)
 
     def no_memory(*a, **kw):
         raise MemoryError
 
-    monkeypatch.setattr(pipeline, "_build_run", no_memory)
+    monkeypatch.setattr(stages, "build_run", no_memory)
     code, _, err = invoke("report", str(d), "-o", str(tmp_path / "r.html"))
     assert code == 4
     assert err == ("traceanalyze: out of memory while reading and analyzing the traces; try fewer parse processes "
@@ -439,14 +439,14 @@ def test_out_of_memory_names_the_stage_and_what_to_try(tmp_path, monkeypatch):
 
 
 def test_duckdb_disk_full_names_the_stage(tmp_path, monkeypatch):
-    from traceanalyze import pipeline
+    from traceanalyze import stages
 
     d = two_ranks(tmp_path)
 
     def full(*a, **kw):
         raise duckdb.IOException('Could not write file "r.duckdb.wal": No space left on device')
 
-    monkeypatch.setattr(pipeline, "_build_run", full)
+    monkeypatch.setattr(stages, "build_run", full)
     code, _, err = invoke("report", str(d), "-o", str(tmp_path / "r.html"))
     assert code == 3 and "while reading and analyzing the traces" in err and "the disk is full" in err
 

@@ -19,6 +19,7 @@ from traceanalyze import discover, ingest, logs, names, safety
 from traceanalyze.errors import InputError
 from traceanalyze.ingest import parse
 from traceanalyze.ingest.parse import parse_trace
+from traceanalyze.options import Options
 from traceanalyze.pipeline import analyze, to_json
 
 
@@ -56,7 +57,7 @@ def test_implausible_rank_or_world_size_is_one_warning_row_naming_the_file(tmp_p
     d.mkdir()
     write_trace(d / "rank0.json", 0, 2)
     bad = write_trace(d / "rank1.json", None, None, distributedInfo=di)
-    a = analyze(d, jobs=1)
+    a = analyze(d, Options(jobs=1))
     assert levels(a.model, bad) == [
         ("warning", f"implausible {why}: ignored; the rank is taken from the file name or the worker instead")]
     assert ranks_of(a.model) == [0, 1]  # the rank from the file name; the report goes on
@@ -68,7 +69,7 @@ def test_implausible_rank_without_a_name_gets_the_lowest_free_rank(tmp_path):
     d.mkdir()
     write_trace(d / "rank0.json", 0, 4)
     bad = write_trace(d / "host-b.json", None, None, distributedInfo={"rank": 10**12, "world_size": 4})
-    a = analyze(d, jobs=1)
+    a = analyze(d, Options(jobs=1))
     assert levels(a.model, bad)[0] == (
         "warning", "implausible distributedInfo.rank 1000000000000 (must be an integer from 0 to 3, below the world "
                    "size): ignored; the rank is taken from the file name or the worker instead")
@@ -80,7 +81,7 @@ def test_missing_ranks_are_a_count_and_ranges_never_enumerated(tmp_path):
     d.mkdir()
     for r in range(3):
         write_trace(d / f"rank{r}.json", r, 1024, events(4))
-    a = analyze(d, jobs=1)
+    a = analyze(d, Options(jobs=1))
     assert [m for m in messages(a.model) if "have no trace" in m] == [
         f"1,021 of 1,024 ranks have no trace (ranks 3–1023): copy every rank's trace file into {d} for a complete "
         "picture"]
@@ -92,7 +93,7 @@ def test_the_largest_plausible_world_size_is_accepted(tmp_path):
     d = tmp_path / "run"
     d.mkdir()
     write_trace(d / "rank5.json", 5, 1 << 20, events(4))
-    a = analyze(d, jobs=1)
+    a = analyze(d, Options(jobs=1))
     assert [m for m in messages(a.model) if "have no trace" in m] == [
         f"1,048,575 of 1,048,576 ranks have no trace (ranks 0–4, 6–1048575): copy every rank's trace file into {d} "
         "for a complete picture"]
@@ -113,7 +114,7 @@ def test_a_file_name_rank_beyond_the_world_size_is_not_used(tmp_path):
     d.mkdir()
     write_trace(d / "rank0.json", 0, 4)
     late = write_trace(d / "rank7.json", None, None, distributedInfo={"world_size": 4})
-    a = analyze(d, jobs=1)
+    a = analyze(d, Options(jobs=1))
     assert ranks_of(a.model) == [0, 1]
     assert messages(a.model).count(f"{late}: rank 7 in the file name is not below the world size 4; not used") == 1
 
@@ -203,7 +204,7 @@ def test_nesting_deeper_than_the_bound_drops_that_event_and_counts_it(tmp_path, 
     info, tables = parse_trace(f)
     assert info.warnings == ["1 event nested deeper than the JSON decoder's bound (about 1,000 levels) dropped"]
     assert (tables["kernels"].num_rows, tables["cpu_ops"].num_rows) == (10, 5)
-    a = analyze(f, jobs=1)  # through the pipeline: the file is analysed, one warning row
+    a = analyze(f, Options(jobs=1))  # through the pipeline: the file is analysed, one warning row
     assert levels(a.model, f) == [("warning", info.warnings[0])]
     assert ranks_of(a.model) == [0]
 
@@ -239,7 +240,7 @@ def test_a_sidecar_gzip_bomb_is_a_warning_row_never_a_memory_error(tmp_path, nam
     bomb = d / name
     bomb.write_bytes(gzip.compress(head + pad + tail, compresslevel=9))
     assert bomb.stat().st_size < 64 << 10
-    a = analyze(d, jobs=1, max_decompressed=4 << 20)
+    a = analyze(d, Options(jobs=1, max_decompressed_bytes=4 << 20))
     assert [s["kind"] for s in a.model["runs"][0]["sidecars"]] == [kind]
     assert levels(a.model, bomb) == [("warning", "decompresses to more than 4 MiB (a gzip bomb?); not read; raise "
                                                  "--max-decompressed if this is a real file")]
@@ -287,7 +288,7 @@ def test_impossible_durations_are_dropped_with_a_counted_warning_row(tmp_path):
     f = write_trace(d / "rank0.json", 0, 1, evs)
     db = tmp_path / "r.duckdb"
     for run in range(2):  # parsed, then from the cache: the warning row stays
-        a = analyze(d, jobs=1, db=db)
+        a = analyze(d, Options(jobs=1, db=db))
         assert levels(a.model, f) == [("warning", "2 events with a negative duration dropped; 1 event with a negative "
                                                   "timestamp dropped; 2 kernels or ops longer than the rank's trace "
                                                   "span (0.01 s, the profiler's recording) dropped from the metrics "
@@ -300,7 +301,7 @@ def test_impossible_durations_are_dropped_with_a_counted_warning_row(tmp_path):
 
 def test_a_header_cannot_set_the_trace_span(tmp_path):
     f = write_trace(tmp_path / "rank0.json", 0, 1, events(5), **{parse.SPAN_KEY: 0.001})
-    a = analyze(f, jobs=1)
+    a = analyze(f, Options(jobs=1))
     assert a.con.execute("SELECT count(*) FROM kernels").fetchone() == (10,)
     assert not levels(a.model, f)
 
@@ -317,7 +318,7 @@ def test_credential_like_header_keys_are_never_stored_or_printed(tmp_path):
     d = tmp_path / "run"
     d.mkdir()
     write_trace(d / "rank0.json", 0, 1, **header)
-    a = analyze(d, jobs=1, db=tmp_path / "r.duckdb")
+    a = analyze(d, Options(jobs=1, db=tmp_path / "r.duckdb"))
     stored = a.con.execute("SELECT header FROM files").fetchone()[0]
     h = json.loads(stored)
     assert h["metadata"]["env"] == {"HF_TOKEN": "[redacted]", "PATH": "/usr/bin", "deep": [
@@ -337,7 +338,7 @@ def test_env_sidecars_keep_only_captures_allow_list(tmp_path):
            "HOME": "/home/alice", "TORCH_NCCL_TRACE_BUFFER_SIZE": "0", "GOOGLE_APPLICATION_CREDENTIALS": "/k.json"}
     (d / "env_rank0.json").write_text(json.dumps({"traceanalyze_capture": 1, "rank": 0, "world_size": 1,
                                                   "env": env}))
-    a = analyze(d, jobs=1)
+    a = analyze(d, Options(jobs=1))
     assert a.con.execute("SELECT value FROM run_facts WHERE key = 'env' ORDER BY value").fetchall() == [
         ("NCCL_IB_HCA=mlx5_0",), ("NCCL_SOCKET_IFNAME=eth0",), ("TORCH_NCCL_TRACE_BUFFER_SIZE=0",)]
     text = to_json(a.model)
@@ -362,7 +363,7 @@ def test_symlinks_leading_outside_the_folder_are_skipped_with_a_warning(tmp_path
     (d / "rank1.json").symlink_to(outside / "rank1.json")
     (d / "more").symlink_to(outside / "more", target_is_directory=True)
     (d / "loop").symlink_to(d, target_is_directory=True)  # inside: never followed, nothing said
-    a = analyze(d, jobs=1)
+    a = analyze(d, Options(jobs=1))
     assert ranks_of(a.model) == [0]
     real = Path(os.path.realpath(outside))
     assert levels(a.model, d / "rank1.json") == [(
@@ -372,7 +373,7 @@ def test_symlinks_leading_outside_the_folder_are_skipped_with_a_warning(tmp_path
         "warning", f"a symlink to a folder outside the input folder ({real / 'more'}); not followed: pass "
                    "--follow-external-symlinks to read it")]
     assert not levels(a.model, d / "loop")
-    a = analyze(d, jobs=1, follow_external_symlinks=True)
+    a = analyze(d, Options(jobs=1, follow_external_symlinks=True))
     assert sorted(ranks_of(a.model)) == [0, 1, 2]
 
 
@@ -383,7 +384,7 @@ def test_a_file_changed_with_size_and_mtime_kept_is_parsed_again(tmp_path):
     d.mkdir()
     f = write_trace(d / "rank0.json", 0, 1, events(5))
     db = tmp_path / "r.duckdb"
-    a = analyze(d, jobs=1, db=db)
+    a = analyze(d, Options(jobs=1, db=db))
     assert a.con.execute("SELECT DISTINCT name FROM kernels WHERE name LIKE '%gemm%'").fetchall() == [
         ("void gemm_kernel<float>(float*)",)]
     a.con.close()
@@ -391,12 +392,12 @@ def test_a_file_changed_with_size_and_mtime_kept_is_parsed_again(tmp_path):
     f.write_bytes(f.read_bytes().replace(b"gemm_kernel", b"gemv_kernel"))  # same size
     os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))  # as cp -p or touch -r would
     assert (f.stat().st_size, f.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
-    a = analyze(d, jobs=1, db=db)
+    a = analyze(d, Options(jobs=1, db=db))
     assert not a.model.get("cached") and a.model["runs"][0]["files"][0]["cached"] is False
     assert a.con.execute("SELECT DISTINCT name FROM kernels WHERE name LIKE '%gem%'").fetchall() == [
         ("void gemv_kernel<float>(float*)",)]
     a.con.close()
-    a = analyze(d, jobs=1, db=db)  # unchanged now: the cache answers
+    a = analyze(d, Options(jobs=1, db=db))  # unchanged now: the cache answers
     assert a.model.get("cached") is True
 
 
@@ -422,11 +423,11 @@ def test_rows_of_files_that_left_the_folder_are_deleted(tmp_path):
     for r in range(3):
         write_trace(d / f"rank{r}.json", r, 3, events(4))
     db = tmp_path / "r.duckdb"
-    a = analyze(d, jobs=1, db=db)
+    a = analyze(d, Options(jobs=1, db=db))
     assert a.con.execute("SELECT count(*) FROM kernels").fetchone() == (24,)
     a.con.close()
     (d / "rank2.json").unlink()
-    a = analyze(d, jobs=1, db=db)
+    a = analyze(d, Options(jobs=1, db=db))
     assert a.con.execute("SELECT count(*), list(path ORDER BY path) FROM files").fetchone() == (
         2, [str((d / f"rank{r}.json").resolve()) for r in (0, 1)])
     for t in ("kernels", "cpu_ops", "comm_events"):
@@ -531,7 +532,7 @@ def test_fuzz_header_fields_through_the_report(tmp_path_factory, rank, world, di
     bad = d / "rank1.json"
     bad.write_text(json.dumps({"distributedInfo": di, "deviceProperties": props, "baseTimeNanoseconds": base,
                                "traceEvents": events(3)}, default=str))
-    a = analyze(d, jobs=1)
+    a = analyze(d, Options(jobs=1))
     ranks = ranks_of(a.model)
     assert 0 in ranks and all(0 <= r < names.MAX_WORLD_SIZE for r in ranks)
     json.loads(to_json(a.model))

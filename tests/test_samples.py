@@ -7,6 +7,7 @@ import json
 import pytest
 
 from tests.conftest import SAMPLES, sample
+from traceanalyze.options import Options
 from traceanalyze.pipeline import analyze
 
 SCENARIOS = ["healthy", "straggler", "precision_fp32", "precision_bf16", "compile_cold", "compile_warm",
@@ -17,7 +18,7 @@ SCENARIOS = ["healthy", "straggler", "precision_fp32", "precision_bf16", "compil
 def test_every_rank_and_profiler_step_is_read(name):
     path = sample(name)
     truth = json.loads((path / "scenario.json").read_text())
-    a = analyze(path, jobs=1)
+    a = analyze(path, Options(jobs=1))
     (run,) = a.model["runs"]
     assert run["mode"] == "cpu" and run["backend"] == "gloo"
     assert run["world_size"] == truth["world_size"]
@@ -33,8 +34,8 @@ def test_every_rank_and_profiler_step_is_read(name):
 
 
 def test_bf16_run_has_bf16_matmuls_and_fp32_run_has_none():
-    bf16 = analyze(sample("precision_bf16"), jobs=1).model["runs"][0]
-    fp32 = analyze(sample("precision_fp32"), jobs=1).model["runs"][0]
+    bf16 = analyze(sample("precision_bf16"), Options(jobs=1)).model["runs"][0]
+    fp32 = analyze(sample("precision_fp32"), Options(jobs=1)).model["runs"][0]
     mix16 = {m["dtype"]: m["pct"] for m in bf16["dtype_mix"]}
     mix32 = {m["dtype"]: m["pct"] for m in fp32["dtype_mix"]}
     assert mix16.get("bf16", 0) > 90  # aten::mm / addmm under autocast take c10::BFloat16 inputs
@@ -43,8 +44,8 @@ def test_bf16_run_has_bf16_matmuls_and_fp32_run_has_none():
 
 
 def test_cold_compile_holds_the_compile_ranges_and_the_warm_one_far_less():
-    cold = analyze(sample("compile_cold"), jobs=1)
-    warm = analyze(sample("compile_warm"), jobs=1)
+    cold = analyze(sample("compile_cold"), Options(jobs=1))
+    warm = analyze(sample("compile_warm"), Options(jobs=1))
     names = {n for (n,) in cold.con.execute("SELECT DISTINCT name FROM cpu_ops").fetchall()}
     assert {"entire_frame_compile", "backend_compile", "inductor_compile"} <= names
     c, w = cold.model["runs"][0]["compile"], warm.model["runs"][0]["compile"]
@@ -54,15 +55,15 @@ def test_cold_compile_holds_the_compile_ranges_and_the_warm_one_far_less():
 
 
 def test_dataloader_time_is_measured_per_rank():
-    run = analyze(sample("dataloader_bound"), jobs=1).model["runs"][0]
-    healthy = analyze(sample("healthy"), jobs=1).model["runs"][0]
+    run = analyze(sample("dataloader_bound"), Options(jobs=1)).model["runs"][0]
+    healthy = analyze(sample("healthy"), Options(jobs=1)).model["runs"][0]
     assert min(run["dataloader"]["share_pct"].values()) > 30
     assert healthy["dataloader"] is None or max(healthy["dataloader"]["share_pct"].values()) < 10
 
 
 def test_grad_accum_runs_and_trainer_banner():
     path = sample("grad_accum")
-    m = analyze(path, jobs=1).model
+    m = analyze(path, Options(jobs=1)).model
     runs = {r["name"]: r for r in m["runs"]}
     assert runs["1proc"]["world_size"] == 1 and runs["2proc"]["world_size"] == 2
     assert runs["2proc"]["log_facts"]["gradient_accumulation_steps"] == ["8"]

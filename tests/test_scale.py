@@ -16,6 +16,7 @@ import pytest
 
 from traceanalyze.ingest import load, parse
 from traceanalyze.ingest.parse import parse_trace
+from traceanalyze.options import Options
 from traceanalyze.pipeline import analyze
 
 
@@ -86,19 +87,19 @@ def test_split_file_with_args_arrays_gives_the_unsplit_rows(tmp_path, monkeypatc
     one = tmp_path / "whole" / "rank0.json"
     one.parent.mkdir()
     one.write_bytes(data)
-    whole = analyze(one, jobs=1)
+    whole = analyze(one, Options(jobs=1))
     monkeypatch.setattr(parse, "SPLIT_MIN_BYTES", 1 << 16)
     monkeypatch.setattr(load, "PART_BYTES", len(data) // 5 + 1)
     wholes = []
     real_whole = load._FileLoad._parse_whole
     monkeypatch.setattr(load._FileLoad, "_parse_whole", lambda self: wholes.append(1) or real_whole(self))
     q = "SELECT * EXCLUDE (file_id) FROM {} ORDER BY ALL"
-    good = analyze(plain.parent, jobs=2)  # split at the points split_points finds
+    good = analyze(plain.parent, Options(jobs=2))  # split at the points split_points finds
     assert len(parse.split_points(plain, 5)) == 5 and wholes == []
     bad_points = [0] + [m.start() + 3 for m in re.finditer(rb'\}, \{"ph": "X", "cat": "cpu_op", "name": "fake"', data)
                         ][::1000]
     monkeypatch.setattr(parse, "split_points", lambda path, n: bad_points)
-    forced = analyze(plain.parent, jobs=2)  # cut inside args arrays: detected, parsed whole
+    forced = analyze(plain.parent, Options(jobs=2))  # cut inside args arrays: detected, parsed whole
     assert wholes == [1]
     for t in ("kernels", "cpu_ops", "comm_events", "threads"):
         want = whole.con.execute(q.format(t)).fetchall()
@@ -196,11 +197,11 @@ def test_many_files_share_a_transaction_and_give_the_same_rows(tmp_path, monkeyp
     calls = []
     real_insert = load._insert_part
     monkeypatch.setattr(load, "_insert_part", lambda con, *a: calls.append(len(a[0])) or real_insert(con, *a))
-    batched = analyze(d, jobs=2)
+    batched = analyze(d, Options(jobs=2))
     assert calls == [5]
     monkeypatch.setattr(load, "TRANSACTION_FILES", 1)
     calls.clear()
-    single = analyze(d, jobs=2)
+    single = analyze(d, Options(jobs=2))
     assert calls == [1] * 5
     for t in ("files", "kernels", "cpu_ops", "comm_events", "threads"):
         q = f"SELECT * FROM {t} ORDER BY ALL"
@@ -236,9 +237,9 @@ def test_big_gzip_is_inflated_into_parts_parsed_in_parallel_with_the_same_rows(t
     single = tmp_path / "one" / "rank0.json.gz"
     single.parent.mkdir()
     single.write_bytes(gzip.compress(data))
-    want = analyze(single.parent, jobs=1)
+    want = analyze(single.parent, Options(jobs=1))
     d, parts, wholes = _gz_split_setup(tmp_path, monkeypatch, _gzip_members(data, [0, n // 3, n]), n)
-    got = analyze(d, jobs=2)
+    got = analyze(d, Options(jobs=2))
     assert len(parts) >= 4 and wholes == []
     q = "SELECT * EXCLUDE (file_id) FROM {} ORDER BY ALL"
     for t in ("kernels", "cpu_ops", "comm_events", "threads"):
@@ -256,9 +257,9 @@ def test_damaged_big_gzip_is_parsed_whole_and_says_so_as_before(tmp_path, monkey
     plain = tmp_path / "one" / "rank0.json.gz"
     plain.parent.mkdir()
     plain.write_bytes(raw)
-    want = analyze(plain.parent, jobs=1)
+    want = analyze(plain.parent, Options(jobs=1))
     d, parts, wholes = _gz_split_setup(tmp_path, monkeypatch, raw, len(data))
-    got = analyze(d, jobs=2)
+    got = analyze(d, Options(jobs=2))
     assert len(parts) >= 3 and wholes == [1]
     q = "SELECT * EXCLUDE (file_id) FROM {} ORDER BY ALL"
     for t in ("kernels", "cpu_ops"):

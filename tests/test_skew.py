@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.synth import all_to_all_job, write_trace
+from traceanalyze.options import Options
 from traceanalyze.pipeline import analyze
 
 # rank 5 arrives last; rank 0 waits longest (7.6 ms), rank 1 least (0.5 ms)
@@ -16,7 +17,7 @@ def _job(folder, waits, lead=None, **kw):
     for r in range(len(waits)):
         write_trace(folder / f"rank{r}.json", r, all_to_all_job(r, waits, lead_us=(lead or {}).get(r, 0.0), **kw),
                     world_size=len(waits), backend="nccl")
-    a = analyze(folder, jobs=1)
+    a = analyze(folder, Options(jobs=1))
     return a, a.model["runs"][0]
 
 
@@ -108,7 +109,7 @@ def test_collective_skew_exact_values_two_ranks(tmp_path):
     for r in range(2):
         write_trace(tmp_path / "two" / f"rank{r}.json", r, all_to_all_job(r, waits, compute_us=5000.0),
                     world_size=2, backend="nccl", base_ns=1_700_000_000_000_000_000 + r * 3_000_000)
-    a = analyze(tmp_path / "two", jobs=1)
+    a = analyze(tmp_path / "two", Options(jobs=1))
     rows = a.con.execute("SELECT instance_id, step, collective, rank, n_ranks, arrival_us, step_offset_us, wait_us, "
                          "dur_us, transfer_us, is_last, last_rank FROM collective_skew ORDER BY rank").fetchall()
     assert rows == [(0, 1, "all_to_all", 0, 2, pytest.approx(5060.0), pytest.approx(5060.0), pytest.approx(1200.0),

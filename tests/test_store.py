@@ -10,6 +10,7 @@ import pytest
 from tests.conftest import real
 from tests.test_discover import tiny_trace
 from traceanalyze.errors import TraceanalyzeError
+from traceanalyze.options import Options
 from traceanalyze.pipeline import analyze
 from traceanalyze.store import SCHEMA_VERSION, checkpoint_meanwhile, connect
 
@@ -17,7 +18,7 @@ from traceanalyze.store import SCHEMA_VERSION, checkpoint_meanwhile, connect
 def test_rerun_reuses_the_database_without_parsing(tmp_path, monkeypatch):
     src = real("hta/trace_filter")
     db = tmp_path / "cache.duckdb"
-    first = analyze(src, db=db, jobs=1)
+    first = analyze(src, Options(db=db, jobs=1))
     idle = [r["idle_pct"] for r in first.model["runs"][0]["ranks"]]
     first.con.close()
     from traceanalyze.ingest import parse
@@ -26,7 +27,7 @@ def test_rerun_reuses_the_database_without_parsing(tmp_path, monkeypatch):
         raise AssertionError("parsed again")
 
     monkeypatch.setattr(parse, "parse_trace", boom)
-    second = analyze(src, db=db, jobs=1)
+    second = analyze(src, Options(db=db, jobs=1))
     assert all(f["cached"] for f in second.model["runs"][0]["files"])
     assert [r["idle_pct"] for r in second.model["runs"][0]["ranks"]] == idle
     n, = second.con.execute("SELECT count(*) FROM kernels").fetchone()
@@ -37,9 +38,9 @@ def test_rerun_reuses_the_database_without_parsing(tmp_path, monkeypatch):
 def test_changed_file_is_parsed_again(tmp_path):
     shutil.copy(real("hta/trace_filter") / "sampled_rank-0.json.gz", tmp_path / "r0.json.gz")
     db = tmp_path / "c.duckdb"
-    analyze(tmp_path, db=db, jobs=1).con.close()
+    analyze(tmp_path, Options(db=db, jobs=1)).con.close()
     tiny_trace(tmp_path / "r0.json.gz", 0, 2)
-    a = analyze(tmp_path, db=db, jobs=1)
+    a = analyze(tmp_path, Options(db=db, jobs=1))
     assert not a.model["runs"][0]["files"][0]["cached"]
     assert a.con.execute("SELECT count(*) FROM kernels").fetchone() == (2,)
 
@@ -47,12 +48,12 @@ def test_changed_file_is_parsed_again(tmp_path):
 def test_database_of_an_older_schema_is_rebuilt(tmp_path):
     shutil.copy(real("hta/trace_filter") / "sampled_rank-0.json.gz", tmp_path / "r0.json.gz")
     db = tmp_path / "c.duckdb"
-    analyze(tmp_path, db=db, jobs=1).con.close()
+    analyze(tmp_path, Options(db=db, jobs=1)).con.close()
     con = connect(db)  # pretend a version-1 database: event tables with the collective columns, a cached file
     con.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
     con.execute("ALTER TABLE kernels ADD COLUMN collective VARCHAR")
     con.close()
-    a = analyze(tmp_path, db=db, jobs=1)
+    a = analyze(tmp_path, Options(db=db, jobs=1))
     assert not a.model["runs"][0]["files"][0]["cached"]  # parsed again into the new tables
     assert a.con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == (str(SCHEMA_VERSION),)
     assert "collective" not in [r[0] for r in a.con.execute("DESCRIBE kernels").fetchall()]
@@ -62,8 +63,8 @@ def test_database_of_an_older_schema_is_rebuilt(tmp_path):
 
 def test_parallel_parse_gives_the_same_numbers():
     src = real("hta/trace_filter")
-    one = analyze(src, jobs=1).model["runs"][0]["ranks"]
-    two = analyze(src, jobs=2).model["runs"][0]["ranks"]
+    one = analyze(src, Options(jobs=1)).model["runs"][0]["ranks"]
+    two = analyze(src, Options(jobs=2)).model["runs"][0]["ranks"]
     assert [r["idle_pct"] for r in one] == [r["idle_pct"] for r in two]
 
 
@@ -85,11 +86,11 @@ def test_locked_database_gives_a_clear_error(tmp_path):
 def test_cached_report_is_reused_only_for_the_same_inputs_and_options(tmp_path):
     src = real("hta/trace_filter")
     db = tmp_path / "m.duckdb"
-    analyze(src, db=db, jobs=1).con.close()
-    again = analyze(src, db=db, jobs=1)
+    analyze(src, Options(db=db, jobs=1)).con.close()
+    again = analyze(src, Options(db=db, jobs=1))
     assert again.model.get("cached") is True  # same files, same options: the stored model
     again.con.close()
-    other = analyze(src, db=db, jobs=1, link_bw_gbps=12.0)  # an option changed: recomputed, files still cached
+    other = analyze(src, Options(db=db, jobs=1, link_bw_gbps=12.0))  # an option changed: recomputed, files still cached
     assert "cached" not in other.model
     assert other.model["runs"][0]["link"] == {"expected_gbps": 12.0, "source": "--link-bw"}
     assert all(f["cached"] for f in other.model["runs"][0]["files"])

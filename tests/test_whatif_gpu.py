@@ -18,6 +18,7 @@ from tests.conftest import shared
 from tests.synth import x
 from traceanalyze import matmath
 from traceanalyze.hardware import GPU_SPECS, GpuInfo, gpu_peaks
+from traceanalyze.options import Options
 from traceanalyze.pipeline import analyze
 from traceanalyze.replay import graph as gr
 from traceanalyze.replay import precision
@@ -69,7 +70,7 @@ def _conv_trace(path: Path, steps: int = 4, layer: tuple = CONV, step_us: float 
 
 def test_bf16_and_tf32_whatifs_move_fp32_convolutions(tmp_path):
     _conv_trace(tmp_path / "rank0.pt.trace.json")
-    a = analyze(tmp_path, jobs=1)
+    a = analyze(tmp_path, Options(jobs=1))
     (run,) = a.model["runs"]
     con = a.con
     assert (run["gpu_model"], run["gpu_capability"]) == ("NVIDIA H100 80GB HBM3", "sm90")
@@ -214,7 +215,7 @@ def test_no_whatif_below_the_kernel_busy_time(tmp_path_factory, steps):
     at the step's estimate); the run's prediction is the median over steps, and the median is monotone."""
     folder = tmp_path_factory.mktemp("gen")
     per_step = _gen_trace(folder / "rank0.pt.trace.json", steps)
-    a = analyze(folder, jobs=1)
+    a = analyze(folder, Options(jobs=1))
     (run,) = a.model["runs"]
     measured = {r["step"]: r["step_time_us"] for r in run["steps"]}
     assert measured, "no counted step"
@@ -258,7 +259,7 @@ def test_gpu_bound_real_trace_whatifs_stay_above_the_kernels():
     assert len(busy) == 4
     per_step = sum(busy.values()) / len(busy)
     assert 210_000 < per_step < 218_000
-    a = analyze(folder, jobs=1)
+    a = analyze(folder, Options(jobs=1))
     (run,) = a.model["runs"]
     counted = [busy[f"ProfilerStep#{r['step']}"] for r in run["steps"]]
     floor = statistics.median(counted)
@@ -299,7 +300,7 @@ def _split_kernel_time(trace: Path) -> tuple[float, float]:
 
 
 def _h200(side: str) -> dict:
-    return analyze(shared(f"traces/gpu/h200/{side}"), jobs=1).model
+    return analyze(shared(f"traces/gpu/h200/{side}"), Options(jobs=1)).model
 
 
 def test_h200_precision_offers_tf32_first_and_prices_both_precisions():

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from tests.synth import write_gpu_job
+from traceanalyze.options import Options
 from traceanalyze.pipeline import analyze
 from traceanalyze.replay import graph as gr
 from traceanalyze.replay.scenarios import host
@@ -82,7 +83,7 @@ def _random_graph(g: gr.Graph, rng: np.random.Generator) -> gr.Graph:
 @pytest.fixture(scope="module")
 def gpu40(tmp_path_factory) -> gr.Graph:
     folder = write_gpu_job(tmp_path_factory.mktemp("job"), 40, steps=4, straggler=17)
-    a = analyze(folder, jobs=1)
+    a = analyze(folder, Options(jobs=1))
     return gr.build(a.con, 1, "gpu", 40)
 
 

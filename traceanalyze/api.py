@@ -21,7 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 from traceanalyze import pipeline
 from traceanalyze.errors import TraceanalyzeError
+from traceanalyze.options import Options
 from traceanalyze.report import render_html, render_markdown
+from traceanalyze.report.assemble import to_json
 from traceanalyze.safety import atomic_write_text, check_outputs
 from traceanalyze.store import open_untrusted, untrusted_error
 
@@ -48,7 +50,7 @@ def _pd():
 def analyze(inputs: str | Path | list[str | Path], *, baseline: str | Path | list[str | Path] | None = None,
             db: str | Path | None = None, jobs: int | None = None, link_bw_gbps: float | None = None,
             peak_tflops: float | None = None, gpu: str | None = None,
-            follow_external_symlinks: bool = False) -> Report:
+            follow_external_symlinks: bool = False, max_decompressed_bytes: int | None = None) -> Report:
     """Analyze the traces (and logs) under ``inputs`` and return a :class:`Report`.
 
     Args:
@@ -62,7 +64,9 @@ def analyze(inputs: str | Path | list[str | Path], *, baseline: str | Path | lis
         gpu: the GPU when the traces' ``deviceProperties`` do not say: a name (``"V100"``) or a compute capability
             (``"sm80"``); precision advice depends on it (:mod:`traceanalyze.hardware`).
         follow_external_symlinks: read what symlinks inside the input folders point to outside them (skipped with
-            a warning by default; README, Safety).
+            a warning by default; docs/safety.md).
+        max_decompressed_bytes: bound in bytes on what one trace, log or config may inflate to (gzip bombs;
+            default :data:`traceanalyze.limits.DEFAULT_MAX_DECOMPRESSED`): a file over it is a warning row.
 
     Returns:
         :class:`Report` (close it, or use it as a context manager, to release a ``db`` file).
@@ -70,9 +74,11 @@ def analyze(inputs: str | Path | list[str | Path], *, baseline: str | Path | lis
     Raises:
         TraceanalyzeError: an input does not exist, nothing to analyze was found, or the database is in use
             or unusable. Unreadable trace files do not raise: they are listed in ``Report.warnings``.
+        UsageError: an option is out of range (:class:`traceanalyze.options.Options`).
     """
-    a = pipeline.analyze(inputs, db=db, baseline=baseline, jobs=jobs, link_bw_gbps=link_bw_gbps,
-                         peak_tflops=peak_tflops, gpu=gpu, follow_external_symlinks=follow_external_symlinks)
+    options = Options(baseline=baseline, db=db, jobs=jobs, link_bw_gbps=link_bw_gbps, peak_tflops=peak_tflops, gpu=gpu,
+                      follow_external_symlinks=follow_external_symlinks, max_decompressed_bytes=max_decompressed_bytes)
+    a = pipeline.analyze(inputs, options)
     return Report(a.con, a.model, db_path=a.db_path)
 
 
@@ -250,7 +256,7 @@ class Report:
 
     # ---- outputs --------------------------------------------------------------------------------------------
     def _check_output(self, name: str, path: str | Path) -> None:
-        """Refuse an output that is one of the report's inputs (traces, sidecars) or its database (README, Safety:
+        """Refuse an output that is one of the report's inputs (traces, sidecars) or its database (docs/safety.md:
         outputs never equal inputs). Raises UsageError."""
         inputs = [e["path"] for r in self.model.get("runs") or [] for key in ("files", "sidecars")
                   for e in r.get(key) or [] if isinstance(e, dict) and e.get("path")]
@@ -261,7 +267,7 @@ class Report:
 
         Raises: OSError when ``path`` cannot be written; UsageError when it is an input of the report.
         """
-        text = pipeline.to_json(self.model)
+        text = to_json(self.model)
         if path is not None:
             self._check_output("path", path)
             atomic_write_text(path, text)

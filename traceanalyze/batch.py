@@ -72,11 +72,16 @@ from traceanalyze.discover import discover
 from traceanalyze.errors import TraceanalyzeError, UsageError, one_line
 from traceanalyze.executors import DaskExecutor, LocalExecutor
 from traceanalyze.limits import REGRESSION_THRESHOLD
+from traceanalyze.options import Options
 from traceanalyze.report import render_batch_index, render_html
+from traceanalyze.report.assemble import to_json
 from traceanalyze.safety import atomic_path, atomic_write_text, check_outputs
 from traceanalyze.store import CATALOG_DDL, CATALOG_VERSION
 from traceanalyze.version import __version__
 
+# the Options fields a batch takes (``--link-bw``, ``--peak-tflops``): they travel in each task and enter each run's
+# fingerprint; every run is parsed by one process (``jobs=1``: the batch runs several at once)
+BATCH_OPTIONS = ("link_bw_gbps", "peak_tflops")
 _EPOCH_NS = 10**18  # event times above this are epoch ns (after 2001-09-09); below, a trace-relative clock
 
 _RUN_COLUMNS = [name for name, _ in store.table_columns(CATALOG_DDL, "runs")]
@@ -147,8 +152,7 @@ def analyze_run(task: dict) -> dict:
     row["date"], row["date_source"] = _mtime_date(task["path"]), "mtime"
     result = {"run": row, "findings": [], "rank_metrics": []}
     try:
-        a = pipeline.analyze(task["files"], db=out / "report.duckdb", jobs=1, link_bw_gbps=task.get("link_bw_gbps"),
-                             peak_tflops=task.get("peak_tflops"))
+        a = pipeline.analyze(task["files"], run_options(task, out / "report.duckdb"))
     except Exception as exc:  # a bad run must not stop the batch: its row says why
         row["error"] = one_line(exc)
         row["analyze_s"] = round(time.perf_counter() - t0, 3)
@@ -165,11 +169,17 @@ def analyze_run(task: dict) -> dict:
     return result
 
 
+def run_options(task: dict, db: Path, baseline: list | None = None) -> Options:
+    """The :class:`Options` of one run's analysis: the batch's options (:data:`BATCH_OPTIONS`) that ``task``
+    carries, its database and, for a regression's comparison, the reference run's files as the baseline."""
+    return Options(baseline=baseline, db=db, jobs=1, **{k: task.get(k) for k in BATCH_OPTIONS})
+
+
 def _fill_row(a, row: dict, result: dict, out: Path, rel: str) -> None:
     """Write one analyzed run's report files and fill its catalog row, rank metrics and findings."""
     model = a.model
     run = next((r for r in model["runs"] if r.get("role") == "subject"), model["runs"][0])
-    atomic_write_text(out / "report.json", pipeline.to_json(model))
+    atomic_write_text(out / "report.json", to_json(model))
     row["report_json"] = f"{rel}/report.json"
     atomic_write_text(out / "report.html", render_html(model))
     row["report_html"], row["report_db"] = f"{rel}/report.html", f"{rel}/report.duckdb"
@@ -237,14 +247,13 @@ def explain_regression(task: dict) -> dict:
         if not db.exists() and (out / "report.duckdb").exists():
             with atomic_path(db) as tmp:  # the run's traces are parsed already: a warm cache, never half a copy
                 shutil.copyfile(out / "report.duckdb", tmp)
-        a = pipeline.analyze(task["files"], baseline=task["ref_files"], db=db, jobs=1,
-                             link_bw_gbps=task.get("link_bw_gbps"), peak_tflops=task.get("peak_tflops"))
+        a = pipeline.analyze(task["files"], run_options(task, db, task["ref_files"]))
     except Exception as exc:
         res["regression_error"] = one_line(exc)
         return res
     try:
         model = a.model
-        atomic_write_text(out / "regression.json", pipeline.to_json(model))
+        atomic_write_text(out / "regression.json", to_json(model))
         atomic_write_text(out / "regression.html", render_html(model))
         res["regression_report"] = f"runs/{task['slug']}/regression.html"
         comp = model.get("comparison") or {}
@@ -397,11 +406,12 @@ def run_batch(archive: str | Path, outdir: str | Path, *, jobs: int | None = Non
     jobs = jobs or os.cpu_count() or 1
     if scheduler:
         executor = "dask"
-    options = {"link_bw_gbps": link_bw_gbps, "peak_tflops": peak_tflops}
+    opts = Options(link_bw_gbps=link_bw_gbps, peak_tflops=peak_tflops)  # validated before any work
+    options = {k: getattr(opts, k) for k in BATCH_OPTIONS}  # plain values: tasks travel to other processes
     specs = find_runs(archive)
     if not specs:
         raise TraceanalyzeError(f"{archive}: no run found (no Kineto trace or training log in any folder)")
-    # outputs: never an input of any run (README, Safety), checked before anything is written
+    # outputs: never an input of any run (docs/safety.md), checked before anything is written
     check_outputs([("catalog", outdir / "catalog.duckdb"), ("index", outdir / "index.html")],
                   [f for s in specs for f in s["files"]], [archive])
     if outdir.resolve() == archive.resolve():

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import click
 
+from traceanalyze import options, pipeline
 from traceanalyze.api import load
 from traceanalyze.errors import (
     EXIT_INTERNAL,
@@ -30,13 +31,15 @@ from traceanalyze.errors import (
     EXIT_WRITE,
     EnvironmentFailure,
     TraceanalyzeError,
+    UsageError,
 )
 from traceanalyze.findings import DIED_KINDS
 from traceanalyze.fmt import finite, fmt_float, ranges
 from traceanalyze.ingest import block_pandas
 from traceanalyze.limits import DEFAULT_MAX_EVENTS, REGRESSION_THRESHOLD
-from traceanalyze.pipeline import analyze, to_json
+from traceanalyze.options import Options
 from traceanalyze.report import render_html, render_markdown
+from traceanalyze.report.assemble import to_json
 from traceanalyze.safety import atomic_write_text, check_outputs, terminal, terminal_block
 from traceanalyze.store import checkpoint_meanwhile, open_untrusted, untrusted_error
 from traceanalyze.version import __version__
@@ -174,6 +177,38 @@ class _Size(click.ParamType):
         return int(float(m.group(1)) * 1024 ** " KMGT".index(m.group(2).upper() or " "))
 
 
+class _Checked(click.ParamType):
+    """A value converted by click's ``base`` type, then validated by :func:`traceanalyze.options.check` as the
+    :class:`Options` field ``field``: the message a user sees for a bad value is the one the Python API raises."""
+
+    def __init__(self, field: str, base: click.ParamType, name: str) -> None:
+        self.field, self.base, self.name = field, base, name
+
+    def convert(self, value, param, ctx):
+        value = self.base.convert(value, param, ctx)
+        try:
+            return options.check(self.field, value)
+        except UsageError as exc:
+            self.fail(f"{exc}.", param, ctx)
+
+
+# Each Options field and the ``report`` options that set it: tests/test_options.py fails when a field has none
+OPTION_FLAGS: dict[str, tuple[str, ...]] = {
+    "baseline": ("--baseline",),
+    "db": ("--db",),
+    "outputs": ("--output", "--json", "--md", "--export"),
+    "jobs": ("--jobs",),
+    "link_bw_gbps": ("--link-bw",),
+    "peak_tflops": ("--peak-tflops",),
+    "max_decompressed_bytes": ("--max-decompressed",),
+    "gpu": ("--gpu",),
+    "follow_external_symlinks": ("--follow-external-symlinks",),
+    "executor": ("--executor",),
+    "scheduler": ("--scheduler",),
+    "read_only_hit": ("--export",),  # without --export a cached report is read with a read-only connection
+}
+
+
 class _SafeGroup(click.Group):
     """click's group, but click's own error messages (which quote the paths given) go through
     :func:`terminal_block` too: a bad path with an ANSI escape or a bidi override prints as ``?``."""
@@ -216,10 +251,11 @@ def cli(ctx: click.Context, debug: bool) -> None:
 @click.option("--db", type=click.Path(dir_okay=False), help="DuckDB file to write and reuse as a parse cache "
               "(default: next to the report, .duckdb).")
 @click.option("--baseline", multiple=True, type=click.Path(), help="Traces of a run to compare against.")
-@click.option("-j", "--jobs", type=click.IntRange(1, 256), help="Parallel parse processes (default: CPUs).")
-@click.option("--link-bw", type=click.FloatRange(min=0, min_open=True), metavar="GB/s",
+@click.option("-j", "--jobs", type=_Checked("jobs", click.INT, "integer range"),
+              help=f"Parallel parse processes (default: CPUs), 1 to {options.MAX_JOBS}.")
+@click.option("--link-bw", type=_Checked("link_bw_gbps", click.FLOAT, "float"), metavar="GB/s",
               help="Expected per-direction link bandwidth between ranks, to judge busbw against.")
-@click.option("--peak-tflops", type=click.FloatRange(min=0, min_open=True), metavar="TFLOPS",
+@click.option("--peak-tflops", type=_Checked("peak_tflops", click.FLOAT, "float"), metavar="TFLOPS",
               help="Dense peak of one GPU for the main matmul dtype, for MFU.")
 @click.option("--gpu", metavar="NAME|smXY", help="The GPU, when the trace's deviceProperties do not say: a name "
               "(V100, A100, H100, ...) or a compute capability (sm70, sm80, 9.0); precision advice depends on it.")
@@ -270,14 +306,14 @@ def report(ctx: click.Context, paths: tuple[str, ...], output: str | None, json_
             from traceanalyze.export import export_target
 
             outputs.append(("--export", export_target(out, export_path)))
+        opts = Options(baseline=baseline, db=db_path, outputs=tuple(outputs), jobs=jobs, link_bw_gbps=link_bw,
+                       peak_tflops=peak_tflops, max_decompressed_bytes=max_decompressed, gpu=gpu,
+                       follow_external_symlinks=follow_external_symlinks, executor=executor, scheduler=scheduler,
+                       read_only_hit=not export_path)  # the export reads the database with file access
         prog = _Progress(enabled=not quiet and sys.stderr.isatty())
         _stage(ctx, "reading and analyzing the traces")
         try:
-            a = analyze(list(paths), db=db_path, baseline=list(baseline) or None, jobs=jobs,
-                        progress=prog.step, on_total=prog.total, link_bw_gbps=link_bw, peak_tflops=peak_tflops,
-                        max_decompressed=max_decompressed, gpu=gpu, outputs=outputs,
-                        follow_external_symlinks=follow_external_symlinks, executor=executor, scheduler=scheduler,
-                        read_only_hit=not export_path)  # the export reads the database with file access
+            a = pipeline.analyze(list(paths), opts, progress=prog)
         finally:
             prog.close()
         # the database's last writes reach its file while the report renders (the export reads the file)
@@ -346,7 +382,8 @@ def _write_report(ctx: click.Context, a, out: Path | None, fmt: str, json_path: 
 @click.option("--run", "run_name", help="Run to export (default: the first subject run).")
 @click.option("--max-events", type=click.IntRange(min=1), default=DEFAULT_MAX_EVENTS, show_default=True,
               help="Bound on events written: findings and annotations first, then kernels, then top-level ops.")
-@click.option("-j", "--jobs", type=click.IntRange(1, 256), help="Parallel parse processes (default: CPUs).")
+@click.option("-j", "--jobs", type=_Checked("jobs", click.INT, "integer range"),
+              help=f"Parallel parse processes (default: CPUs), 1 to {options.MAX_JOBS}.")
 @click.option("-q", "--quiet", is_flag=True, help="No summary line.")
 @click.pass_context
 def export(ctx: click.Context, paths: tuple[str, ...], output: str, db: str | None, run_name: str | None,
@@ -371,7 +408,7 @@ def export(ctx: click.Context, paths: tuple[str, ...], output: str, db: str | No
             con = rep.con
         else:
             _stage(ctx, "reading and analyzing the traces")
-            con = analyze(list(paths), db=db, jobs=jobs, outputs=[("-o", output)]).con
+            con = pipeline.analyze(list(paths), Options(db=db, jobs=jobs, outputs=(("-o", output),))).con
         try:
             _stage(ctx, f"writing the merged trace {output}")
             res = export_trace(con, output, run=run_name, max_events=max_events)
@@ -407,7 +444,7 @@ def sql(ctx: click.Context, db: str, query: str, as_csv: bool) -> None:
     import duckdb
 
     def run() -> None:
-        # the database may come from anyone: read-only, no file access, no extensions (README, Safety)
+        # the database may come from anyone: read-only, no file access, no extensions (docs/safety.md)
         con = open_untrusted(db)
         try:
             try:

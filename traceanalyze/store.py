@@ -9,7 +9,7 @@ This module is the only one that holds DDL: the report database (:data:`DDL`, th
 replay tables) and the batch catalog (:data:`CATALOG_DDL`). The columns of the tables the parser fills are read
 from that DDL (:data:`EVENT_COLUMNS`), so :mod:`traceanalyze.ingest.parse` builds its Arrow schemas from them.
 
-It also recognises our DuckDB files (README, "Safety"): ``--db``, the parse cache and the batch catalog change only
+It also recognises our DuckDB files (docs/safety.md): ``--db``, the parse cache and the batch catalog change only
 a DuckDB file that traceanalyze created, recognised by its marker table (:data:`MARKER_TABLE`: tool, schema
 version, role; :func:`check_own_db`), and a database a user hands in is opened read-only, without file-system
 access and without extension autoload/autoinstall, its configuration locked (:func:`open_untrusted`).
@@ -23,7 +23,7 @@ import errno
 import hashlib
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import duckdb
@@ -699,10 +699,53 @@ def write_marker(con: duckdb.DuckDBPyConnection, schema_version: int, role: str)
         con.execute(f"INSERT INTO {MARKER_TABLE} VALUES (?, ?, ?)", [TOOL, schema_version, role])
 
 
-# the cache key's content part (README, Safety: the cache is never stale); NULL in a database of an earlier
+# the cache key's content part (docs/safety.md: the cache is never stale); NULL in a database of an earlier
 # version, so none of its rows is reused before the file is read again
 _FINGERPRINT_DDL = "ALTER TABLE files ADD COLUMN IF NOT EXISTS fingerprint VARCHAR;\n"
 # the tables :data:`DDL` creates, and the stamp :func:`connect` leaves once the schema is in place (_schema_current)
 _DDL_TABLES = tuple(re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", DDL)) + (MARKER_TABLE,)
 _SCHEMA_STAMP = "schema " + hashlib.sha256(
     f"{SCHEMA_VERSION}|{DDL}|{_FINGERPRINT_DDL}|{MACROS}".encode()).hexdigest()[:16]
+
+
+# ---- the report cache: one stored report model per key (tool version, options and input files) ---------------------
+
+def report_cache_key(options_key: str, runs: Iterable[tuple[str, str | None, Iterable[tuple[Path, tuple | None]]]],
+                     skipped: Iterable[tuple[str, str]]) -> str:
+    """SHA-256 (hex) of everything a report depends on: ``options_key`` (the tool's version and the report-affecting
+    options, :meth:`traceanalyze.options.Options.report_key`), each run's path and role with each of its files'
+    identity (``(cache key, fingerprint)`` from :func:`traceanalyze.ingest.file_identity`: size, mtime and content;
+    None for a file gone missing), and the files discovery skipped with why."""
+    h = hashlib.sha256(options_key.encode())
+    for path, role, files in runs:
+        h.update(f"|run {path} {role}".encode())
+        for p, identity in files:
+            h.update((f"|{p} missing" if identity is None else f"|{identity[0][0]} {identity[1]}").encode())
+    for f, m in skipped:
+        h.update(f"|skipped {f} {m}".encode())
+    return h.hexdigest()
+
+
+def cached_report(con: duckdb.DuckDBPyConnection, key: str) -> dict | None:
+    """The report model stored under ``key`` (:func:`report_cache_key`), stamped now (``generated_at``, UTC) and
+    marked cached (the model and each run's files), or None: no such key, or a stored text that is no JSON."""
+    import datetime as dt
+
+    rows = con.execute("SELECT model FROM report_cache WHERE key = ?", [key]).fetchall()
+    if not rows:
+        return None
+    try:
+        cached = json.loads(rows[0][0])
+    except ValueError:
+        return None
+    cached["generated_at"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    cached["cached"] = True
+    for run in cached["runs"]:
+        for f in run["files"]:
+            f["cached"] = True
+    return cached
+
+
+def store_report(con: duckdb.DuckDBPyConnection, key: str, model_json: str) -> None:
+    """Store a report model's compact JSON under its key (:func:`report_cache_key`)."""
+    con.execute("INSERT INTO report_cache VALUES (?, ?)", [key, model_json])
