@@ -13,6 +13,7 @@ from tests.comm_synth import COMBINE, DISPATCH, NOTIFY, write_ep_job
 from tests.conftest import shared
 from traceanalyze import store
 from traceanalyze.metrics.kernels import no_class, short_name, unclassified_kernels, unclassified_warning
+from traceanalyze.options import Options
 from traceanalyze.pipeline import analyze
 
 # The macro before issue 40: communication was NCCL/RCCL alone.
@@ -128,7 +129,7 @@ def test_memory_is_unchanged(con):
 
 
 def _analyze(folder):
-    a = analyze(folder, jobs=1)
+    a = analyze(folder, Options(jobs=1))
     return a, a.model["runs"][0]
 
 

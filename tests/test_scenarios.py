@@ -13,6 +13,7 @@ from traceanalyze import diagnose
 from traceanalyze.diagnose.compare import CHECK_KINDS
 from traceanalyze.diagnose.verdict import OFFERED_FIRST, UNPRICED_KINDS, WIDER_SCENARIO
 from traceanalyze.findings import CAUSES, KINDS
+from traceanalyze.options import Options
 from traceanalyze.pipeline import analyze
 from traceanalyze.replay import whatif
 from traceanalyze.replay.scenarios import ALL, REGISTRY, Scenario, by_name, for_kind
@@ -53,7 +54,7 @@ def test_the_registry_is_in_the_priced_order():
 
 
 def test_a_run_prices_its_scenarios_in_the_registry_order():
-    model = analyze(sample("straggler"), jobs=1).model
+    model = analyze(sample("straggler"), Options(jobs=1)).model
     rows = [w["scenario"] for w in model["runs"][0]["whatif"]]
     priced = [s for s in rows if s != ALL]
     assert len(priced) >= 2 and rows[-1] == ALL

@@ -200,7 +200,7 @@ def analyses(con: duckdb.DuckDBPyConnection, run_id: int, run: Run, mode: str, f
     from concurrent.futures import ThreadPoolExecutor
 
     from traceanalyze import metrics
-    from traceanalyze.metrics import idle
+    from traceanalyze.metrics import idle, kernels
     from traceanalyze.metrics.collectives import CollectiveSummary, analyze_collectives, match_collectives
     from traceanalyze.metrics.host import compile_stats, launch_stats, loader_stats
     from traceanalyze.metrics.precision import analyze_precision
@@ -229,6 +229,8 @@ def analyses(con: duckdb.DuckDBPyConnection, run_id: int, run: Run, mode: str, f
     rank_rows, step_rows = metrics.compute_run_metrics(con, run_id)
     metrics.save(con, rank_rows, step_rows)
     warnings.extend(assemble.window_differences(rank_rows))
+    if good and mode == "gpu":  # kernels of no known class weighing > 5 % of kernel time: a data-quality row
+        warnings.extend(kernels.unclassified_warning(kernels.unclassified_kernels(con, run_id), str(run.path)))
     if rp is None:
         side, link = read_logs(con, run_id, run, facts, options, side_warnings)
     warnings.extend(side_warnings)
