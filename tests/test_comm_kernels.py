@@ -205,8 +205,6 @@ def test_no_kernels_no_rows(tmp_path):
     a.con.close()
 
 
-@pytest.mark.xfail(strict=True, reason="replay/graph.py _match_collectives decides Comms Id / Seq matching for all "
-                   "collective tasks at once: one call-less DeepEP kernel sends the NCCL calls to per-step order")
 def test_call_less_kernels_leave_nccl_matched_by_comms_id(tmp_path):
     """NCCL all-reduces with "Comms Id" beside a DeepEP kernel without any record: the all-reduces stay matched by
     their Comms Id (4 instances, all complete) and the DeepEP kernels pair by their per-step order (2 more)."""

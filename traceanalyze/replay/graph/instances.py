@@ -19,21 +19,22 @@ def match_collectives(con, g: Graph, rc: RunClock, coll_fid: np.ndarray, coll_ts
         return
     meta = _task_meta(_collective_meta(con, rc.run_id, rc.mode), coll_fid, coll_ts, rc.origin)
     # Comms Id when every call has one (identical on all participants by construction, kineto #1286), else
-    # (process group, Seq) when every call has a Seq, else the per-step order
-    use_cid = all(c is not None for c in meta["comms_id"].tolist())
-    use_seq = not use_cid and bool(meta["has_seq"].all())
+    # (process group, Seq) when every call has a Seq, else the per-step order. Decided over the tasks that have a
+    # call: kernels launched with no c10d call (DeepEP, NVSHMEM, custom all-reduce) pair by their own per-step
+    # order and never send the NCCL calls beside them to it
+    called = meta["called"]
+    use_cid = bool(called.any()) and all(c is not None for c in meta["comms_id"][called].tolist())
+    use_seq = not use_cid and bool(called.any()) and bool(meta["has_seq"][called].all())
     rank = g.rank[tasks]
     start, end = g.start[tasks], g.start[tasks] + g.dur[tasks]
-    inst, n_inst = _instances(rank, g.step[tasks], start, meta["pg"], meta["seq"], use_seq,
-                              meta["comms_id"] if use_cid else None)
+    inst, n_inst, by = _instances(rank, g.step[tasks], start, meta, use_seq, use_cid)
     complete, coll_name, inst_bytes, inst_n, reasons = _check_instances(g, rank, inst, n_inst, meta)
     g.inst[tasks] = inst
     g.inst_all = inst
     g.inst_transfer = _instance_transfer(inst, n_inst, complete, start, end)
     g.inst_complete, g.inst_coll = complete, coll_name
     g.inst_bytes, g.inst_n = inst_bytes, inst_n
-    g.inst_matched_by = ["Comms Id" if use_cid else "process group and Seq" if use_seq else "per-step ordinal"
-                         ] * n_inst
+    g.inst_matched_by = by
     # incomplete instances keep their measured durations: no rendezvous
     inc = ~complete[inst]
     g.inst[tasks[inc]] = -1
@@ -65,7 +66,8 @@ def _collective_meta(con, run_id: int, mode: str) -> dict[str, np.ndarray]:
 
 def _task_meta(meta: dict[str, np.ndarray], fid: np.ndarray, ts: np.ndarray, origin: int) -> dict[str, np.ndarray]:
     """Per collective task, its call's :func:`_collective_meta` (looked up by file and start; defaults where none
-    matches): ``op``, ``bytes``, ``seq``, ``has_seq``, ``pg`` ("" for none) and ``pg_ranks``."""
+    matches): ``op``, ``bytes``, ``seq``, ``has_seq``, ``pg`` ("" for none), ``pg_ranks``, ``comms_id`` and
+    ``called`` (whether the task's call was found with a record: a process group, Seq or Comms Id)."""
     mkey = np.array([(f, t) for f, t in zip(meta["fid"].tolist(), meta["ts"].tolist(), strict=True)],
                     dtype=np.int64).reshape(-1, 2)
     order = np.lexsort((mkey[:, 1], mkey[:, 0])) if mkey.size else np.zeros(0, np.int64)
@@ -80,22 +82,35 @@ def _task_meta(meta: dict[str, np.ndarray], fid: np.ndarray, ts: np.ndarray, ori
         v = np.asarray(meta[name])[mi] if found else np.full(fid.size, default)
         return np.where(hit, v, default)
 
+    pg, comms_id, has_seq = col("pg", None), col("comms_id", None), col("has_seq", False).astype(bool)
+    # a record of the call: a process group, a Seq or a Comms Id (kernels of DeepEP, NVSHMEM, ... carry none)
+    called = hit & (has_seq | np.array([bool(p) or c is not None for p, c in zip(pg.tolist(), comms_id.tolist(),
+                                                                               strict=True)], dtype=bool))
     return {"op": col("op", "unknown"), "bytes": col("bytes", 0).astype(np.int64),
-            "seq": col("seq", 0).astype(np.int64), "has_seq": col("has_seq", False).astype(bool),
-            "pg": np.array([p if p else "" for p in col("pg", None).tolist()], dtype=object),
-            "pg_ranks": col("pg_ranks", None), "comms_id": col("comms_id", None)}
+            "seq": col("seq", 0).astype(np.int64), "has_seq": has_seq,
+            "pg": np.array([p if p else "" for p in pg.tolist()], dtype=object),
+            "pg_ranks": col("pg_ranks", None), "comms_id": comms_id, "called": called}
 
 
-def _instances(rank: np.ndarray, step: np.ndarray, start: np.ndarray, pg: np.ndarray, seq: np.ndarray,
-               use_seq: bool, comms_id: np.ndarray | None = None) -> tuple[np.ndarray, int]:
-    """(per collective task, its instance; the number of instances): calls of one Comms Id (``comms_id`` given),
-    else of one (process group, Seq), else the n-th call of a process group in one profiler step on each rank.
-    Instances are numbered in order of first appearance among the tasks."""
+_BY = {"cid": "Comms Id", "seq": "process group and Seq", "ord": "per-step ordinal", "bare": "per-step ordinal"}
+
+
+def _instances(rank: np.ndarray, step: np.ndarray, start: np.ndarray, meta: dict[str, np.ndarray], use_seq: bool,
+               use_cid: bool) -> tuple[np.ndarray, int, list[str]]:
+    """(per collective task, its instance; the number of instances; how each instance was matched): calls of one
+    Comms Id (``use_cid``), else of one (process group, Seq) (``use_seq``), else the n-th call of a process group
+    in one profiler step on each rank. A task with no call is the n-th call-less communication kernel of its step
+    on each rank. Instances are numbered in order of first appearance among the tasks."""
+    pg, seq, comms_id, called = meta["pg"], meta["seq"], meta["comms_id"], meta["called"]
     o = np.lexsort((start, step, pg, rank))
     keys: list[tuple] = [None] * rank.size  # type: ignore[list-item]
     ordinal: dict[tuple, int] = {}
     for i in o.tolist():
-        if comms_id is not None:
+        if not called[i]:
+            k = (int(rank[i]), "bare", int(step[i]))
+            ordinal[k] = ordinal.get(k, -1) + 1
+            keys[i] = ("bare", int(step[i]), ordinal[k])
+        elif use_cid:
             keys[i] = ("cid", str(comms_id[i]))
         elif use_seq:
             keys[i] = ("seq", pg[i], int(seq[i]))
@@ -105,7 +120,7 @@ def _instances(rank: np.ndarray, step: np.ndarray, start: np.ndarray, pg: np.nda
             keys[i] = ("ord", pg[i], int(step[i]), ordinal[k])
     inst_of: dict[tuple, int] = {}
     inst = np.array([inst_of.setdefault(k, len(inst_of)) for k in keys], dtype=np.int64)
-    return inst, len(inst_of)
+    return inst, len(inst_of), [_BY[k[0]] for k in inst_of]
 
 
 def _check_instances(g: Graph, rank: np.ndarray, inst: np.ndarray, n_inst: int, meta: dict[str, np.ndarray]
