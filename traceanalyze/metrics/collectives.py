@@ -58,7 +58,9 @@ def normalize_collective(name: str) -> str:
             return {"allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter",
                     "alltoall": "all_to_all", "sendrecv": "send_recv", "send": "send_recv",
                     "recv": "send_recv"}.get(key, key)
-    return n.split("(")[0][:40]
+    # a kernel of no NCCL name (DeepEP, NVSHMEM, ...): its qualified name without return type, template and
+    # parameters (``void deep_ep::intranode::dispatch<8, 768>(…)`` -> ``deep_ep::intranode::dispatch``)
+    return re.split(r"[<(]", re.sub(r"^void\s+", "", n), maxsplit=1)[0][:40]
 
 
 def busbw_factor(collective: str, n: int) -> float:
