@@ -26,6 +26,7 @@ DEFERRED_IMPORTS: dict[tuple[str, str], str] = {
     ("traceanalyze.cli", "traceanalyze.export"): _NUMPY + " and exports nothing",
     ("traceanalyze.cli", "traceanalyze.batch"): "a report runs no batch (4 ms of imports on every re-run)",
     ("traceanalyze.ingest.load", "traceanalyze.ingest"): "the Kineto decoder (msgspec, " + _NUMPY + ")",
+    ("traceanalyze.ingest.checks", "traceanalyze.ingest"): "the Kineto decoder (msgspec, " + _NUMPY + ")",
     ("traceanalyze.pipeline", "traceanalyze"): "diagnose (" + _NUMPY + "); logs (yaml, patterns)",
     ("traceanalyze.pipeline", "traceanalyze.metrics"): _NUMPY,
     ("traceanalyze.pipeline", "traceanalyze.metrics.collectives"): _NUMPY,
