@@ -1304,7 +1304,7 @@ def _finish_header(info: TraceFile, span_us: float | None) -> None:
     """The header as stored: the recording's span under :data:`SPAN_KEY` (only ours: a file cannot set it),
     secrets redacted, and ``info.base_time_ns`` read from it."""
     info.header.pop(SPAN_KEY, None)  # only ours: a file cannot set it
-    if span_us is not None:  # kept with the header (stored as is): load.drop_impossible_durations reads it
+    if span_us is not None:  # kept with the header (stored as is): checks.drop_impossible_durations reads it
         info.header[SPAN_KEY] = span_us
     info.header = _redact(info.header)  # before anything is stored (README, Safety: no secrets in reports)
     info.base_time_ns = header_base_ns(info.header)
