@@ -28,6 +28,7 @@ LONG_FUNCTIONS: dict[str, str] = {}
 # Imports of project modules inside a function, each with what it defers: NumPy and Arrow (~0.5 s of imports)
 # are paid only by the commands and paths that compute, never by a cached re-run or `--help`.
 _NUMPY = "NumPy/Arrow: a cached re-run computes nothing"
+_PARSERS = "the log parsers (yaml, ~100 patterns: ~17 ms) only for a run with a sidecar to read"
 DEFERRED_IMPORTS: dict[tuple[str, str], str] = {
     ("traceanalyze", "traceanalyze"): "the Python API on first use: `import traceanalyze` stays light",
     ("traceanalyze.api", "traceanalyze.export"): _NUMPY + " and exports nothing",
@@ -43,6 +44,9 @@ DEFERRED_IMPORTS: dict[tuple[str, str], str] = {
     ("traceanalyze.stages", "traceanalyze.metrics.host"): _NUMPY,
     ("traceanalyze.stages", "traceanalyze.metrics.precision"): _NUMPY,
     ("traceanalyze.stages", "traceanalyze.replay.whatif"): _NUMPY,
+    ("traceanalyze.logs.sidecars", "traceanalyze.logs.configs"): _PARSERS,
+    ("traceanalyze.logs.sidecars", "traceanalyze.logs.text"): _PARSERS,
+    ("traceanalyze.logs.sidecars", "traceanalyze.logs.topology"): _PARSERS,
 }
 
 

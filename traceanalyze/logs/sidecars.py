@@ -2,8 +2,8 @@
 (``log_steps``, ``nccl_channels``, ``topology_links``, ``run_facts``) and turned into what the later stages read:
 the expected link bandwidth, the step time the logs state and the step time without the profiler.
 
-Importing this module imports the log parsers (~100 patterns compiled): :mod:`traceanalyze.run` imports it only
-while analysing a run.
+The log parsers (~100 patterns compiled, yaml) are imported by :func:`read_sidecars` only when the run has a
+sidecar to read.
 """
 
 from __future__ import annotations
@@ -16,11 +16,8 @@ import duckdb
 from traceanalyze import hardware, store
 from traceanalyze.errors import TraceanalyzeError
 from traceanalyze.limits import MAX_OOM_EVENTS
-from traceanalyze.logs.configs import parse_config
 from traceanalyze.logs.env import core_sharing, parse_env
 from traceanalyze.logs.steps import measured_unprofiled_step, parse_capture_steps
-from traceanalyze.logs.text import parse_text_log
-from traceanalyze.logs.topology import parse_topology
 
 
 def read_sidecars(con: duckdb.DuckDBPyConnection, run_id: int, run: Any, warnings: list[dict],
@@ -31,6 +28,10 @@ def read_sidecars(con: duckdb.DuckDBPyConnection, run_id: int, run: Any, warning
     too big for memory is a warning row naming it, and the others are still read. ``run``: a
     :class:`traceanalyze.discover.Run` (its ``sidecars``). Returns ``{"facts", "log_steps", "nccl", "topology",
     "capture_steps", "ooms", "unprofiled"}``."""
+    if run.sidecars:  # the parsers (yaml, ~100 patterns compiled on import) only when there is a file to read
+        from traceanalyze.logs.configs import parse_config
+        from traceanalyze.logs.text import parse_text_log
+        from traceanalyze.logs.topology import parse_topology
     facts: dict[str, list] = {}
     log_steps: list = []
     nccl = None

@@ -114,11 +114,12 @@ def host_gaps(con: duckdb.DuckDBPyConnection, run_id: int, ranks: list[int] | No
     gk, gs, ge, total = scan.finish()
     rank = np.asarray(st["rank"], np.int64)
     steps_of = np.asarray(st["step"], np.int64)
-    n_steps = _counted_steps(con, run_id) if step is None else {}
     ranks_of, inv = np.unique(rank, return_inverse=True)
     by_rank = np.bincount(inv, weights=total, minlength=ranks_of.size)
-    per_step = {r: float(t) / 1e3 / max(1, n_steps.get(r, 1))
-                for r, t in zip(ranks_of.tolist(), by_rank.tolist(), strict=True) if t > 0}
+    # a rank's counted steps are its rows of ``st`` (all of them when ``step`` is None): no second query
+    n_steps = np.bincount(inv, minlength=ranks_of.size).tolist() if step is None else [1] * ranks_of.size
+    per_step = {r: float(t) / 1e3 / max(1, n)
+                for r, t, n in zip(ranks_of.tolist(), by_rank.tolist(), n_steps, strict=True) if t > 0}
     gs, ge = gs + s0[gk], ge + s0[gk]  # ns on the rank's clock
     gr = rank[gk]
     gaps: dict[int, list[HostGap]] = {}
