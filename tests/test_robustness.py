@@ -494,7 +494,10 @@ def test_hostile_names_are_escaped_and_bounded(tmp_path):
     assert "<script>" not in md and not re.search(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]", md)
     assert json.loads(to_json(a.model))["runs"][0]["top_kernels"]  # JSON stays valid
     code, _, err = report(d, tmp_path, "--md", str(tmp_path / "out" / "r.md"))
-    assert code == 0 and err.count("\n") == 1  # just the summary line
+    # the summary line, after one data-quality line: the hostile names are kernels of no known class, each shown
+    # on that one line, with no control character reaching the terminal
+    assert code == 0 and err.count("\n") == 2 and "Kernels of no known class take" in err.splitlines()[0]
+    assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f]", err)
     # a file name that holds a newline and an escape still gives one line
     weird = d / "rank1\n\x1b[2J.json"
     weird.write_bytes(b"")
