@@ -42,6 +42,7 @@ DEFERRED_IMPORTS: dict[tuple[str, str], str] = {
     ("traceanalyze.stages", "traceanalyze.metrics.host"): _NUMPY,
     ("traceanalyze.stages", "traceanalyze.metrics.precision"): _NUMPY,
     ("traceanalyze.stages", "traceanalyze.replay.whatif"): _NUMPY,
+    ("traceanalyze.stages", "traceanalyze.replay.scenarios.ranks"): _NUMPY + " (a --baseline's link)",
 }
 
 

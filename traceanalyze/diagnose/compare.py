@@ -562,10 +562,11 @@ def _part_scores(subject_run: dict, baseline_run: dict, subject: RunEvidence, ba
                                                                          "differs, which renames kernels)"
                                                                          if expected_change else ""))
     has = [bool(e.steps) for e in (subject, baseline)]
-    timed = [bool(e.step_time_us) or any(s.step_time_ms for s in e.log_steps) for e in (subject, baseline)]
-    parts["step_alignment"] = {"profiler_steps": has, "score": 1.0 if all(has) else 0.5 if all(timed) else 0.0}
+    timed = [throughput_per_rank(e) is not None for e in (subject, baseline)]
+    parts["step_alignment"] = {"profiler_steps": has, "score": 1.0 if all(has) else 0.5 if all(timed) else 0.25}
     if not all(timed):
-        why.append("a run states no step time (neither profiler steps nor logged step times)")
+        caveats.append("a run states no speed (no profiler step, no logged step time or tokens/s): only the "
+                       "settings compare")
     elif not all(has):
         caveats.append("a run has no profiler step: the step is not split into parts")
     noise = [step_noise_pct(e) for e in (subject, baseline)]
@@ -585,13 +586,13 @@ def comparability(subject_run: dict, baseline_run: dict, subject: RunEvidence, b
     (``comparison.comparable``, ``docs/comparisons.md``).
 
     Parts, each scored 0-1: the same GPU model, the same world size (different: a caveat, 0.5), the kernel-name
-    overlap (:func:`kernel_overlap`), step alignment (both runs have profiler steps: 1; step times from the logs
-    only: 0.5; none: 0) and the step noise (1 − the noisier run's coefficient of variation / 20 %). ``score`` = the
-    lowest part. Not comparable: the same traces (``same run``), different GPUs, a run without any step time, or a
-    kernel overlap below :data:`MIN_KERNEL_OVERLAP` when neither precision nor compile differ. A step-time
-    difference below the noise floor, max(:data:`NOISE_FLOOR_PCT`, 2 × the noisier run's coefficient of variation),
-    is ``no difference``. Returns ``{status, score, parts, why, caveats, noise_floor_pct, difference_pct, ratio,
-    verdict}``.
+    overlap (:func:`kernel_overlap`), step alignment (both runs have profiler steps: 1; a speed from the logs only:
+    0.5; a run without any speed: 0.25, only their settings compare) and the step noise (1 − the noisier run's
+    coefficient of variation / 20 %). ``score`` = the lowest part. Not comparable: the same traces (``same run``),
+    different GPUs, or a kernel overlap below :data:`MIN_KERNEL_OVERLAP` when neither precision nor compile
+    differ. A step-time difference below the noise floor, max(:data:`NOISE_FLOOR_PCT`, 2 × the noisier run's
+    coefficient of variation), is ``no difference``. Returns ``{status, score, parts, why, caveats,
+    noise_floor_pct, difference_pct, ratio, verdict}``.
     """
     why: list[str] = []
     caveats: list[str] = []
