@@ -11,8 +11,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 PACKAGE = Path(__file__).resolve().parents[1] / "traceanalyze"
 MAX_FUNCTION_LINES = 80
 MAX_MODULE_LINES = 800
@@ -47,6 +45,7 @@ DEFERRED_IMPORTS: dict[tuple[str, str], str] = {
     ("traceanalyze.logs.sidecars", "traceanalyze.logs.configs"): _PARSERS,
     ("traceanalyze.logs.sidecars", "traceanalyze.logs.text"): _PARSERS,
     ("traceanalyze.logs.sidecars", "traceanalyze.logs.topology"): _PARSERS,
+    ("traceanalyze.stages", "traceanalyze.replay.scenarios.ranks"): _NUMPY + " (a --baseline's link)",
 }
 
 

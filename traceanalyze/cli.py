@@ -130,6 +130,9 @@ def comparison_lines(model: dict) -> list[str]:
     if not isinstance(comp, dict):
         return []
     out = []
+    k = comp.get("comparable")
+    if isinstance(k, dict) and k.get("verdict"):  # whether the runs compare, and the step ratio (docs/comparisons.md)
+        out.append(f"comparison: {k.get('verdict')} (comparability {fmt_float(k.get('score'), 2)})")
     if comp.get("whatif_check") == []:
         out.append("what-if check: none of this run's what-ifs has its cause fixed in the baseline")
     for w in comp.get("whatif_check") or []:

@@ -18,7 +18,7 @@ import duckdb
 
 from traceanalyze import ingest, stages, store
 from traceanalyze.discover import Discovery, Run, discover
-from traceanalyze.errors import TraceanalyzeError
+from traceanalyze.errors import TraceanalyzeError, UsageError
 from traceanalyze.executors import map_large_blocks, release_free_memory
 from traceanalyze.findings import DIED_KINDS
 from traceanalyze.options import Options, Progress
@@ -27,6 +27,7 @@ from traceanalyze.safety import check_outputs
 from traceanalyze.version import __version__
 
 __all__ = ["Analysis", "analyze", "to_json"]
+NOT_COMPARABLE = ("not comparable", "same run")  # comparability statuses that leave the comparison without a verdict
 # diagnose (NumPy) is imported where used: a cached re-run needs none of it
 
 
@@ -92,7 +93,7 @@ def analyze(inputs: list[str | Path] | str | Path, options: Options | None = Non
                                            if not lf.cached and lf.file_id is not None and lf.error is None])
     warnings = _reset_report(con, disc)
     runs_model, evidence, all_findings = _diagnose_runs(con, disc, roles, loaded, warnings, opts)
-    comparison = _compare(runs_model, evidence, all_findings)
+    comparison = _compare(runs_model, evidence, all_findings, roles.get("same_run") or {})
     model = _report_model(con, runs_model, evidence, all_findings, warnings, comparison)
     store.store_report(con, cache_key, to_json(model, indent=None))
     errors = [w["message"] if w["file"] is None else f"{w['file']}: {w['message']}" for w in warnings
@@ -122,6 +123,7 @@ def _discover(subject_in: list, base_in: list, follow: bool) -> tuple[Discovery,
     roles = {id(r): "subject" for r in disc.runs}
     if base_in:
         bdisc = discover(base_in, follow_external_symlinks=follow)
+        bdisc.runs = _drop_same_runs(disc.runs, bdisc.runs, roles)
         for r in bdisc.runs:
             roles[id(r)] = "baseline"
             r.name = f"{r.name} (baseline)" if any(r.name == s.name for s in disc.runs) else r.name
@@ -143,10 +145,35 @@ def _discover(subject_in: list, base_in: list, follow: bool) -> tuple[Discovery,
     return disc, roles
 
 
+def _drop_same_runs(subjects: list[Run], baselines: list[Run], roles: dict) -> list[Run]:
+    """The baseline's runs less those whose traces are a subject run's own (``--baseline`` given the subject's
+    folder): that comparison is of a run with itself, ``not comparable: same run``, kept in ``roles["same_run"]``
+    as ``{subject name: baseline path}``.
+
+    Raises:
+        UsageError: a baseline run shares some, not all, of its trace files with a subject run.
+    """
+    mine = {frozenset(p.resolve() for p in s.traces): s for s in subjects if s.traces}
+    kept = []
+    for r in baselines:
+        files = frozenset(p.resolve() for p in r.traces)
+        same = mine.get(files)
+        if same is not None:
+            roles.setdefault("same_run", {})[same.name] = str(r.path)
+            continue
+        shared = next((p for s in mine for p in s if p in files), None)
+        if shared is not None:
+            raise UsageError(f"{shared}: this trace is in both the inputs and the baseline; pass the baseline's own "
+                             "folder")
+        kept.append(r)
+    return kept
+
+
 def _cache_key(disc: Discovery, roles: dict, options: Options, known: dict) -> str:
     """The report cache's key (:func:`store.report_cache_key`) of these options and the discovered files; ``known``
     receives each trace's :func:`ingest.file_identity`, for the load to reuse."""
-    return store.report_cache_key(options.report_key(),
+    same = sorted(roles.get("same_run", {}).items())
+    return store.report_cache_key(options.report_key() + (f"|same run {same}" if same else ""),
                                   ((r.path, roles.get(id(r)), _identities(r, known)) for r in disc.runs), disc.skipped)
 
 
@@ -203,13 +230,13 @@ def _diagnose_runs(con, disc: Discovery, roles: dict, loaded: dict, warnings: li
     """Each run built, diagnosed and priced by its what-if replay; returns (run models, evidence, findings)."""
     from traceanalyze import diagnose
 
-    runs_model = []
-    evidence: list[diagnose.RunEvidence] = []
-    all_findings: list[diagnose.Finding] = []
-    for run_id, run in enumerate(disc.runs, start=1):
+    done: dict[int, tuple] = {}  # run id -> (run model, warnings, findings, evidence)
+    base_ev = None
+    for run_id, run in _baseline_first(disc.runs, roles):
         pending: list = []
         run_model, run_warnings, ev = stages.build_run(con, run_id, run, roles[id(run)], loaded, options,
-                                                       pending=pending)
+                                                       pending=pending,
+                                                       baseline=base_ev if roles[id(run)] == "subject" else None)
         ev.whatif = list(run_model.get("whatif") or [])
         findings = diagnose.diagnose(ev)
         # a what-if for every finding that maps to a scenario, or why there is none (findings[i].whatif_missing)
@@ -231,11 +258,23 @@ def _diagnose_runs(con, disc: Discovery, roles: dict, loaded: dict, warnings: li
             wait()
         if late:  # the replays of the what-ifs priced for a finding, after the replay's own
             store.insert_rows(con, "sim_result", None, late)
-        warnings.extend(dict(w, run=w.get("run", run.name)) for w in run_warnings)
-        all_findings.extend(findings)
-        runs_model.append(run_model)
-        evidence.append(ev)
-    return runs_model, evidence, all_findings
+        done[run_id] = (run_model, [dict(w, run=w.get("run", run.name)) for w in run_warnings], findings, ev)
+        if roles[id(run)] == "baseline" and base_ev is None:
+            base_ev = ev
+    ordered = [done[k] for k in sorted(done)]  # the report lists the runs in discovery order, whatever ran first
+    for _, run_warnings, _, _ in ordered:
+        warnings.extend(run_warnings)
+    return [o[0] for o in ordered], [o[3] for o in ordered], [f for o in ordered for f in o[2]]
+
+
+def _baseline_first(runs: list, roles: dict) -> list[tuple[int, Run]]:
+    """(run id, run) in the order they are analyzed: the baseline's runs first when there is a subject too
+    (``--baseline``), so that its measured figures can price the subject's what-ifs (its busbw:
+    :func:`traceanalyze.stages.analyses`); run ids follow discovery order either way."""
+    numbered = list(enumerate(runs, start=1))
+    if {roles[id(r)] for r in runs} != {"subject", "baseline"}:
+        return numbered
+    return sorted(numbered, key=lambda ir: roles[id(ir[1])] != "baseline")
 
 
 def _no_replay(run_model: dict) -> str:
@@ -245,17 +284,28 @@ def _no_replay(run_model: dict) -> str:
     return "the run has no counted profiler step to replay"
 
 
-def _compare(runs_model: list[dict], evidence: list, all_findings: list) -> dict | None:
-    """The subject-vs-baseline comparison, when two runs pair up (its findings are added to ``all_findings``)."""
+def _compare(runs_model: list[dict], evidence: list, all_findings: list, same_run: dict) -> dict | None:
+    """The subject-vs-baseline comparison, when two runs pair up (its findings are added to ``all_findings``);
+    ``same_run``: {subject name: baseline path} of a baseline that is the subject's own traces."""
     from traceanalyze import diagnose
 
     comparison = None
     pair = _comparison_pair(runs_model, evidence)
+    si = next((i for i, r in enumerate(runs_model) if r["name"] in same_run and r["role"] == "subject"), None)
+    if pair is None and si is not None:  # the subject against itself: nothing to compare
+        comparison, _ = diagnose.compare(evidence[si], evidence[si], [], [], attribute=False)
+        comparison["baseline"] = same_run[runs_model[si]["name"]]
+        comparison["comparable"] = diagnose.comparability(runs_model[si], runs_model[si], evidence[si],
+                                                          evidence[si], same_files=True)
+        return comparison
     if pair is not None:
         (si, bi) = pair
         subj_f = [f for f in all_findings if f.run == evidence[si].name]
         base_f = [f for f in all_findings if f.run == evidence[bi].name]
-        comparison, extra = diagnose.compare(evidence[si], evidence[bi], subj_f, base_f)
+        comp_ok = diagnose.comparability(runs_model[si], runs_model[bi], evidence[si], evidence[bi])
+        ok = comp_ok["status"] not in NOT_COMPARABLE
+        comparison, extra = diagnose.compare(evidence[si], evidence[bi], subj_f, base_f, attribute=ok)
+        comparison["comparable"] = comp_ok
         diagnose.price_missing_whatifs(extra, list(runs_model[si].get("whatif") or []), None,
                                        "found by the comparison with the baseline, after the replay")
         all_findings.extend(extra)
@@ -264,9 +314,10 @@ def _compare(runs_model: list[dict], evidence: list, all_findings: list) -> dict
             runs_model[i]["findings"] = diagnose.to_dicts(diagnose.rank_findings(mine))
         if runs_model[bi]["role"] == "subject":  # implicit pair: say which run is the reference
             runs_model[bi]["role"] = "baseline"
-        # the slow run's predictions checked against the fixed one, and what the faster run is bound by next
-        comparison["whatif_check"] = diagnose.whatif_check(runs_model[si], runs_model[bi], evidence[si], evidence[bi])
-        comparison["next_bottleneck"] = diagnose.next_bottleneck(runs_model[si], runs_model[bi])
+        if ok:  # the slow run's predictions checked against the fixed one, and what the faster run is bound by next
+            comparison["whatif_check"] = diagnose.whatif_check(runs_model[si], runs_model[bi], evidence[si],
+                                                               evidence[bi])
+            comparison["next_bottleneck"] = diagnose.next_bottleneck(runs_model[si], runs_model[bi])
     return comparison
 
 

@@ -63,11 +63,14 @@ def load_traces(con: duckdb.DuckDBPyConnection, paths: list[Path], options: Opti
 
 
 def build_run(con: duckdb.DuckDBPyConnection, run_id: int, run: Run, role: str, loaded: dict, options: Options,
-              pending: list | None = None) -> tuple[dict, list[dict], diagnose.RunEvidence]:
+              pending: list | None = None, baseline: diagnose.RunEvidence | None = None
+              ) -> tuple[dict, list[dict], diagnose.RunEvidence]:
     """One run through the stages: its files placed as ranks and windows, the facts their headers state, the
     metrics, the what-if replay and the evidence the rules read; returns (run model, warnings, evidence).
     ``loaded``: path -> :class:`traceanalyze.ingest.LoadedFile`; ``pending``: receives the wait for the replay's
-    tables instead of waiting here (call it before the database is complete)."""
+    tables instead of waiting here (call it before the database is complete); ``baseline``: the evidence of the
+    run this one is compared with (``--baseline``, analyzed first): its measured figures price this run's what-ifs
+    where it fixes their cause (:func:`analyses`)."""
     from traceanalyze import metrics
 
     warnings: list[dict] = []
@@ -77,7 +80,7 @@ def build_run(con: duckdb.DuckDBPyConnection, run_id: int, run: Run, role: str, 
     con.execute("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [run_id, run.name, str(run.path), role, facts["world_size"], facts["backend"], mode,
                  facts["gpu_model"], facts["gpu_count"], facts["nccl_version"], facts["cuda_runtime_version"]])
-    a = analyses(con, run_id, run, mode, facts, good, options, warnings, gpu)
+    a = analyses(con, run_id, run, mode, facts, good, options, warnings, gpu, baseline)
     # the evidence is gathered while the replay runs on; the run model waits for it
     ev, longest, compile_step_us = evidence(con, run_id, run, a, facts, gpu, bool(good))
     compile_kernels = None
@@ -195,8 +198,11 @@ def read_logs(con: duckdb.DuckDBPyConnection, run_id: int, run: Run, facts: dict
 
 
 def analyses(con: duckdb.DuckDBPyConnection, run_id: int, run: Run, mode: str, facts: dict, good: list,
-             options: Options, warnings: list[dict], gpu: hardware.GpuInfo | None = None) -> RunAnalyses:
-    """Every metric of one run, its logs and its what-if replay; the pure-SQL ones and the replay overlap."""
+             options: Options, warnings: list[dict], gpu: hardware.GpuInfo | None = None,
+             baseline: diagnose.RunEvidence | None = None) -> RunAnalyses:
+    """Every metric of one run, its logs and its what-if replay; the pure-SQL ones and the replay overlap. With a
+    ``baseline`` (and no ``--link-bw``), the replay's link is the baseline's measured busbw where it is the higher
+    (:func:`traceanalyze.replay.scenarios.ranks.link_from_baseline`): the replay then waits for the collectives."""
     from concurrent.futures import ThreadPoolExecutor
 
     from traceanalyze import metrics
@@ -219,7 +225,8 @@ def analyses(con: duckdb.DuckDBPyConnection, run_id: int, run: Run, mode: str, f
     side_warnings: list[dict] = []  # added after the step metrics' own, in the order they always came
     rp, matched = None, None
     beside = n_rows <= OVERLAP_MAX_ROWS  # the what-if replay (NumPy and DuckDB, mostly without the GIL) overlaps
-    if good and beside and n_rows >= EARLY_REPLAY_MIN_ROWS:
+    from_base = baseline is not None and baseline.coll is not None and not options.link_bw_gbps
+    if good and beside and n_rows >= EARLY_REPLAY_MIN_ROWS and not from_base:
         # ... with every analysis below: it needs the clock offsets, the expected link and the host CPU, not the
         # step metrics (its result is kept only if the run has steps, as before)
         side, link = read_logs(con, run_id, run, facts, options, side_warnings)
@@ -243,6 +250,10 @@ def analyses(con: duckdb.DuckDBPyConnection, run_id: int, run: Run, mode: str, f
     for st in step_rows:
         steps_by_rank.setdefault(st.rank, []).append((st.step, st.start_ns, st.start_ns + int(st.step_time_us * 1e3)))
     coll = analyze_collectives(con, run_id, mode, facts["world_size"], steps_by_rank, matched) if good else None
+    if from_base and coll is not None:
+        from traceanalyze.replay.scenarios.ranks import link_from_baseline
+
+        link = link_from_baseline(link, coll.summaries, baseline.name, baseline.coll.summaries)
     if rp is None and good and step_rows:  # ... with the analyses below, or in turn for a big run
         rp = ReplayRun(con, run_id, mode, facts["world_size"], coll.clock_offsets_us if coll else None, link, side,
                        beside=beside, gpu=gpu)

@@ -34,6 +34,7 @@ writes the verdict; :mod:`.compare` explains the difference between two runs.
 from __future__ import annotations
 
 from traceanalyze.diagnose.compare import (
+    comparability,
     compare,
     effective_batch_of,
     explains,
@@ -65,7 +66,7 @@ from traceanalyze.diagnose.verdict import (
 from traceanalyze.findings import Finding
 
 __all__ = ["HIGH", "KIND_TO_SCENARIO", "MEDIUM", "RULES", "Finding", "RunEvidence", "apply_to_findings", "compare",
-           "drop_profiler_only", "next_bottleneck", "whatif_check",
+           "comparability", "drop_profiler_only", "next_bottleneck", "whatif_check",
            "compile_step_of", "diagnose", "effective_batch_of", "explains", "rank_findings", "rule_compile",
            "rule_dataloader", "rule_effective_batch_single", "rule_exposed_communication", "rule_idle_rank",
            "rule_late_entry", "rule_launch_bound", "rule_precision", "rule_straggler", "rule_untraced_ranks",

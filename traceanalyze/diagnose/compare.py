@@ -48,14 +48,15 @@ def _ranks_of(ev: RunEvidence) -> int:
 
 
 def compare(subject: RunEvidence, baseline: RunEvidence, subject_findings: list[Finding],
-            baseline_findings: list[Finding] | None = None) -> tuple[dict, list[Finding]]:
+            baseline_findings: list[Finding] | None = None, attribute: bool = True) -> tuple[dict, list[Finding]]:
     """Explain subject − baseline step time as a sum of parts and flag config differences.
 
     Parts per counted profiler step (median over ranks of each rank's median over its steps): compute, exposed
     communication, idle, and other (the rest of the run's step time, :mod:`traceanalyze.metrics.steps`), each
     subject − baseline in µs; they add up to the step-time delta. A part that grew names the subject's finding
     that explains it, only when that finding can (:func:`explains`): its cause differs between the runs, or its
-    estimated cost grew with the delta. Returns ``(comparison dict, extra findings)``.
+    estimated cost grew with the delta. With ``attribute`` False (the runs are not comparable, :func:`comparability`)
+    no part names a finding and the comparison adds none. Returns ``(comparison dict, extra findings)``.
     """
     def parts(ev: RunEvidence) -> dict[str, float]:
         if not ev.steps:
@@ -78,14 +79,14 @@ def compare(subject: RunEvidence, baseline: RunEvidence, subject_findings: list[
     for part in ("compute", "exposed communication", "idle", "other"):
         if part in ps and part in pb:
             d = ps[part] - pb[part]
-            f = next((f for f in subject_findings if f.kind in kinds_of[part] and f.severity != "low"
+            f = next((f for f in subject_findings if attribute and f.kind in kinds_of[part] and f.severity != "low"
                       and explains(f, d, subject, baseline, baseline_findings or [])), None)
             rows.append({"part": part, "subject_us": round(ps[part], 1), "baseline_us": round(pb[part], 1),
                          "delta_us": round(d, 1), "finding": f.title if f else None})
     diffs = config_diffs(subject, baseline)
     extra: list[Finding] = []
-    extra += _compare_throughput(subject, baseline, subject_findings)
-    es, eb = effective_batch_of(subject), effective_batch_of(baseline)
+    extra += _compare_throughput(subject, baseline, subject_findings) if attribute else []
+    es, eb = (effective_batch_of(subject), effective_batch_of(baseline)) if attribute else (None, None)
     if es and eb and es != eb and _ranks_of(subject) < _ranks_of(baseline):
         subject, baseline, es, eb = baseline, subject, eb, es  # the finding belongs to the run that scaled out
     if es and eb and es != eb:
@@ -383,8 +384,13 @@ def whatif_check(subject_run: dict, baseline_run: dict, subject: RunEvidence, ba
     optimizer inside a launch-bound step, whose CUDA graph removes the optimizer's launches with the rest) is not:
     the baseline's saving is the whole's, of which the part prices a share (:func:`_drop_parts`).
 
+    ``predicted_step_us`` is the subject's step the what-if predicts, to set beside ``baseline_step_us`` (the
+    baseline's measured one); ``priced_from`` says what priced it: the baseline's measured busbw where the subject's
+    link came from the baseline (``runs[i].link.from_baseline``, the what-if's assumptions state it), else the model.
+
     Returns ``[{scenario, cause, predicted_saving_pct, predicted_range_pct, measured_saving_pct, error_pp, basis,
-    basis_source, subject_step_us, baseline_step_us, reliable, why}]``, ``[]`` when nothing is checked.
+    basis_source, subject_step_us, baseline_step_us, reliable, why, predicted_step_us, priced_from}]``, ``[]`` when
+    nothing is checked.
     """
     basis = _step_basis(subject_run, baseline_run)
     if basis is None:
@@ -400,11 +406,17 @@ def whatif_check(subject_run: dict, baseline_run: dict, subject: RunEvidence, ba
             continue
         pred = float(w["saving_pct"])
         rng = w.get("range_saving_pct")
+        link = subject_run.get("link") if isinstance(subject_run.get("link"), dict) else {}
+        from_base = bool(link.get("from_baseline")) and str(link.get("source")) in str(w.get("assumptions"))
         out.append({"scenario": w["scenario"], "cause": w.get("cause"), "predicted_saving_pct": round(pred, 2),
                     "predicted_range_pct": list(rng) if isinstance(rng, list) and len(rng) == 2 else None,
                     "measured_saving_pct": round(measured, 2), "error_pp": round(pred - measured, 2),
                     "basis": how, "basis_source": sources, "subject_step_us": round(s_us, 3),
-                    "baseline_step_us": round(b_us, 3), "reliable": bool(w.get("reliable", False)), "why": why})
+                    "baseline_step_us": round(b_us, 3), "reliable": bool(w.get("reliable", False)), "why": why,
+                    "predicted_step_us": (round(float(w["predicted_step_time_us"]), 3)
+                                          if _positive(w.get("predicted_step_time_us")) else None),
+                    "priced_from": (f"the baseline's busbw ({link.get('expected_gbps'):g} GB/s)" if from_base
+                                    else "the model")})
     return _drop_parts(out, subject_run)
 
 
@@ -434,3 +446,177 @@ def next_bottleneck(subject_run: dict, baseline_run: dict) -> dict | None:
         return None
     return {"run": faster.get("name"), "title": top.get("title"), "cause": top.get("cause"), "kind": top.get("kind"),
             "severity": top.get("severity"), "impact_pct": top.get("impact_pct")}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Whether the two runs can be compared (issue 40 item 3) and which step times the ratio uses (item 2)
+
+NOISE_FLOOR_PCT = 2.0  # a step-time difference below this (or 2× the runs' step noise) is no difference (nsys-ai: 2 %)
+NOISE_SIGMAS_FLOOR = 2.0  # ... the floor in units of the noisier run's coefficient of variation
+MIN_KERNEL_OVERLAP = 0.1  # time-weighted Jaccard of compute kernel names below which the runs ran other work
+LOW_KERNEL_OVERLAP = 0.5  # ... below which the comparison holds with a caveat
+NOISY_CV_PCT = 10.0  # step-to-step coefficient of variation above which a run's steps are noisy (a caveat)
+
+
+def kernel_overlap(subject_top: list, baseline_top: list) -> float | None:
+    """Time-weighted Jaccard of the two runs' kernel names (on a CPU run its ops): Σ min(share) / Σ max(share)
+    over the names of either run's top kernels (``runs[i].top_kernels``), each name's share of its run's time of the
+    kernels listed; communication kernels left out (a faster link changes their time, not the work). 1 = the same
+    kernels in the same proportions, 0 = no kernel in common; None when a run lists none."""
+    def shares(top: list) -> dict[str, float]:
+        t: dict[str, float] = {}
+        for k in top or []:
+            us = k.get("total_us") if isinstance(k, dict) else None
+            if k.get("klass") != "communication" and isinstance(us, (int, float)) and math.isfinite(us) and us > 0:
+                t[str(k.get("name"))] = t.get(str(k.get("name")), 0.0) + float(us)
+        total = sum(t.values())
+        return {n: v / total for n, v in t.items()} if total > 0 else {}
+
+    a, b = shares(subject_top), shares(baseline_top)
+    if not a or not b:
+        return None
+    names = set(a) | set(b)
+    return sum(min(a.get(n, 0.0), b.get(n, 0.0)) for n in names) / sum(max(a.get(n, 0.0), b.get(n, 0.0))
+                                                                          for n in names)
+
+
+def step_noise_pct(ev: RunEvidence) -> tuple[float, int, str] | None:
+    """(coefficient of variation %, steps, source) of a run's step time from step to step: sample standard
+    deviation / mean of the longest rank's time of each counted profiler step (the compile step left out), else of
+    the logged step times after the first; None with fewer than two steps."""
+    longest: dict[int, float] = {}
+    for s in ev.steps:
+        if s.get("step") != ev.compile_step and isinstance(s.get("step_time_us"), (int, float)):
+            longest[s["step"]] = max(longest.get(s["step"], 0.0), float(s["step_time_us"]))
+    vals, src = list(longest.values()), "profiler steps"
+    if len(vals) < 2:
+        timed = sorted((s.step, s.step_time_ms) for s in ev.log_steps if s.step_time_ms)
+        vals, src = [ms for step, ms in timed if step != timed[0][0]] if timed else [], "logged steps"
+    if len(vals) < 2 or statistics.fmean(vals) <= 0:
+        return None
+    return 100 * statistics.stdev(vals) / statistics.fmean(vals), len(vals), src
+
+
+def step_ratio(subject: RunEvidence, baseline: RunEvidence) -> dict | None:
+    """Subject step / baseline step, by the logs' step times where both runs log them (the median of each run's
+    logged steps after the first: they cover the whole run, not the profiled window), else by the profiled steps
+    (each run's step time, :mod:`traceanalyze.metrics.steps`). ``{value, basis, subject_ms, baseline_ms, n_subject,
+    n_baseline, profiled, sentence}``; None when either run has no step time."""
+    def logged(ev: RunEvidence) -> tuple[float, int] | None:
+        timed = sorted((s.step, s.step_time_ms) for s in ev.log_steps if s.step_time_ms)
+        steady = [ms for step, ms in timed if step != timed[0][0]] if timed else []
+        return (statistics.median(steady), len(steady)) if steady else None
+
+    ls, lb = logged(subject), logged(baseline)
+    prof = (subject.step_time_us / baseline.step_time_us if subject.step_time_us and baseline.step_time_us
+            else None)
+    if ls and lb and lb[0] > 0:
+        v = ls[0] / lb[0]
+        n = f"{ls[1]} logged steps each" if ls[1] == lb[1] else f"{ls[1]} and {lb[1]} logged steps"
+        sentence = f"{v:.3g}× by the logs' step times (median of {n}, all ranks)" + (
+            f"; {prof:.3g}× by profiled steps" if prof else "")
+        return {"value": round(v, 4), "basis": "log", "subject_ms": round(ls[0], 3), "baseline_ms": round(lb[0], 3),
+                "n_subject": ls[1], "n_baseline": lb[1], "profiled": round(prof, 4) if prof else None,
+                "sentence": sentence}
+    if prof:
+        return {"value": round(prof, 4), "basis": "profiled", "subject_ms": round(subject.step_time_us / 1e3, 3),
+                "baseline_ms": round(baseline.step_time_us / 1e3, 3),
+                "n_subject": len({s["step"] for s in subject.steps}), "n_baseline": len({s["step"] for s in
+                                                                                      baseline.steps}),
+                "profiled": round(prof, 4), "sentence": f"{prof:.3g}× by profiled steps (the logs state no step "
+                                                         "time for both runs)"}
+    return None
+
+
+def _identical(subject: RunEvidence, baseline: RunEvidence) -> bool:
+    """The two runs' profiler steps are the same to the nanosecond on every rank (a copy of the same traces)."""
+    def key(ev: RunEvidence) -> list:
+        return sorted((s["rank"], s["step"], s.get("start_ns"), s["step_time_us"]) for s in ev.steps)
+    return bool(subject.steps) and key(subject) == key(baseline)
+
+
+def _part_scores(subject_run: dict, baseline_run: dict, subject: RunEvidence, baseline: RunEvidence,
+                 why: list[str], caveats: list[str]) -> dict:
+    """The comparability score's parts (each 0-1 with its figures); fills ``why`` (not comparable) and ``caveats``."""
+    parts: dict[str, dict] = {}
+    gs, gb = subject.gpu_model, baseline.gpu_model
+    parts["gpu"] = {"subject": gs, "baseline": gb, "score": 1.0 if gs == gb else 0.0 if gs and gb else 0.5}
+    if gs and gb and gs != gb:
+        why.append(f"different GPUs ({gs} vs {gb})")
+    elif gs != gb:
+        caveats.append("one run's GPU model is unknown")
+    ws, wb = _ranks_of(subject), _ranks_of(baseline)
+    parts["world_size"] = {"subject": ws, "baseline": wb, "score": 1.0 if ws == wb else 0.5}
+    if ws != wb:
+        caveats.append(f"world sizes differ ({ws} vs {wb} ranks): per-rank figures compare, the step time carries "
+                       "the scaling (more ranks, more communication per step)")
+    ov = kernel_overlap(subject_run.get("top_kernels") or [], baseline_run.get("top_kernels") or [])
+    parts["kernel_overlap"] = {"jaccard": None if ov is None else round(ov, 3), "score": 0.5 if ov is None else
+                               round(ov, 3)}
+    expected_change = any(d["key"] in ("precision", "matmul dtype", "compile") for d in config_diffs(subject, baseline))
+    if ov is not None and ov < MIN_KERNEL_OVERLAP and not expected_change:
+        why.append(f"the runs share {100 * ov:.0f}% of their kernel time by name (time-weighted Jaccard): they ran "
+                   "other work")
+    elif ov is not None and ov < LOW_KERNEL_OVERLAP:
+        caveats.append(f"kernel names overlap {100 * ov:.0f}% by time" + (" (the precision or compile setting "
+                                                                         "differs, which renames kernels)"
+                                                                         if expected_change else ""))
+    has = [bool(e.steps) for e in (subject, baseline)]
+    timed = [throughput_per_rank(e) is not None for e in (subject, baseline)]
+    parts["step_alignment"] = {"profiler_steps": has, "score": 1.0 if all(has) else 0.5 if all(timed) else 0.25}
+    if not all(timed):
+        caveats.append("a run states no speed (no profiler step, no logged step time or tokens/s): only the "
+                       "settings compare")
+    elif not all(has):
+        caveats.append("a run has no profiler step: the step is not split into parts")
+    noise = [step_noise_pct(e) for e in (subject, baseline)]
+    cvs = [n[0] for n in noise if n is not None]
+    worst = max(cvs, default=0.0)
+    parts["noise"] = {"subject_cv_pct": None if noise[0] is None else round(noise[0][0], 2),
+                      "baseline_cv_pct": None if noise[1] is None else round(noise[1][0], 2),
+                      "score": round(max(0.0, 1 - worst / (2 * NOISY_CV_PCT)), 3)}
+    if worst > NOISY_CV_PCT:
+        caveats.append(f"noisy steps (coefficient of variation up to {worst:.0f}%)")
+    return parts
+
+
+def comparability(subject_run: dict, baseline_run: dict, subject: RunEvidence, baseline: RunEvidence,
+                  same_files: bool = False) -> dict:
+    """Whether the subject and the baseline can be compared, and the step-time ratio the comparison states
+    (``comparison.comparable``, ``docs/comparisons.md``).
+
+    Parts, each scored 0-1: the same GPU model, the same world size (different: a caveat, 0.5), the kernel-name
+    overlap (:func:`kernel_overlap`), step alignment (both runs have profiler steps: 1; a speed from the logs only:
+    0.5; a run without any speed: 0.25, only their settings compare) and the step noise (1 − the noisier run's
+    coefficient of variation / 20 %). ``score`` = the lowest part. Not comparable: the same traces (``same run``),
+    different GPUs, or a kernel overlap below :data:`MIN_KERNEL_OVERLAP` when neither precision nor compile
+    differ. A step-time difference below the noise floor, max(:data:`NOISE_FLOOR_PCT`, 2 × the noisier run's
+    coefficient of variation), is ``no difference``. Returns ``{status, score, parts, why, caveats,
+    noise_floor_pct, difference_pct, ratio, verdict}``.
+    """
+    why: list[str] = []
+    caveats: list[str] = []
+    same = same_files or _identical(subject, baseline)
+    parts = _part_scores(subject_run, baseline_run, subject, baseline, why, caveats)
+    cvs = [parts["noise"][k] for k in ("subject_cv_pct", "baseline_cv_pct") if parts["noise"][k] is not None]
+    floor = max(NOISE_FLOOR_PCT, NOISE_SIGMAS_FLOOR * max(cvs, default=0.0))
+    ratio = step_ratio(subject, baseline)
+    diff = None if ratio is None else 100 * (ratio["value"] - 1)
+    if same:
+        status = "same run"
+        verdict = ("not comparable: same run (the baseline's traces are the subject's own"
+                   + (")" if same_files else ": identical profiler steps)"))
+    elif why:
+        status, verdict = "not comparable", "not comparable: " + "; ".join(why)
+    elif diff is not None and abs(diff) < floor:
+        status = "no difference"
+        verdict = (f"no difference: step times differ by {diff:+.1f}% ({ratio['basis']}), below the noise floor of "
+                   f"{floor:.1f}% (max of {NOISE_FLOOR_PCT:g}% and {NOISE_SIGMAS_FLOOR:g}× the runs' step-to-step "
+                   "coefficient of variation)")
+    else:
+        status = "comparable"
+        verdict = (f"{subject.name}'s step is {ratio['value']:.3g}× the baseline's ({baseline.name}): "
+                   f"{ratio['sentence']}" if ratio else f"{subject.name} against {baseline.name}: no step ratio")
+    return {"status": status, "score": 0.0 if same else min(p["score"] for p in parts.values()), "parts": parts,
+            "why": why, "caveats": caveats, "noise_floor_pct": round(floor, 2),
+            "difference_pct": None if diff is None else round(diff, 2), "ratio": ratio, "verdict": verdict}

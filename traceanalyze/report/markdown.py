@@ -99,6 +99,9 @@ def _comparison_md(comp: dict | None) -> list[str]:
     out = [f"### {_md(comp.get('subject'))} vs {_md(comp.get('baseline'))}: step time "
            f"{fmt_ms(comp.get('subject_step_us'))} ms vs {fmt_ms(comp.get('baseline_step_us'))} ms "
            f"({fmt_signed_ms(comp.get('delta_us'))} ms)"]
+    k = comp.get("comparable") if isinstance(comp.get("comparable"), dict) else None
+    if k:  # whether the runs compare, and the step ratio it states
+        out += [f"{_md(k.get('verdict'))} (comparability {fmt_float(k.get('score'), 2)})", ""]
     out += ["| part | subject ms | baseline ms | Δ ms | finding |", "|---|--:|--:|--:|---|"]
     for p in comp["parts"]:
         out.append(f"| {_md(p.get('part'))} | {fmt_ms(p.get('subject_us'))} | {fmt_ms(p.get('baseline_us'))} "

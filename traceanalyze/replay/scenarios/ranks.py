@@ -240,3 +240,40 @@ IDEAL_INTERCONNECT = Scenario(
                                 f"({ctx['link_source']}), capped at the measured transfer; latency term ignored"),
     kinds=("slow_collectives", "topology"), changes_concurrency=True, collective_waits=True)
 SCENARIOS = (NO_STRAGGLER, ALIGNED_STEP_STARTS, IDEAL_INTERCONNECT)
+
+
+def comparable_busbw(subject: list, baseline: list) -> tuple[float, float, int] | None:
+    """(subject's busbw, baseline's busbw, calls of the baseline) in GB/s over the collectives both runs call with
+    the same operation and message size (:class:`traceanalyze.metrics.collectives.CollectiveSummary` rows: the
+    ``collective_calls`` table): each run's median over those calls, each (operation, size) weighted by its call
+    count. busbw as nccl-tests defines it (algbw × the operation's bus factor, e.g. 2(n−1)/n for all_reduce).
+    None when no (operation, size) with a busbw is in both."""
+    def by_key(rows: list) -> dict:
+        return {(c.collective, c.size_bytes): c for c in rows
+                if c.size_bytes and c.busbw_gbps is not None and c.busbw_gbps > 0 and c.count > 0}
+
+    s, b = by_key(subject), by_key(baseline)
+    keys = sorted(set(s) & set(b), key=str)
+    if not keys:
+        return None
+
+    def median(rows: list) -> float:
+        return float(np.median([c.busbw_gbps for c in rows for _ in range(min(c.count, 10_000))]))
+    return median([s[k] for k in keys]), median([b[k] for k in keys]), sum(b[k].count for k in keys)
+
+
+def link_from_baseline(stated: dict, subject: list, baseline_name: str, baseline: list) -> dict:
+    """The link ``ideal_interconnect`` prices the subject with when it is compared with a baseline (``--baseline``):
+    the baseline's measured busbw over the collectives both runs call alike (:func:`comparable_busbw`), when it is
+    higher than the subject's (the baseline fixes the interconnect: its busbw is the bandwidth the fix restores),
+    else ``stated`` (the link the run's sidecars or GPU state, ``logs.sidecars.expected_link``) unchanged. The
+    stated figure stays in the dict (``stated_gbps``, ``stated_source``). ``subject``/``baseline``: the runs'
+    collective summaries (``collective_calls``)."""
+    got = comparable_busbw(subject, baseline)
+    if got is None or not got[1] > got[0]:
+        return stated
+    sub, base, n = got
+    return {"expected_gbps": round(base, 4), "from_baseline": True,
+            "source": (f"link from baseline: {base:.3g} GB/s busbw, median of {n} comparable collective call"
+                       f"{'s' if n != 1 else ''} of {baseline_name} (nccl-tests busbw; {sub:.3g} GB/s here)"),
+            "stated_gbps": stated.get("expected_gbps"), "stated_source": stated.get("source")}
