@@ -452,7 +452,7 @@ def next_bottleneck(subject_run: dict, baseline_run: dict) -> dict | None:
 # Whether the two runs can be compared (issue 40 item 3) and which step times the ratio uses (item 2)
 
 NOISE_FLOOR_PCT = 2.0  # a step-time difference below this (or 2× the runs' step noise) is no difference (nsys-ai: 2 %)
-NOISE_SIGMAS_FLOOR = 2.0  # ... the floor in units of the noisier run's coefficient of variation
+NOISE_SIGMAS_FLOOR = 2.0  # ... the floor in standard errors of the difference of the two runs' mean steps (~95 %)
 MIN_KERNEL_OVERLAP = 0.1  # time-weighted Jaccard of compute kernel names below which the runs ran other work
 LOW_KERNEL_OVERLAP = 0.5  # ... below which the comparison holds with a caveat
 NOISY_CV_PCT = 10.0  # step-to-step coefficient of variation above which a run's steps are noisy (a caveat)
@@ -574,6 +574,8 @@ def _part_scores(subject_run: dict, baseline_run: dict, subject: RunEvidence, ba
     worst = max(cvs, default=0.0)
     parts["noise"] = {"subject_cv_pct": None if noise[0] is None else round(noise[0][0], 2),
                       "baseline_cv_pct": None if noise[1] is None else round(noise[1][0], 2),
+                      "subject_steps": None if noise[0] is None else noise[0][1],
+                      "baseline_steps": None if noise[1] is None else noise[1][1],
                       "score": round(max(0.0, 1 - worst / (2 * NOISY_CV_PCT)), 3)}
     if worst > NOISY_CV_PCT:
         caveats.append(f"noisy steps (coefficient of variation up to {worst:.0f}%)")
@@ -590,16 +592,19 @@ def comparability(subject_run: dict, baseline_run: dict, subject: RunEvidence, b
     0.5; a run without any speed: 0.25, only their settings compare) and the step noise (1 − the noisier run's
     coefficient of variation / 20 %). ``score`` = the lowest part. Not comparable: the same traces (``same run``),
     different GPUs, or a kernel overlap below :data:`MIN_KERNEL_OVERLAP` when neither precision nor compile
-    differ. A step-time difference below the noise floor, max(:data:`NOISE_FLOOR_PCT`, 2 × the noisier run's
-    coefficient of variation), is ``no difference``. Returns ``{status, score, parts, why, caveats,
+    differ. A step-time difference below the noise floor, max(:data:`NOISE_FLOOR_PCT`, 2 standard errors of the
+    difference of the two runs' mean steps: 2 × √(CVₛ²/nₛ + CV_b²/n_b), a two-sample z-test at about 95 %), is
+    ``no difference``. Returns ``{status, score, parts, why, caveats,
     noise_floor_pct, difference_pct, ratio, verdict}``.
     """
     why: list[str] = []
     caveats: list[str] = []
     same = same_files or _identical(subject, baseline)
     parts = _part_scores(subject_run, baseline_run, subject, baseline, why, caveats)
-    cvs = [parts["noise"][k] for k in ("subject_cv_pct", "baseline_cv_pct") if parts["noise"][k] is not None]
-    floor = max(NOISE_FLOOR_PCT, NOISE_SIGMAS_FLOOR * max(cvs, default=0.0))
+    nz = parts["noise"]
+    var = sum(nz[f"{k}_cv_pct"] ** 2 / nz[f"{k}_steps"] for k in ("subject", "baseline")
+              if nz[f"{k}_cv_pct"] is not None)
+    floor = max(NOISE_FLOOR_PCT, NOISE_SIGMAS_FLOOR * math.sqrt(var))
     ratio = step_ratio(subject, baseline)
     diff = None if ratio is None else 100 * (ratio["value"] - 1)
     if same:
@@ -611,8 +616,8 @@ def comparability(subject_run: dict, baseline_run: dict, subject: RunEvidence, b
     elif diff is not None and abs(diff) < floor:
         status = "no difference"
         verdict = (f"no difference: step times differ by {diff:+.1f}% ({ratio['basis']}), below the noise floor of "
-                   f"{floor:.1f}% (max of {NOISE_FLOOR_PCT:g}% and {NOISE_SIGMAS_FLOOR:g}× the runs' step-to-step "
-                   "coefficient of variation)")
+                   f"{floor:.1f}% (max of {NOISE_FLOOR_PCT:g}% and {NOISE_SIGMAS_FLOOR:g} standard errors of the "
+                   "difference of the runs' mean steps)")
     else:
         status = "comparable"
         verdict = (f"{subject.name}'s step is {ratio['value']:.3g}× the baseline's ({baseline.name}): "
