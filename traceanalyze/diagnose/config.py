@@ -408,13 +408,17 @@ def _ga_context(ev: RunEvidence, ga: int, ws: int) -> dict:
     comm = [statistics.median(s["exposed_comm_us"] for s in ev.steps_of(r["rank"])) for r in ev.ranks
             if ev.steps_of(r["rank"])] if ev.steps else []
     acc = ev.accumulation or {}
-    return {"ga": ga, "ws": ws, "pdb": _stated_count(ev, "per_device_batch", MAX_BATCH),
-            "global_batch": _stated_count(ev, "global_batch", MAX_BATCH),
-            "seq_len": _stated_count(ev, "seq_len", MAX_BATCH), "num_examples": _stated_count(ev, "num_examples",
-                                                                                             MAX_BATCH),
-            "step_us": ev.step_time_us if ev.mode in ("gpu", "cpu") else None,
-            "profiler_step": acc.get("profiler_step"), "per_step": acc.get("per_step"),
-            "optimizer_us": acc.get("optimizer_us"), "comm_us": statistics.median(comm) if comm else None}
+    c = {"ga": ga, "ws": ws, **{k: _stated_count(ev, f, MAX_BATCH) for k, f in (
+        ("pdb", "per_device_batch"), ("global_batch", "global_batch"), ("seq_len", "seq_len"),
+        ("num_examples", "num_examples"))},
+         "step_us": ev.step_time_us if ev.mode in ("gpu", "cpu") else None,
+         "profiler_step": acc.get("profiler_step"), "per_step": acc.get("per_step"),
+         "optimizer_us": acc.get("optimizer_us"), "comm_us": statistics.median(comm) if comm else None}
+    runtime, steps = ev.fact("train_runtime_s"), job_steps(ev)
+    if not c["step_us"] and isinstance(runtime, float) and 0 < runtime < 1e9 and steps:  # an HF log, no trace
+        c.update(step_us=1e6 * runtime / steps, profiler_step="optimizer step",
+                 step_source=f"the log's train_runtime {runtime:,.1f} s / {steps:,.0f} optimizer steps")
+    return c
 
 
 def rule_effective_batch_single(ev: RunEvidence) -> list[Finding]:
