@@ -176,8 +176,9 @@ def test_price_missing_whatifs_uses_the_table_and_the_pricer():
     assert [w["scenario"] for w in whatifs] == ["no_compile", "no_straggler", "all"]
     assert rows == [[1, "no_straggler", 0, 1, 10.0, 8.0]]
     assert [x.whatif_missing for x in fs] == [None, "nothing to remove",
-                                              "its what-if (ga_scaled) is arithmetic on the run's stated batch, "
-                                              "priced by the run's own finding", None]
+                                              "its what-if (ga_scaled) is arithmetic on the run's stated batch, not "
+                                              "a replay: its figures are in the run's own gradient accumulation "
+                                              "finding", None]
     assert "whatif_missing" not in diagnose.to_dicts(fs)[0]
     fresh = [f("launch_bound", [0])]
     diagnose.price_missing_whatifs(fresh, [], None)

@@ -249,7 +249,8 @@ def price_missing_whatifs(findings: list[Finding], whatifs: list[dict], price: P
             continue
         if how == ARITHMETIC_HOW:  # its rule priced it (the evidence says how); a finding of another rule did not
             f.whatif_missing = None if f.effect is not None else (
-                f"its what-if ({sc}) is arithmetic on the run's stated batch, priced by the run's own finding")
+                f"its what-if ({sc}) is arithmetic on the run's stated batch, not a replay: its figures are in the "
+                f"run's own {f.kind.replace('_', ' ')} finding")
             continue
         if any(w.get("scenario") == sc for w in whatifs):
             continue
