@@ -100,10 +100,13 @@ def test_every_finding_kind_has_a_scenario_or_a_reason():
     for kind, (sc, how) in diagnose.WHATIF_OF_KIND.items():
         if sc is None:
             assert how, kind
+        elif how == "arithmetic":  # priced by its rule from the stated facts, never replayed (no whatif row)
+            assert sc not in SCENARIOS and kind not in diagnose.KIND_TO_SCENARIO, kind
         else:
             assert sc in SCENARIOS and how in ("", "ranks"), kind
     assert diagnose.KIND_TO_SCENARIO["straggler"] == "no_straggler"
     assert "gradient_accumulation" not in diagnose.KIND_TO_SCENARIO
+    assert diagnose.WHATIF_OF_KIND["gradient_accumulation"] == ("ga_scaled", "arithmetic")
 
 
 def _compute_straggler(folder: Path, ratio: float = 1.6, steps: int = 5) -> Path:
@@ -173,7 +176,9 @@ def test_price_missing_whatifs_uses_the_table_and_the_pricer():
     assert [w["scenario"] for w in whatifs] == ["no_compile", "no_straggler", "all"]
     assert rows == [[1, "no_straggler", 0, 1, 10.0, 8.0]]
     assert [x.whatif_missing for x in fs] == [None, "nothing to remove",
-                                              "no scenario models a gradient-accumulation change", None]
+                                              "its what-if (ga_scaled) is arithmetic on the run's stated batch, not "
+                                              "a replay: its figures are in the run's own gradient accumulation "
+                                              "finding", None]
     assert "whatif_missing" not in diagnose.to_dicts(fs)[0]
     fresh = [f("launch_bound", [0])]
     diagnose.price_missing_whatifs(fresh, [], None)

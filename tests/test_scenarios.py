@@ -16,7 +16,7 @@ from traceanalyze.findings import CAUSES, KINDS
 from traceanalyze.options import Options
 from traceanalyze.pipeline import analyze
 from traceanalyze.replay import whatif
-from traceanalyze.replay.scenarios import ALL, REGISTRY, Scenario, by_name, for_kind
+from traceanalyze.replay.scenarios import ALL, ARITHMETIC, REGISTRY, Scenario, by_name, for_kind
 
 PACKAGE = Path(__file__).resolve().parents[1] / "traceanalyze"
 # the order the replay priced the scenarios in before they were records (replay.whatif.SCENARIOS, issue 39)
@@ -40,7 +40,7 @@ def _definitions_naming(names: set[str]) -> dict[str, list[str]]:
 
 
 def test_each_scenario_is_named_in_at_most_three_definitions():
-    found = _definitions_naming({s.name for s in REGISTRY})
+    found = _definitions_naming({s.name for s in (*REGISTRY, *ARITHMETIC)})
     assert {n: where for n, where in found.items() if len(where) > MAX_DEFINITIONS} == {}
     assert all(where for where in found.values())  # each one has its record
 
@@ -78,9 +78,14 @@ def test_every_record_is_consistent():
         assert s.left_out is None or callable(s.left_out)
         assert s.saving_bound is None or callable(s.saving_bound)
         assert s.starts is None or callable(s.starts)
-    kinds = [k for s in REGISTRY for k in s.kinds]
+    for s in ARITHMETIC:  # priced by arithmetic on the stated facts: a price, never replayed, a name of its own
+        assert callable(s.price) and s.name not in names and set(s.kinds) <= set(KINDS), s.name
+        assert s.cause.split(":")[0] in CAUSES and not s.rank_kinds and not s.extends, s.name
+    assert all(s.price is None for s in REGISTRY)
+    kinds = [k for s in (*REGISTRY, *ARITHMETIC) for k in s.kinds]
     assert len(kinds) == len(set(kinds))  # one scenario prices a kind
-    assert all(for_kind(k).name == diagnose.KIND_TO_SCENARIO[k] for k in kinds)
+    assert all(for_kind(k).name == diagnose.WHATIF_OF_KIND[k][0] for k in kinds)
+    assert all(for_kind(k).name == diagnose.KIND_TO_SCENARIO[k] for s in REGISTRY for k in s.kinds)
 
 
 def test_the_finding_kind_map_comes_from_the_records():

@@ -108,7 +108,8 @@ def summary_lines(model: dict, limit: int = SUMMARY_FINDINGS) -> list[str]:
         where = f" (rank{'s' if len(ranks) > 1 else ''} {ranges(ranks)})" if 0 < len(ranks) <= 8 else ""
         level = (f.get("confidence") or {}).get("level") if isinstance(f.get("confidence"), dict) else None
         part = f" (part of {f['part_of']})" if f.get("part_of") else ""
-        share = "died" if f.get("kind") in DIED_KINDS else f"{float(f.get('impact_pct') or 0):.1f}%"
+        share = ("died" if f.get("kind") in DIED_KINDS else "what is trained" if f.get("effect")
+                 else f"{float(f.get('impact_pct') or 0):.1f}%")
         out.append(f"[{f.get('severity')}] {share} {f.get('cause')}/{f.get('kind')}: "
                    f"{f.get('title')}{where}{part}" + (f" ({level} confidence)" if level else ""))
     if len(top) > limit:

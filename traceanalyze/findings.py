@@ -6,6 +6,12 @@ A finding has a ``cause`` (the four the report attributes a slowdown to), a fine
 what-if can price it, ``whatif_missing`` says why; a finding that is part of a larger one names its kind in
 ``part_of``. The kinds are a closed set: a rule that makes a finding of
 another kind is a bug, caught when it is made.
+
+A config fault that changes what is trained, not how long a step takes (gradient accumulation kept from a 1-GPU
+run: a larger effective batch, fewer optimizer steps per epoch), has no share of step time: its ``impact_pct`` is
+None and ``effect`` says, in words and numbers, what it changes. Such a finding of medium or high severity leads
+the verdict (:data:`CONFIG_FAULT`) unless a step-time cause of medium or high severity does, and then follows it
+in the same sentence (``traceanalyze.diagnose.verdict``).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ Kind = Literal[
 ]
 CAUSES: tuple[str, ...] = get_args(Cause)
 DIED_KINDS = ("cuda_oom", "host_oom")  # the run died (of memory): the report says so first, and no step time share
+CONFIG_FAULT = "Config fault: "  # the verdict's start when a finding with an ``effect`` (what is trained) leads it
 KINDS: tuple[str, ...] = get_args(Kind)
 SEVERITIES: tuple[str, ...] = get_args(Severity)
 
@@ -44,7 +51,7 @@ class Finding:
     cause: Cause
     kind: Kind
     severity: Severity
-    impact_pct: float  # % of the run's step time that fixing the cause wins back
+    impact_pct: float | None  # % of the run's step time that fixing the cause wins back; None with ``effect``
     ranks: list[int]
     title: str
     evidence: list[str]
@@ -53,6 +60,9 @@ class Finding:
     assumption: str = ""  # what the impact rests on that the inputs do not state (shown in the verdict)
     whatif_missing: str | None = None  # why no what-if prices this finding (diagnose.WHATIF_OF_KIND); None: one does
     part_of: str | None = None  # the kind of a larger finding of its run that this one is part of (diagnose.PARTS)
+    # what fixing it changes when that is not step time (what is trained), e.g. "2× the samples per optimizer step,
+    # 1/2 the optimizer steps per epoch"; set, impact_pct is None
+    effect: str | None = None
 
     def __post_init__(self) -> None:
         if self.cause not in CAUSES or self.kind not in KINDS or self.severity not in SEVERITIES:

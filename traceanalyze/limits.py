@@ -29,8 +29,20 @@ MAX_WORLD_SIZE = 1 << 20  # ranks: a distributedInfo.world_size above this is im
 MAX_MEMORY_BYTES = 1 << 60  # bytes: a GPU or host memory figure above 1 EiB in an OOM message is garbage (dropped)
 MAX_PARAMS = 1e14  # parameters: a model's parameter count above 100 T in a log is garbage (dropped)
 MAX_OOM_EVENTS = 10_000  # out-of-memory and kill records kept from one log, and from all of a run's (a crash loop)
+MAX_GRAD_ACCUM = 1 << 16  # micro-batches per optimizer step: more than 65,536 is no recipe's (dropped, one warning)
+MAX_BATCH = 1 << 32  # samples in a per-device or global batch: above 4 G is garbage (dropped, one warning)
 MAX_HOST_NAME = 64  # characters of a host name read from a torchrun failure block (longer: cut)
 
 # --- defaults of options -----------------------------------------------------------------------------------
 DEFAULT_MAX_EVENTS = 2_000_000  # events in a merged Perfetto trace (export --max-events)
 REGRESSION_THRESHOLD = 1.2  # batch --threshold: step time above this × the group's median of earlier runs
+
+
+def whole_in_bounds(v: object, bound: float) -> int | None:
+    """``v`` as a whole number from 1 to ``bound``, else None (text, bool, nan, inf, 0, negative, fractional, or
+    above ``bound``): a count read from a log or config (a gradient accumulation, a batch, a world size)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    if v != v or v in (float("inf"), float("-inf")) or v < 1 or v > bound or v != int(v):
+        return None
+    return int(v)

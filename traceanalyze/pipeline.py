@@ -20,7 +20,7 @@ from traceanalyze import ingest, stages, store
 from traceanalyze.discover import Discovery, Run, discover
 from traceanalyze.errors import TraceanalyzeError, UsageError
 from traceanalyze.executors import map_large_blocks, release_free_memory
-from traceanalyze.findings import DIED_KINDS
+from traceanalyze.findings import CONFIG_FAULT, DIED_KINDS
 from traceanalyze.options import Options, Progress
 from traceanalyze.report.assemble import to_json
 from traceanalyze.safety import check_outputs
@@ -369,6 +369,11 @@ def _report_model(con, runs_model: list[dict], evidence: list, all_findings: lis
     }
     if model["verdict"].startswith("Run died: "):  # the death the verdict names leads the cards
         top = next((f for f in model["findings"] if f["kind"] in DIED_KINDS), None)
+        if top is not None:
+            top["main"] = True
+    elif model["verdict"].startswith(CONFIG_FAULT) or (model["partial"] and f". {CONFIG_FAULT}" in model["verdict"]):
+        # a config fault that changes what is trained leads the cards (findings.CONFIG_FAULT)
+        top = next((f for f in model["findings"] if f.get("effect") and f["severity"] in ("high", "medium")), None)
         if top is not None:
             top["main"] = True
     elif model["verdict"].startswith("Main cause") or (model["partial"] and ". Main cause: " in model["verdict"]):

@@ -325,7 +325,7 @@ def evidence(con: duckdb.DuckDBPyConnection, run_id: int, run: Run, a: RunAnalys
     """What the rules read about the run (:class:`diagnose.RunEvidence`); returns (evidence, longest rank's µs
     per counted step without the compile step, the compile step's µs)."""
     from traceanalyze import diagnose
-    from traceanalyze.metrics import host, steps, where
+    from traceanalyze.metrics import accumulation, host, steps, where
 
     mode, rank_rows, step_rows, side, coll, link = a.mode, a.rank_rows, a.step_rows, a.side, a.coll, a.link
     prec, comp, loader, launch, idle_rows = a.prec, a.comp, a.loader, a.launch, a.idle_rows
@@ -365,6 +365,8 @@ def evidence(con: duckdb.DuckDBPyConnection, run_id: int, run: Run, a: RunAnalys
             pool.shutdown(wait=False)
     if good and steps_model:
         ev.rank_ops = where.op_time_per_step(con, run_id, mode)
+        if side["facts"].get("gradient_accumulation_steps"):  # what a profiler step is: micro-batch or optimizer step
+            ev.accumulation = accumulation.optimizer_steps(con, run_id)
         ev.host_gaps, ev.gap_us_per_step = where.host_gaps(con, run_id)
     if view is not None:
         ev.host = view()

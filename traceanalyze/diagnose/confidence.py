@@ -202,7 +202,9 @@ def finding_confidence(f: dict, b: dict | None, whatifs: list[dict]) -> dict:
     the what-if's model range, else the impact ± the step-to-step noise, clipped to 0–100; [0, 0] for a memory
     finding, whose level only the run's steps and ranks cap) and ``why`` (the reasons for a level below high;
     empty when high). A finding that the run died (``cuda_oom``, ``host_oom``) is high: the log states it, and no
-    step, trace or replay stands behind it.
+    step, trace or replay stands behind it. A finding with an ``effect`` (what is trained, not step time) has no
+    range and rests on the facts a log or config states, not on the trace's steps or ranks: high, or medium with an
+    ``assumption`` (a recipe assumed to come from one GPU).
 
     Args:
         f: a finding (``findings[i]``). b: its run's :func:`basis` (None: run unknown, only the finding's own
@@ -213,6 +215,9 @@ def finding_confidence(f: dict, b: dict | None, whatifs: list[dict]) -> dict:
     if f.get("kind") in MEMORY_KINDS:  # bytes the allocator counted, not a share of the step: no noise, no range
         level, why = _lowest(_memory_caps(b) if b else [])
         return {"level": level, "range_pct": [0.0, 0.0], "why": why}
+    if f.get("effect"):  # what is trained, from stated facts: not the trace's steps, noise or ranks; no range
+        level, why = _lowest([("medium", f["assumption"])] if f.get("assumption") else [])
+        return {"level": level, "range_pct": None, "why": why}
     caps = _run_caps(b, wait_finding=f.get("cause") in WAIT_CAUSES) if b else []
     impact = _num(f.get("impact_pct")) or 0.0
     sc = finding_scenario(f.get("kind", ""), whatifs)

@@ -15,6 +15,7 @@ from traceanalyze.diagnose.evidence import (
 )
 from traceanalyze.findings import Finding
 from traceanalyze.fmt import fmt_bytes, ranges
+from traceanalyze.limits import MAX_BATCH, MAX_GRAD_ACCUM, MAX_WORLD_SIZE, whole_in_bounds
 from traceanalyze.metrics.host import OPTIMIZER_MIN_KERNELS
 from traceanalyze.replay.scenarios import for_kind
 
@@ -388,22 +389,72 @@ def _steady_idle_pct(ev: RunEvidence, rank: int) -> float:
     return statistics.median(100 * s["idle_us"] / s["step_time_us"] for s in rs) if rs else 0.0
 
 
+GA_WHATIF = for_kind("gradient_accumulation")  # its what-if: arithmetic on the stated batch (replay.scenarios.batch)
+
+
+def _stated_count(ev: RunEvidence, key: str, bound: float) -> int | None:
+    """A batch fact as a whole number from 1 to ``bound``, else None (the logs' check warned and dropped a bad one,
+    :func:`traceanalyze.logs.batch.check_batch_facts`; this never trusts that it ran)."""
+    v = ev.fact(key)
+    try:
+        v = float(v) if v is not None and not isinstance(v, bool) else None
+    except (TypeError, ValueError):
+        return None
+    return whole_in_bounds(v, bound) if v is not None else None
+
+
+def _ga_context(ev: RunEvidence, ga: int, ws: int) -> dict:
+    """The stated batch and the measured step that :data:`GA_WHATIF`'s ``price`` reads."""
+    comm = [statistics.median(s["exposed_comm_us"] for s in ev.steps_of(r["rank"])) for r in ev.ranks
+            if ev.steps_of(r["rank"])] if ev.steps else []
+    acc = ev.accumulation or {}
+    c = {"ga": ga, "ws": ws, **{k: _stated_count(ev, f, MAX_BATCH) for k, f in (
+        ("pdb", "per_device_batch"), ("global_batch", "global_batch"), ("seq_len", "seq_len"),
+        ("num_examples", "num_examples"))},
+         "step_us": ev.step_time_us if ev.mode in ("gpu", "cpu") else None,
+         "profiler_step": acc.get("profiler_step"), "per_step": acc.get("per_step"),
+         "optimizer_us": acc.get("optimizer_us"), "comm_us": statistics.median(comm) if comm else None}
+    runtime, steps = ev.fact("train_runtime_s"), job_steps(ev)
+    if not c["step_us"] and isinstance(runtime, float) and 0 < runtime < 1e9 and steps:  # an HF log, no trace
+        c.update(step_us=1e6 * runtime / steps, profiler_step="optimizer step",
+                 step_source=f"the log's train_runtime {runtime:,.1f} s / {steps:,.0f} optimizer steps")
+    return c
+
+
 def rule_effective_batch_single(ev: RunEvidence) -> list[Finding]:
-    """Config (no baseline): gradient accumulation kept while the data-parallel size grew."""
-    ga = ev.fact("gradient_accumulation_steps")
-    ws = ev.fact("world_size") or ev.world_size
-    if not ga or not ws or float(ga) <= 1 or float(ws) <= 1:
+    """Config (no baseline): gradient accumulation kept while the data-parallel size grew, the LLaMA-Factory fault
+    (SFT on 8 cards with ``gradient_accumulation_steps`` kept from 1 card: world size × the effective batch, 1/world
+    size the optimizer steps per epoch, a loss that does not match the 1-GPU run's). It changes what is trained,
+    not the step time: ``impact_pct`` None, ``effect`` says what it changes, and :data:`GA_WHATIF` (``ga_scaled``)
+    prices the fix by arithmetic.
+
+    Evidence: world size > 1 and gradient accumulation > 1 (GA is how one GPU reaches a batch its memory cannot
+    hold). Medium when GA ≥ the world size: dividing GA by it gives back the 1-GPU run's effective batch (within
+    rounding), the shape of a 1-GPU recipe copied unchanged; low when GA < the world size: GA cannot go below 1,
+    and a small GA on many ranks is as often a recipe tuned for them. Never high without a baseline: that the
+    recipe came from one GPU is an assumption (with ``--baseline`` the comparison's finding states it)."""
+    ga = _stated_count(ev, "gradient_accumulation_steps", MAX_GRAD_ACCUM)
+    ws_v = ev.fact("world_size") or ev.world_size
+    ws = whole_in_bounds(float(ws_v), MAX_WORLD_SIZE) if isinstance(ws_v, (int, float)) else None
+    if not ga or not ws or ga <= 1 or ws <= 1:
         return []
-    pdb = ev.fact("per_device_batch")
-    eff = ev.fact("global_batch") or (float(pdb) * float(ga) * float(ws) if pdb else None)
-    return [Finding("config", "gradient_accumulation", "low", 0.0, [],
-                    f"Effective batch {eff:,.0f} = per-device batch × gradient accumulation {float(ga):g} × "
-                    f"{float(ws):g} ranks" if eff else
-                    f"gradient accumulation {float(ga):g} on {float(ws):g} ranks",
-                    [f"gradient_accumulation_steps={float(ga):g}, data-parallel size {float(ws):g}"
-                     + (f", per-device batch {float(pdb):g}" if pdb else "")],
-                    "if this recipe came from a single-GPU run, divide gradient_accumulation_steps by the number "
-                    "of GPUs to keep its effective batch, or scale the learning rate with the batch")]
+    row = GA_WHATIF.price(_ga_context(ev, ga, ws)) if GA_WHATIF and GA_WHATIF.price else None
+    if row is None:
+        return []
+    eff, new = row["effective_batch"], row["gradient_accumulation_steps"][1]
+    title = (f"Effective batch {eff[0]:,.0f} is {ws}× a 1-GPU run's {eff[0] / ws:,.0f}: gradient accumulation {ga} "
+             f"kept on {ws} ranks" if eff else
+             f"Gradient accumulation {ga} kept on {ws} ranks: {ws}× the effective batch of a 1-GPU run")
+    effect = (f"{ws}× the samples per optimizer step and 1/{ws} of the optimizer steps per epoch of a 1-GPU run of "
+              "this recipe: the loss curve and learning-rate schedule will not match it")
+    stated = f"gradient_accumulation_steps={ga}, world size {ws}" + (
+        f", per-device batch {eff[0] / ga / ws:g}: effective batch {eff[0]:,.0f}" if eff else "")
+    fix = (f"divide gradient_accumulation_steps by {ws} ({ga} → {new}) to keep the 1-GPU run's effective batch; or, "
+           "if the larger batch is meant, scale the learning rate with it (linear scaling) and expect 1/"
+           f"{ws} of the optimizer steps per epoch")
+    return [Finding("config", "gradient_accumulation", "medium" if ga >= ws else "low", None, [], title,
+                    [stated, *row["lines"]], fix,
+                    assumption="if this recipe came from a 1-GPU run: no baseline or config says so", effect=effect)]
 
 
 # --- memory (traces recorded with profile_memory=True: runs[i].ranks[j].memory, traceanalyze.metrics.memory) -------

@@ -54,6 +54,9 @@ class RunEvidence:
     whatif: list = field(default_factory=list)  # the replay's what-if rows (runs[i].whatif), before the findings
     ooms: list = field(default_factory=list)  # [logs.OomEvent]: the out-of-memory errors and kills the logs record
     skew: Any = None  # arrival skew per collective instance (traceanalyze.replay.skew.Skew), None without one
+    # optimizer steps per counted profiler step (traceanalyze.metrics.accumulation), read when a log or config
+    # states gradient accumulation; None otherwise
+    accumulation: dict | None = None
     # steps grouped by rank, made on first use (the rules ask per rank: one pass over the steps, not one per rank)
     _by_rank: tuple | None = field(default=None, init=False, repr=False, compare=False)
 

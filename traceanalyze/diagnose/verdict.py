@@ -34,8 +34,8 @@ from traceanalyze.diagnose.imbalance import late_arrivals, rule_idle_rank, rule_
 from traceanalyze.diagnose.interconnect import rule_exposed_communication, rule_untraced_ranks
 from traceanalyze.diagnose.oom import died_verdict, rule_died
 from traceanalyze.diagnose.precision import rule_precision
-from traceanalyze.findings import Finding
-from traceanalyze.replay.scenarios import ALL, REGISTRY, by_name
+from traceanalyze.findings import CONFIG_FAULT, Finding
+from traceanalyze.replay.scenarios import ALL, ARITHMETIC, REGISTRY, by_name
 from traceanalyze.replay.whatif import NO_SAVING
 
 IDLE_EXPLAIN_PCT = 50.0  # a GPU idle above this is never healthy without a finding that explains it
@@ -66,6 +66,8 @@ SPECIFIC_CAUSES = {
 # (:func:`verdict`) and carries ``part_of``, the whole's kind.
 PARTS = {"host_optimizer": (("launch_bound", "host_bound"), "a fused optimizer alone")}
 AMPLIFIERS = ("step_sync",)
+ARITHMETIC_HOW = "arithmetic"  # WHATIF_OF_KIND's "how" of a what-if its rule prices from the stated facts
+NO_SLOWDOWN = "No significant slowdown found"
 
 
 def diagnose(ev: RunEvidence) -> list[Finding]:
@@ -103,12 +105,13 @@ def unexplained_idle(ev: RunEvidence, found: list[Finding]) -> list[Finding]:
 
 
 def rank_findings(fs: list[Finding]) -> list[Finding]:
-    """Sort by severity then impact (what the fix saves), highest first; a part of a larger finding that saves no
+    """Sort by severity then impact (what the fix saves), highest first, a finding with an ``effect`` (no share of
+    step time: what is trained) after the step-time findings of its severity; a part of a larger finding that saves no
     more than it is linked to it (``part_of``, :data:`PARTS`) and stays below it; then a specific cause of medium
     or high severity moves just above the first general finding of its run that it explains
     (:data:`SPECIFIC_CAUSES`)."""
     order = {"high": 0, "medium": 1, "low": 2}
-    out = sorted(fs, key=lambda f: (order[f.severity], -f.impact_pct))
+    out = sorted(fs, key=lambda f: (order[f.severity], f.impact_pct is None, -(f.impact_pct or 0.0)))
     _link_parts(out)
     for spec in [f for f in out if f.kind in SPECIFIC_CAUSES and f.severity != "low"]:
         kinds, ratio = SPECIFIC_CAUSES[spec.kind]
@@ -147,7 +150,6 @@ def _link_parts(fs: list[Finding]) -> None:
 # finding kinds no what-if prices, each with why no scenario models it
 UNPRICED_KINDS: dict[str, str] = {
     "untraced_ranks": "the ranks the traced ones wait for have no trace: no scenario can replay their work",
-    "gradient_accumulation": "no scenario models a gradient-accumulation change",
     "host_bound": "no scenario models removing the host's own work between launches (CUDA graphs, "
                   "no_launch_overhead, only remove the launch calls)",
     "unexplained_idle": "no rule names the cause of this idle time, so no scenario removes it",
@@ -159,12 +161,15 @@ UNPRICED_KINDS: dict[str, str] = {
 # it): the one table the impacts (apply_to_findings), the pricing of a finding's missing what-if
 # (price_missing_whatifs) and ``whatif_missing`` read, from the scenarios' records (their ``kinds``) and
 # :data:`UNPRICED_KINDS`. How it is priced: "ranks" prices the scenario for the finding's own ranks (a straggler the
-# rule names, whatever the replay's own test says: the record's ``rank_kinds``), "" as the replay finds it.
+# rule names, whatever the replay's own test says: the record's ``rank_kinds``), "" as the replay finds it,
+# "arithmetic" by its rule from the run's stated facts (a record of ARITHMETIC: never replayed, no ``whatif`` row).
 WHATIF_OF_KIND: dict[str, tuple[str | None, str]] = {
     **{k: (s.name, "ranks" if k in s.rank_kinds else "") for s in REGISTRY for k in s.kinds},
+    **{k: (s.name, ARITHMETIC_HOW) for s in ARITHMETIC for k in s.kinds},
     **{k: (None, why) for k, why in UNPRICED_KINDS.items()},
 }
-KIND_TO_SCENARIO = {k: sc for k, (sc, _) in WHATIF_OF_KIND.items() if sc is not None}
+# the replayed what-if of each kind (the impacts and the comparison's check read it)
+KIND_TO_SCENARIO = {k: sc for k, (sc, how) in WHATIF_OF_KIND.items() if sc is not None and how != ARITHMETIC_HOW}
 # A scenario that prices a kind's fix more fully where the replay offers it (a record's ``extends``): the finding's
 # advice then names that fix. A conv net on NCHW activations is advised bf16 autocast and channels_last
 # (diagnose.precision), priced together.
@@ -241,6 +246,11 @@ def price_missing_whatifs(findings: list[Finding], whatifs: list[dict], price: P
         sc, how = WHATIF_OF_KIND.get(f.kind, (None, "no scenario models this kind of finding"))
         if sc is None:
             f.whatif_missing = how
+            continue
+        if how == ARITHMETIC_HOW:  # its rule priced it (the evidence says how); a finding of another rule did not
+            f.whatif_missing = None if f.effect is not None else (
+                f"its what-if ({sc}) is arithmetic on the run's stated batch, not a replay: its figures are in the "
+                f"run's own {f.kind.replace('_', ' ')} finding")
             continue
         if any(w.get("scenario") == sc for w in whatifs):
             continue
@@ -324,11 +334,12 @@ def _offer_tf32_first(f: Finding, w: dict) -> None:
 
 
 def to_dicts(fs: list[Finding]) -> list[dict]:
-    """Findings as plain dicts for the JSON report (``whatif_missing`` and ``part_of`` only where set)."""
+    """Findings as plain dicts for the JSON report (``whatif_missing``, ``part_of`` and ``effect`` only where
+    set)."""
     out = []
     for f in fs:
         d = asdict(f)
-        for k in ("whatif_missing", "part_of"):
+        for k in ("whatif_missing", "part_of", "effect"):
             if d.get(k) is None:
                 d.pop(k, None)
         out.append(d)
@@ -400,10 +411,29 @@ def _waiting_text(findings: list[Finding], runs: list[RunEvidence] | None) -> st
 
 def _verdict_body(findings: list[Finding], runs: list[RunEvidence] | None, partial: bool) -> str:
     """The verdict after its ``Partial:`` prefix (:func:`verdict`), and the first memory finding of medium or high
-    severity after it (memory does not slow the step: it never is the main cause)."""
+    severity after it (memory does not slow the step: it never is the main cause). A config fault that changes
+    what is trained (a finding with an ``effect``, medium or high) leads it (:func:`fault_text`) unless a step-time
+    finding of medium or high severity does; then it follows that one, as ``Also a config fault: ...``. A fault
+    that the comparison with a baseline states too (a finding of its kind without ``effect``) is left to that one."""
     mem = next((f for f in findings if f.kind in MEMORY_KINDS and f.severity in ("high", "medium")), None)
-    body = _slowdown_text([f for f in findings if f.kind not in MEMORY_KINDS], runs, partial)
+    timed = [f for f in findings if f.kind not in MEMORY_KINDS and f.effect is None]
+    body = _slowdown_text(timed, runs, partial)
+    fault = next((f for f in findings if f.effect is not None and f.severity in ("high", "medium")
+                  and not any(g.kind == f.kind and g.run == f.run and g.effect is None for g in timed)), None)
+    if fault is not None and not any(f.severity in ("high", "medium") for f in timed):
+        rest = "No step-time cause reaches medium severity." if body.startswith(NO_SLOWDOWN) else body
+        body = f"{fault_text(fault)} {rest}"
+    elif fault is not None:
+        body = f"{body} Also a config fault: {fault_text(fault).removeprefix(CONFIG_FAULT)}"
     return body if mem is None else f"{body} Also: {mem.title}."
+
+
+def fault_text(f: Finding) -> str:
+    """``Config fault: <title> (<assumption>): <the fix>. It changes what is trained, not the step time: <effect>.``
+    for a finding with an ``effect``."""
+    cond = f" ({f.assumption})" if f.assumption else ""
+    return (f"{CONFIG_FAULT}{f.title[0].lower()}{f.title[1:]}{cond}: {f.recommendation.split('; ')[0]}. It changes "
+            f"what is trained, not the step time: {f.effect}.")
 
 
 def _slowdown_text(findings: list[Finding], runs: list[RunEvidence] | None, partial: bool) -> str:
@@ -416,9 +446,9 @@ def _slowdown_text(findings: list[Finding], runs: list[RunEvidence] | None, part
         inc = next((f for f in findings if f.kind in PARTIAL_EXPLAINS and f.impact_pct >= MEDIUM), None)
         if inc is not None:
             return f"{inc.title}; no other finding reaches medium severity."
-        return "No significant slowdown found in the traced ranks: no finding reaches medium severity."
+        return f"{NO_SLOWDOWN} in the traced ranks: no finding reaches medium severity."
     if not top:
-        return "No significant slowdown found: no finding reaches medium severity."
+        return f"{NO_SLOWDOWN}: no finding reaches medium severity."
     window = next((f for f in top if f.kind == "compile_overhead" and f.title.startswith(COMPILE_FILLS_TITLE)), None)
     if window is not None:
         return (f"Inconclusive: {window.title[0].lower()}{window.title[1:]}; profile after warm-up (a profiler "

@@ -227,7 +227,11 @@ def config_facts(data: dict[str, Any], lines: list[str], name: str, line_offset:
     pdb, k = cfg.pos_int("per_device_train_batch_size", "training.local_batch_size", "training.batch_size",
                          "train.micro_batch_size", "batch_size", "micro_batch_size")  # fmt: skip
     cfg.add("per_device_batch", pdb, k)
-    gas, k = cfg.pos_int("gradient_accumulation_steps", "training.gradient_accumulation_steps")
+    gas_keys = ("gradient_accumulation_steps", "training.gradient_accumulation_steps")
+    gas, k = cfg.pos_int(*gas_keys)
+    if gas is None and (bad := cfg.first(*gas_keys))[0] is not None and not isinstance(bad[0], (dict, list)):
+        # stated but not a positive whole number (0, -4, nan): kept as text, for check_batch_facts to warn about
+        cfg.add("gradient_accumulation_steps", str(bad[0])[:40], bad[1])
     cfg.add("gradient_accumulation_steps", gas, k)
     gb, kgb = cfg.pos_int("training.global_batch_size", "train.global_batch_size", "global_batch_size")
     cfg.add("global_batch", gb, kgb)

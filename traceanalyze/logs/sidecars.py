@@ -16,6 +16,7 @@ import duckdb
 from traceanalyze import hardware, store
 from traceanalyze.errors import TraceanalyzeError
 from traceanalyze.limits import MAX_OOM_EVENTS
+from traceanalyze.logs.batch import check_batch_facts
 from traceanalyze.logs.env import core_sharing, parse_env
 from traceanalyze.logs.steps import measured_unprofiled_step, parse_capture_steps
 
@@ -86,6 +87,8 @@ def read_sidecars(con: duckdb.DuckDBPyConnection, run_id: int, run: Any, warning
         except MemoryError:  # never the report's end for one sidecar
             warnings.append({"file": str(sc.path), "level": "warning",
                              "message": "ran out of memory while reading it; skipped (lower --max-decompressed)"})
+    # a gradient accumulation or batch that is no recipe's (0, negative, nan, 1e30): dropped, one warning each
+    warnings.extend({"file": None, "message": m, "level": "warning"} for m in check_batch_facts(facts))
     store.insert_rows(con, "run_facts", None,
                       [[run_id, key, f.value, f.num, f.source] for key, fs in facts.items() for f in fs])
     side = {"facts": facts, "log_steps": log_steps, "nccl": nccl, "topology": topology, "capture_steps": capture_steps,

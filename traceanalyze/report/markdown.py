@@ -74,12 +74,15 @@ def _findings_md(findings: list[dict]) -> list[str]:
     for i, f in enumerate(findings[:MD_MAX_FINDINGS], start=1):
         n_named = len(as_list(f.get("ranks")))
         ranks_txt = f", rank{'s' if n_named > 1 else ''} {f['ranks_text']}" if f["ranks_text"] else ""
-        impact = ("the run died" if f.get("died") else f"impact {fmt_pct(f.get('impact_pct'), 1)} % of step time"
+        impact = ("the run died" if f.get("died") else "changes what is trained, not step time" if f.get("effect")
+                  else f"impact {fmt_pct(f.get('impact_pct'), 1)} % of step time"
                   if finite(f.get("impact_pct")) is not None else "impact not estimated")
         out.append(f"{i}. **{_md(f.get('title'))}**: {f['cause_key']}/{_md(f.get('kind'))}, "
                    f"{_md(f.get('severity'))} severity, {impact}{ranks_txt}"
                    + (f", {f['conf']['level']} confidence" if f.get("conf") else "")
                    + (f", part of {_md(f.get('part_of'))}" if f.get("part_of") else ""))
+        if f.get("effect"):
+            out.append(f"   - **What it changes:** {_md(f.get('effect'))}")
         for e in f["evidence"][:3]:
             out.append(f"   - {_md(e)}")
         if f.get("recommendation"):

@@ -117,13 +117,16 @@ def _cause(f: dict) -> str:
 def sorted_findings(model: dict) -> list[dict]:
     """The findings: the one the verdict names first (``main``: a specific cause the diagnosis ranks above the symptom
     it explains, e.g. a blocking host sync above the collectives that wait for it), then by impact (unknown last),
-    then severity, each with ``cause_key``, ``cause_label``, ``severity_key``, ``evidence`` (strings),
+    then severity (a config fault of medium or high severity that changes what is trained, ``effect``, right after
+    the main one: the verdict names it there), each with ``cause_key``, ``cause_label``, ``severity_key``,
+    ``evidence`` (strings),
     ``ranks_text`` and ``died`` (a finding that says the run died: :data:`~traceanalyze.findings.DIED_KINDS`) added."""
     fs = [f for f in as_list(model.get("findings")) if isinstance(f, dict)]
 
     def key(f: dict) -> tuple:
         imp = finite(f.get("impact_pct"))
-        return (f.get("main") is not True, -(imp if imp is not None else -1.0),
+        fault = bool(f.get("effect")) and f.get("severity") in ("high", "medium")
+        return (f.get("main") is not True, not fault, -(imp if imp is not None else -1.0),
                 SEVERITY_ORDER.get(str(f.get("severity")), 3))
 
     out = []

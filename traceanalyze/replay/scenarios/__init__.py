@@ -9,12 +9,16 @@ module                    scenarios
 :mod:`.input`             ``no_dataloader_wait``
 :mod:`.compile`           ``no_compile``
 :mod:`.host`              ``fused_optimizer``, ``no_launch_overhead``, ``no_host_sync``
+:mod:`.batch`             ``ga_scaled`` (arithmetic, not replayed: :data:`ARITHMETIC`)
 ========================  ==================================================================================
 
 :data:`REGISTRY` lists them in the order the replay prices them (:func:`traceanalyze.replay.whatif.replay_run`),
 then ``all`` (:data:`~.base.ALL`: every applicable one together) follows. The replay's pricing loop, the findings'
 impacts (:mod:`traceanalyze.diagnose`: ``WHATIF_OF_KIND`` is built from each record's ``kinds``), the comparison of
 two runs and the confidence levels read the records' fields; no code outside a record compares a scenario's name.
+:data:`ARITHMETIC` lists the records priced by arithmetic on the run's stated facts (their ``price``), not by the
+replay: a fix that changes what is trained; the rule of their ``kinds`` calls ``price`` and the replay never sees
+them. :func:`by_name` and :func:`for_kind` find both.
 
 To add a scenario: write one record in its family's module (or a new module, added to :data:`REGISTRY` in the
 order it is priced): its ``name``, ``cause``, ``rewrite`` of the graph's durations, gaps and transfers
@@ -27,13 +31,14 @@ nowhere else in the package but in its record.
 
 from __future__ import annotations
 
-from traceanalyze.replay.scenarios import compile, host, input, precision, ranks
+from traceanalyze.replay.scenarios import batch, compile, host, input, precision, ranks
 from traceanalyze.replay.scenarios.base import ALL, ALL_CAUSE, MIN_SAVING_US, Arrays, Scenario
 
 REGISTRY: tuple[Scenario, ...] = (*ranks.SCENARIOS, *precision.SCENARIOS, *input.SCENARIOS, *compile.SCENARIOS,
                                   *host.SCENARIOS)
-_BY_NAME = {s.name: s for s in REGISTRY}
-_BY_KIND = {k: s for s in REGISTRY for k in s.kinds}
+ARITHMETIC: tuple[Scenario, ...] = batch.SCENARIOS  # priced by arithmetic (``price``), never replayed
+_BY_NAME = {s.name: s for s in (*REGISTRY, *ARITHMETIC)}
+_BY_KIND = {k: s for s in (*REGISTRY, *ARITHMETIC) for k in s.kinds}
 
 
 def by_name(name: str | None) -> Scenario | None:
@@ -46,4 +51,4 @@ def for_kind(kind: str) -> Scenario | None:
     return _BY_KIND.get(kind)
 
 
-__all__ = ["ALL", "ALL_CAUSE", "MIN_SAVING_US", "REGISTRY", "Arrays", "Scenario", "by_name", "for_kind"]
+__all__ = ["ALL", "ARITHMETIC", "ALL_CAUSE", "MIN_SAVING_US", "REGISTRY", "Arrays", "Scenario", "by_name", "for_kind"]

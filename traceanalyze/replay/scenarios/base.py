@@ -24,7 +24,8 @@ Rewrite = Callable[..., Arrays]
 
 @dataclass(frozen=True)
 class Scenario:
-    """One what-if: a fix of one cause, priced by replaying the graph it rewrites.
+    """One what-if: a fix of one cause, priced by replaying the graph it rewrites (or, with ``price``, by
+    arithmetic on what the run's logs and configs state: a fix that changes what is trained, not the graph).
 
     ``ctx`` is the run's what-if context (:func:`traceanalyze.replay.whatif.replay_run`): ``link_gbps``,
     ``link_source``, ``bf16`` (speed-ups), ``native_bf16``, ``cpu_model``, ``core_sharing``, on GPU runs ``prec``
@@ -61,6 +62,9 @@ class Scenario:
     starts: Callable[[gr.Graph, dict], np.ndarray | None] | None = None  # the pinned tasks' starts it moves (the
     # gaps it cuts then leave the edges into their tasks too)
     skip_off_path: bool = True  # not replayed when it changes nothing on the base replay's critical paths
+    price: Callable[[dict], dict | None] | None = None  # an arithmetic what-if, not replayed (it is in ARITHMETIC,
+    # not REGISTRY): (the run's stated facts and measured step, :mod:`.batch`) -> what the fix changes, or None
+    # when the facts do not say; its rule calls it, and ``rewrite``/``applies`` then only say it is not replayed
 
 
 def less(base: np.ndarray, cut: np.ndarray) -> np.ndarray:
