@@ -10,6 +10,7 @@ import errno
 import hashlib
 import os
 import random
+import re
 import string
 import unicodedata
 from pathlib import Path
@@ -541,13 +542,28 @@ def test_default_report_names_are_distinct_for_look_alike_folders(tmp_path):
     for name in LOOKALIKES:
         p = tmp_path / name
         p.mkdir()
-        slugs[name] = _slug((str(p),))
-    folded = {unicodedata.normalize("NFC", s).casefold() for s in slugs.values()}
-    assert len(folded) == len(LOOKALIKES), slugs  # distinct even on case-insensitive, normalising file systems
-    assert slugs["run"] == "run" and slugs["run_"] == "run_"  # plain names stay as they are
+        slugs[name] = _slug((str(p),), here=tmp_path)
+    assert len(set(slugs.values())) == len(LOOKALIKES), slugs
+    # ordinary names (ASCII letters, digits, "_.-") stay as they are; case twins meet only on case-insensitive
+    # file systems, where the report already there adds the hash (below)
+    for plain in ("run", "RUN", "Run", "run_", "r_n", "run.", "run-1234abcd"):
+        assert slugs[plain] == plain
+    others = {s for n, s in slugs.items() if not re.fullmatch(r"[A-Za-z0-9_.-]+", n) or n[0] in ".-"}
+    assert all(re.search(r"-[0-9a-f]{8}$", s) for s in others), others
+    folded = {unicodedata.normalize("NFC", s).casefold() for s in others}
+    assert len(folded) == len(others)  # distinct even on case-insensitive, normalising file systems
     assert slugs["r\u00fcn"].startswith("r\u00fcn-")  # Unicode kept
     for s in slugs.values():
         assert safety.terminal(s) == s and "/" not in s and not s.startswith((".", "-")) and s.isprintable()
+
+
+def test_default_report_name_is_plain_unless_a_case_twin_is_there(tmp_path):
+    (tmp_path / "runA").mkdir()
+    assert _slug((str(tmp_path / "runA"),), here=tmp_path) == "runA"
+    (tmp_path / "traceanalyze-runA.html").write_text("")
+    assert _slug((str(tmp_path / "runA"),), here=tmp_path) == "runA"  # its own report: written over, as before
+    (tmp_path / "RUNA").mkdir()
+    assert re.fullmatch(r"RUNA-[0-9a-f]{8}", _slug((str(tmp_path / "RUNA"),), here=tmp_path))
 
 
 def test_default_report_files_do_not_overwrite_each_other(tmp_path, monkeypatch):

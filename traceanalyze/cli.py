@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import os
 import re
 import sys
 import unicodedata
@@ -45,21 +46,37 @@ from traceanalyze.store import checkpoint_meanwhile, open_untrusted, untrusted_e
 from traceanalyze.version import __version__
 
 
-def _slug(paths: tuple[str, ...]) -> str:
+def _slug(paths: tuple[str, ...], here: Path | None = None) -> str:
     """The default report name's part from the first input: its folder name (a file's stem).
 
-    A name of plain lowercase ASCII (``[a-z0-9_.-]``) is kept as it is. Any other name keeps its letters and digits
-    (Unicode too, NFC), other characters become ``_``, and it gets ``-`` plus 8 hex digits of the SHA-256 of the
-    resolved path: ``run``, ``RUN``, ``rün``, ``run `` and ``run\u200b`` give distinct names, also on
-    case-insensitive or normalising file systems.
+    An ordinary name (ASCII letters, digits, ``_.-``, not starting with ``.`` or ``-``) is kept as it is:
+    ``runA`` gives ``traceanalyze-runA.html``. So is it unless a report for a name that differs only in case is
+    already in ``here`` (default: the current folder), where a case-insensitive file system would overwrite it. Any
+    other name keeps its letters and digits (Unicode too, NFC), other characters become ``_``, and it gets ``-``
+    plus 8 hex digits of the SHA-256 of the resolved path: ``rün``, ``run `` and ``run\u200b`` give distinct names,
+    also on normalising file systems.
     """
     p = Path(paths[0]).resolve()
     name = p.name if p.is_dir() else p.stem.split(".")[0]
-    if re.fullmatch(r"[a-z0-9_][a-z0-9_.-]*", name) and len(name) <= 80:
+    if re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", name) and len(name) <= 80 and not _case_twin(name, here):
         return name
     clean = "".join(c if c.isalnum() or c in "_.-" else "_" for c in unicodedata.normalize("NFC", name))
     clean = clean.lstrip(".-")[:80] or "report"
     return f"{clean}-{hashlib.sha256(str(p).encode('utf-8', 'surrogateescape')).hexdigest()[:8]}"
+
+
+def _case_twin(name: str, here: Path | None) -> bool:
+    """Whether ``here`` holds a default report (``traceanalyze-<other>.html`` or ``.duckdb``) for a name that
+    differs from ``name`` only in case."""
+    try:
+        entries = os.listdir(here or ".")
+    except OSError:
+        return False
+    for e in entries:
+        m = re.fullmatch(r"traceanalyze-(.+)\.(?:html|duckdb)", e)
+        if m and m.group(1) != name and m.group(1).casefold() == name.casefold():
+            return True
+    return False
 
 
 class _Progress:
