@@ -41,6 +41,7 @@ from traceanalyze.limits import DEFAULT_MAX_EVENTS, REGRESSION_THRESHOLD
 from traceanalyze.options import Options
 from traceanalyze.report import render_html, render_markdown
 from traceanalyze.report.assemble import to_json
+from traceanalyze.report.paths import page_model
 from traceanalyze.safety import atomic_write_text, check_outputs, terminal, terminal_block
 from traceanalyze.store import checkpoint_meanwhile, open_untrusted, untrusted_error
 from traceanalyze.version import __version__
@@ -223,6 +224,7 @@ OPTION_FLAGS: dict[str, tuple[str, ...]] = {
     "executor": ("--executor",),
     "scheduler": ("--scheduler",),
     "read_only_hit": ("--export",),  # without --export a cached report is read with a read-only connection
+    "show_paths": ("--show-paths",),
 }
 
 
@@ -284,6 +286,8 @@ def cli(ctx: click.Context, debug: bool) -> None:
 @click.option("--follow-external-symlinks", is_flag=True,
               help="Read files and folders that symlinks in the input folders point to outside them (skipped with "
                    "a warning by default).")
+@click.option("--show-paths", is_flag=True, help="Show absolute paths in the reports (default: each path from its "
+              "input folder's name; the terminal shows them in full).")
 @click.option("--fail-on", type=click.Choice(["high", "medium"]), help="Exit with status 3 (after writing the "
               "reports) when a finding of this severity or higher exists: for CI.")
 @click.option("--executor", type=click.Choice(["local", "dask"]), default="local", show_default=True,
@@ -296,9 +300,8 @@ def cli(ctx: click.Context, debug: bool) -> None:
 def report(ctx: click.Context, paths: tuple[str, ...], output: str | None, json_path: str | None,
            md_path: str | None, fmt: str, db: str | None, baseline: tuple[str, ...], jobs: int | None,
            link_bw: float | None, peak_tflops: float | None, gpu: str | None, max_decompressed: int,
-           export_path: str | None, follow_external_symlinks: bool, fail_on: str | None, executor: str,
-           scheduler: str | None,
-           quiet: bool) -> None:
+           export_path: str | None, follow_external_symlinks: bool, show_paths: bool, fail_on: str | None,
+           executor: str, scheduler: str | None, quiet: bool) -> None:
     """Analyze the traces under PATHS and write one self-contained HTML report.
 
     \b
@@ -326,7 +329,8 @@ def report(ctx: click.Context, paths: tuple[str, ...], output: str | None, json_
         opts = Options(baseline=baseline, db=db_path, outputs=tuple(outputs), jobs=jobs, link_bw_gbps=link_bw,
                        peak_tflops=peak_tflops, max_decompressed_bytes=max_decompressed, gpu=gpu,
                        follow_external_symlinks=follow_external_symlinks, executor=executor, scheduler=scheduler,
-                       read_only_hit=not export_path)  # the export reads the database with file access
+                       read_only_hit=not export_path,  # the export reads the database with file access
+                       show_paths=show_paths)
         prog = _Progress(enabled=not quiet and sys.stderr.isatty())
         _stage(ctx, "reading and analyzing the traces")
         try:
@@ -336,7 +340,7 @@ def report(ctx: click.Context, paths: tuple[str, ...], output: str | None, json_
         # the database's last writes reach its file while the report renders (the export reads the file)
         checkpointed = checkpoint_meanwhile(a.con) if not a.cached and not export_path else None
         try:
-            _write_report(ctx, a, out, fmt, json_path, md_path, export_path)
+            _write_report(ctx, a, out, fmt, (json_path, md_path, export_path), paths + baseline, show_paths)
         finally:
             if checkpointed is not None:
                 checkpointed()
@@ -362,10 +366,13 @@ def report(ctx: click.Context, paths: tuple[str, ...], output: str | None, json_
         sys.exit(ctx.obj["exit"])
 
 
-def _write_report(ctx: click.Context, a, out: Path | None, fmt: str, json_path: str | None, md_path: str | None,
-                  export_path: str | None) -> None:
-    """Write the outputs of ``report``, each to a temporary file renamed into place, recording the stage."""
-    model = a.model
+def _write_report(ctx: click.Context, a, out: Path | None, fmt: str, extra: tuple[str | None, ...],
+                  inputs: tuple[str, ...], show_paths: bool) -> None:
+    """Write the outputs of ``report``, each to a temporary file renamed into place, recording the stage; ``extra``:
+    the ``--json``, ``--md`` and ``--export`` paths; paths on the page shown from ``inputs`` unless
+    ``show_paths`` (:func:`traceanalyze.report.paths.page_model`)."""
+    json_path, md_path, export_path = extra
+    model = page_model(a.model, inputs, show_paths)
     if fmt == "json":
         _stage(ctx, f"writing the JSON report {out or '(stdout)'}")
         text = to_json(model)
@@ -511,13 +518,15 @@ def sql(ctx: click.Context, db: str, query: str, as_csv: bool) -> None:
               help="Expected per-direction link bandwidth between ranks, to judge busbw against.")
 @click.option("--peak-tflops", type=click.FloatRange(min=0, min_open=True), metavar="TFLOPS",
               help="Dense peak of one GPU for the main matmul dtype, for MFU.")
+@click.option("--show-paths", is_flag=True, help="Show absolute paths in the runs' reports (default: each path from "
+              "its run folder's name).")
 @click.option("--fail-on-regression", is_flag=True, help="Exit with status 3 (after writing the catalog and the "
               "index) when a run is flagged as a regression: for CI.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar, no summary.")
 @click.pass_context
 def batch(ctx: click.Context, archive: str, outdir: str, jobs: int | None, executor: str, scheduler: str | None,
-          threshold: float, force: bool, link_bw: float | None, peak_tflops: float | None, fail_on_regression: bool,
-          quiet: bool) -> None:
+          threshold: float, force: bool, link_bw: float | None, peak_tflops: float | None, show_paths: bool,
+          fail_on_regression: bool, quiet: bool) -> None:
     """Analyze every run under ARCHIVE; keep a catalog of them and an index page that flags regressions.
 
     Re-running on the same OUTPUT analyzes only new or changed runs; runs gone from ARCHIVE drop out.
@@ -539,7 +548,7 @@ def batch(ctx: click.Context, archive: str, outdir: str, jobs: int | None, execu
             from traceanalyze.batch import run_batch  # not needed by report: 4 ms of imports
 
             res = run_batch(archive, outdir, jobs=jobs, executor=executor, scheduler=scheduler, threshold=threshold,
-                            force=force, link_bw_gbps=link_bw, peak_tflops=peak_tflops,
+                            force=force, link_bw_gbps=link_bw, peak_tflops=peak_tflops, show_paths=show_paths,
                             on_run=(lambda _row: bar.update(1)) if bar is not None else None)
         finally:
             if bar is not None:
