@@ -18,6 +18,7 @@ from traceanalyze.report.model import (
     confidence_view,
     mean,
     memory_view,
+    mfu_text,
     partial_view,
     per_step_medians,
     sorted_findings,
@@ -168,7 +169,9 @@ def _run_facts_md(run: dict, ranks: list[dict]) -> str:
     cstep = as_dict(run.get("compile_step"))
     if cstep:
         facts.append(f"compile step {_md(cstep.get('step'))}: {fmt_ms(cstep.get('step_time_us'))} ms, apart")
-    return ", ".join(facts)
+    line = ", ".join(facts)
+    mfu = mfu_text(run)
+    return line + (f"; MFU {_md(mfu)}" if mfu else "")
 
 
 def _run_md(run: dict, findings: list[dict]) -> list[str]:
