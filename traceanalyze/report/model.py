@@ -14,7 +14,7 @@ from statistics import median
 from typing import Any
 
 from traceanalyze.findings import DIED_KINDS
-from traceanalyze.fmt import finite, fmt_flop, fmt_float, fmt_int, fmt_ms, fmt_pct, ranges, text
+from traceanalyze.fmt import finite, fmt_float, fmt_flop, fmt_int, fmt_ms, fmt_pct, ranges, text
 from traceanalyze.report import charts
 from traceanalyze.report.replay import confidence_view, replay_view  # confidence_view: markdown's too
 
@@ -473,10 +473,9 @@ def precision_rows(prec: dict) -> list[tuple[str, str]]:
     """The precision summary as (label, text) rows (:func:`_fact_rows`), its FLOP figures named for what they
     measure and the model FLOPs readable (``10.5 TFLOP``)."""
     rows = []
-    for (label, val), key in zip(_fact_rows(prec), [k for k, v in prec.items() if not (v is None or v in ([], {}))]):
-        if key == "model_flops_per_step":
-            val = fmt_flop(prec.get(key))
-        rows.append((_PRECISION_LABELS.get(key, label), val))
+    for key, v in prec.items():
+        for label, val in _fact_rows({key: v}):
+            rows.append((_PRECISION_LABELS.get(key, label), fmt_flop(v) if key == "model_flops_per_step" else val))
     return rows
 
 
