@@ -207,6 +207,8 @@ def _fill_row(a, row: dict, result: dict, out: Path, rel: str, page: dict) -> No
     row.update(name=run.get("name"), world_size=run.get("world_size"), backend=run.get("backend"),
                mode=run.get("mode"), gpu_model=run.get("gpu_model"), step_time_us=run.get("step_time_us"),
                mfu_pct=mfu, verdict=model.get("verdict"), n_findings=len(findings),
+               step_time_unprofiled_us=(run.get("profiler_overhead") or {}).get("unprofiled_step_time_us"),
+               step_time_unprofiled_source=(run.get("profiler_overhead") or {}).get("source"),
                findings=json.dumps(findings, default=str))
     if top is not None:
         row.update(top_cause=top["cause"], top_kind=top["kind"], top_severity=top["severity"],
