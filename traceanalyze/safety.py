@@ -51,15 +51,16 @@ _MD_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u061c\u200e\u200f
 # What CommonMark and GitHub/GitLab Markdown need escaped in inline text, and no more: a ticket pasted into Jira or
 # Slack shows every backslash, so "found: no finding" and "0.1.0" stay as they are. Backslash-escaped (CommonMark
 # 0.31 §2.4: escaped ASCII punctuation renders as itself):
-#   \ ` * [ ] < ~ $   always: escapes, code spans, emphasis, links and images, raw HTML and autolinks,
-#                     strikethrough, math
+#   \ ` * [ ] ~ $     always: escapes, code spans, emphasis, links and images, strikethrough, math
+#   <                 always, as "&lt;" (raw HTML, autolinks): no "<" in the text even for a renderer that
+#                     ignores backslash escapes
 #   _                 unless between two letters or digits (intraword "_" opens no emphasis: kernel_names_stay)
 #   |                 in a table cell (cell=True)
 #   &                 before an entity ("&amp;", "&#60;"); a lone "&" is text
 #   :  .  @  #        only where GitHub would link: "scheme://", "www.", "@name" or "a@b" (mentions, e-mail),
 #                     "#12" (issue references)
 #   # - + = > 1. 1)   at a line's start (line_start=True): headings, lists, setext underlines, block quotes
-_MD_ALWAYS = frozenset("\\`*[]<~$")
+_MD_ALWAYS = frozenset("\\`*[]~$")
 _MD_ENTITY = re.compile(r"&(?:#[0-9]{1,7}|#[xX][0-9a-fA-F]{1,6}|[A-Za-z][A-Za-z0-9]{0,31});")
 _MD_LINE_START = re.compile(r"^(?:([#+=>-])|(\d{1,9})([.)]))")
 
@@ -93,7 +94,7 @@ def md_text(x: object, *, cell: bool = False, line_start: bool = False) -> str:
     """
     # stripped: leading blanks would let a list marker or a setext underline ("-", "=") start a block
     s = _MD_CONTROL.sub("\ufffd", str(x).replace("\r", " ").replace("\n", " ")).strip()
-    out = "".join("\\" + c if _md_escaped(s, i, cell) else c for i, c in enumerate(s))
+    out = "".join("&lt;" if c == "<" else "\\" + c if _md_escaped(s, i, cell) else c for i, c in enumerate(s))
     if line_start:
         out = _MD_LINE_START.sub(lambda m: "\\" + m.group(1) if m.group(1) else m.group(2) + "\\" + m.group(3),
                                  out)
