@@ -101,7 +101,7 @@ def test_sample_dataloader_pair(tmp_path) -> None:
         assert f"next bottleneck (fixed): [{top['severity']}] {top['cause']}/{top['kind']}: " in out
         assert "Next bottleneck</b> (fixed, the faster run)" in html
         assert "Next bottleneck (fixed, the faster run): [" in md
-    assert "| no\\_dataloader\\_wait | 58.7 | 53.4 | +5.3 | without the profiler (log / log): 136.25 → 63.50 ms |" in md
+    assert "| no_dataloader_wait | 58.7 | 53.4 | +5.3 | without the profiler (log / log): 136.25 → 63.50 ms |" in md
 
 
 def _ev(name: str, dtype: str | None) -> RunEvidence:

@@ -274,3 +274,23 @@ def test_fail_on_regression_exit_status(archive, first, tmp_path):
     assert r.exit_code == 3, r.output
     assert f"traceanalyze: 1 regression(s): {SLOW}" in r.output
     assert (out / "index.html").is_file()
+
+
+def test_index_opens_on_the_run_table_with_the_step_without_the_profiler():
+    import datetime as dt
+
+    from traceanalyze.report import render_batch_index
+
+    base = {"status": "ok", "date": dt.datetime(2026, 11, 2, 10, 0), "group_key": "gpt·8", "world_size": 8,
+            "mode": "gpu", "top_cause": None}
+    rows = [{**base, "run_id": "a", "step_time_us": 120_000.0, "step_time_unprofiled_us": 100_000.0,
+             "step_time_unprofiled_source": "estimate"},
+            {**base, "run_id": "b", "step_time_us": 90_000.0, "date": dt.datetime(2026, 11, 1)}]
+    page = render_batch_index(rows, archive="/archive", threshold=1.2)
+    body = page[page.index("<body>"):]
+    # the run table comes first; no empty regression section above it, one line says there is none
+    assert body.index('<section id="runs">') < body.index('<section id="causes">') < body.index('<section id="groups">')
+    assert '<section id="regressions">' not in body and "No regression: no run is more than 1.2× slower" in body
+    assert "step without profiler (ms)" in body
+    assert '>100.00</td>' in body and "120.00 ms" in body  # the report's figure shown, the profiled one in its title
+    assert '>90.00 <span class="muted">†</span></td>' in body  # only the profiled step known: marked

@@ -202,7 +202,7 @@ def test_memory_table_in_markdown_and_html():
     12.0 MiB of aten::empty never freed inside steps 2-4; rank 0 peaks at 21,541,388 bytes = 20.5 MiB."""
     model = analyze(SAMPLES / "memory_growth", Options(jobs=1)).model
     md = render_markdown(model)
-    assert ("| 1 | CPU | 32.5 MiB | — | — | 4.0 MiB (every step) | aten\\:\\:empty 12.0 MiB |\n"
+    assert ("| 1 | CPU | 32.5 MiB | — | — | 4.0 MiB (every step) | aten::empty 12.0 MiB |\n"
             "| 0 | CPU | 20.5 MiB | — | — | 0 B | — |") in md
     page = render_html(model)
     assert "<h3>Memory per rank and device</h3>" in page

@@ -78,3 +78,36 @@ def test_h200_mfu_orders_the_sides_as_their_speed():
     # the same 10.5 TFLOP GPT step: fp32 218 ms, TF32 70 ms, bf16 ~34-39 ms, against 989 TFLOPS
     assert mfu["slow"] == pytest.approx(4.87, abs=0.05)
     assert mfu["slow"] < mfu["tf32"] < mfu["fixed"] and mfu["fixed"] > 5 * mfu["slow"]
+
+
+def test_the_page_shows_mfu_with_its_flop_source_and_peak(tmp_path):
+    from traceanalyze.report import render_html, render_markdown
+    from traceanalyze.report.model import mfu_text
+
+    _gemm_trace(tmp_path / "run" / "rank0.json")  # 137 GFLOP per step, ~10 ms, H100
+    model = analyze(tmp_path / "run", Options(jobs=1)).model
+    run = model["runs"][0]
+    line = mfu_text(run)
+    assert line == (f"{run['mfu_pct']:.2f} % from op-shape FLOPs (137 GFLOP per rank and step over "
+                    f"{run['mfu']['step_time_us'] / 1e3:,.2f} ms without the profiler), peak 989 TFLOPS "
+                    "(H100 dense bf16 datasheet)")
+    assert f"MFU {line}" in render_markdown(model)
+    page = render_html(model)
+    assert "<th>MFU (model FLOPs utilization)</th><td>1.39 %" in page
+    # the two FLOP figures under names that say what they measure; the count readable, not 137,438,953,472.00
+    assert "<td>137 GFLOP</td>" in page and "137,438,953,472" not in page
+    assert "GEMM kernels&#39; rate while they run (TFLOPS; aten::mm/addmm/bmm/baddbmm kernels only)" in page
+
+
+def test_mfu_uses_the_peak_given_on_the_command_line(tmp_path):
+    flops = _gemm_trace(tmp_path / "run" / "rank0.json")
+    run = analyze(tmp_path / "run", Options(jobs=1, peak_tflops=500.0)).model["runs"][0]
+    assert (run["mfu"]["peak_tflops"], run["mfu"]["peak_source"]) == (500.0, "--peak-tflops")
+    assert run["mfu_pct"] == pytest.approx(100 * flops / (run["mfu"]["step_time_us"] / 1e6) / 500e12, abs=0.01)
+
+
+def test_flop_counts_read_in_decimal_units():
+    from traceanalyze.fmt import fmt_flop
+
+    assert [fmt_flop(v) for v in (1_867_121_688_576, 82.9e9, 512, 3.2e15, None)] == \
+        ["1.87 TFLOP", "82.9 GFLOP", "512 FLOP", "3.20 PFLOP", "—"]

@@ -288,7 +288,7 @@ def test_logs_only_folder_reports_died_verdict(tmp_path: Path) -> None:
     assert "<small>the run died</small>" in html and "100.0 %" not in html
     assert "No significant slowdown" not in html
     md = (out / "r.md").read_text()
-    assert "config/host\\_oom, high severity, the run died, ranks 0–7" in md
+    assert "config/host_oom, high severity, the run died, ranks 0–7" in md
 
 
 def test_host_ram_from_env_file_and_local_world_size(tmp_path: Path) -> None:

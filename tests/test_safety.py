@@ -10,6 +10,7 @@ import errno
 import hashlib
 import os
 import random
+import re
 import string
 import unicodedata
 from pathlib import Path
@@ -349,11 +350,11 @@ def _structure(md: str) -> list[str]:
 
 
 def _gfm_triggers(md: str) -> list[str]:
-    """What GitHub's autolink, mention, issue-reference and emoji extensions would turn into a link or image:
-    an unescaped ':' (scheme, emoji), '@', '#' or 'www.'."""
+    """What GitHub's autolink, mention and issue-reference extensions would turn into a link: an unescaped
+    'scheme://', '@name' or 'a@b', '#12' or 'www.'."""
     import re
 
-    return re.findall(r"(?<!\\)(?::|@|#(?=\d)|www\.)", md)
+    return re.findall(r"(?<=[A-Za-z])(?<!\\):(?=//)|(?<!\\)@(?=[^\W_])|(?<!\\)#(?=\d)|(?i:www)(?<!\\)\.", md)
 
 
 @pytest.mark.parametrize("s", HOSTILE)
@@ -380,6 +381,44 @@ def test_generated_strings_render_as_text_in_markdown(s):
     assert not Counter(_structure(md)) - Counter(_structure(render_markdown(_hostile_model("plain"))))
     assert len(_gfm_triggers(md)) <= len(_gfm_triggers(render_markdown(_hostile_model("plain"))))
     assert not any(c in md for c in "\u202e\x1b")
+
+
+def _rendered_text(md: str) -> list[str]:
+    """The text a reader sees in each paragraph, list item, heading or table cell of ``md``."""
+    return ["".join(c.content for c in t.children or [] if c.type in ("text", "softbreak"))
+            for t in _md_parser().parse(md) if t.type == "inline"]
+
+
+# what a ticket holds every day: nothing in these needs a backslash
+ORDINARY = ["found: no finding", "traceanalyze 0.1.0, 2026-11-27T02:52:45+00:00", "ampere_sgemm_128x64_nn",
+            "step 1.5 ms (p50); 3 of 8 ranks", "NCCL 2.21.5+cuda12.4", "a & b", "x > y", "see docs/options.md",
+            "rank 3 (-12.5%)", "torch.set_float32_matmul_precision('high')", "node-1.cluster:29500"]
+HOSTILE_MORE = HOSTILE + ["kernel*name*", "a|b", "<script>alert(1)</script>", "`x`", "first\nsecond",
+                          "[x](javascript:alert(1))", "_em_ __strong__", "1. item", "+ x", "= setext", "> quote",
+                          "&#60;b&#62;", "trailing\\", "C:\\Users\\x", "~~gone~~", "$x$", "http://e.x/a_b"]
+
+
+@pytest.mark.parametrize("s", ORDINARY)
+def test_markdown_escapes_nothing_in_ordinary_text(s):
+    assert safety.md_text(s) == s
+    assert _rendered_text(f"- {safety.md_text(s, line_start=True)}") == [s]
+
+
+@pytest.mark.parametrize("s", ORDINARY + HOSTILE_MORE)
+def test_markdown_text_renders_back_to_the_original(s):
+    """Through a CommonMark renderer (markdown-it-py, GFM tables and strikethrough on), inside a line, as a list
+    item's text and in a table cell, the reader sees the string itself (one line), and nothing else renders."""
+    want = safety._MD_CONTROL.sub("\ufffd", s.replace("\n", " ")).strip()
+    inline, start, cell = safety.md_text(s), safety.md_text(s, line_start=True), safety.md_text(s, cell=True)
+    assert _rendered_text(f"**Verdict:** {inline} end") == [f"Verdict: {want} end"]
+    assert _rendered_text(f"- {start}") == [want]
+    assert _rendered_text(f"{start}") == [want]
+    assert _rendered_text(f"| a | b |\n|---|---|\n| {cell} | x |") == ["a", "b", want, "x"]
+    doc = f"**Verdict:** {inline}\n\n- {start}\n\n| a | b |\n|---|---|\n| {cell} | x |\n"
+    types = {t.type for t in _rendered_tokens(doc)}
+    assert not types & {"link_open", "image", "html_inline", "html_block", "code_inline", "em_open", "s_open",
+                        "heading_open", "blockquote_open", "ordered_list_open"}
+    assert _gfm_triggers(doc) == []
 
 
 def test_hostile_folder_and_file_names_end_to_end(tmp_path):
@@ -503,13 +542,28 @@ def test_default_report_names_are_distinct_for_look_alike_folders(tmp_path):
     for name in LOOKALIKES:
         p = tmp_path / name
         p.mkdir()
-        slugs[name] = _slug((str(p),))
-    folded = {unicodedata.normalize("NFC", s).casefold() for s in slugs.values()}
-    assert len(folded) == len(LOOKALIKES), slugs  # distinct even on case-insensitive, normalising file systems
-    assert slugs["run"] == "run" and slugs["run_"] == "run_"  # plain names stay as they are
+        slugs[name] = _slug((str(p),), here=tmp_path)
+    assert len(set(slugs.values())) == len(LOOKALIKES), slugs
+    # ordinary names (ASCII letters, digits, "_.-") stay as they are; case twins meet only on case-insensitive
+    # file systems, where the report already there adds the hash (below)
+    for plain in ("run", "RUN", "Run", "run_", "r_n", "run.", "run-1234abcd"):
+        assert slugs[plain] == plain
+    others = {s for n, s in slugs.items() if not re.fullmatch(r"[A-Za-z0-9_.-]+", n) or n[0] in ".-"}
+    assert all(re.search(r"-[0-9a-f]{8}$", s) for s in others), others
+    folded = {unicodedata.normalize("NFC", s).casefold() for s in others}
+    assert len(folded) == len(others)  # distinct even on case-insensitive, normalising file systems
     assert slugs["r\u00fcn"].startswith("r\u00fcn-")  # Unicode kept
     for s in slugs.values():
         assert safety.terminal(s) == s and "/" not in s and not s.startswith((".", "-")) and s.isprintable()
+
+
+def test_default_report_name_is_plain_unless_a_case_twin_is_there(tmp_path):
+    (tmp_path / "runA").mkdir()
+    assert _slug((str(tmp_path / "runA"),), here=tmp_path) == "runA"
+    (tmp_path / "traceanalyze-runA.html").write_text("")
+    assert _slug((str(tmp_path / "runA"),), here=tmp_path) == "runA"  # its own report: written over, as before
+    (tmp_path / "RUNA").mkdir()
+    assert re.fullmatch(r"RUNA-[0-9a-f]{8}", _slug((str(tmp_path / "RUNA"),), here=tmp_path))
 
 
 def test_default_report_files_do_not_overwrite_each_other(tmp_path, monkeypatch):

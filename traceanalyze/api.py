@@ -24,6 +24,7 @@ from traceanalyze.errors import TraceanalyzeError
 from traceanalyze.options import Options
 from traceanalyze.report import render_html, render_markdown
 from traceanalyze.report.assemble import to_json
+from traceanalyze.report.paths import page_model
 from traceanalyze.safety import atomic_write_text, check_outputs
 from traceanalyze.store import open_untrusted, untrusted_error
 
@@ -50,7 +51,8 @@ def _pd():
 def analyze(inputs: str | Path | list[str | Path], *, baseline: str | Path | list[str | Path] | None = None,
             db: str | Path | None = None, jobs: int | None = None, link_bw_gbps: float | None = None,
             peak_tflops: float | None = None, gpu: str | None = None,
-            follow_external_symlinks: bool = False, max_decompressed_bytes: int | None = None) -> Report:
+            follow_external_symlinks: bool = False, max_decompressed_bytes: int | None = None,
+            show_paths: bool = False) -> Report:
     """Analyze the traces (and logs) under ``inputs`` and return a :class:`Report`.
 
     Args:
@@ -67,6 +69,8 @@ def analyze(inputs: str | Path | list[str | Path], *, baseline: str | Path | lis
             a warning by default; docs/safety.md).
         max_decompressed_bytes: bound in bytes on what one trace, log or config may inflate to (gzip bombs;
             default :data:`traceanalyze.limits.DEFAULT_MAX_DECOMPRESSED`): a file over it is a warning row.
+        show_paths: the HTML, Markdown and JSON reports (``to_html``, ``to_markdown``, ``to_json``) show absolute
+            paths; by default each path is shown from its input folder's name. ``Report.model`` keeps them.
 
     Returns:
         :class:`Report` (close it, or use it as a context manager, to release a ``db`` file).
@@ -77,9 +81,11 @@ def analyze(inputs: str | Path | list[str | Path], *, baseline: str | Path | lis
         UsageError: an option is out of range (:class:`traceanalyze.options.Options`).
     """
     options = Options(baseline=baseline, db=db, jobs=jobs, link_bw_gbps=link_bw_gbps, peak_tflops=peak_tflops, gpu=gpu,
-                      follow_external_symlinks=follow_external_symlinks, max_decompressed_bytes=max_decompressed_bytes)
+                      follow_external_symlinks=follow_external_symlinks, max_decompressed_bytes=max_decompressed_bytes,
+                      show_paths=show_paths)
     a = pipeline.analyze(inputs, options)
-    return Report(a.con, a.model, db_path=a.db_path)
+    given = [inputs] if isinstance(inputs, (str, Path)) else list(inputs)
+    return Report(a.con, a.model, db_path=a.db_path, show_paths=show_paths, inputs=given + list(options.baseline))
 
 
 def load(db: str | Path) -> Report:
@@ -117,14 +123,20 @@ class Report:
 
     Attributes:
         con: the open DuckDB connection (tables and macros in ``docs/schema.md``).
-        model: the report model, the dict written as the JSON report (shape in ``docs/schema.md``).
+        model: the report model, the dict written as the JSON report (shape in ``docs/schema.md``), with absolute
+            paths; the reports show them from the input folders' names unless ``show_paths``.
         db_path: the database file, or None for an in-memory database.
+        show_paths: the reports (``to_html``, ``to_markdown``, ``to_json``) show absolute paths.
+        inputs: the folders or files given, which the reports show paths from (besides each run's folder).
     """
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, model: dict, db_path: str | None = None) -> None:
+    def __init__(self, con: duckdb.DuckDBPyConnection, model: dict, db_path: str | None = None, *,
+                 show_paths: bool = False, inputs: list[str | Path] | None = None) -> None:
         self.con = con
         self.model = model
         self.db_path = db_path
+        self.show_paths = show_paths
+        self.inputs = list(inputs or [])
 
     # ---- context manager ------------------------------------------------------------------------------------
     def close(self) -> None:
@@ -267,7 +279,7 @@ class Report:
 
         Raises: OSError when ``path`` cannot be written; UsageError when it is an input of the report.
         """
-        text = to_json(self.model)
+        text = to_json(page_model(self.model, self.inputs, self.show_paths))
         if path is not None:
             self._check_output("path", path)
             atomic_write_text(path, text)
@@ -278,7 +290,7 @@ class Report:
 
         Raises: OSError when ``path`` cannot be written; UsageError when it is an input of the report.
         """
-        text = render_markdown(self.model)
+        text = render_markdown(page_model(self.model, self.inputs, self.show_paths))
         if path is not None:
             self._check_output("path", path)
             atomic_write_text(path, text)
@@ -307,7 +319,7 @@ class Report:
             self._check_output("export", export_target(out, export))
             link, _ = export_beside(self.con, out, export, max_events=max_events or DEFAULT_MAX_EVENTS)
             self.model["export_path"] = link
-        atomic_write_text(out, render_html(self.model))
+        atomic_write_text(out, render_html(page_model(self.model, self.inputs, self.show_paths)))
         return out
 
     def export(self, path: str | Path, *, run: str | int | None = None,

@@ -75,6 +75,7 @@ from traceanalyze.limits import REGRESSION_THRESHOLD
 from traceanalyze.options import Options
 from traceanalyze.report import render_batch_index, render_html
 from traceanalyze.report.assemble import to_json
+from traceanalyze.report.paths import page_model
 from traceanalyze.safety import atomic_path, atomic_write_text, check_outputs
 from traceanalyze.store import CATALOG_DDL, CATALOG_VERSION
 from traceanalyze.version import __version__
@@ -159,7 +160,7 @@ def analyze_run(task: dict) -> dict:
         row["group_key"] = _group_key(row["group_name"], None)
         return result
     try:
-        _fill_row(a, row, result, out, rel)
+        _fill_row(a, row, result, out, rel, page_model(a.model, [task["path"]], bool(task.get("show_paths"))))
     except Exception as exc:
         row["status"], row["error"] = "error", one_line(exc)
     finally:
@@ -172,16 +173,18 @@ def analyze_run(task: dict) -> dict:
 def run_options(task: dict, db: Path, baseline: list | None = None) -> Options:
     """The :class:`Options` of one run's analysis: the batch's options (:data:`BATCH_OPTIONS`) that ``task``
     carries, its database and, for a regression's comparison, the reference run's files as the baseline."""
-    return Options(baseline=baseline, db=db, jobs=1, **{k: task.get(k) for k in BATCH_OPTIONS})
+    return Options(baseline=baseline, db=db, jobs=1, show_paths=bool(task.get("show_paths")),
+                   **{k: task.get(k) for k in BATCH_OPTIONS})
 
 
-def _fill_row(a, row: dict, result: dict, out: Path, rel: str) -> None:
-    """Write one analyzed run's report files and fill its catalog row, rank metrics and findings."""
+def _fill_row(a, row: dict, result: dict, out: Path, rel: str, page: dict) -> None:
+    """Write one analyzed run's report files (``page``: its model as the pages show it) and fill its catalog row,
+    rank metrics and findings."""
     model = a.model
     run = next((r for r in model["runs"] if r.get("role") == "subject"), model["runs"][0])
-    atomic_write_text(out / "report.json", to_json(model))
+    atomic_write_text(out / "report.json", to_json(page))
     row["report_json"] = f"{rel}/report.json"
-    atomic_write_text(out / "report.html", render_html(model))
+    atomic_write_text(out / "report.html", render_html(page))
     row["report_html"], row["report_db"] = f"{rel}/report.html", f"{rel}/report.duckdb"
     rid = run["run_id"]
     first_ns, json_bytes = a.con.execute(
@@ -204,6 +207,8 @@ def _fill_row(a, row: dict, result: dict, out: Path, rel: str) -> None:
     row.update(name=run.get("name"), world_size=run.get("world_size"), backend=run.get("backend"),
                mode=run.get("mode"), gpu_model=run.get("gpu_model"), step_time_us=run.get("step_time_us"),
                mfu_pct=mfu, verdict=model.get("verdict"), n_findings=len(findings),
+               step_time_unprofiled_us=(run.get("profiler_overhead") or {}).get("unprofiled_step_time_us"),
+               step_time_unprofiled_source=(run.get("profiler_overhead") or {}).get("source"),
                findings=json.dumps(findings, default=str))
     if top is not None:
         row.update(top_cause=top["cause"], top_kind=top["kind"], top_severity=top["severity"],
@@ -253,8 +258,9 @@ def explain_regression(task: dict) -> dict:
         return res
     try:
         model = a.model
-        atomic_write_text(out / "regression.json", to_json(model))
-        atomic_write_text(out / "regression.html", render_html(model))
+        page = page_model(model, (), bool(task.get("show_paths")))  # paths from each run's folder
+        atomic_write_text(out / "regression.json", to_json(page))
+        atomic_write_text(out / "regression.html", render_html(page))
         res["regression_report"] = f"runs/{task['slug']}/regression.html"
         comp = model.get("comparison") or {}
         res["regression_delta_us"] = comp.get("delta_us")
@@ -375,7 +381,7 @@ def open_catalog(path: str | Path, read_only: bool = False) -> duckdb.DuckDBPyCo
 
 def run_batch(archive: str | Path, outdir: str | Path, *, jobs: int | None = None, executor: str = "local",
               scheduler: str | None = None, threshold: float = REGRESSION_THRESHOLD, force: bool = False,
-              link_bw_gbps: float | None = None, peak_tflops: float | None = None,
+              link_bw_gbps: float | None = None, peak_tflops: float | None = None, show_paths: bool = False,
               on_run: Callable[[dict], None] | None = None, dask_processes: bool = True) -> BatchResult:
     """Analyze every new or changed run under ``archive``; update ``outdir``'s catalog, reports and index.
 
@@ -387,7 +393,8 @@ def run_batch(archive: str | Path, outdir: str | Path, *, jobs: int | None = Non
         scheduler: Dask scheduler address (``tcp://host:8786``); implies ``executor="dask"``.
         threshold: a run is a regression above ``threshold`` × its group's median step time of earlier runs.
         force: re-analyze every run, changed or not.
-        link_bw_gbps, peak_tflops: as for ``report`` (``--link-bw``, ``--peak-tflops``).
+        link_bw_gbps, peak_tflops, show_paths: as for ``report`` (``--link-bw``, ``--peak-tflops``,
+            ``--show-paths``).
         on_run: called with each run's catalog row as its analysis finishes.
         dask_processes: Dask local cluster with worker processes (False: threads in this process).
 
@@ -406,8 +413,9 @@ def run_batch(archive: str | Path, outdir: str | Path, *, jobs: int | None = Non
     jobs = jobs or os.cpu_count() or 1
     if scheduler:
         executor = "dask"
-    opts = Options(link_bw_gbps=link_bw_gbps, peak_tflops=peak_tflops)  # validated before any work
-    options = {k: getattr(opts, k) for k in BATCH_OPTIONS}  # plain values: tasks travel to other processes
+    opts = Options(link_bw_gbps=link_bw_gbps, peak_tflops=peak_tflops, show_paths=show_paths)  # checked first
+    # plain values: tasks travel to other processes
+    options = {**{k: getattr(opts, k) for k in BATCH_OPTIONS}, "show_paths": opts.show_paths}
     specs = find_runs(archive)
     if not specs:
         raise TraceanalyzeError(f"{archive}: no run found (no Kineto trace or training log in any folder)")

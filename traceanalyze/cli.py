@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import os
 import re
 import sys
 import unicodedata
@@ -40,26 +41,43 @@ from traceanalyze.limits import DEFAULT_MAX_EVENTS, REGRESSION_THRESHOLD
 from traceanalyze.options import Options
 from traceanalyze.report import render_html, render_markdown
 from traceanalyze.report.assemble import to_json
+from traceanalyze.report.paths import page_model
 from traceanalyze.safety import atomic_write_text, check_outputs, terminal, terminal_block
 from traceanalyze.store import checkpoint_meanwhile, open_untrusted, untrusted_error
 from traceanalyze.version import __version__
 
 
-def _slug(paths: tuple[str, ...]) -> str:
+def _slug(paths: tuple[str, ...], here: Path | None = None) -> str:
     """The default report name's part from the first input: its folder name (a file's stem).
 
-    A name of plain lowercase ASCII (``[a-z0-9_.-]``) is kept as it is. Any other name keeps its letters and digits
-    (Unicode too, NFC), other characters become ``_``, and it gets ``-`` plus 8 hex digits of the SHA-256 of the
-    resolved path: ``run``, ``RUN``, ``rün``, ``run `` and ``run\u200b`` give distinct names, also on
-    case-insensitive or normalising file systems.
+    An ordinary name (ASCII letters, digits, ``_.-``, not starting with ``.`` or ``-``) is kept as it is:
+    ``runA`` gives ``traceanalyze-runA.html``. So is it unless a report for a name that differs only in case is
+    already in ``here`` (default: the current folder), where a case-insensitive file system would overwrite it. Any
+    other name keeps its letters and digits (Unicode too, NFC), other characters become ``_``, and it gets ``-``
+    plus 8 hex digits of the SHA-256 of the resolved path: ``rün``, ``run `` and ``run\u200b`` give distinct names,
+    also on normalising file systems.
     """
     p = Path(paths[0]).resolve()
     name = p.name if p.is_dir() else p.stem.split(".")[0]
-    if re.fullmatch(r"[a-z0-9_][a-z0-9_.-]*", name) and len(name) <= 80:
+    if re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", name) and len(name) <= 80 and not _case_twin(name, here):
         return name
     clean = "".join(c if c.isalnum() or c in "_.-" else "_" for c in unicodedata.normalize("NFC", name))
     clean = clean.lstrip(".-")[:80] or "report"
     return f"{clean}-{hashlib.sha256(str(p).encode('utf-8', 'surrogateescape')).hexdigest()[:8]}"
+
+
+def _case_twin(name: str, here: Path | None) -> bool:
+    """Whether ``here`` holds a default report (``traceanalyze-<other>.html`` or ``.duckdb``) for a name that
+    differs from ``name`` only in case."""
+    try:
+        entries = os.listdir(here or ".")
+    except OSError:
+        return False
+    for e in entries:
+        m = re.fullmatch(r"traceanalyze-(.+)\.(?:html|duckdb)", e)
+        if m and m.group(1) != name and m.group(1).casefold() == name.casefold():
+            return True
+    return False
 
 
 class _Progress:
@@ -210,6 +228,7 @@ OPTION_FLAGS: dict[str, tuple[str, ...]] = {
     "executor": ("--executor",),
     "scheduler": ("--scheduler",),
     "read_only_hit": ("--export",),  # without --export a cached report is read with a read-only connection
+    "show_paths": ("--show-paths",),
 }
 
 
@@ -271,6 +290,8 @@ def cli(ctx: click.Context, debug: bool) -> None:
 @click.option("--follow-external-symlinks", is_flag=True,
               help="Read files and folders that symlinks in the input folders point to outside them (skipped with "
                    "a warning by default).")
+@click.option("--show-paths", is_flag=True, help="Show absolute paths in the reports (default: each path from its "
+              "input folder's name; the terminal shows them in full).")
 @click.option("--fail-on", type=click.Choice(["high", "medium"]), help="Exit with status 3 (after writing the "
               "reports) when a finding of this severity or higher exists: for CI.")
 @click.option("--executor", type=click.Choice(["local", "dask"]), default="local", show_default=True,
@@ -283,9 +304,8 @@ def cli(ctx: click.Context, debug: bool) -> None:
 def report(ctx: click.Context, paths: tuple[str, ...], output: str | None, json_path: str | None,
            md_path: str | None, fmt: str, db: str | None, baseline: tuple[str, ...], jobs: int | None,
            link_bw: float | None, peak_tflops: float | None, gpu: str | None, max_decompressed: int,
-           export_path: str | None, follow_external_symlinks: bool, fail_on: str | None, executor: str,
-           scheduler: str | None,
-           quiet: bool) -> None:
+           export_path: str | None, follow_external_symlinks: bool, show_paths: bool, fail_on: str | None,
+           executor: str, scheduler: str | None, quiet: bool) -> None:
     """Analyze the traces under PATHS and write one self-contained HTML report.
 
     \b
@@ -313,7 +333,8 @@ def report(ctx: click.Context, paths: tuple[str, ...], output: str | None, json_
         opts = Options(baseline=baseline, db=db_path, outputs=tuple(outputs), jobs=jobs, link_bw_gbps=link_bw,
                        peak_tflops=peak_tflops, max_decompressed_bytes=max_decompressed, gpu=gpu,
                        follow_external_symlinks=follow_external_symlinks, executor=executor, scheduler=scheduler,
-                       read_only_hit=not export_path)  # the export reads the database with file access
+                       read_only_hit=not export_path,  # the export reads the database with file access
+                       show_paths=show_paths)
         prog = _Progress(enabled=not quiet and sys.stderr.isatty())
         _stage(ctx, "reading and analyzing the traces")
         try:
@@ -323,7 +344,7 @@ def report(ctx: click.Context, paths: tuple[str, ...], output: str | None, json_
         # the database's last writes reach its file while the report renders (the export reads the file)
         checkpointed = checkpoint_meanwhile(a.con) if not a.cached and not export_path else None
         try:
-            _write_report(ctx, a, out, fmt, json_path, md_path, export_path)
+            _write_report(ctx, a, out, fmt, (json_path, md_path, export_path), paths + baseline, show_paths)
         finally:
             if checkpointed is not None:
                 checkpointed()
@@ -349,10 +370,13 @@ def report(ctx: click.Context, paths: tuple[str, ...], output: str | None, json_
         sys.exit(ctx.obj["exit"])
 
 
-def _write_report(ctx: click.Context, a, out: Path | None, fmt: str, json_path: str | None, md_path: str | None,
-                  export_path: str | None) -> None:
-    """Write the outputs of ``report``, each to a temporary file renamed into place, recording the stage."""
-    model = a.model
+def _write_report(ctx: click.Context, a, out: Path | None, fmt: str, extra: tuple[str | None, ...],
+                  inputs: tuple[str, ...], show_paths: bool) -> None:
+    """Write the outputs of ``report``, each to a temporary file renamed into place, recording the stage; ``extra``:
+    the ``--json``, ``--md`` and ``--export`` paths; paths on the page shown from ``inputs`` unless
+    ``show_paths`` (:func:`traceanalyze.report.paths.page_model`)."""
+    json_path, md_path, export_path = extra
+    model = page_model(a.model, inputs, show_paths)
     if fmt == "json":
         _stage(ctx, f"writing the JSON report {out or '(stdout)'}")
         text = to_json(model)
@@ -498,13 +522,15 @@ def sql(ctx: click.Context, db: str, query: str, as_csv: bool) -> None:
               help="Expected per-direction link bandwidth between ranks, to judge busbw against.")
 @click.option("--peak-tflops", type=click.FloatRange(min=0, min_open=True), metavar="TFLOPS",
               help="Dense peak of one GPU for the main matmul dtype, for MFU.")
+@click.option("--show-paths", is_flag=True, help="Show absolute paths in the runs' reports (default: each path from "
+              "its run folder's name).")
 @click.option("--fail-on-regression", is_flag=True, help="Exit with status 3 (after writing the catalog and the "
               "index) when a run is flagged as a regression: for CI.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar, no summary.")
 @click.pass_context
 def batch(ctx: click.Context, archive: str, outdir: str, jobs: int | None, executor: str, scheduler: str | None,
-          threshold: float, force: bool, link_bw: float | None, peak_tflops: float | None, fail_on_regression: bool,
-          quiet: bool) -> None:
+          threshold: float, force: bool, link_bw: float | None, peak_tflops: float | None, show_paths: bool,
+          fail_on_regression: bool, quiet: bool) -> None:
     """Analyze every run under ARCHIVE; keep a catalog of them and an index page that flags regressions.
 
     Re-running on the same OUTPUT analyzes only new or changed runs; runs gone from ARCHIVE drop out.
@@ -526,7 +552,7 @@ def batch(ctx: click.Context, archive: str, outdir: str, jobs: int | None, execu
             from traceanalyze.batch import run_batch  # not needed by report: 4 ms of imports
 
             res = run_batch(archive, outdir, jobs=jobs, executor=executor, scheduler=scheduler, threshold=threshold,
-                            force=force, link_bw_gbps=link_bw, peak_tflops=peak_tflops,
+                            force=force, link_bw_gbps=link_bw, peak_tflops=peak_tflops, show_paths=show_paths,
                             on_run=(lambda _row: bar.update(1)) if bar is not None else None)
         finally:
             if bar is not None:

@@ -68,6 +68,18 @@ def fmt_float(x: Any, digits: int = 1) -> str:
     return "—" if v is None else f"{v:,.{digits}f}"
 
 
+def fmt_flop(x: Any) -> str:
+    """A FLOP count readably, in decimal units with about 3 significant digits: ``1.87 TFLOP``, ``82.9 GFLOP``,
+    ``512 FLOP``; "—" when unknown."""
+    v = finite(x)
+    if v is None:
+        return "—"
+    unit, scale = next(((u, s) for u, s in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6),
+                                            ("kFLOP", 1e3)) if abs(v) >= s), ("FLOP", 1.0))
+    x = v / scale
+    return f"{x:,.{2 if abs(x) < 10 else 1 if abs(x) < 100 else 0}f} {unit}"
+
+
 def fmt_gbps(x: Any) -> str:
     """Bandwidth in GB/s: 3 significant digits below 10 (``0.125``), 1 decimal above."""
     v = finite(x)

@@ -54,6 +54,9 @@ class Options:
         scheduler: address of a running Dask scheduler (``tcp://host:8786``); implies ``executor="dask"``.
         read_only_hit: a cached report may come with a read-only connection (no file access from SQL): what the
             command line takes when it only writes the reports, for one open of the database instead of two.
+        show_paths: the HTML, Markdown and JSON reports show absolute paths; by default a path is shown from its
+            input folder's name (:func:`traceanalyze.report.paths.page_model`). The report model keeps them either
+            way, so it is not part of the cache key.
     """
 
     baseline: tuple[PathLike, ...] = _report(default=())
@@ -68,6 +71,7 @@ class Options:
     executor: str = "local"
     scheduler: str | None = None
     read_only_hit: bool = False
+    show_paths: bool = False
 
     def __post_init__(self) -> None:
         # a single path or any iterable becomes a tuple: the object stays immutable and comparable

@@ -48,29 +48,57 @@ def terminal_block(text: str) -> str:
 
 
 _MD_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
-# Every character that can start markup in CommonMark or GitHub/GitLab Markdown, backslash-escaped (CommonMark
-# 0.31 §2.4: any ASCII punctuation may be escaped and then renders as itself):
-#   [ ] !      links, images, reference definitions   (< > & become &lt; &gt; &amp;: raw HTML, autolinks)
-#   ` * _ ~    code spans, emphasis, strikethrough      |  table cells        # heading; GitHub issue refs (#12)
-#   :          GFM autolinks (http://...) and emoji (:smile:)   @  e-mail autolinks, @mentions   $  math
-#   \          the escape itself                        + - = .  list/heading/setext markers at a line start
-# A "." is escaped only after "www" (the GFM www. autolink) and at the start, so numbers stay readable.
-_MD_SPECIAL = re.compile(r"([\\`*_\[\]#!|~:@$]|(?<=[wW]{3})\.|^[-+=.])")
-# < > & as character references (valid in every Markdown dialect and in HTML): the raw text holds no "<"
-_MD_ENTITY = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
+# What CommonMark and GitHub/GitLab Markdown need escaped in inline text, and no more: a ticket pasted into Jira or
+# Slack shows every backslash, so "found: no finding" and "0.1.0" stay as they are. Backslash-escaped (CommonMark
+# 0.31 §2.4: escaped ASCII punctuation renders as itself):
+#   \ ` * [ ] ~ $     always: escapes, code spans, emphasis, links and images, strikethrough, math
+#   <                 always, as "&lt;" (raw HTML, autolinks): no "<" in the text even for a renderer that
+#                     ignores backslash escapes
+#   _                 unless between two letters or digits (intraword "_" opens no emphasis: kernel_names_stay)
+#   |                 in a table cell (cell=True)
+#   &                 before an entity ("&amp;", "&#60;"); a lone "&" is text
+#   :  .  @  #        only where GitHub would link: "scheme://", "www.", "@name" or "a@b" (mentions, e-mail),
+#                     "#12" (issue references)
+#   # - + = > 1. 1)   at a line's start (line_start=True): headings, lists, setext underlines, block quotes
+_MD_ALWAYS = frozenset("\\`*[]~$")
+_MD_ENTITY = re.compile(r"&(?:#[0-9]{1,7}|#[xX][0-9a-fA-F]{1,6}|[A-Za-z][A-Za-z0-9]{0,31});")
+_MD_LINE_START = re.compile(r"^(?:([#+=>-])|(\d{1,9})([.)]))")
 
 
-def md_text(x: object) -> str:
-    """Input-derived text for Markdown: one line, inert (no link, image, raw HTML, emphasis, mention or emoji).
+def _md_escaped(s: str, i: int, cell: bool) -> bool:
+    """Whether ``s[i]`` needs a backslash in inline Markdown (:data:`_MD_ALWAYS` and the rules above it)."""
+    c = s[i]
+    prev, nxt = s[i - 1] if i else "", s[i + 1] if i + 1 < len(s) else ""
+    if c in _MD_ALWAYS or (c == "|" and cell):
+        return True
+    if c == "_":
+        return not (prev.isalnum() and nxt.isalnum())
+    if c == "&":
+        return _MD_ENTITY.match(s, i) is not None
+    if c == ":":
+        return prev.isalpha() and s.startswith("//", i + 1)
+    if c == ".":
+        return s[max(0, i - 3):i].lower() == "www"
+    if c == "@":
+        return nxt.isalnum() or not nxt  # at the end: the text after the value may go on with a name
+    return c == "#" and nxt.isdigit()
 
-    Newlines become spaces, control and bidi characters U+FFFD, blanks at either end go, and markup characters
-    are backslash-escaped (:data:`_MD_SPECIAL`). The rendered text reads as the original.
+
+def md_text(x: object, *, cell: bool = False, line_start: bool = False) -> str:
+    """Input-derived text for Markdown: one line, inert (no link, image, raw HTML, code, emphasis, mention, table
+    break), and the rendered text reads as the original with no stray backslash.
+
+    Newlines become spaces, control and bidi characters U+FFFD, blanks at either end go, and only what Markdown
+    needs in that position is backslash-escaped (the rules above :data:`_MD_ALWAYS`): ``cell`` for a value inside
+    a table cell (``|``), ``line_start`` for a value that starts a line (``#``, ``-``, ``1.``, ...).
     """
     # stripped: leading blanks would let a list marker or a setext underline ("-", "=") start a block
     s = _MD_CONTROL.sub("\ufffd", str(x).replace("\r", " ").replace("\n", " ")).strip()
-    s = re.sub("[&<>]", lambda m: _MD_ENTITY[m.group(0)], s)
-    s = _MD_SPECIAL.sub(r"\\\1", s)
-    return re.sub(r"^(\d{1,9})([.)])", r"\1\\\2", s)  # "1." or "1)" would start an ordered list
+    out = "".join("&lt;" if c == "<" else "\\" + c if _md_escaped(s, i, cell) else c for i, c in enumerate(s))
+    if line_start:
+        out = _MD_LINE_START.sub(lambda m: "\\" + m.group(1) if m.group(1) else m.group(2) + "\\" + m.group(3),
+                                 out)
+    return out
 
 
 # ---- secrets ------------------------------------------------------------------------------------------------------

@@ -313,7 +313,7 @@ EVENT_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
 # ---------------------------------------------------------------------------------------------------------
 # The batch catalog (traceanalyze.batch): one row per run of an archive, its findings and rank metrics.
 
-CATALOG_VERSION = "1"
+CATALOG_VERSION = "2"  # 2: step_time_unprofiled_us
 
 CATALOG_DDL = f"""
 CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR);
@@ -335,6 +335,8 @@ CREATE TABLE IF NOT EXISTS runs (
     group_key VARCHAR,             -- group_name + world size: runs that are compared with each other
     world_size INTEGER, backend VARCHAR, mode VARCHAR, gpu_model VARCHAR,
     step_time_us DOUBLE,           -- median over ranks of the mean ProfilerStep time
+    step_time_unprofiled_us DOUBLE,  -- the step without the profiler, as the report prices fixes on; NULL if unknown
+    step_time_unprofiled_source VARCHAR,  -- how: the report's profiler_overhead.source (measured | estimate | ...)
     mfu_pct DOUBLE,                -- from GEMM FLOPs in the trace, else the logs' median; NULL if unknown
     verdict VARCHAR,
     top_cause VARCHAR, top_kind VARCHAR, top_severity VARCHAR, top_impact_pct DOUBLE, top_title VARCHAR,

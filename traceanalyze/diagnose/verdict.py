@@ -4,6 +4,7 @@ and the report's first sentence (:func:`verdict`)."""
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from collections.abc import Callable
 from dataclasses import asdict
@@ -403,7 +404,7 @@ def _waiting_text(findings: list[Finding], runs: list[RunEvidence] | None) -> st
                       and set(f.ranks) & set(a.late)), None)
         return (f"Not healthy: the other ranks wait {a.impact:.0f}% of their step in collectives for rank"
                 f"{'s' if len(a.late) > 1 else ''} {who}"
-                + (f" ({named.title[0].lower()}{named.title[1:]})" if named is not None else "")
+                + (f" ({_lower(headline(named.title))})" if named is not None else "")
                 + "; no fix the what-if replay prices reaches medium severity: see who waited for whom (the "
                 "collective skew) and trace several steps on every rank to see what comes before the wait.")
     return None
@@ -459,22 +460,49 @@ def _slowdown_text(findings: list[Finding], runs: list[RunEvidence] | None, part
         ev = next((e for e in runs or [] if e.name == inc.run), None)
         s = inc.title + (f" ({len(ev.ranks)} of {ev.world_size} ranks traced)" if ev and ev.world_size
                          and not partial else "")
-        if ev is not None and ev.mode == "gpu" and ev.ranks:
-            s += f"; the GPU is idle {statistics.median(r['idle_pct'] for r in ev.ranks):.0f}%"
+        if ev is not None and ev.mode == "gpu" and ev.ranks:  # a sentence of its own: one percentage each
+            s += f". The GPU is idle {statistics.median(r['idle_pct'] for r in ev.ranks):.0f}%"
         other = next((f for f in top if f is not inc and f.cause != "interconnect" and f.kind not in AMPLIFIERS),
                      None)
         if other is not None:
-            s += f". Also: {other.title} (about {other.impact_pct:.0f}% of step time)"
+            s += f". Also: {headline(other.title)}, {_saves(other)}"
         return s + "."
     f = top[0]
     if f.kind == "unexplained_idle":
         return f"Not healthy: {f.title[0].lower()}{f.title[1:]}; see the GPU idle breakdown and the timeline."
     if f.kind == "compile_overhead" and f.assumption:  # a one-time cost: no share of a job that is not stated
         return f"Main cause: config (compile overhead): {f.title} ({f.assumption})."
-    s = f"Main cause: {f.cause} ({f.kind.replace('_', ' ')}): {f.title} — about {f.impact_pct:.0f}% of step time"
+    # one percentage a sentence, what the fix wins back; the finding's own measures stay in its title and evidence
+    s = f"Main cause: {f.cause} ({f.kind.replace('_', ' ')}): {headline(f.title)} — {_saves(f)}"
     if f.kind == "host_sync" and any(g.kind in SPECIFIC_CAUSES["host_sync"][0][:5] for g in top):
         s += "; the other ranks' wait in collectives is its symptom"
+    s += f" ({f.assumption})." if f.assumption else "."
     for part in (g for g in top if g.part_of == f.kind and g.run == f.run):
-        s += (f"; part of it: {part.title[0].lower()}{part.title[1:]} ({PARTS[part.kind][1]}: about "
-              f"{part.impact_pct:.0f}%)")
-    return s + (f" ({f.assumption})." if f.assumption else ".")
+        s += (f" Part of it: {_lower(headline(part.title))}; {PARTS[part.kind][1]} saves about "
+              f"{part.impact_pct:.0f}%.")
+    return s
+
+
+# a measure inside a finding's title, which the verdict leaves to the finding: ": 33% of each step ...",
+# " (16% of the step)", " takes 42% of the step on the host"
+_TITLE_MEASURES = (re.compile(r"\s*\([^()]*\d%[^()]*\)"), re.compile(r"\s+takes [\d.]+% of (?:the|each) step[^,;:]*"))
+
+
+def headline(title: str) -> str:
+    """A finding's title without the measure it states (the verdict's one percentage is what the fix saves):
+    ``Rank 1 is a straggler: the other ranks wait 28% of the step for it`` → ``Rank 1 is a straggler``."""
+    head, sep, rest = title.partition(": ")
+    if sep and "%" in rest and "%" not in head:
+        return head
+    for pat in _TITLE_MEASURES:
+        title = pat.sub("", title)
+    return title.strip()
+
+
+def _lower(s: str) -> str:
+    return s[:1].lower() + s[1:]
+
+
+def _saves(f: Finding) -> str:
+    """What fixing ``f`` wins back, as the verdict says it."""
+    return f"fixing it saves about {f.impact_pct:.0f}% of step time"

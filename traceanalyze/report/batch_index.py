@@ -68,7 +68,7 @@ def _sort_orders(rows: list[dict]) -> dict[str, dict[str, int]]:
 
     big = float("inf")
     return {
-        "step": order(lambda r: (-(r.get("step_time_us") or -1), r["run_id"])),
+        "step": order(lambda r: (-(r.get("step_time_unprofiled_us") or r.get("step_time_us") or -1), r["run_id"])),
         "impact": order(lambda r: (-(r.get("top_impact_pct") or -1), r["run_id"])),
         "cause": order(lambda r: ((r.get("top_cause") or "~") if r["status"] != "error" else "~~",
                                   -(r.get("top_impact_pct") or 0), r["run_id"])),
@@ -99,6 +99,10 @@ def _row_view(r: dict) -> dict:
         "date": r["date"].strftime("%Y-%m-%d %H:%M") if r.get("date") else "–",
         "date_source": r.get("date_source"), "group": r.get("group_key"), "world_size": r.get("world_size"),
         "mode": r.get("mode"), "gpu_model": r.get("gpu_model"), "step_time_us": r.get("step_time_us"),
+        # the step the run's report prices its fixes on: without the profiler when known, else the profiled one
+        "step_us": r.get("step_time_unprofiled_us") or r.get("step_time_us"),
+        "step_profiled": not r.get("step_time_unprofiled_us"),
+        "step_source": r.get("step_time_unprofiled_source"),
         "mfu_pct": r.get("mfu_pct"), "cause": r.get("top_cause"), "kind": r.get("top_kind"),
         "severity": r.get("top_severity"), "impact": r.get("top_impact_pct"), "title": r.get("top_title"),
         "report": r.get("report_html"), "regression": bool(r.get("regression")),

@@ -18,6 +18,7 @@ from traceanalyze.report.model import (
     confidence_view,
     mean,
     memory_view,
+    mfu_text,
     partial_view,
     per_step_medians,
     sorted_findings,
@@ -35,10 +36,16 @@ MD_MAX_FINDINGS = 5
 MD_MAX_WARNINGS = 10
 
 
-def _md(x: Any) -> str:
-    """Model text for Markdown: one line, inert for CommonMark and GitHub/GitLab (no link, image, raw HTML, table
-    break, emphasis, mention; control and bidi characters as U+FFFD): :func:`traceanalyze.safety.md_text`."""
-    return md_text(text(x)) or "—"  # a blank value would leave an empty line item (a setext underline)
+def _md(x: Any, line_start: bool = False) -> str:
+    """Model text for Markdown, inside a line (``line_start``: at its start): one line, inert for CommonMark and
+    GitHub/GitLab (no link, image, raw HTML, emphasis, mention; control and bidi characters as U+FFFD), escaped only
+    where Markdown needs it: :func:`traceanalyze.safety.md_text`."""
+    return md_text(text(x), line_start=line_start) or "—"  # a blank value would leave an empty line item
+
+
+def _cell(x: Any) -> str:
+    """Model text for a Markdown table cell: :func:`_md`, and ``|`` escaped (no table break)."""
+    return md_text(text(x), cell=True) or "—"
 
 
 def render_markdown(model: dict) -> str:
@@ -84,7 +91,7 @@ def _findings_md(findings: list[dict]) -> list[str]:
         if f.get("effect"):
             out.append(f"   - **What it changes:** {_md(f.get('effect'))}")
         for e in f["evidence"][:3]:
-            out.append(f"   - {_md(e)}")
+            out.append(f"   - {_md(e, True)}")  # a list item's text starts a line
         if f.get("recommendation"):
             out.append(f"   - **Fix:** {_md(f.get('recommendation'))}")
         if f.get("whatif_missing"):
@@ -107,8 +114,8 @@ def _comparison_md(comp: dict | None) -> list[str]:
         out += [f"{_md(k.get('verdict'))} (comparability {fmt_float(k.get('score'), 2)})", ""]
     out += ["| part | subject ms | baseline ms | Δ ms | finding |", "|---|--:|--:|--:|---|"]
     for p in comp["parts"]:
-        out.append(f"| {_md(p.get('part'))} | {fmt_ms(p.get('subject_us'))} | {fmt_ms(p.get('baseline_us'))} "
-                   f"| {fmt_signed_ms(p.get('delta_us'))} | {_md(p.get('finding')) if p.get('finding') else ''} |")
+        out.append(f"| {_cell(p.get('part'))} | {fmt_ms(p.get('subject_us'))} | {fmt_ms(p.get('baseline_us'))} "
+                   f"| {fmt_signed_ms(p.get('delta_us'))} | {_cell(p.get('finding')) if p.get('finding') else ''} |")
     k = comp.get("compile") if isinstance(comp.get("compile"), dict) else None
     if k:
         pays = (f"{fmt_float(k.get('saving_ms_per_step'), 2)} ms saved per step: pays back after "
@@ -139,11 +146,11 @@ def _whatif_check_md(comp: dict) -> list[str]:
             err = finite(w.get("error_pp"))
             src = w.get("basis_source") if isinstance(w.get("basis_source"), dict) else {}
             used = ("without the profiler" if w.get("basis") == "unprofiled" else "profiled") + (
-                f" ({_md(src.get('subject'))} / {_md(src.get('baseline'))})" if src else "")
-            out.append(f"| {_md(w.get('scenario'))} | {fmt_float(w.get('predicted_saving_pct'), 1)} "
+                f" ({_cell(src.get('subject'))} / {_cell(src.get('baseline'))})" if src else "")
+            out.append(f"| {_cell(w.get('scenario'))} | {fmt_float(w.get('predicted_saving_pct'), 1)} "
                        f"| {fmt_float(w.get('measured_saving_pct'), 1)} "
                        f"| {'—' if err is None else f'{err:+.1f}'} | {used}: {fmt_ms(w.get('subject_step_us'))} → "
-                       f"{fmt_ms(w.get('baseline_step_us'))} ms | {_md(w.get('why'))} |")
+                       f"{fmt_ms(w.get('baseline_step_us'))} ms | {_cell(w.get('why'))} |")
     elif comp.get("has_check"):
         out += ["", "What-if check: none of the subject's what-ifs has its cause fixed in the baseline."]
     if comp.get("has_check"):
@@ -168,7 +175,9 @@ def _run_facts_md(run: dict, ranks: list[dict]) -> str:
     cstep = as_dict(run.get("compile_step"))
     if cstep:
         facts.append(f"compile step {_md(cstep.get('step'))}: {fmt_ms(cstep.get('step_time_us'))} ms, apart")
-    return ", ".join(facts)
+    line = ", ".join(facts)
+    mfu = mfu_text(run)
+    return line + (f"; MFU {_md(mfu)}" if mfu else "")
 
 
 def _run_md(run: dict, findings: list[dict]) -> list[str]:
@@ -195,10 +204,10 @@ def _memory_md(run: dict) -> list[str]:
            "|--:|:--|--:|--:|--:|--:|:--|"]
     for d in mv["rows"][:MD_MAX_RANKS]:
         un = d["unfreed_op"]
-        out.append(f"| {_md(d['rank'])} | {_md(d['device'])} | {fmt_bytes(d['peak_allocated_bytes'])} | "
+        out.append(f"| {_cell(d['rank'])} | {_cell(d['device'])} | {fmt_bytes(d['peak_allocated_bytes'])} | "
                    f"{fmt_bytes(d['peak_reserved_bytes'])} | {fmt_bytes(d['total_bytes'])} | "
                    f"{fmt_bytes(d['growth_bytes_per_step'])}{' (every step)' if d['rising'] else ''} | "
-                   f"{_md(un['op']) + ' ' + fmt_bytes(un['bytes']) if un else '—'} |")
+                   f"{_cell(un['op']) + ' ' + fmt_bytes(un['bytes']) if un else '—'} |")
     more = len(mv["rows"]) - MD_MAX_RANKS + mv["more"]
     if more > 0:
         out.append(f"| … | {more} more rows in the JSON report | | | | | |")
@@ -219,7 +228,7 @@ def _rank_table_md(run: dict, ranks: list[dict], findings: list[dict]) -> list[s
            "|--:|--:|--:|--:|--:|--:|--:|"]
     for r in ranks[:MD_MAX_RANKS]:
         ps = per.get(r.get("rank")) or {}
-        out.append(f"| {_md(r.get('rank'))} | {fmt_pct(r.get('idle_pct'))} | {fmt_pct(r.get('compute_pct'))} | "
+        out.append(f"| {_cell(r.get('rank'))} | {fmt_pct(r.get('idle_pct'))} | {fmt_pct(r.get('compute_pct'))} | "
                    f"{fmt_pct(r.get('non_compute_pct'))} | {fmt_pct(r.get('comm_comp_overlap_pct'))} | "
                    f"{fmt_ms(ps.get('exposed_comm_us', r.get('exposed_comm_us')))} | "
                    f"{fmt_ms(ps.get('step_time_us', r.get('step_time_us')))} |")
@@ -238,7 +247,8 @@ def _data_quality_md(model: dict, runs: list[dict]) -> list[str]:
     out = ["### Data quality"]
     for run in runs:
         if run.get("file_grouping"):
-            out.append(f"{_md(run.get('name')) + ': ' if len(runs) > 1 else ''}{_md(run.get('file_grouping'))}.")
+            out.append(f"{_md(run.get('name'), True) + ': ' if len(runs) > 1 else ''}"
+                       f"{_md(run.get('file_grouping'), len(runs) == 1)}.")
     if not any(w["level"] in ("error", "partial") for w in warnings):
         out.append(f"All {n_files} trace file{'s' if n_files != 1 else ''} read completely.")
     for w in warnings[:MD_MAX_WARNINGS]:

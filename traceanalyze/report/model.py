@@ -14,7 +14,7 @@ from statistics import median
 from typing import Any
 
 from traceanalyze.findings import DIED_KINDS
-from traceanalyze.fmt import finite, fmt_float, fmt_int, fmt_ms, fmt_pct, ranges, text
+from traceanalyze.fmt import finite, fmt_float, fmt_flop, fmt_int, fmt_ms, fmt_pct, ranges, text
 from traceanalyze.report import charts
 from traceanalyze.report.replay import confidence_view, replay_view  # confidence_view: markdown's too
 
@@ -351,7 +351,24 @@ def _run_facts(run: dict, mode: str | None, found: list, files: list[dict], stat
         gbps = (f"{fmt_float(link.get('expected_gbps'))} GB/s" if finite(link.get("expected_gbps")) is not None
                 else "not known")
         facts.append(("Expected link bandwidth", gbps + (f" ({link['source']})" if link.get("source") else "")))
+    if mfu_text(run):
+        facts.append(("MFU (model FLOPs utilization)", mfu_text(run)))
     return facts
+
+
+def mfu_text(run: dict) -> str | None:
+    """The run's MFU with what it is made of, one line: ``4.85 % from op-shape FLOPs (10.5 TFLOP per rank and step
+    over 218.73 ms without the profiler), peak 989 TFLOPS (H200 dense bf16 datasheet)``; None without it."""
+    m, pct = as_dict(run.get("mfu")), finite(run.get("mfu_pct"))
+    if pct is None or not m:
+        return None
+    step = ("without the profiler" if m.get("step_source") not in (None, "profiled") else "profiled")
+    peak = (f"{fmt_float(m.get('peak_tflops'), 0)} TFLOPS (--peak-tflops)" if m.get("peak_source") == "--peak-tflops"
+            else f"{fmt_float(m.get('peak_tflops'), 0)} TFLOPS ({text(m.get('peak_reference'))} dense "
+                 f"{text(m.get('peak_dtype'))} datasheet{'; assumed' if m.get('assumed') else ''})")
+    return (f"{fmt_pct(pct, 2)} % from {text(m.get('flops_source') or 'op-shape')} FLOPs "
+            f"({fmt_flop(m.get('model_flops_per_step'))} per rank and step over {fmt_ms(m.get('step_time_us'))} ms "
+            f"{step}), peak {peak}")
 
 
 def _kept_waiting_rank(run: dict) -> tuple[int | None, float] | None:
@@ -444,6 +461,27 @@ def _fact_rows(d: dict) -> list[tuple[str, str]]:
     return rows
 
 
+# the precision summary's FLOP figures under names that say what they measure (metrics/mfu.py's docstring)
+_PRECISION_LABELS = {
+    "gemm_time_us": "Matrix-math kernel time, all counted steps and ranks (ms)",
+    "peak_tflops": "Peak TFLOPS of the main dtype",
+    "achieved_tflops": "GEMM kernels' rate while they run (TFLOPS; aten::mm/addmm/bmm/baddbmm kernels only)",
+    "matmul_efficiency_pct": "GEMM kernels' rate / peak (%)",
+    "model_flops_per_step": "Model FLOPs per rank and step (GEMM, convolution, attention; from op shapes)",
+    "model_flops_ops": "Matrix ops with shapes (model FLOPs)",
+}
+
+
+def precision_rows(prec: dict) -> list[tuple[str, str]]:
+    """The precision summary as (label, text) rows (:func:`_fact_rows`), its FLOP figures named for what they
+    measure and the model FLOPs readable (``10.5 TFLOP``)."""
+    rows = []
+    for key, v in prec.items():
+        for label, val in _fact_rows({key: v}):
+            rows.append((_PRECISION_LABELS.get(key, label), fmt_flop(v) if key == "model_flops_per_step" else val))
+    return rows
+
+
 def _scalar(v: Any, unit: str = "") -> str:
     """One fact as text; per-rank dicts (``{"0": x, "1": y}``) as ``rank 0: x · rank 1: y``."""
     if isinstance(v, (list, tuple)):
@@ -525,7 +563,7 @@ def _run_tables(run: dict, ranks: list[dict], mode: str | None) -> dict:
         "file_grouping": run.get("file_grouping"),
         "collectives": [c for c in as_list(run.get("collectives")) if isinstance(c, dict)],
         "idle_breakdown": [d for d in as_list(run.get("idle_breakdown")) if isinstance(d, dict)],
-        "precision_rows": _fact_rows(as_dict(run.get("precision"))),
+        "precision_rows": precision_rows(as_dict(run.get("precision"))),
         "link": as_dict(run.get("link")), "clock_offsets": sorted(offsets.items(), key=lambda kv: str(kv[0]).zfill(8)),
         "extras": _extras(run),
     }

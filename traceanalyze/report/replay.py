@@ -91,7 +91,8 @@ def _left_out(rp: dict) -> list[dict]:
 
 
 def _t(v) -> str:
-    return md_text(str(v)) or "—"
+    """Model text for Markdown, table cells included (``|`` escaped): :func:`traceanalyze.safety.md_text`."""
+    return md_text(str(v), cell=True) or "—"
 
 
 def _f(v, scale: float = 1e3) -> str:
