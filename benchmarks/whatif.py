@@ -2,6 +2,7 @@
 
     python benchmarks/whatif.py                 # every sample in sample_traces/ and every ../shared/traces/real
     python benchmarks/whatif.py --pairs-only
+    python benchmarks/whatif.py --calibration   # the confidence levels against every pair (GPU pairs included)
 
 Replay error = |replayed − measured| / measured of the run's step time (median over counted steps of the longest
 rank). A pair is a slow run and the same job recorded with the cause fixed: ``sample_traces/pairs/<scenario>/``
@@ -10,6 +11,12 @@ with ``pair.json`` (``{"scenario", "slow", "fixed", "link_bw_GBps", "measured_sa
 repetitions (the column "these traces" gives the one kept repetition's); predicted = the slow run's what-if
 ``saving_pct``, from the kept slow traces alone. For a
 link pair without ``link_bw_GBps``, ``--link-bw`` is the busbw the fixed twin measured (transfer-weighted).
+
+``--calibration`` (issue 40): for every pair (the H200 and H100 GPU pairs of ``gpu_pairs.py``, replayed on this CPU;
+the recorded CPU pairs; the sample twins) the report's stated range and level against the measured saving, per
+level: how many pairs, how many inside the range, the mean |error| and range width; as stated, then leave-one-out
+(each pair's family error fitted on the other pairs), then the family errors refitted
+(``traceanalyze.diagnose.confidence.FAMILY_ERROR_PP``).
 """
 
 from __future__ import annotations
@@ -131,11 +138,15 @@ def calibration_pairs() -> list[dict]:
                           "basis": run.get("confidence_basis")})
     samples = [(s, SAMPLES / a, SAMPLES / b, bw, {"pair": a}) for s, a, b, bw in CALIBRATION_SAMPLE_PAIRS]
     for sc, slow, fixed, bw, manifest in [*(pairs() if (SAMPLES / "pairs").exists() else []), *samples]:
-        fx = run_model(fixed)
-        sl = run_model(slow, bw or (twin_busbw(fx) if sc == "ideal_interconnect" else None))
-        slow_us, fixed_us = (m.get("replay", {}).get("measured_step_time_us") or m["step_time_us"] for m in (sl, fx))
+        measured = manifest.get("measured_saving_pct")
+        fx = run_model(fixed) if measured is None or (sc == "ideal_interconnect" and not bw) else None
+        sl = run_model(slow, bw or (twin_busbw(fx) if fx and sc == "ideal_interconnect" else None))
+        if measured is None:  # the sample twins: one repetition each, the replay's step times
+            slow_us, fixed_us = (m.get("replay", {}).get("measured_step_time_us") or m["step_time_us"]
+                                 for m in (sl, fx))
+            measured = 100 * (1 - fixed_us / slow_us)
         items.append({"set": "cpu", "pair": f"{manifest['pair']}/{slow.name}→{fixed.name}", "scenario": sc,
-                      "measured": manifest.get("measured_saving_pct", 100 * (1 - fixed_us / slow_us)),
+                      "measured": measured,
                       "row": next((w for w in sl.get("whatif") or [] if w["scenario"] == sc), None),
                       "basis": sl.get("confidence_basis")})
     return items
@@ -201,7 +212,8 @@ def print_calibration(items: list[dict]) -> None:
     """The calibration tables: each pair, then per level as stated and leave-one-out, and the refitted families."""
     from traceanalyze.diagnose import confidence as conf
 
-    print("\n| set | pair | what-if | predicted % | range % | measured % | inside | level |\n|---|---|---|--:|--:|--:|---|---|")
+    print("\n| set | pair | what-if | predicted % | range % | measured % | inside | level |\n"
+          "|---|---|---|--:|--:|--:|---|---|")
     for c in calibration(items):
         for it, lo, hi in c["rows"]:
             print(f"| {it['set']} | {it['pair']} | {it['scenario']} | {it['row']['saving_pct']:.1f} | "
@@ -209,7 +221,8 @@ def print_calibration(items: list[dict]) -> None:
                   f"{c['level']} |")
     for blind in (False, True):
         print(f"\ncalibration{' (leave-one-out: each pair its family error fitted on the others)' if blind else ''}:"
-              "\n\n| level | pairs | inside the range | mean \\|error\\| pp | mean range width pp |\n|---|--:|--:|--:|--:|")
+              "\n\n| level | pairs | inside the range | mean \\|error\\| pp | mean range width pp |\n"
+              "|---|--:|--:|--:|--:|")
         for c in calibration(items, blind):
             share = f" ({100 * c['inside'] / c['pairs']:.0f} %)" if c["pairs"] else ""
             print(f"| {c['level']} | {c['pairs']} | {c['inside']}{share} | {c['mean_error_pp'] or '—'} | "
@@ -226,10 +239,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pairs-only", action="store_true")
     ap.add_argument("--samples", type=Path, help="a sample_traces folder other than this checkout's (its pairs/)")
+    ap.add_argument("--calibration", action="store_true",
+                    help="only the calibration of the confidence levels over every pair (GPU pairs too)")
     args = ap.parse_args()
     if args.samples:
         global SAMPLES
         SAMPLES = args.samples
+    if args.calibration:
+        print_calibration(calibration_pairs())
+        return
     if not args.pairs_only:
         print("| run | ranks | measured step (ms) | replayed (ms) | error % | instances | partial |")
         print("|---|--:|--:|--:|--:|--:|---|")

@@ -15,8 +15,10 @@ step-to-step noise          coefficient of variation (sample σ / mean) of the r
 replay fidelity             replay error > 5 % (the straggler paper's bound,           what-ifs, and findings
                             :data:`~traceanalyze.replay.whatif.UNRELIABLE_ERROR_PCT`):  priced by one
                             medium; > 15 %: low; ``reliable: false``: low
-model range                 the what-if's range (precision peaks) wider than 20 pp:     what-ifs with a range
-                            medium, 40 pp: low
+stated range                the what-if's 90 % range (:func:`saving_range`) wider than  what-ifs
+                            20 pp: medium, 40 pp: low
+model error measured        the fix's family measured on fewer than 3 pairs, or none    what-ifs
+                            (:data:`FAMILY_ERROR_PP`): medium
 step without the profiler   estimated from the trace while the profiler's cost is      what-ifs
                             ≥ 10 % of the step: medium
 saving within noise         a predicted saving smaller than the step-to-step noise:    what-ifs
@@ -179,13 +181,13 @@ def model_error(scenario: str | None) -> tuple[float, int]:
 
 
 def range_sources(w: dict, b: dict | None, model: tuple[float, int] | None = None) -> dict:
-    """The uncertainty sources of what-if row ``w``'s saving, in points of the step: ``noise_pp`` (the standard error
-    of the measured run's step time: σ/mean over √ counted steps; 0 with fewer than two), ``profiler_pp``
+    """The uncertainty sources of what-if row ``w``'s saving, in points of the step: ``noise_pp`` (the standard
+    error of the measured run's step time: σ/mean over √ counted steps; 0 with fewer than two), ``profiler_pp``
     (:data:`PROFILER_ERROR_PCT` where the saving rests on the profiler's estimated cost: an estimated step without
-    the profiler, or host time, while the profiler costs ≥ 10 % of the step), ``model_pp`` and ``pairs`` (the family's
-    error and its pairs, :func:`model_error`, unless ``model`` gives them), ``precision_pp`` ([below, above] the saving: the precision model's
-    range), ``kept_pp`` (idle the replay kept as measured on the predicted step's path, which may end with the work
-    around it: added above only)."""
+    the profiler, or host time, while the profiler costs ≥ 10 % of the step), ``model_pp`` and ``pairs`` (the
+    family's error and its pairs, :func:`model_error`, unless ``model`` gives them), ``precision_pp`` ([below,
+    above] the saving: the precision model's range), ``kept_pp`` (idle the replay kept as measured on the predicted
+    step's path, which may end with the work around it: added above only)."""
     b = b or {}
     saving = _num(w.get("saving_pct")) or 0.0
     noise, steps = b.get("step_noise_pct"), b.get("steps") or 0
@@ -276,9 +278,9 @@ def whatif_confidence(w: dict, b: dict, model: tuple[float, int] | None = None) 
 
 def finding_confidence(f: dict, b: dict | None, whatifs: list[dict]) -> dict:
     """``findings[i].confidence``: ``level``, ``range_pct`` ([low, high] % of the step that fixing it wins back:
-    the range of the what-if that prices it (:func:`saving_range`), else the impact's with the pooled error; [0, 0] for a memory
-    finding, whose level only the run's steps and ranks cap) and ``why`` (the reasons for a level below high;
-    empty when high). A finding that the run died (``cuda_oom``, ``host_oom``) is high: the log states it, and no
+    the range of the what-if that prices it (:func:`saving_range`), else the impact's with the pooled error; [0, 0]
+    for a memory finding, whose level only the run's steps and ranks cap) and ``why`` (the reasons for a level below
+    high; empty when high). A finding that the run died (``cuda_oom``, ``host_oom``) is high: the log states it, and no
     step, trace or replay stands behind it.
 
     Args:
