@@ -13,6 +13,7 @@ import pytest
 from tests.synth import x
 from tests.test_whatif_gpu import DGRAD, FPROP, H100, WGRAD, _conv_trace
 from traceanalyze import matmath
+from traceanalyze.diagnose import confidence
 from traceanalyze.hardware import GpuInfo, gpu_peaks
 from traceanalyze.options import Options
 from traceanalyze.pipeline import analyze
@@ -102,7 +103,10 @@ def test_nchw_conv_net_is_advised_and_priced_channels_last(tmp_path):
             "and cuDNN's NCHW↔NHWC transposes 1.5 ms per rank (kernel names)") in f["evidence"]
     assert f"bf16 alone (what-if bf16_matmul): {alone:.1f}% saved; + channels_last: {both:.1f}%: channels_last adds " \
            f"{both - alone:.1f} points" in " ".join(f["evidence"])
-    assert f["confidence"]["range_pct"] == [round(v, 1) for v in cl["range_saving_pct"]]
+    # its range: the what-if's stated range (diagnose.confidence.saving_range), which holds the precision model's
+    rng = f["confidence"]["range_pct"]
+    assert rng == cl["confidence"]["range_pct"] == confidence.saving_range(cl, a.model["runs"][0]["confidence_basis"])
+    assert rng[0] <= cl["range_saving_pct"][0] and rng[1] >= cl["range_saving_pct"][1]
 
     # the graph: the classes the rewrite reads
     con = a.con

@@ -47,9 +47,13 @@ def test_basis_states_steps_ranks_noise_and_the_unprofiled_source():
 
 
 def test_many_steady_steps_on_every_rank_give_high():
-    m = _model(_run([100, 101, 99, 100], whatif=[{"scenario": "no_straggler", "saving_pct": 30.0}]), [_finding()])
+    # no_dataloader_wait: the input family (3.5 pp over 3 pairs, t 2.353); σ/mean 0.82 % over 4 steps: 0.41 pp
+    m = _model(_run([100, 101, 99, 100], whatif=[{"scenario": "no_dataloader_wait", "saving_pct": 30.0}]),
+               [_finding("dataloader", "config")])
     conf.assess(m)
-    assert m["findings"][0]["confidence"] == {"level": "high", "range_pct": [29.2, 30.8], "why": []}
+    half = 2.353 * (3.5 ** 2 + (0.82 / 2) ** 2) ** 0.5  # 8.29
+    assert m["findings"][0]["confidence"] == {"level": "high", "range_pct": [round(30 - half, 1), round(30 + half, 1)],
+                                              "why": []} == {"level": "high", "range_pct": [21.7, 38.3], "why": []}
     assert m["verdict_confidence"]["level"] == "high"
 
 
@@ -69,12 +73,16 @@ def test_one_step_or_a_partial_run_never_gives_high(steps):
         assert "one profiled step" in m["findings"][0]["confidence"]["why"]
 
 
-@pytest.mark.parametrize(("spread", "level"), [(0.02, "high"), (0.15, "medium"), (0.40, "low")])
-def test_step_to_step_noise_caps_the_level(spread, level):
+@pytest.mark.parametrize(("spread", "level", "noisy"), [(0.02, "high", False), (0.15, "low", True),
+                                                     (0.40, "low", True)])
+def test_step_to_step_noise_caps_the_level(spread, level, noisy):
+    # 15 %: the noise alone caps at medium, and its standard error (15 / √3 = 8.7 pp) widens the range past 40 points
     m = _model(_run([100 * (1 - spread), 100, 100 * (1 + spread)],
-                    whatif=[{"scenario": "no_straggler", "saving_pct": 60.0}]), [_finding(impact=60.0)])
+                    whatif=[{"scenario": "no_dataloader_wait", "saving_pct": 60.0}]),
+               [_finding("dataloader", "config", impact=60.0)])
     conf.assess(m)
     assert m["findings"][0]["confidence"]["level"] == level
+    assert (m["runs"][0]["confidence_basis"]["step_noise_pct"] > conf.NOISE_MEDIUM_PCT) == noisy
 
 
 def test_replay_fidelity_model_range_and_an_estimated_base_cap_a_whatif():
@@ -85,32 +93,42 @@ def test_replay_fidelity_model_range_and_an_estimated_base_cap_a_whatif():
     run = _run([100, 105, 95], whatif=copy.deepcopy(rows))
     conf.assess(_model(run, []))
     got = {w["scenario"]: (w["confidence"]["level"], w["confidence"]["range_pct"]) for w in run["whatif"]}
-    assert got == {"bf16_matmul": ("medium", [45.0, 70.0]),  # a 25-point range
-                   "no_launch_overhead": ("low", [10.0, 60.0]),  # a 50-point range
-                   "no_straggler": ("low", [25.0, 35.0]),  # marked unreliable; ± the 5 % noise
-                   "no_dataloader_wait": ("low", [0.0, 5.5])}  # a saving within the noise
+    assert got == {"bf16_matmul": ("medium", [38.3, 72.6]),  # the precision range's sides with the family's error
+                   "no_launch_overhead": ("low", [4.6, 67.4]),  # host: 2 pairs, so the pooled count and the larger σ
+                   "no_straggler": ("low", [17.9, 42.1]),  # marked unreliable
+                   "no_dataloader_wait": ("low", [0.0, 11.2])}  # a saving within the noise
     assert run["whatif"][2]["confidence"]["why"] == ["shared cores"]
+    assert run["whatif"][1]["confidence"]["why"] == ["the saving's range spans 63 points"]
     for err, level in ((4.0, "high"), (8.0, "medium"), (20.0, "low")):
-        r = _run([100, 100, 100], err=err, whatif=[{"scenario": "no_straggler", "saving_pct": 30.0}])
+        r = _run([100, 100, 100], err=err, whatif=[{"scenario": "no_dataloader_wait", "saving_pct": 30.0}])
         conf.assess(_model(r, []))
         assert r["whatif"][0]["confidence"]["level"] == level
-    # priced on an estimated step without the profiler: medium when the profiler's cost is large, else no cap
-    for overhead, level in ((36.0, "medium"), (3.0, "high")):
+    # priced on an estimated step without the profiler: its fitted error (9.9 pp) joins the range when the
+    # profiler's cost is large (which the 49-point range then makes low), else nothing changes
+    for overhead, level, rng in ((36.0, "low", [5.3, 54.7]), (3.0, "high", [21.8, 38.2])):
         r = _run([100, 100, 100], source="estimate", overhead=overhead,
-                 whatif=[{"scenario": "no_launch_overhead", "saving_pct": 30.0}])
+                 whatif=[{"scenario": "no_dataloader_wait", "saving_pct": 30.0}])
         conf.assess(_model(r, []))
-        assert r["whatif"][0]["confidence"]["level"] == level
+        assert (r["whatif"][0]["confidence"]["level"], r["whatif"][0]["confidence"]["range_pct"]) == (level, rng)
 
 
-def test_a_finding_takes_its_whatifs_level_and_range_and_an_unpriced_one_is_medium():
-    run = _run([100, 100, 100], whatif=[{"scenario": "bf16_matmul", "saving_pct": 50.0,
-                                        "range_saving_pct": [45.0, 70.0]}])
-    m = _model(run, [_finding("fp32_matmul", "precision", 50.0), _finding("host_sync", "config", 20.0)])
-    conf.assess(m)
-    assert m["findings"][0]["confidence"] == {"level": "medium", "range_pct": [45.0, 70.0],
-                                              "why": ["the model's range spans 25 points"]}
-    assert m["findings"][1]["confidence"]["level"] == "medium"
-    assert m["findings"][1]["confidence"]["range_pct"] == [20.0, 20.0]  # no noise: the point
+def test_the_range_model_on_a_generated_run_with_exact_numbers():
+    """saving ∓ √((t σ)² + precision side²), the kept idle added above: every source by hand."""
+    w = {"scenario": "bf16_matmul", "saving_pct": 40.0, "range_saving_pct": [36.0, 43.0], "unexplained_gap_pct": 10.0}
+    run = _run([100, 104, 96, 100], source="estimate", overhead=20.0)  # σ/mean 3.27 % over 4 steps
+    b = conf.basis(run)
+    src = conf.range_sources(w, b)
+    assert b["step_noise_pct"] == 3.27 and src["noise_pp"] == pytest.approx(3.27 / 2)
+    assert src["profiler_pp"] == 9.9  # an estimated step, the profiler at 20 % of it
+    assert (src["model_pp"], src["pairs"]) == (4.63, 6) and conf.t90(6) == 1.943
+    assert src["precision_pp"] == [4.0, 3.0] and src["kept_pp"] == pytest.approx(6.0)  # 10 % of the 60 % left
+    ts = 1.943 * ((3.27 / 2) ** 2 + 9.9 ** 2 + 4.63 ** 2) ** 0.5  # 21.45
+    lo, hi = 40 - (ts ** 2 + 4.0 ** 2) ** 0.5, 40 + (ts ** 2 + 3.0 ** 2) ** 0.5 + 6.0
+    assert conf.saving_range(w, b) == [round(lo, 1), round(hi, 1)] == [18.2, 67.7]
+    # a family of fewer than 3 pairs takes the pooled error and count (5.8 pp, 21 pairs: t 1.725), and no high
+    assert conf.model_error("no_compile") == (5.8, 21) and conf.t90(21) == 1.725
+    level, why = conf.whatif_confidence({"scenario": "no_compile", "saving_pct": 90.0}, conf.basis(_run([100] * 4)))
+    assert level == "medium" and why == ["the model's error for this fix is measured on 1 pair (fewer than 3)"]
 
 
 def test_hostile_values_do_not_break_the_rule():
@@ -120,7 +138,8 @@ def test_hostile_values_do_not_break_the_rule():
     run["world_size"] = "16"
     m = _model(run, [{"kind": 3, "impact_pct": None, "run": "run"}])
     conf.assess(m)
-    assert run["whatif"][0]["confidence"]["level"] == "high" and run["whatif"][0]["confidence"]["range_pct"] is None
+    assert run["whatif"][0]["confidence"] == {  # a scenario no pair measures: not high
+        "level": "medium", "range_pct": None, "why": ["no recorded pair measures the model's error for this fix"]}
     assert m["findings"][0]["confidence"]["level"] == "medium"
     assert run["confidence_basis"]["steps"] == 3 and run["confidence_basis"]["world_size"] == 2
 
@@ -135,17 +154,23 @@ def _report(path, tmp_path) -> dict:
 def test_real_cpu_pair_the_page_and_the_summary_show_the_level_at_the_top(tmp_path):
     m = _report(SAMPLES / "pairs" / "straggler_sleep" / "slow", tmp_path)
     vc = m["verdict_confidence"]
-    assert vc["level"] == "high" and vc["why"] == []
+    # the ranks family's error (5.96 pp over 9 pairs, t 1.833) with the noise's 6.01 / √2: 27 points wide, medium
+    why = ["the saving's range spans 27 points"]
+    assert vc["level"] == "medium" and vc["why"] == why
     assert vc["line"] == ("From 2 steps × 2 of 2 ranks (step time σ 6.01 % of the mean); step time without the "
                           "profiler: from the log")
     (w,) = [w for w in m["runs"][0]["whatif"] if w["scenario"] == "no_straggler"]
-    assert w["confidence"]["level"] == "high" and w["confidence"]["range_pct"] == [59.0, 71.0]
+    assert w["confidence"]["level"] == "medium" and w["confidence"]["range_pct"] == [51.6, 78.4]
+    assert w["confidence"]["replay_fidelity_pct"] == w["confidence"]["replay_error_pct"] == m["runs"][0]["replay"][
+        "error_pct"]
     html = render_html(m)
     top = html[html.index('id="verdict"'):html.index('id="findings"')]
-    assert 'id="confidence"' in top and "badge conf-high" in top and "From 2 steps × 2 of 2 ranks" in top
-    assert "high confidence</span>" in html  # the main finding's card
+    assert 'id="confidence"' in top and "badge conf-medium" in top and "From 2 steps × 2 of 2 ranks" in top
+    assert "medium confidence</span>" in html  # the main finding's card
+    assert "saving 51.6–78.4 % (90 % range)" in html and "replay fidelity" in html and "replay error" not in html
     md = render_markdown(m)
-    assert "**Confidence:** high · From 2 steps × 2 of 2 ranks" in md
+    assert "**Confidence:** medium · From 2 steps × 2 of 2 ranks" in md
+    assert "saving 51.6–78.4 % (90 % range); replay fidelity" in md
 
 
 def test_real_gpu_run_priced_on_an_estimated_step_is_medium(tmp_path):
@@ -153,7 +178,7 @@ def test_real_gpu_run_priced_on_an_estimated_step_is_medium(tmp_path):
     (w,) = [w for w in m["runs"][0]["whatif"] if w["scenario"] == "no_launch_overhead"]
     assert m["runs"][0]["confidence_basis"]["unprofiled"] == "estimated"
     assert w["confidence"]["level"] == "medium"
-    assert w["confidence"]["why"][0].startswith("priced on an estimated step without the profiler")
+    assert any(y.startswith("priced on an estimated step without the profiler") for y in w["confidence"]["why"])
 
 
 def test_the_compile_step_is_not_step_to_step_noise():

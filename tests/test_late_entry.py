@@ -87,7 +87,8 @@ def test_the_replay_carries_a_late_rank_into_the_next_step(tmp_path):
     w = _whatif(run)
     assert w["profiled_predicted_step_time_us"] == pytest.approx(30_170.0, abs=0.5)
     assert w["saving_us"] == pytest.approx(10_000.0, abs=0.5)
-    assert w["confidence"]["level"] == "high"
+    # the ranks family's measured error (docs/confidence.md: 5.96 pp over 9 pairs) spans more than 20 points
+    assert w["confidence"]["level"] == "medium" and w["confidence"]["why"][0].startswith("the saving's range spans")
     # per step, the earliest rank's replayed step (on the step without the profiler: its estimated host cost on the
     # path, 9.0 µs, out): rank 7's step 1, ended 10 ms sooner, lets it enter step 2 with the others (the replay
     # carries its end into its next entry), so nobody waits in steps 2 to 4

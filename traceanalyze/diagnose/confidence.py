@@ -15,8 +15,10 @@ step-to-step noise          coefficient of variation (sample σ / mean) of the r
 replay fidelity             replay error > 5 % (the straggler paper's bound,           what-ifs, and findings
                             :data:`~traceanalyze.replay.whatif.UNRELIABLE_ERROR_PCT`):  priced by one
                             medium; > 15 %: low; ``reliable: false``: low
-model range                 the what-if's range (precision peaks) wider than 20 pp:     what-ifs with a range
-                            medium, 40 pp: low
+stated range                the what-if's 90 % range (:func:`saving_range`) wider than  what-ifs
+                            20 pp: medium, 40 pp: low
+model error measured        the fix's family measured on fewer than 3 pairs, or none    what-ifs
+                            (:data:`FAMILY_ERROR_PP`): medium
 step without the profiler   estimated from the trace while the profiler's cost is      what-ifs
                             ≥ 10 % of the step: medium
 saving within noise         a predicted saving smaller than the step-to-step noise:    what-ifs
@@ -131,19 +133,90 @@ def _memory_caps(b: dict) -> list[tuple[str, str]]:
     return [c for c in _run_caps(b) if "from step to step" not in c[1]]
 
 
-def saving_range(w: dict, b: dict | None) -> list[float] | None:
-    """[low, high] saving (% of the step) of what-if row ``w``: its model range (``range_saving_pct``, the precision
-    peaks) where it has one, else its saving ± the step-to-step noise (σ/mean, %) of its run, clipped to 0–100;
-    None without a saving."""
+# -- the range: a stated uncertainty model (docs/confidence.md, "The range") ----------------------------------------
+Z90 = 1.645  # two-sided 90 % of a normal error with a known σ
+# two-sided 90 % of Student's t with n degrees of freedom: σ estimated from n pairs (the mean error taken as 0)
+T90 = {1: 6.314, 2: 2.920, 3: 2.353, 4: 2.132, 5: 2.015, 6: 1.943, 7: 1.895, 8: 1.860, 9: 1.833, 10: 1.812,
+       12: 1.782, 15: 1.753, 20: 1.725, 30: 1.697}
+# the step without the profiler: RMS of the leave-one-out errors (% of the step) of benchmarks/profiler_overhead.py
+# --fit on the 8 GPU sides where the profiler costs ≥ 10 % of the step (launch fixed/slow, precision/fixed,
+# dataloader/slow on the H200; conv/fixed, optimizer slow/fixed/foreach on the H100; +2.7 −13.7 +3.0 +5.2 +4.3
+# −0.4 −23.2 +1.2 %), carried whole into the saving (points of the step) where the saving rests on it; the
+# profile_memory side (+27.3 %) is left out: the estimate's docstring says it misses there
+PROFILER_ERROR_PCT = 9.9
+# the model's own error per scenario family: the root mean square of (predicted − measured saving, points of the
+# step) over the family's pairs, the whole error (noise and profiler included); benchmarks/whatif.py --calibration
+# refits it and docs/confidence.md lists the pairs. family -> (σ pp, pairs it came from)
+FAMILY_ERROR_PP: dict[str, tuple[float, tuple[str, ...]]] = {
+    "precision": (4.63, ("h200 precision slow→fixed", "h200 precision slow→tf32", "h100 conv slow→bf16",
+                         "h100 conv slow_sync→bf16", "h100 conv slow→fixed", "cpu precision_fp32→precision_bf16")),
+    "host": (10.5, ("h200 launch slow→fixed", "h100 optimizer slow→fixed")),
+    "input": (3.5, ("h200 dataloader slow→fixed", "h100 loader slow→fixed", "cpu pairs/dataloader")),
+    "ranks": (5.96, ("cpu pairs/host_stall", "cpu pairs/late_entry", "cpu pairs/late_entry_1step",
+                     "cpu pairs/slow_interconnect", "cpu pairs/straggler_compute", "cpu pairs/straggler_compute_2",
+                     "cpu pairs/straggler_sleep", "cpu straggler→healthy", "cpu slow_interconnect→fast_interconnect")),
+    "compile": (0.63, ("cpu pairs/compile",)),
+}
+POOLED_ERROR_PP = 5.8  # every pair together: a family measured on fewer than MIN_FAMILY_PAIRS takes at least it
+MIN_FAMILY_PAIRS = 3
+FAMILY_OF = {"bf16_matmul": "precision", "tf32_matmul": "precision", "bf16_channels_last": "precision",
+             "no_launch_overhead": "host", "fused_optimizer": "host", "no_host_sync": "host",
+             "no_dataloader_wait": "input", "no_straggler": "ranks", "aligned_step_starts": "ranks",
+             "ideal_interconnect": "ranks", "no_compile": "compile"}
+
+
+def t90(n: int) -> float:
+    """The 90 % factor for a σ estimated from ``n`` pairs (:data:`T90`, the next smaller tabled n; Z90 past 30)."""
+    return Z90 if n > 30 else T90[max(k for k in T90 if k <= max(n, 1))]
+
+
+def model_error(scenario: str | None) -> tuple[float, int]:
+    """(σ pp of the model's own error for ``scenario``'s family (:data:`FAMILY_ERROR_PP`), the pairs it rests on); a
+    family measured on fewer than :data:`MIN_FAMILY_PAIRS` pairs, a scenario of no family and ``all`` rest on every
+    pair: the larger of their family's and the pooled error, with every pair's count."""
+    sigma, pairs = FAMILY_ERROR_PP.get(FAMILY_OF.get(scenario or "", ""), (0.0, ()))
+    if len(pairs) >= MIN_FAMILY_PAIRS:
+        return sigma, len(pairs)
+    return max(sigma, POOLED_ERROR_PP), sum(len(p) for _, p in FAMILY_ERROR_PP.values())
+
+
+def range_sources(w: dict, b: dict | None, model: tuple[float, int] | None = None) -> dict:
+    """The uncertainty sources of what-if row ``w``'s saving, in points of the step: ``noise_pp`` (the standard
+    error of the measured run's step time: σ/mean over √ counted steps; 0 with fewer than two), ``profiler_pp``
+    (:data:`PROFILER_ERROR_PCT` where the saving rests on the profiler's estimated cost: an estimated step without
+    the profiler, or host time, while the profiler costs ≥ 10 % of the step), ``model_pp`` and ``pairs`` (the
+    family's error and its pairs, :func:`model_error`, unless ``model`` gives them), ``precision_pp`` ([below,
+    above] the saving: the precision model's range), ``kept_pp`` (idle the replay kept as measured on the predicted
+    step's path, which may end with the work around it: added above only)."""
+    b = b or {}
+    saving = _num(w.get("saving_pct")) or 0.0
+    noise, steps = b.get("step_noise_pct"), b.get("steps") or 0
+    noise_pp = noise / steps ** 0.5 if isinstance(noise, (int, float)) and steps >= 2 else 0.0
+    over = _num(b.get("profiler_overhead_pct"))
+    on_estimate = over is not None and over >= OVERHEAD_MEDIUM_PCT and (b.get("unprofiled") == "estimated"
+                                                                       or _host_time(w))
     r = w.get("range_saving_pct")
+    prec = [0.0, 0.0]
     if isinstance(r, list) and len(r) == 2 and all(_num(x) is not None for x in r):
-        lo, hi = float(min(r)), float(max(r))
-    else:
-        saving = _num(w.get("saving_pct"))
-        if saving is None:
-            return None
-        noise = (b or {}).get("step_noise_pct") or 0.0
-        lo, hi = saving - noise, saving + noise
+        prec = [max(0.0, saving - float(min(r))), max(0.0, float(max(r)) - saving)]
+    kept = _num(w.get("unexplained_gap_pct")) or 0.0
+    model_pp, pairs = model_error(w.get("scenario")) if model is None else model
+    return {"noise_pp": noise_pp, "profiler_pp": PROFILER_ERROR_PCT if on_estimate else 0.0, "model_pp": model_pp,
+            "pairs": pairs, "precision_pp": prec, "kept_pp": kept * (100 - saving) / 100}
+
+
+def saving_range(w: dict, b: dict | None, model: tuple[float, int] | None = None) -> list[float] | None:
+    """[low, high] saving (% of the step) of what-if row ``w``: saving ∓ √((t σ)² + precision side²), σ the sources
+    of :func:`range_sources` (noise, profiler, model) in quadrature, t = :func:`t90` of the family's pairs, the kept
+    idle added above; clipped to 0–100; None without a saving. ``model`` = (σ pp, pairs) replaces the family's
+    error (the calibration's leave-one-out)."""
+    saving = _num(w.get("saving_pct"))
+    if saving is None:
+        return None
+    src = range_sources(w, b, model)
+    zs = t90(src["pairs"]) * (src["noise_pp"] ** 2 + src["profiler_pp"] ** 2 + src["model_pp"] ** 2) ** 0.5
+    lo = saving - (zs ** 2 + src["precision_pp"][0] ** 2) ** 0.5
+    hi = saving + (zs ** 2 + src["precision_pp"][1] ** 2) ** 0.5 + src["kept_pp"]
     return [round(max(0.0, min(100.0, x)), 1) for x in (lo, hi)]
 
 
@@ -155,8 +228,9 @@ def _host_time(w: dict) -> bool:
     return w.get("scenario") == ALL or (rec is not None and rec.host_time)
 
 
-def whatif_confidence(w: dict, b: dict) -> tuple[str, list[str]]:
-    """(level, reasons) of one what-if row ``w`` (``runs[i].whatif[j]``) of a run with basis ``b``."""
+def whatif_confidence(w: dict, b: dict, model: tuple[float, int] | None = None) -> tuple[str, list[str]]:
+    """(level, reasons) of one what-if row ``w`` (``runs[i].whatif[j]``) of a run with basis ``b``; ``model``: see
+    :func:`saving_range`."""
     rec = by_name(w.get("scenario"))
     caps = _run_caps(b, wait_finding=rec is not None and rec.collective_waits)
     err = b["replay_error_pct"]
@@ -168,13 +242,18 @@ def whatif_confidence(w: dict, b: dict) -> tuple[str, list[str]]:
         caps.append(("medium", f"the replay misses the measured step by {err:g} %"))
     if rec is not None and rec.one_step_caveat and b["steps"] <= 1:
         caps.append(("low", rec.one_step_caveat))
-    rng = w.get("range_saving_pct")
-    if isinstance(rng, list) and len(rng) == 2 and all(_num(x) is not None for x in rng):
-        width = abs(rng[1] - rng[0])
+    rng = saving_range(w, b, model)
+    fam = FAMILY_ERROR_PP.get(FAMILY_OF.get(w.get("scenario") or "", ""), (0.0, ()))[1]
+    if len(fam) < MIN_FAMILY_PAIRS:
+        caps.append(("medium", f"the model's error for this fix is measured on {len(fam)} pair"
+                               f"{'s' if len(fam) != 1 else ''} (fewer than {MIN_FAMILY_PAIRS})" if fam else
+                               "no recorded pair measures the model's error for this fix"))
+    if rng is not None:
+        width = rng[1] - rng[0]
         if width > RANGE_LOW_PP:
-            caps.append(("low", f"the model's range spans {width:.0f} points"))
+            caps.append(("low", f"the saving's range spans {width:.0f} points"))
         elif width > RANGE_MEDIUM_PP:
-            caps.append(("medium", f"the model's range spans {width:.0f} points"))
+            caps.append(("medium", f"the saving's range spans {width:.0f} points"))
     kept = _num(w.get("unexplained_gap_pct"))
     if kept is not None and kept > UNEXPLAINED_MEDIUM_PCT:
         caps.append(("low" if kept > UNEXPLAINED_LOW_PCT else "medium",
@@ -199,9 +278,9 @@ def whatif_confidence(w: dict, b: dict) -> tuple[str, list[str]]:
 
 def finding_confidence(f: dict, b: dict | None, whatifs: list[dict]) -> dict:
     """``findings[i].confidence``: ``level``, ``range_pct`` ([low, high] % of the step that fixing it wins back:
-    the what-if's model range, else the impact ± the step-to-step noise, clipped to 0–100; [0, 0] for a memory
-    finding, whose level only the run's steps and ranks cap) and ``why`` (the reasons for a level below high;
-    empty when high). A finding that the run died (``cuda_oom``, ``host_oom``) is high: the log states it, and no
+    the range of the what-if that prices it (:func:`saving_range`), else the impact's with the pooled error; [0, 0]
+    for a memory finding, whose level only the run's steps and ranks cap) and ``why`` (the reasons for a level below
+    high; empty when high). A finding that the run died (``cuda_oom``, ``host_oom``) is high: the log states it, and no
     step, trace or replay stands behind it. A finding with an ``effect`` (what is trained, not step time) has no
     range and rests on the facts a log or config states, not on the trace's steps or ranks: high, or medium with an
     ``assumption`` (a recipe assumed to come from one GPU).
@@ -228,8 +307,8 @@ def finding_confidence(f: dict, b: dict | None, whatifs: list[dict]) -> dict:
             caps.extend((conf["level"], y) for y in conf.get("why") or [])
     else:
         caps.append(("medium", "no what-if replays this finding: its impact is the rule's estimate"))
-    # the what-if's model range where it has one, else the finding's own impact ± the noise
-    rng = saving_range(w if w is not None and w.get("range_saving_pct") else {"saving_pct": impact}, b)
+    # the range of the what-if that prices it, else the finding's own impact with the pooled model error
+    rng = saving_range(w if w is not None and _num(w.get("saving_pct")) is not None else {"saving_pct": impact}, b)
     level, why = _lowest(caps)
     return {"level": level, "range_pct": rng, "why": why}
 

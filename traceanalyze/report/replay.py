@@ -80,7 +80,9 @@ def _conf(c) -> dict:
     view = confidence_view(c) or {"level": None, "why": []}
     c = c if isinstance(c, dict) else {}
     n = finite(c.get("collective_instances"))
-    return {"level": view["level"], "why": view["why"], "replay_error_pct": finite(c.get("replay_error_pct")),
+    fid = c.get("replay_fidelity_pct", c.get("replay_error_pct"))
+    return {"level": view["level"], "why": view["why"], "replay_error_pct": finite(fid),
+            "replay_fidelity_pct": finite(fid), "range": view.get("range"),
             "collective_instances": int(n) if n is not None else None}
 
 
@@ -120,8 +122,10 @@ def replay_markdown(run: dict) -> list[str]:
                        f"{_f(w.get('predicted_step_time_us'))}{extra} | {_f(w.get('saving_us'))} | "
                        f"{_f(w.get('saving_pct'), 1)} | {_t(c['level'] or '—')}"
                        + (f" ({_t('; '.join(c['why']))})" if c["why"] else "")
-                       + f"; replay error {_f(c['replay_error_pct'], 1)} %, {c['collective_instances'] or 0} "
-                       "collective instances |")
+                       + (f"; saving {c['range'][0]:.1f}–{c['range'][1]:.1f} % (90 % range)" if c["range"]
+                          else "")
+                       + f"; replay fidelity {_f(c['replay_fidelity_pct'], 1)} % off the measured step (not a check "
+                       f"of the prediction), {c['collective_instances'] or 0} collective instances |")
         for w in rows:
             if w.get("reliable") is False and w.get("unreliable_reason"):
                 out += ["", f"Unreliable: {_t(w.get('scenario'))}: {_t(w.get('unreliable_reason'))}."]
