@@ -76,7 +76,7 @@ def test_the_report_never_says_zero_percent_of_step_time_for_it(tmp_path):
     from traceanalyze.report.markdown import render_markdown
 
     md = render_markdown(analyze(tmp_path / "two", Options(jobs=1)).model)
-    line = next(x for x in md.splitlines() if "config/gradient\\_accumulation" in x)
+    line = next(x for x in md.splitlines() if "config/gradient_accumulation" in x)
     assert "changes what is trained, not step time" in line and "% of step time" not in line
     assert "**What it changes:** 2× the samples per optimizer step" in md
 
@@ -172,7 +172,7 @@ def _f(kind: str, severity: str, impact: float | None, effect: str | None = None
 def test_a_significant_time_cause_stays_main_and_the_fault_follows_it():
     fs = [_f("dataloader", "high", 40.0), _f("gradient_accumulation", "medium", None, "2× the samples")]
     v = verdict(fs)
-    assert v.startswith("Main cause: config (dataloader): title dataloader — about 40% of step time.")
+    assert v.startswith("Main cause: config (dataloader): title dataloader — fixing it saves about 40% of step time.")
     assert v.endswith(" Also a config fault: title gradient_accumulation (if so): fix it. It changes what is trained, "
                       "not the step time: 2× the samples.")
     # a low fault leaves the verdict alone
