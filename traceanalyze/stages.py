@@ -3,9 +3,10 @@ their headers state, the metrics, the logs, the what-if replay on a thread of it
 and the run's part of the report model (``docs/schema.md``, ``runs[i]``).
 
 What overlaps with what: two pure-SQL analyses run on a second cursor beside the others (DuckDB works without the
-GIL), the replay beside them all from :data:`EARLY_REPLAY_MIN_ROWS`, and nothing at all from
-:data:`OVERLAP_MAX_ROWS` (memory). The pure dict-building is :mod:`traceanalyze.report.assemble`'s; the sidecars are
-read by :mod:`traceanalyze.logs.sidecars`, the files checked by :mod:`traceanalyze.ingest.checks`.
+GIL), the memory rows beside them from the start, the replay beside them all from :data:`EARLY_REPLAY_MIN_ROWS`,
+and nothing at all from :data:`OVERLAP_MAX_ROWS` (memory). The pure dict-building is
+:mod:`traceanalyze.report.assemble`'s; the sidecars are read by :mod:`traceanalyze.logs.sidecars`, the files
+checked by :mod:`traceanalyze.ingest.checks`.
 """
 
 from __future__ import annotations
@@ -183,6 +184,7 @@ class RunAnalyses:
     written: Callable[[], None]  # waits for the replay's tables (write_replay)
     n_rows: int = 0  # kernels and CPU ops of the run (what decides whether analyses overlap)
     pricer: list = field(default_factory=list)  # the replay's pricer of one more what-if, once it is done
+    memory_rows: Callable[[], list] | None = None  # waits for the memory rows (memory_beside); None without any
 
 
 def read_logs(con: duckdb.DuckDBPyConnection, run_id: int, run: Run, facts: dict, options: Options,
@@ -216,6 +218,8 @@ def analyses(con: duckdb.DuckDBPyConnection, run_id: int, run: Run, mode: str, f
     # a run of many events computes them in turn instead.
     n_rows = con.execute("SELECT coalesce(sum(n_kernels + n_cpu_ops), 0) FROM files WHERE run_id = ?",
                          [run_id]).fetchone()[0]
+    # the memory rows read only the events, the CPU ops and the steps: started first, beside the metrics
+    memory_rows = memory_beside(con, run_id, n_rows) if good else None
     bg = ThreadPoolExecutor(max_workers=1) if n_rows <= OVERLAP_MAX_ROWS else None
     cur = con.cursor()
     idle_result = deferred(bg, idle.idle_breakdown, cur, run_id) if good and mode == "gpu" else None
@@ -272,7 +276,7 @@ def analyses(con: duckdb.DuckDBPyConnection, run_id: int, run: Run, mode: str, f
         store.insert_rows(con, "collective_calls", ["run_id", *cols],
                           [[run_id, *(getattr(c, f) for f in cols)] for c in coll.summaries])
     return RunAnalyses(mode, rank_rows, step_rows, side, coll, link, prec, comp, loader, launch, idle_rows, top,
-                       replay, written, n_rows, rp.pricer if rp is not None else [])
+                       replay, written, n_rows, rp.pricer if rp is not None else [], memory_rows)
 
 
 class ReplayRun:
@@ -330,7 +334,6 @@ def evidence(con: duckdb.DuckDBPyConnection, run_id: int, run: Run, a: RunAnalys
     mode, rank_rows, step_rows, side, coll, link = a.mode, a.rank_rows, a.step_rows, a.side, a.coll, a.link
     prec, comp, loader, launch, idle_rows = a.prec, a.comp, a.loader, a.launch, a.idle_rows
     ranks_model = [assemble.rank_model(r) for r in rank_rows]
-    memory_rows = memory_beside(con, run_id, a.n_rows) if good else None
     steps_model = [asdict(s) for s in step_rows]
     # the run's step time: median over the counted steps of the longest rank's duration (metrics.steps)
     # ... the compile step (torch.compile in the first step) shown apart: it is no steady step (diagnose)
@@ -373,15 +376,16 @@ def evidence(con: duckdb.DuckDBPyConnection, run_id: int, run: Run, a: RunAnalys
         cur.close()
     ev.unprofiled = side.get("unprofiled")  # the step without the profiler, measured (capture or log)
     ev.ooms = side.get("ooms") or []
-    if memory_rows is not None:  # before the rules read the ranks
-        assemble.add_memory(ranks_model, memory_rows())
+    if a.memory_rows is not None:  # before the rules read the ranks
+        assemble.add_memory(ranks_model, a.memory_rows())
     return ev, longest, compile_step_us
 
 
 def memory_beside(con: duckdb.DuckDBPyConnection, run_id: int, n_rows: int) -> Callable[[], list] | None:
     """Each rank's memory per device (:func:`traceanalyze.metrics.memory.memory_rows`), computed on a cursor and
     thread of its own beside the other evidence (in turn for a big run, as the analyses); the returned callable
-    waits for the rows. None for a run whose traces hold no ``[memory]`` events (one indexed query)."""
+    waits for the rows. None for a run whose traces hold no ``[memory]`` events (one indexed query). Started as
+    the analyses start (:func:`analyses`), waited for in :func:`evidence`."""
     from concurrent.futures import ThreadPoolExecutor
 
     from traceanalyze.metrics import memory

@@ -150,8 +150,7 @@ class _IEvent(msgspec.Struct, gc=False, tag_field="ph", tag="i"):
     ``profile_memory`` has two instants in all, so it pays nothing for them."""
 
     ph: ClassVar[str] = "i"
-    cat: Any = None
-    name: Any = None
+    name: Any = None  # its cat is never read: left undecoded
     pid: Any = None
     tid: Any = None
     ts: Any = None
