@@ -71,6 +71,8 @@ from traceanalyze import pipeline, store
 from traceanalyze.discover import discover
 from traceanalyze.errors import TraceanalyzeError, UsageError, one_line
 from traceanalyze.executors import DaskExecutor, LocalExecutor
+from traceanalyze.findings import DIED_KINDS
+from traceanalyze.fmt import ranges
 from traceanalyze.limits import REGRESSION_THRESHOLD
 from traceanalyze.options import Options
 from traceanalyze.report import render_batch_index, render_html
@@ -210,6 +212,7 @@ def _fill_row(a, row: dict, result: dict, out: Path, rel: str, page: dict) -> No
                step_time_unprofiled_us=(run.get("profiler_overhead") or {}).get("unprofiled_step_time_us"),
                step_time_unprofiled_source=(run.get("profiler_overhead") or {}).get("source"),
                findings=json.dumps(findings, default=str))
+    row.update(died_summary(findings, run.get("deaths") or []))
     if top is not None:
         row.update(top_cause=top["cause"], top_kind=top["kind"], top_severity=top["severity"],
                    top_impact_pct=top["impact_pct"], top_title=top["title"])
@@ -220,7 +223,8 @@ def _fill_row(a, row: dict, result: dict, out: Path, rel: str, page: dict) -> No
     result["findings"] = [{c: (json.dumps(f.get(c)) if c in ("ranks", "evidence") else f.get(c))
                            for c in _FINDING_COLUMNS} for f in findings]
     problems = [w for w in model.get("warnings") or [] if w.get("level") in ("error", "partial")]
-    usable = any((r.get("window_us") or 0) > 0 for r in run.get("ranks") or []) or run.get("log_steps")
+    usable = (any((r.get("window_us") or 0) > 0 for r in run.get("ranks") or []) or run.get("log_steps")
+              or row["died"])
     if not usable:
         row["status"] = "error"
         row["error"] = "nothing could be analyzed: " + ("; ".join(_warning_text(w) for w in problems[:3])
@@ -229,6 +233,29 @@ def _fill_row(a, row: dict, result: dict, out: Path, rel: str, page: dict) -> No
     else:
         row["status"] = "partial" if problems else "ok"
         row["error"] = "; ".join(_warning_text(w) for w in problems[:3]) or None
+
+
+def died_summary(findings: list[dict], deaths: list[dict]) -> dict:
+    """The catalog's ``died``, ``died_kind`` and ``died_ranks`` of a run from its report's findings of
+    :data:`~traceanalyze.findings.DIED_KINDS` (``cuda_oom``: "CUDA OOM on rank 6"; ``host_oom``: "host OOM: 8 ranks
+    SIGKILLed"; both: joined by "; ") and its ``deaths`` records (the processes killed when no rank is named);
+    all None for a run that did not die."""
+    died = [f for f in findings if f.get("kind") in DIED_KINDS]
+    if not died:
+        return {"died": None, "died_kind": None, "died_ranks": None}
+    parts, all_ranks = [], set()
+    for f in died:
+        ranks = sorted({r for r in f.get("ranks") or [] if isinstance(r, int)})
+        all_ranks.update(ranks)
+        if f["kind"] == "cuda_oom":
+            parts.append("CUDA OOM" + (f" on rank {ranks[0]}" if len(ranks) == 1 else
+                                       f" on ranks {ranges(ranks)}" if ranks else ""))
+        else:
+            n = len(ranks) or sum(1 for d in deaths if d.get("kind") == "host")
+            who = (f"rank {ranks[0]}" if len(ranks) == 1 else f"{n} ranks" if ranks else
+                   f"{n} process{'es' if n != 1 else ''}")
+            parts.append(f"host OOM: {who} SIGKILLed")
+    return {"died": "; ".join(parts), "died_kind": died[0]["kind"], "died_ranks": json.dumps(sorted(all_ranks))}
 
 
 def explain_regression(task: dict) -> dict:
@@ -573,12 +600,13 @@ def _catalog_rows(con) -> list[dict]:
 
 def _flag_regressions(con, specs: list[dict], threshold: float, outdir: Path, options: dict) -> list[dict]:
     """Flag, per group, the runs slower than ``threshold`` × the median step time of the group's earlier runs;
-    return the comparisons to (re)do. Every run's flag is recomputed: a run added with an earlier date changes
-    the history of the runs after it."""
+    return the comparisons to (re)do. A run that died is neither flagged nor an earlier run of its group: its step
+    time, if any, is of a run that never finished. Every run's flag is recomputed: a run added with an earlier date
+    changes the history of the runs after it."""
     by_id = {s["run_id"]: s for s in specs}
     rows = con.execute("SELECT run_id, group_key, date, step_time_us, fingerprint, regression_key, "
                        "regression_report FROM runs WHERE status IN ('ok', 'partial') AND step_time_us > 0 "
-                       "AND date IS NOT NULL ORDER BY group_key, date, run_id").fetchall()
+                       "AND died IS NULL AND date IS NOT NULL ORDER BY group_key, date, run_id").fetchall()
     groups: dict[str, list[tuple]] = {}
     for r in rows:
         groups.setdefault(r[1], []).append(r)

@@ -30,7 +30,7 @@ import duckdb
 
 from traceanalyze.errors import EnvironmentFailure, TraceanalyzeError, UsageError
 
-SCHEMA_VERSION = 6  # a database written with another version is rebuilt: it is a cache of the traces
+SCHEMA_VERSION = 7  # 7: run_deaths; a database written with another version is rebuilt: it is a cache of the traces
 
 DDL = f"""
 CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR);
@@ -127,6 +127,17 @@ CREATE TABLE IF NOT EXISTS log_steps (  -- one row per step line of a training l
     lr DOUBLE, grad_norm DOUBLE, tokens_per_s DOUBLE, tflops DOUBLE, mfu_pct DOUBLE, step_time_ms DOUBLE,
     memory_gib DOUBLE, epoch DOUBLE
 );
+CREATE TABLE IF NOT EXISTS run_deaths (  -- a process that died of memory or was killed, as a log records it
+    run_id INTEGER,
+    kind VARCHAR,                  -- cuda_oom | host_oom (the kernel's OOM killer named it) | killed (a SIGKILL)
+    form VARCHAR,                  -- torch>=2.2 | torch 2.0-2.1 | torch<=1.13 | torchrun | kernel | shell
+    rank INTEGER, local_rank INTEGER, host VARCHAR, gpu INTEGER, pid BIGINT,
+    tried_bytes BIGINT, free_bytes BIGINT, capacity_bytes BIGINT, in_use_bytes BIGINT, allocated_bytes BIGINT,
+    reserved_unallocated_bytes BIGINT, rss_bytes BIGINT,
+    signal VARCHAR, exit_code INTEGER,
+    phase VARCHAR,                 -- checkpoint_load when the kill came while the checkpoint loaded, else NULL
+    file VARCHAR, line INTEGER     -- the log and the line that records it
+);
 CREATE TABLE IF NOT EXISTS nccl_channels (  -- NCCL_DEBUG=INFO channel lines
     run_id INTEGER, file VARCHAR, host VARCHAR, device INTEGER, channel INTEGER, src_rank INTEGER,
     dst_rank INTEGER, transport VARCHAR, detail VARCHAR
@@ -194,8 +205,8 @@ FROM e;
 MACROS += STEP_MACROS
 
 # Tables that describe the latest report only; emptied before a report is recomputed.
-REPORT_TABLES = ("runs", "warnings", "run_facts", "log_steps", "nccl_channels", "topology_links", "collective_calls",
-                 "findings", "report_cache")
+REPORT_TABLES = ("runs", "warnings", "run_facts", "log_steps", "run_deaths", "nccl_channels", "topology_links",
+                 "collective_calls", "findings", "report_cache")
 
 # What-if replay (traceanalyze.replay, docs/replay.md): each rank's dependency graph and the replayed step times.
 # Host and stream order edges are implicit (consecutive tasks of one resource); the view sim_edge lists them with
@@ -313,7 +324,7 @@ EVENT_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
 # ---------------------------------------------------------------------------------------------------------
 # The batch catalog (traceanalyze.batch): one row per run of an archive, its findings and rank metrics.
 
-CATALOG_VERSION = "2"  # 2: step_time_unprofiled_us
+CATALOG_VERSION = "3"  # 2: step_time_unprofiled_us; 3: died, died_kind, died_ranks
 
 CATALOG_DDL = f"""
 CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR);
@@ -339,12 +350,15 @@ CREATE TABLE IF NOT EXISTS runs (
     step_time_unprofiled_source VARCHAR,  -- how: the report's profiler_overhead.source (measured | estimate | ...)
     mfu_pct DOUBLE,                -- from GEMM FLOPs in the trace, else the logs' median; NULL if unknown
     verdict VARCHAR,
+    died VARCHAR,                  -- the run died: "CUDA OOM on rank 6", "host OOM: 8 ranks SIGKILLed"; NULL if not
+    died_kind VARCHAR,             -- cuda_oom | host_oom: the kind of the report's first finding of a death
+    died_ranks JSON,               -- the ranks that died (the findings' ranks), [] when no log names them
     top_cause VARCHAR, top_kind VARCHAR, top_severity VARCHAR, top_impact_pct DOUBLE, top_title VARCHAR,
     n_findings INTEGER,
     findings JSON,                 -- every finding of the run, ranked (the report's "findings")
     report_html VARCHAR, report_json VARCHAR, report_db VARCHAR,   -- relative to OUTDIR
     analyzed_at TIMESTAMP, analyze_s DOUBLE,
-    regression BOOLEAN,            -- step time > threshold × median of the group's earlier runs
+    regression BOOLEAN,            -- step time > threshold × median of the group's earlier runs (never a run that died)
     regression_ratio DOUBLE,       -- step time / that median
     regression_median_us DOUBLE,   -- the median of the group's earlier runs
     regression_reference VARCHAR,  -- run_id of the earlier run compared against (closest to the median)

@@ -146,7 +146,7 @@ class LogResult:
     ``"llamafactory"`` or None; ``rank`` is the file's rank when the file belongs to one rank (single
     ``[rankN]:`` prefix, or a name such as ``rank3.log``), else None; ``ooms`` the out-of-memory errors and kills
     the log records (:class:`OomEvent`, in file order); ``warnings`` are notes on content that could not be used
-    (never fatal).
+    (never fatal); ``bad_values`` the figures a line stated out of any plausible range and left out (a warning each).
     """
 
     path: str
@@ -157,6 +157,7 @@ class LogResult:
     nccl: NcclInfo | None = None
     ooms: list[OomEvent] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    bad_values: list[str] = field(default_factory=list)
 
     def fact(self, key: str) -> Fact | None:
         """First fact with this key, or None."""

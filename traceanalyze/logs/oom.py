@@ -31,7 +31,9 @@ from traceanalyze.logs.state import LogState
 
 _UNITS = {"b": 1, "bytes": 1, "kib": 1 << 10, "kb": 1 << 10, "mib": 1 << 20, "mb": 1 << 20, "gib": 1 << 30,
           "gb": 1 << 30, "tib": 1 << 40, "tb": 1 << 40}
-_SIZE = r"(\d{1,15}(?:\.\d{1,6})?) ?(bytes|[KMGT]i?B|B)"
+# a printed size; read wider than PyTorch prints (a sign, 40 digits, an exponent) so that a figure out of range is
+# seen and warned about (:func:`cuda_oom`) rather than silently not matched
+_SIZE = r"(-?\d[\d,]{0,39}(?:\.\d{1,12})?(?:[eE][+-]?\d{1,4})?) ?(bytes|[KMGT]i?B|B)"
 _CUDA_FIELDS = {
     "tried_bytes": re.compile(r"Tried to allocate " + _SIZE),
     "capacity_bytes": re.compile(_SIZE + r" total capacity|total capac(?:i)?ty of " + _SIZE),
@@ -40,6 +42,8 @@ _CUDA_FIELDS = {
     "allocated_bytes": re.compile(_SIZE + r" already allocated|" + _SIZE + r" is allocated by PyTorch"),
     "reserved_unallocated_bytes": re.compile(_SIZE + r" is reserved by PyTorch but unallocated"),
 }
+# the parts of the GPU's memory a message states: none can exceed its total capacity
+_PARTS_OF_GPU = ("free_bytes", "in_use_bytes", "allocated_bytes", "reserved_unallocated_bytes")
 _RESERVED_TOTAL = re.compile(_SIZE + r" reserved in total by PyTorch")
 _GPU = re.compile(r"\(GPU (\d{1,4});|\bGPU (\d{1,4}) has a total")
 _TORCHRUN_FAILED = re.compile(r"failed \(exitcode: (-?\d{1,4})\) local_rank: (\d{1,7}) \(pid: (\d{1,10})\)")
@@ -59,6 +63,7 @@ _PARAMS = re.compile(
 _PARAM_SCALE = {"K": 1e3, "M": 1e6, "B": 1e9, "T": 1e12}
 _CKPT_LOAD = re.compile(r"loading (?:the )?(?:checkpoint|model|weights|pretrained|state dict)|checkpoint shards|"
                         r"load_checkpoint|load_state_dict", re.IGNORECASE)
+MAX_BAD_NOTES = 10  # warnings kept per log about out-of-range figures (a crash loop repeats its message)
 SIGNALS = {9: "SIGKILL"}  # signal number -> name, of the signals that mean a kill for memory
 
 
@@ -71,14 +76,18 @@ def size_bytes(num: str, unit: str) -> int | None:
     return int(v * scale)
 
 
-def _size_of(m: re.Match[str] | None) -> int | None:
-    """The size a field regex matched (the first of its alternatives that took part)."""
+def _size_of(m: re.Match[str] | None, bad: list[str] | None = None) -> int | None:
+    """The size a field regex matched (the first of its alternatives that took part); one out of range is None and
+    its text (``"-5 GiB"``) is added to ``bad``."""
     if m is None:
         return None
     groups = [g for g in m.groups()]
     for i in range(0, len(groups) - 1, 2):
         if groups[i] is not None:
-            return size_bytes(groups[i], groups[i + 1])
+            b = size_bytes(groups[i], groups[i + 1])
+            if b is None and bad is not None:
+                bad.append(f"{groups[i][:24]} {groups[i + 1]}")
+            return b
     return None
 
 
@@ -88,20 +97,34 @@ def host_name(text: str) -> str | None:
     return h or None
 
 
-def cuda_oom(s: str, source: str, rank: int | None) -> OomEvent:
-    """The CUDA out-of-memory message on line ``s`` (any PyTorch form, module docstring) as an :class:`OomEvent`."""
+def cuda_oom(s: str, source: str, rank: int | None, problems: list[str] | None = None) -> OomEvent:
+    """The CUDA out-of-memory message on line ``s`` (any PyTorch form, module docstring) as an :class:`OomEvent`.
+
+    A size that is negative or over :data:`MAX_MEMORY_BYTES`, or a part of the GPU (free, in use, allocated,
+    reserved) larger than the capacity the message states, is left out (None) with one line in ``problems``."""
     ev = OomEvent(kind="cuda", source=source, rank=rank,
                   form="torch>=2.2" if "Including non-PyTorch memory" in s else
                   "torch<=1.13" if "total capacity;" in s else "torch 2.0-2.1")
+    bad: list[str] = []
     for key, rx in _CUDA_FIELDS.items():
-        setattr(ev, key, _size_of(rx.search(s)))
+        setattr(ev, key, _size_of(rx.search(s), bad))
     m = _GPU.search(s)
     if m:
         ev.gpu = int(m.group(1) or m.group(2))
     if ev.reserved_unallocated_bytes is None and ev.allocated_bytes is not None:
-        reserved = _size_of(_RESERVED_TOTAL.search(s))
+        reserved = _size_of(_RESERVED_TOTAL.search(s), bad)
         if reserved is not None:
             ev.reserved_unallocated_bytes = max(0, reserved - ev.allocated_bytes)
+    if ev.capacity_bytes is not None:
+        for key in _PARTS_OF_GPU:
+            v = getattr(ev, key)
+            if v is not None and v > ev.capacity_bytes:
+                bad.append(f"{key.removesuffix('_bytes').replace('_', ' ')} {v:,} bytes > capacity "
+                           f"{ev.capacity_bytes:,} bytes")
+                setattr(ev, key, None)
+    if bad and problems is not None:
+        problems.append(f"{source}: CUDA out-of-memory message with a figure out of range ({'; '.join(bad[:4])}): "
+                        f"left out (sizes are read from 0 to {MAX_MEMORY_BYTES:,} bytes)")
     return ev
 
 
@@ -131,7 +154,8 @@ class OomLines:
             self.in_failures = True
             return False
         if "CUDA out of memory" in s:
-            self._add(cuda_oom(s, self._src(lineno), rank))
+            bad = self.log.result.bad_values
+            self._add(cuda_oom(s, self._src(lineno), rank, bad if len(bad) < MAX_BAD_NOTES else None))
             return False
         m = _TORCHRUN_FAILED.search(s)
         if m:

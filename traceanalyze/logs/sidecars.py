@@ -1,6 +1,6 @@
 """A run's sidecars (training logs, NCCL output, topology, configs, capture's env and step files): read, stored
-(``log_steps``, ``nccl_channels``, ``topology_links``, ``run_facts``) and turned into what the later stages read:
-the expected link bandwidth, the step time the logs state and the step time without the profiler.
+(``log_steps``, ``nccl_channels``, ``topology_links``, ``run_facts``, ``run_deaths``) and turned into what the later
+stages read: the expected link bandwidth, the step time the logs state and the step time without the profiler.
 
 The log parsers (~100 patterns compiled, yaml) are imported by :func:`read_sidecars` only when the run has a
 sidecar to read.
@@ -15,7 +15,7 @@ import duckdb
 
 from traceanalyze import hardware, store
 from traceanalyze.errors import TraceanalyzeError
-from traceanalyze.limits import MAX_OOM_EVENTS
+from traceanalyze.limits import MAX_MEMORY_BYTES, MAX_OOM_EVENTS
 from traceanalyze.logs.batch import check_batch_facts
 from traceanalyze.logs.env import core_sharing, parse_env
 from traceanalyze.logs.steps import measured_unprofiled_step, parse_capture_steps
@@ -46,7 +46,10 @@ def read_sidecars(con: duckdb.DuckDBPyConnection, run_id: int, run: Any, warning
                 for f in res.facts:
                     facts.setdefault(f.key, []).append(f)
                 log_steps.extend(res.steps)
-                ooms.extend(res.ooms[: max(0, MAX_OOM_EVENTS - len(ooms))])  # bounded over the run's logs too
+                kept = res.ooms[: max(0, MAX_OOM_EVENTS - len(ooms))]  # bounded over the run's logs too
+                ooms.extend(kept)
+                warnings.extend({"file": str(sc.path), "message": m, "level": "warning"} for m in res.bad_values)
+                store.insert_rows(con, "run_deaths", None, death_rows(run_id, str(sc.path), kept, warnings))
                 store.insert_rows(con, "log_steps", None, [
                     [run_id, str(sc.path), res.framework, st.rank, st.step, st.iter, st.loss, st.lr, st.grad_norm,
                      st.tokens_per_s, st.tflops, st.mfu_pct, st.step_time_ms, st.memory_gib, st.epoch]
@@ -96,6 +99,36 @@ def read_sidecars(con: duckdb.DuckDBPyConnection, run_id: int, run: Any, warning
     # the step time without the profiler (capture, else the log): measured_unprofiled_step
     side["unprofiled"] = measured_unprofiled_step(side) if run.sidecars else None
     return side
+
+
+_DEATH_BYTES = ("tried_bytes", "free_bytes", "capacity_bytes", "in_use_bytes", "allocated_bytes",
+                "reserved_unallocated_bytes", "rss_bytes")
+
+
+def death_kind(ev: Any) -> str:
+    """``run_deaths.kind`` of one :class:`~traceanalyze.logs.OomEvent`: ``cuda_oom``, ``host_oom`` when the kernel's
+    OOM killer named the process, else ``killed`` (a SIGKILL whose sender the record does not say)."""
+    return "cuda_oom" if ev.kind == "cuda" else "host_oom" if ev.oom_killer else "killed"
+
+
+def death_rows(run_id: int, file: str, ooms: list, warnings: list[dict]) -> list[list]:
+    """The ``run_deaths`` rows of one log's records (:class:`~traceanalyze.logs.OomEvent`); a size outside 0 to
+    :data:`~traceanalyze.limits.MAX_MEMORY_BYTES` bytes is stored as NULL with a warning (the parser bounds them
+    already: this keeps the table's promise whatever fills the records)."""
+    rows = []
+    for ev in ooms:
+        sizes = []
+        for key in _DEATH_BYTES:
+            v = getattr(ev, key)
+            if v is not None and not (isinstance(v, int) and 0 <= v <= MAX_MEMORY_BYTES):
+                warnings.append({"file": file, "level": "warning",
+                                 "message": f"{ev.source}: {key} {str(v)[:32]} is out of range; stored as NULL"})
+                v = None
+            sizes.append(v)
+        _, _, line = ev.source.rpartition(":")
+        rows.append([run_id, death_kind(ev), ev.form, ev.rank, ev.local_rank, ev.host, ev.gpu, ev.pid, *sizes,
+                     ev.signal, ev.exitcode, ev.phase, file, int(line) if line.isdigit() else None])
+    return rows
 
 
 def expected_link(facts: dict, side: dict, override: float | None) -> dict:

@@ -1,6 +1,6 @@
 """The batch index page (``traceanalyze batch``'s ``OUTDIR/index.html``): every run of the catalog linked, the
-top-cause distribution, step time over time per group, regressions and errors. One self-contained page from
-``templates/batch_index.html.j2`` (autoescaped; its charts are inline SVG the template draws from
+top-cause distribution, step time over time per group, regressions, runs that died and errors. One self-contained
+page from ``templates/batch_index.html.j2`` (autoescaped; its charts are inline SVG the template draws from
 :mod:`traceanalyze.report.charts`), sortable without a script (CSS order variables per row)."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from traceanalyze.version import __version__
 MAX_GROUP_CHARTS = 40  # the index draws step time over time for at most this many groups (the busiest)
 
 _ORDERS = (("date", "date"), ("step", "step time"), ("impact", "impact"), ("cause", "top cause"),
-           ("group", "group"), ("status", "status"))
+           ("group", "group"), ("died", "died"), ("status", "status"))
 _NONE_COLOR, _ERROR_COLOR = "#2b8a3e", "#c92a2a"
 
 
@@ -50,6 +50,7 @@ def render_batch_index(rows: list[dict], *, archive: str, threshold: float, stat
         "n": len(rows), "n_ok": sum(1 for r in rows if r["status"] == "ok"),
         "n_partial": sum(1 for r in rows if r["status"] == "partial"),
         "n_error": sum(1 for r in rows if r["status"] == "error"),
+        "n_died": sum(1 for r in rows if r.get("died")),
         "stats": stats, "runs": runs, "orders": _ORDERS,
         "regressions": [rv for rv in runs if rv["regression"]],
         "errors": [rv for rv in runs if rv["status"] == "error"],
@@ -74,8 +75,11 @@ def _sort_orders(rows: list[dict]) -> dict[str, dict[str, int]]:
                                   -(r.get("top_impact_pct") or 0), r["run_id"])),
         "group": order(lambda r: (r.get("group_key") or "~", -(r["date"].timestamp() if r.get("date") else -big),
                                   r["run_id"])),
-        "status": order(lambda r: ({"error": 0}.get(r["status"], 1 if r.get("regression") else
-                                                     2 if r["status"] == "partial" else 3),
+        # the runs that died first, by kind (CUDA, then host), newest first
+        "died": order(lambda r: (0 if r.get("died") else 1, r.get("died_kind") or "",
+                                 -(r["date"].timestamp() if r.get("date") else -big), r["run_id"])),
+        "status": order(lambda r: ({"error": 0}.get(r["status"], 1 if r.get("died") else 2 if r.get("regression")
+                                                     else 3 if r["status"] == "partial" else 4),
                                    -(r["date"].timestamp() if r.get("date") else -big), r["run_id"])),
     }
 
@@ -103,6 +107,7 @@ def _row_view(r: dict) -> dict:
         "step_us": r.get("step_time_unprofiled_us") or r.get("step_time_us"),
         "step_profiled": not r.get("step_time_unprofiled_us"),
         "step_source": r.get("step_time_unprofiled_source"),
+        "died": r.get("died"), "died_kind": r.get("died_kind"),
         "mfu_pct": r.get("mfu_pct"), "cause": r.get("top_cause"), "kind": r.get("top_kind"),
         "severity": r.get("top_severity"), "impact": r.get("top_impact_pct"), "title": r.get("top_title"),
         "report": r.get("report_html"), "regression": bool(r.get("regression")),
@@ -119,7 +124,7 @@ def _group_views(rows: list[dict]) -> list[dict]:
     for r in rows:
         g = groups.setdefault(r.get("group_key") or "?", {"key": r.get("group_key") or "?", "runs": [], "points": []})
         g["runs"].append(r)
-        if r["status"] != "error" and r.get("step_time_us") and r.get("date"):
+        if r["status"] != "error" and r.get("step_time_us") and r.get("date") and not r.get("died"):
             g["points"].append(r)
     out = []
     for g in groups.values():
