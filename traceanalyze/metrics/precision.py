@@ -267,6 +267,8 @@ def _gpu_mix(con: duckdb.DuckDBPyConnection, run_id: int, capability: tuple[int,
                 tc = False if capability is not None and capability < (8, 0) else None
             from_op += dur
         acc[(dt, tc)] = acc.get((dt, tc), 0.0) + dur
+        key = (matmath.kernel_family(name), dt)
+        fam[key] = fam.get(key, 0.0) + dur
     res.source = "kernel names" + (", launching op Input type" if from_op else "")
     _set_layout(res, conv, sum(acc.values()), layout)
     return con.execute(f"""

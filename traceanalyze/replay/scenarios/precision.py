@@ -46,7 +46,7 @@ def from_baseline(ctx: dict, fix: model.Fix) -> tuple[dict[str, float], list[str
     """(measured speed-up by kernel family within the bound, why each other family is left to the model, the
     baseline's figures or None) of the baseline the run is compared with (module docstring)."""
     fig = (ctx.get("baseline") or {}).get("matmath")
-    if not fig or fig["mode"] != fix.mode:
+    if not fig or fig["mode"] != fix.mode or fig.get("channels_last", False) != fix.channels_last:
         return {}, [], None
     hi = model_ratio(ctx, fix) * MEASURED_OVER_MODEL_MAX
     ok, out = {}, []
