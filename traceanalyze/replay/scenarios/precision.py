@@ -152,9 +152,12 @@ def _bf16_left_out(g: gr.Graph, ctx: dict) -> str | None:
         return None
     if host_proven(ctx):  # the baseline measured bf16 faster on this CPU model: the measurement wins
         return None
-    _, _, fig = from_baseline(ctx, BF16_FIX)
+    ok, _, fig = from_baseline(ctx, BF16_FIX)
+    base_cpu = ctx["baseline"].get("cpu_model") if fig else None
     said = (f"; the baseline ({ctx['baseline']['name']}) measured bf16 speed-ups of " + ", ".join(
-        f"{f} {v['factor']:.2f}×" for f, v in fig["families"].items()) + " (under 1: slower)") if fig else ""
+        f"{f} {v['factor']:.2f}×" for f, v in fig["families"].items())
+        + (f" on another CPU ({base_cpu or 'model unknown'}), which does not speak for this host" if ok
+           else " (under 1: slower, as this host's CPU predicts)")) if fig else ""
     return (f"the host CPU ({ctx.get('cpu_model') or 'model unknown'}) has neither AMX nor AVX512-BF16: bf16 "
             "matmuls would be emulated, slower than fp32, so bf16 autocast is no fix on this host" + said)
 
