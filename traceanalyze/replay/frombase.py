@@ -12,7 +12,7 @@ priced with what the baseline measured instead of the model's constant. The link
   the precision scenarios (:mod:`traceanalyze.replay.scenarios.precision`) bound the factor and fall back to the
   model outside the bound.
 - **data-loader wait** (:func:`loader_figures`): the baseline's loader µs per rank and counted step
-  (:meth:`traceanalyze.metrics.host.LoaderStats.wait_us_per_step`) when smaller than the subject's:
+  (:meth:`traceanalyze.metrics.host.LoaderStats.wait_us_per_step`) when under half the subject's:
   ``no_dataloader_wait`` keeps that wait instead of none.
 """
 
@@ -21,6 +21,10 @@ from __future__ import annotations
 from traceanalyze.replay.precision import MODE_DTYPES
 
 MAIN_SHARE_MIN = 0.5  # a family counts when this share of its time is fp32 here and in the switch's dtypes there
+# the baseline fixes the loader wait when it waits less than this share of the subject's: the share at which the
+# comparison calls a finding's cost changed (traceanalyze.diagnose.compare.CHANGED_COST_SHARE); above it the two
+# waits differ by run-to-run noise, not by a fix (0.37 against 0.44 ms a step on the interconnect sample pair)
+LOADER_FIXED_SHARE = 0.5
 
 
 def _family_share(fam: dict[str, float], dtypes: tuple[str, ...]) -> tuple[float, float]:
@@ -60,12 +64,13 @@ def matmath_figures(subject_prec, baseline_prec) -> dict | None:
 
 def loader_figures(subject_loader, baseline_loader) -> dict | None:
     """``{"subject_us", "baseline_us"}`` (data-loader µs per rank and counted step) when the baseline waits less
-    than the subject, else None (either unmeasured, or the baseline waits as long). ``*_loader``:
+    than :data:`LOADER_FIXED_SHARE` of the subject's wait, else None (either unmeasured, or the baseline does not
+    fix the wait). ``*_loader``:
     :class:`traceanalyze.metrics.host.LoaderStats`; a baseline with no loader range in its steps is not read as
     a zero wait (the ranges may be unrecorded)."""
     s = subject_loader.wait_us_per_step() if subject_loader is not None else None
     b = baseline_loader.wait_us_per_step() if baseline_loader is not None else None
-    if not s or b is None or b >= s:
+    if not s or b is None or b >= LOADER_FIXED_SHARE * s:
         return None
     return {"subject_us": s, "baseline_us": b}
 
