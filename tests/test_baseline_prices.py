@@ -122,3 +122,17 @@ def test_a_baseline_on_the_same_cpu_lifts_the_no_amx_left_out() -> None:
     slower = _ctx(0.4, native=False)
     assert not host_proven(slower) and BF16.left_out(g, slower).endswith("gemm 0.40× (under 1: slower, as this "
                                                                          "host's CPU predicts)")
+
+
+def test_a_noise_sized_loader_difference_is_no_fix() -> None:
+    """The baseline fixes the wait only under half the subject's (the check's changed-cost share): 0.37 against
+    0.44 ms a step (the interconnect sample pair) is left to the model; 0.2 against 2 ms keeps 0.2 ms."""
+    from traceanalyze.metrics.host import LoaderStats
+    from traceanalyze.replay.frombase import loader_figures
+
+    def stats(us: float) -> LoaderStats:
+        return LoaderStats(loader_us={0: 4 * us}, n_steps={0: 4})
+
+    assert loader_figures(stats(440.0), stats(370.0)) is None
+    assert loader_figures(stats(2000.0), stats(200.0)) == {"subject_us": 2000.0, "baseline_us": 200.0}
+    assert loader_figures(stats(2000.0), LoaderStats()) is None  # no loader range there: not a zero wait
