@@ -42,6 +42,7 @@ DEFERRED_IMPORTS: dict[tuple[str, str], str] = {
     ("traceanalyze.stages", "traceanalyze.metrics.host"): _NUMPY,
     ("traceanalyze.stages", "traceanalyze.metrics.precision"): _NUMPY,
     ("traceanalyze.stages", "traceanalyze.replay.whatif"): _NUMPY,
+    ("traceanalyze.stages", "traceanalyze.replay.frombase"): _NUMPY + " (a --baseline's figures)",
     ("traceanalyze.logs.sidecars", "traceanalyze.logs.configs"): _PARSERS,
     ("traceanalyze.logs.sidecars", "traceanalyze.logs.text"): _PARSERS,
     ("traceanalyze.logs.sidecars", "traceanalyze.logs.topology"): _PARSERS,

@@ -230,7 +230,7 @@ def analyses(con: duckdb.DuckDBPyConnection, run_id: int, run: Run, mode: str, f
     rp, matched = None, None
     beside = n_rows <= OVERLAP_MAX_ROWS  # the what-if replay (NumPy and DuckDB, mostly without the GIL) overlaps
     from_base = baseline is not None and baseline.coll is not None and not options.link_bw_gbps
-    if good and beside and n_rows >= EARLY_REPLAY_MIN_ROWS and not from_base:
+    if good and beside and n_rows >= EARLY_REPLAY_MIN_ROWS and baseline is None:
         # ... with every analysis below: it needs the clock offsets, the expected link and the host CPU, not the
         # step metrics (its result is kept only if the run has steps, as before)
         side, link = read_logs(con, run_id, run, facts, options, side_warnings)
@@ -258,14 +258,16 @@ def analyses(con: duckdb.DuckDBPyConnection, run_id: int, run: Run, mode: str, f
         from traceanalyze.replay.scenarios.ranks import link_from_baseline
 
         link = link_from_baseline(link, coll.summaries, baseline.name, baseline.coll.summaries)
+    # with a baseline: the precision and loader figures first, for the what-ifs the baseline prices
+    prec, loader, figures = before_replay(con, run_id, mode, facts, options, gpu, baseline) if good else (None,) * 3
     if rp is None and good and step_rows:  # ... with the analyses below, or in turn for a big run
         rp = ReplayRun(con, run_id, mode, facts["world_size"], coll.clock_offsets_us if coll else None, link, side,
-                       beside=beside, gpu=gpu)
+                       beside=beside, gpu=gpu, baseline=figures)
     replay, written = rp.finish(bool(step_rows), warnings) if rp is not None else (lambda: ({}, [], {}), lambda: None)
-    prec = (analyze_precision(con, run_id, mode, facts["gpu_model"], options.peak_tflops,
-                              gpu.capability if gpu else None) if good else None)
+    prec = prec or (analyze_precision(con, run_id, mode, facts["gpu_model"], options.peak_tflops,
+                                      gpu.capability if gpu else None) if good else None)
     comp = compile_stats(con, run_id) if good else None
-    loader = loader_stats(con, run_id) if good else None
+    loader = loader_stats(con, run_id) if good and loader is None else loader
     launch = launch_stats(con, run_id) if good and mode == "gpu" else None
     idle_rows = idle_result() if idle_result else []
     top = top_result() if top_result else []
@@ -279,15 +281,34 @@ def analyses(con: duckdb.DuckDBPyConnection, run_id: int, run: Run, mode: str, f
                        replay, written, n_rows, rp.pricer if rp is not None else [], memory_rows)
 
 
+def before_replay(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, facts: dict, options: Options,
+                  gpu: hardware.GpuInfo | None, baseline: diagnose.RunEvidence | None) -> tuple:
+    """(precision mix, loader stats, the baseline's figures) of a run compared with ``baseline`` (``--baseline``),
+    before its replay: the baseline's measured matrix-math speed-up and loader wait price its what-ifs
+    (:func:`traceanalyze.replay.frombase.baseline_figures`); (None, None, None) without a baseline."""
+    if baseline is None:
+        return None, None, None
+    from traceanalyze.metrics.host import loader_stats
+    from traceanalyze.metrics.precision import analyze_precision
+    from traceanalyze.replay.frombase import baseline_figures
+
+    prec = analyze_precision(con, run_id, mode, facts["gpu_model"], options.peak_tflops,
+                             gpu.capability if gpu else None)
+    loader = loader_stats(con, run_id)
+    cpu = next((f.value for f in (baseline.facts or {}).get("cpu_model") or []), None)
+    return prec, loader, baseline_figures(baseline.name, prec, loader, baseline.prec, baseline.loader, cpu)
+
+
 class ReplayRun:
     """One run's what-if replay (:func:`replay`) on a cursor of its own: ``beside`` the analyses, on a thread
     started now (its graph built on one thread: the analyses use the other CPU), else in turn, when
     :meth:`finish` is called (its graph built on every CPU). ``side``: the run's sidecars (the host CPU and the
-    step without the profiler they state)."""
+    step without the profiler they state); ``baseline``: the compared baseline's measured figures
+    (:func:`before_replay`)."""
 
     def __init__(self, con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world: int | None,
                  offsets: dict | None, link: dict, side: dict, beside: bool,
-                 gpu: hardware.GpuInfo | None = None) -> None:
+                 gpu: hardware.GpuInfo | None = None, baseline: dict | None = None) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
         from traceanalyze.logs import sidecars
@@ -299,7 +320,7 @@ class ReplayRun:
         self.pricer: list = []  # the replay's pricer of one more what-if (whatif.replay_run), once it is done
         self.pool = ThreadPoolExecutor(max_workers=1) if beside else None
         self.result = deferred(self.pool, replay, self.cur, run_id, mode, world, offsets, link, cpu, self.warnings,
-                               self.writes, 1 if beside else None, gpu, unprofiled, self.pricer)
+                               self.writes, 1 if beside else None, gpu, unprofiled, self.pricer, baseline)
 
     def finish(self, keep: bool, warnings: list[dict]) -> tuple[Callable[[], tuple], Callable[[], None]]:
         """(wait for the replay's models, wait for its tables): with ``keep`` False (a run without steps: no
@@ -446,9 +467,11 @@ def run_model(run_id: int, run: Run, role: str, a: RunAnalyses, ev: diagnose.Run
         "idle_breakdown": [r.model() for r in idle_rows],
         "collective_wait_us": coll.wait_us if coll else {},
         "dtype_mix": prec.mix if prec else [],
-        "precision": ({k: v for k, v in asdict(prec).items() if k != "mix"} if prec else None),
+        "precision": ({k: v for k, v in asdict(prec).items() if k not in ("mix", "family_us_per_step")}
+                      if prec else None),
         "compile": asdict(comp) if comp and (comp.compile_us or comp.compiled_regions) else None,
-        "dataloader": asdict(loader) if loader and loader.loader_us else None,
+        "dataloader": ({k: v for k, v in asdict(loader).items() if k != "n_steps"}
+                       if loader and loader.loader_us else None),
         "host": ev.host.model() if ev.host is not None else None,
         "log_facts": {k: [f.value for f in v] for k, v in side["facts"].items()},
         "log_steps": len(side["log_steps"]),
@@ -497,20 +520,22 @@ def timeline(con: duckdb.DuckDBPyConnection, run_id: int, run_model: dict, ev: d
 
 def replay(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world: int | None, offsets: dict | None,
            link: dict, cpu: tuple, warnings: list[dict], writes: list, build_threads: int | None = None,
-           gpu: hardware.GpuInfo | None = None, unprofiled: dict | None = None, pricer: list | None = None) -> tuple:
+           gpu: hardware.GpuInfo | None = None, unprofiled: dict | None = None, pricer: list | None = None,
+           baseline: dict | None = None) -> tuple:
     """The what-if replay of one run (traceanalyze.replay); a failure costs a warning, not the report. ``offsets``:
     rank -> clock offset (µs, :func:`.metrics.collectives.match_collectives`); ``cpu``:
     :func:`traceanalyze.logs.sidecars.cpu_host`; ``writes`` receives the writing of its tables
     (:func:`write_replay`); ``build_threads``: threads building its graph (:func:`traceanalyze.replay.graph.build`);
     ``pricer`` receives the pricer of one more what-if for a
-    finding (:func:`traceanalyze.diagnose.price_missing_whatifs`), one that says why on a failure."""
+    finding (:func:`traceanalyze.diagnose.price_missing_whatifs`), one that says why on a failure; ``baseline``:
+    the compared baseline's measured figures (:func:`traceanalyze.replay.frombase.baseline_figures`)."""
     from traceanalyze.replay.whatif import replay_run
 
     try:
         return replay_run(con, run_id, mode, world, offsets, link.get("expected_gbps"), link.get("source", ""),
                           cpu_native_bf16=cpu[0], cpu_model=cpu[1], defer=writes, build_threads=build_threads,
                           gpu=gpu, unprofiled_measured=unprofiled, core_sharing=cpu[2],
-                          pricer=pricer)
+                          pricer=pricer, baseline=baseline)
     except (ValueError, IndexError, KeyError, duckdb.Error) as exc:  # a graph the replay cannot handle
         warnings.append({"file": None, "level": "warning", "message": f"what-if replay skipped: {exc}"})
         if pricer is not None:

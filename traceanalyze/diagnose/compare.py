@@ -386,7 +386,9 @@ def whatif_check(subject_run: dict, baseline_run: dict, subject: RunEvidence, ba
 
     ``predicted_step_us`` is the subject's step the what-if predicts, to set beside ``baseline_step_us`` (the
     baseline's measured one); ``priced_from`` says what priced it: the baseline's measured busbw where the subject's
-    link came from the baseline (``runs[i].link.from_baseline``, the what-if's assumptions state it), else the model.
+    link came from the baseline (``runs[i].link.from_baseline``, the what-if's assumptions state it), the
+    baseline's measured matrix-math speed-up or loader wait where the what-if row says so (its ``priced_from``:
+    :mod:`traceanalyze.replay.frombase`), else the model.
 
     Returns ``[{scenario, cause, predicted_saving_pct, predicted_range_pct, measured_saving_pct, error_pp, basis,
     basis_source, subject_step_us, baseline_step_us, reliable, why, predicted_step_us, priced_from}]``, ``[]`` when
@@ -415,7 +417,8 @@ def whatif_check(subject_run: dict, baseline_run: dict, subject: RunEvidence, ba
                     "baseline_step_us": round(b_us, 3), "reliable": bool(w.get("reliable", False)), "why": why,
                     "predicted_step_us": (round(float(w["predicted_step_time_us"]), 3)
                                           if _positive(w.get("predicted_step_time_us")) else None),
-                    "priced_from": (f"the baseline's busbw ({link.get('expected_gbps'):g} GB/s)" if from_base
+                    "priced_from": (w.get("priced_from") if isinstance(w.get("priced_from"), str) else
+                                    f"the baseline's busbw ({link.get('expected_gbps'):g} GB/s)" if from_base
                                     else "the model")})
     return _drop_parts(out, subject_run)
 

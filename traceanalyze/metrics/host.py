@@ -55,6 +55,13 @@ class LoaderStats:
 
     loader_us: dict[int, float] = field(default_factory=dict)
     share_pct: dict[int, float] = field(default_factory=dict)
+    n_steps: dict[int, int] = field(default_factory=dict)  # counted steps the rank's loader time is over (not in JSON)
+
+    def wait_us_per_step(self) -> float | None:
+        """Data-loader µs per rank and counted step: the mean over the counted (rank, step) pairs of the ranks with
+        loader time; None without one."""
+        n = sum(self.n_steps.get(r, 0) for r in self.loader_us)
+        return sum(self.loader_us.values()) / n if n else None
 
 
 @dataclass
@@ -123,14 +130,16 @@ def loader_stats(con: duckdb.DuckDBPyConnection, run_id: int) -> LoaderStats:
     res = LoaderStats()
     rows = con.execute("""
         WITH st AS (SELECT file_id, tid, start_ns AS s, end_ns AS e FROM profiler_steps(?) WHERE counted)
-        SELECT f.rank, sum(c.dur_ns) / 1e3, (SELECT sum(e - s) FROM st WHERE st.file_id = c.file_id) / 1e3
+        SELECT f.rank, sum(c.dur_ns) / 1e3, (SELECT sum(e - s) FROM st WHERE st.file_id = c.file_id) / 1e3,
+               (SELECT count(*) FROM st WHERE st.file_id = c.file_id)
         FROM cpu_ops c JOIN files f USING (file_id)
         JOIN st ON st.file_id = c.file_id AND st.tid = c.tid AND c.ts_ns >= st.s AND c.ts_ns < st.e
         WHERE f.run_id = ? AND is_dataloader_op(c.name)
         GROUP BY f.rank, c.file_id""", [run_id, run_id]).fetchall()
     step_us: dict[int, float] = {}
-    for r, us, file_step_us in rows:  # one row per window: a rank's windows add up
+    for r, us, file_step_us, n in rows:  # one row per window: a rank's windows add up
         res.loader_us[r] = res.loader_us.get(r, 0.0) + float(us)
+        res.n_steps[r] = res.n_steps.get(r, 0) + int(n or 0)
         step_us[r] = step_us.get(r, 0.0) + float(file_step_us or 0.0)
         if step_us[r]:
             res.share_pct[r] = round(100.0 * res.loader_us[r] / step_us[r], 2)

@@ -157,6 +157,9 @@ class PrecisionMix:
     conv_share_pct: float = 0.0  # GPU: % of matrix-math time in convolution kernels
     layout: str | None = None  # GPU: the activations' layout the kernel names say: "NCHW", "channels_last" or None
     layout_us: dict = field(default_factory=dict)  # GPU: µs of counted kernels by the layout their names say
+    # matrix-math µs per rank and counted step by kernel family (gemm, conv, attention) and dtype: the time a
+    # baseline's measured speed-up is read from (traceanalyze.replay.frombase); not in the JSON
+    family_us_per_step: dict = field(default_factory=dict)
 
 
 def analyze_precision(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, gpu_model: str | None = None,
@@ -168,8 +171,9 @@ def analyze_precision(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, gp
     acc: dict[tuple[str, bool | None], float] = {}
     flops = 0.0
     flop_time_ns = 0.0
+    fam: dict[tuple[str, str], float] = {}  # (family, dtype) -> ns
     if mode == "gpu":
-        fr = _gpu_mix(con, run_id, capability, res, acc)
+        fr = _gpu_mix(con, run_id, capability, res, acc, fam)
     else:
         rows = con.execute(f"""
             SELECT c.name, c.input_types, c.input_dims, c.dur_ns
@@ -177,9 +181,11 @@ def analyze_precision(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, gp
             WHERE f.run_id = $1 AND c.cat = 'cpu_op'
               AND (c.name IN {CPU_GEMM_OPS!r} OR (c.name LIKE 'aten::_scaled_dot_product%attention%'))
               AND {counted_op_sql("c", "$1")}""", [run_id]).fetchall()
-        for _name, types, _dims, dur in rows:
+        for name, types, _dims, dur in rows:
             dt = _op_dtype(types) or "unknown"
             acc[(dt, False)] = acc.get((dt, False), 0.0) + dur
+            key = (cpu_op_family(name), dt)
+            fam[key] = fam.get(key, 0.0) + dur
         res.source = "Input type of aten matrix ops on the training thread"
         fr = [(n, d, t, dur) for n, t, d, dur in rows]
     for op, dims, _types, dur in fr:
@@ -206,11 +212,31 @@ def analyze_precision(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, gp
             res.peak_source = "--peak-tflops" if peak_override else f"{gpu_model} datasheet ({res.main_dtype})"
             res.matmul_efficiency_pct = round(100 * res.achieved_tflops / peak, 2)
     res.model_flops_per_step, res.model_flops_ops = model_flops(con, run_id)
+    res.family_us_per_step = per_rank_step(con, run_id, fam)
     return res
 
 
+def cpu_op_family(name: str) -> str:
+    """The kernel family (:func:`traceanalyze.matmath.kernel_family`'s words) of a CPU matrix op of
+    :data:`CPU_GEMM_OPS` or SDPA: ``conv``, ``attention`` or ``gemm``."""
+    return "conv" if "convolution" in name else "attention" if "scaled_dot_product" in name else "gemm"
+
+
+def per_rank_step(con: duckdb.DuckDBPyConnection, run_id: int, fam: dict[tuple[str, str], float]) -> dict:
+    """``{family: {dtype: µs}}``: the ns of ``fam`` (summed over the counted steps of every rank) per rank and
+    counted step (the mean over the counted (rank, step) pairs of :func:`profiler_steps`); {} without one."""
+    if not fam:
+        return {}
+    n = con.execute("SELECT count(*) FROM profiler_steps(?) WHERE counted", [run_id]).fetchone()[0]
+    out: dict[str, dict[str, float]] = {}
+    for (f, dt), ns in sorted(fam.items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
+        if n and f:
+            out.setdefault(f, {})[dt] = round(ns / 1e3 / n, 3)
+    return out
+
+
 def _gpu_mix(con: duckdb.DuckDBPyConnection, run_id: int, capability: tuple[int, int] | None, res: PrecisionMix,
-             acc: dict[tuple[str, bool | None], float]) -> list:
+             acc: dict[tuple[str, bool | None], float], fam: dict[tuple[str, str], float]) -> list:
     """GPU mode of :func:`analyze_precision`: each counted matrix-math kernel's time (ns) added to ``acc`` by (dtype,
     tensor cores), ``res.source``, the convolutions' share and the activations' layout set
     (:func:`_set_layout`); returns the (op, Input Dims, Input type, ns) rows of the GEMM ops that give FLOPs."""
@@ -241,6 +267,8 @@ def _gpu_mix(con: duckdb.DuckDBPyConnection, run_id: int, capability: tuple[int,
                 tc = False if capability is not None and capability < (8, 0) else None
             from_op += dur
         acc[(dt, tc)] = acc.get((dt, tc), 0.0) + dur
+        key = (matmath.kernel_family(name), dt)
+        fam[key] = fam.get(key, 0.0) + dur
     res.source = "kernel names" + (", launching op Input type" if from_op else "")
     _set_layout(res, conv, sum(acc.values()), layout)
     return con.execute(f"""

@@ -172,20 +172,41 @@ def layout(g: gr.Graph, mm: np.ndarray) -> dict:
             "nchw_conv_net": share >= CONV_SHARE_MIN and us["nchw"] + us["transpose"] > us["channels_last"]}
 
 
-def _retime(d: np.ndarray, sel: np.ndarray, ratio: float | None, bound: str) -> None:
-    """``d[sel]`` divided by the peak ratio at ``bound`` (module docstring), in place, never below
-    :data:`MIN_KERNEL_US` (or the kernel's own time when shorter)."""
-    if ratio is None or ratio <= 1.0 or not sel.any():
+def _eff(ratio: float | None, bound: str, measured: float | None = None) -> float | None:
+    """The speed-up a kernel is re-timed by at ``bound``: the peak ratio's (module docstring), or with a
+    ``measured`` speed-up (a baseline's, :mod:`traceanalyze.replay.frombase`) that figure as the point estimate and
+    the range from it to the model's point estimate (ratio/√2)."""
+    model = None if ratio is None else {"low": ratio / 2.0, "mid": ratio / math.sqrt(2.0), "high": ratio}[bound]
+    if measured is None:
+        return model if ratio is not None and ratio > 1.0 else None
+    mid = ratio / math.sqrt(2.0) if ratio else measured
+    return {"low": min(measured, mid), "mid": measured, "high": max(measured, mid)}[bound]
+
+
+def _retime(d: np.ndarray, sel: np.ndarray, eff: float | None) -> None:
+    """``d[sel]`` divided by ``eff`` (:func:`_eff`), in place, never below :data:`MIN_KERNEL_US` (or the kernel's
+    own time when shorter)."""
+    if eff is None or not sel.any():
         return
-    eff = {"low": ratio / 2.0, "mid": ratio / math.sqrt(2.0), "high": ratio}[bound]
     eff = max(eff, 1.0)
     old = d[sel]
     d[sel] = np.maximum(old / eff, np.minimum(old, MIN_KERNEL_US))
 
 
-def rewrite(g: gr.Graph, d: np.ndarray, pc: dict, fix: Fix, bound: str = "mid") -> np.ndarray:
+def task_families(g: gr.Graph) -> np.ndarray:
+    """Per task: the kernel family of its name (:func:`traceanalyze.matmath.kernel_family`: ``gemm``, ``conv``,
+    ``attention``), ``""`` for any other task."""
+    names = g.name.to_pylist() if hasattr(g.name, "to_pylist") else list(g.name)
+    fam = np.array([matmath.kernel_family(n or "") or "" for n in names] + [""], object)
+    return fam[np.clip(g.name_code, 0, len(names))]
+
+
+def rewrite(g: gr.Graph, d: np.ndarray, pc: dict, fix: Fix, bound: str = "mid",
+            speedup: dict[str, float] | None = None) -> np.ndarray:
     """Task durations after the switch ``fix`` at ``bound`` (``low``/``mid``/``high`` saving): a copy of ``d`` with
-    the precision classes re-timed (module docstring). ``pc``: :func:`context`."""
+    the precision classes re-timed (module docstring). ``pc``: :func:`context`. ``speedup``: {kernel family:
+    measured speed-up} (a baseline's, bounded by :mod:`traceanalyze.replay.scenarios.precision`): the fp32
+    matrix-math kernels of those families re-timed by it instead of the peak ratio (:func:`_eff`)."""
     d = d.copy()
     cls = g.prec_class
     if cls is None:
@@ -197,10 +218,18 @@ def rewrite(g: gr.Graph, d: np.ndarray, pc: dict, fix: Fix, bound: str = "mid") 
     mm, attn, tf = cls == gr.P_MM_FP32, cls == gr.P_ATTN_FP32, cls == gr.P_MM_TF32
     autocast = fix.mode == "bf16"
     before = d.copy() if autocast else None
-    _retime(d, mm, peaks.ratio("fp32", new), bound)
+    ratio = peaks.ratio("fp32", new)
+    done = np.zeros(d.size, bool)
+    if speedup:
+        fam, fp32 = task_families(g), (mm | attn) if autocast else mm
+        for f, x in speedup.items():
+            sel = fp32 & (fam == f)
+            _retime(d, sel, _eff(ratio, bound, x))
+            done |= sel
+    _retime(d, mm & ~done, _eff(ratio, bound))
     if autocast:
-        _retime(d, attn, peaks.ratio("fp32", new), bound)
-        _retime(d, tf, peaks.ratio("tf32", new), bound)
+        _retime(d, attn & ~done, _eff(ratio, bound))
+        _retime(d, tf, _eff(peaks.ratio("tf32", new), bound))
         mem = cls == gr.P_MEM
         if fix.channels_last:
             mem |= activation_in_place(g)

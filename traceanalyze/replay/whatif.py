@@ -111,7 +111,7 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_siz
                gpu_sm: str | None = None, cpu_native_bf16: bool | None = None, cpu_model: str | None = None,
                defer: list | None = None, build_threads: int | None = None, gpu: GpuInfo | None = None,
                unprofiled_measured: dict | None = None, core_sharing: dict | None = None,
-               pricer: list | None = None) -> tuple[dict, list[dict], dict]:
+               pricer: list | None = None, baseline: dict | None = None) -> tuple[dict, list[dict], dict]:
     """Build, store and replay the run's graph, then every what-if that applies.
 
     ``defer``: when a list, the writes (the graph's ``sim_*`` tables, ``collective_skew``, ``sim_result``) are
@@ -123,6 +123,8 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_siz
     whose ranks share cores, the what-ifs that change how many ranks compute at once (``changes_concurrency``) are
     ``reliable: false`` with an ``unreliable_reason``.
     ``pricer``: when a list, receives :func:`_late_pricer`'s pricer of one more scenario (it holds the graph).
+    ``baseline``: the compared baseline's measured figures (:func:`traceanalyze.replay.frombase.baseline_figures`):
+    the what-ifs of the causes it fixes are priced from them (their rows' ``priced_from`` says so).
 
     On GPU runs every what-if is priced on the step without the profiler: its rewrite applies to the graph with the
     profiler's host cost taken out, its predicted step time and saving are for the unprofiled job, and no
@@ -158,7 +160,7 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_siz
     ctx = {"link_gbps": link_gbps, "link_source": link_source or "expected link",
            "bf16": BF16_SPEEDUP_GPU if mode == "gpu" else BF16_SPEEDUP_CPU,
            "native_bf16": cpu_native_bf16 if mode == "cpu" else None, "cpu_model": cpu_model,
-           "core_sharing": core_sharing if mode == "cpu" else None}
+           "core_sharing": core_sharing if mode == "cpu" else None, "baseline": baseline}
     if ctx["core_sharing"]:
         replay_model["core_sharing"] = core_sharing
     if mode == "gpu":
@@ -550,6 +552,9 @@ def _whatif_row(g: gr.Graph, sc: str, ctx: dict, pred: float, m_run: float, err:
            "confidence": {"replay_fidelity_pct": round(err, 2), "replay_error_pct": round(err, 2),
                           "collective_instances": g.n_instances},
            "reliable": reliable}
+    rec = by_name(sc)
+    if rec is not None and rec.priced_from is not None and (src := rec.priced_from(ctx, g)):
+        row["priced_from"] = src  # a baseline's measured figure priced it (only with --baseline)
     why = []
     if not reliable:
         why.append(f"the replay misses the measured step time by {err:.1f} % (over {UNRELIABLE_ERROR_PCT:g} %)"

@@ -28,7 +28,9 @@ class Scenario:
     arithmetic on what the run's logs and configs state: a fix that changes what is trained, not the graph).
 
     ``ctx`` is the run's what-if context (:func:`traceanalyze.replay.whatif.replay_run`): ``link_gbps``,
-    ``link_source``, ``bf16`` (speed-ups), ``native_bf16``, ``cpu_model``, ``core_sharing``, on GPU runs ``prec``
+    ``link_source``, ``bf16`` (speed-ups), ``native_bf16``, ``cpu_model``, ``core_sharing``, ``baseline`` (the
+    measured figures of the baseline the run is compared with, :func:`traceanalyze.replay.frombase.baseline_figures`,
+    or None), on GPU runs ``prec``
     (:func:`traceanalyze.replay.precision.context`) and ``opt`` (:func:`traceanalyze.replay.optimizer.context`),
     then ``applicable`` (the scenarios that apply), ``d0`` (the durations the rewrites start from), and the ranks a
     finding names under :attr:`ranks_ctx`.
@@ -62,6 +64,8 @@ class Scenario:
     starts: Callable[[gr.Graph, dict], np.ndarray | None] | None = None  # the pinned tasks' starts it moves (the
     # gaps it cuts then leave the edges into their tasks too)
     skip_off_path: bool = True  # not replayed when it changes nothing on the base replay's critical paths
+    # (ctx, g) -> what priced the row when a baseline's measured figure did (the row's ``priced_from``), else None
+    priced_from: Callable[[dict, gr.Graph], str | None] | None = None
     price: Callable[[dict], dict | None] | None = None  # an arithmetic what-if, not replayed (it is in ARITHMETIC,
     # not REGISTRY): (the run's stated facts and measured step, :mod:`.batch`) -> what the fix changes, or None
     # when the facts do not say; its rule calls it, and ``rewrite``/``applies`` then only say it is not replayed
