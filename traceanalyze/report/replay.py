@@ -15,7 +15,8 @@ def replay_view(run: dict) -> dict:
     rp = run.get("replay") if isinstance(run.get("replay"), dict) else None
     if rp is not None:
         rp = dict(rp, left_out=_left_out(rp))
-    wi = [dict(w, conf=_conf(w.get("confidence"))) for w in run.get("whatif") or [] if isinstance(w, dict)]
+    wi = [dict(w, conf=_conf(w.get("confidence")), step_range=step_range(w)) for w in run.get("whatif") or []
+          if isinstance(w, dict)]
     pic = run.get("replay_picture") if isinstance(run.get("replay_picture"), dict) else None
     if pic and finite(pic.get("span_us")):
         lanes = []
@@ -74,6 +75,20 @@ def confidence_view(c) -> dict | None:
             "text": c["level"] + (": " + "; ".join(why) if why else "")}
 
 
+def step_range(w: dict) -> list[float] | None:
+    """A what-if's predicted step range (µs) for display: the step before the fix less the ends of its saving's
+    90 % range (``confidence.range_pct``, docs/confidence.md), so the step and the saving show one range; the
+    precision model's own bounds (``range_us``) where no such range was stated; None when neither is."""
+    c = w.get("confidence") if isinstance(w.get("confidence"), dict) else {}
+    rng, pred, saving = c.get("range_pct"), finite(w.get("predicted_step_time_us")), finite(w.get("saving_us"))
+    if (isinstance(rng, list) and len(rng) == 2 and all(finite(x) is not None for x in rng) and pred is not None
+            and saving is not None):
+        before = pred + saving
+        return [before * (1 - rng[1] / 100), before * (1 - rng[0] / 100)]
+    r = w.get("range_us")
+    return r if isinstance(r, list) and len(r) == 2 and all(finite(x) is not None for x in r) else None
+
+
 def _conf(c) -> dict:
     """A what-if's ``confidence`` for display: :func:`confidence_view`'s ``level`` (None when invalid) and ``why``,
     with the replay's ``replay_error_pct`` and ``collective_instances`` (finite numbers or None)."""
@@ -116,8 +131,8 @@ def replay_markdown(run: dict) -> list[str]:
                 "|---|---|--:|--:|--:|---|"]
         for w in rows:
             c = _conf(w.get("confidence"))
-            rng = w.get("range_us")
-            extra = f" ({_f(rng[0])}–{_f(rng[1])})" if isinstance(rng, list) and len(rng) == 2 else ""
+            rng = step_range(w)
+            extra = f" ({_f(rng[0])}–{_f(rng[1])})" if rng else ""
             out.append(f"| {_t(w.get('cause'))} | {_t(w.get('scenario'))} | "
                        f"{_f(w.get('predicted_step_time_us'))}{extra} | {_f(w.get('saving_us'))} | "
                        f"{_f(w.get('saving_pct'), 1)} | {_t(c['level'] or '—')}"
