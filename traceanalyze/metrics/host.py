@@ -263,9 +263,8 @@ inside AS (
          AND c.ts_ns >= top.s AND c.ts_ns < top.e),
 k AS (
     SELECT i.rank, count(k.correlation) AS n,
-           count(*) FILTER (WHERE k.multi)
-           + count(*) FILTER (WHERE i.cat = 'cpu_op' AND ({" OR ".join(f"i.name LIKE '{p}%'" for p in MULTI_TENSOR_OPS)}))
-           AS multi
+           count(*) FILTER (WHERE k.multi) + count(*) FILTER (
+               WHERE i.cat = 'cpu_op' AND ({" OR ".join(f"i.name LIKE '{p}%'" for p in MULTI_TENSOR_OPS)})) AS multi
     FROM inside i LEFT JOIN (
         SELECT file_id, correlation, {" OR ".join(f"name LIKE '%{p}%'" for p in MULTI_TENSOR_KERNELS)} AS multi
         FROM kernels WHERE cat = 'kernel') k

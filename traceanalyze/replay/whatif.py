@@ -20,7 +20,7 @@ import duckdb
 import numpy as np
 
 from traceanalyze import store
-from traceanalyze.executors import on_own_cursor, release_free_memory
+from traceanalyze.executors import drop_cached_blocks, on_own_cursor, release_free_memory
 from traceanalyze.hardware import GpuInfo
 from traceanalyze.metrics.steps import longest_per_step, median
 from traceanalyze.metrics.where import MAX_TIMELINE_LANES, lanes_to_show
@@ -201,6 +201,7 @@ class _Writes:
     def _save(self, con: duckdb.DuckDBPyConnection) -> None:
         gr.save(con, self.g)
         skew.save(con, self.run_id, self.sk)
+        drop_cached_blocks(con)  # the reads of the build: not held through the what-ifs' replays (the run's peak)
 
     def start_beside(self) -> None:
         self.beside = on_own_cursor(self.con, self._save, name="traceanalyze-save")
