@@ -141,8 +141,9 @@ def drop_cached_blocks(con: Any) -> bool:
     """Let DuckDB drop the blocks of a database file it keeps cached from earlier reads (its buffer pool keeps
     every block read, up to its memory limit: ~120 MB at 1,024 ranks, held through the replay's peak). Its memory
     limit is lowered for a moment to what it holds besides them plus :data:`CACHE_HEADROOM_BYTES`, which makes it
-    evict them (they are on disk: a later query reads them again), then put back. Nothing is done for an in-memory
-    database (its blocks would go to temporary files). Returns whether the cache was dropped."""
+    evict them (they are on disk: a later query reads them again), then put back (a limit of the caller's own as
+    DuckDB shows it, to 0.1 GiB). Nothing is done for an in-memory database (its blocks would go to temporary
+    files). Returns whether the cache was dropped."""
     import duckdb
 
     on_disk = con.execute("SELECT path IS NOT NULL AND path <> '' FROM duckdb_databases() "

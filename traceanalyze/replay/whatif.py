@@ -138,7 +138,7 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_siz
     release_free_memory()  # the build's temporaries: ~100 MB of fragmented heap at 1,024 ranks
     results: list[list] = []
     sk = skew.collective_skew(con, g)  # who waited for whom: the instances as the graph matched them
-    write = _Writes(con, g, run_id, sk, results)
+    write = _Writes(con, g, run_id, sk, results, drop_cache=build_threads is None)  # one thread: a run in turn
     if defer is not None:  # else written before each return
         defer.append(write)
     base = simulate.replay(g, keep_binding=True)
@@ -194,14 +194,19 @@ class _Writes:
     after the replay); the call then waits for them. :meth:`discard`: the caller keeps no replay of the run."""
 
     def __init__(self, con: duckdb.DuckDBPyConnection, g: gr.Graph, run_id: int, sk: skew.Skew,
-                 results: list[list]) -> None:
+                 results: list[list], drop_cache: bool = False) -> None:
         self.con, self.g, self.run_id, self.sk, self.results = con, g, run_id, sk, results
+        # the graph written, DuckDB's cached reads of the build are dropped, not held through the what-ifs' replays
+        # (the run's peak); only where no other analysis queries meanwhile (a big run, in turn): the drop lowers
+        # DuckDB's memory limit for a moment (executors.drop_cached_blocks)
+        self.drop_cache = drop_cache
         self.beside: Callable[[], None] | None = None  # waits for the graph's tables (raises what they raised)
 
     def _save(self, con: duckdb.DuckDBPyConnection) -> None:
         gr.save(con, self.g)
         skew.save(con, self.run_id, self.sk)
-        drop_cached_blocks(con)  # the reads of the build: not held through the what-ifs' replays (the run's peak)
+        if self.drop_cache:
+            drop_cached_blocks(con)
 
     def start_beside(self) -> None:
         self.beside = on_own_cursor(self.con, self._save, name="traceanalyze-save")
