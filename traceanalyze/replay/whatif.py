@@ -173,6 +173,7 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_siz
     del base
     results += [[run_id, "replay", r, s, measured[(r, s)], base_t[(r, s)]] for r, s in sorted(measured)]
     applicable = ctx["applicable"] = [s.name for s in REGISTRY if s.applies(g, ctx)]
+    write.drop_cache_once_written()  # before the what-ifs' replays: the run's peak
     d0, cg0, tr0 = g.chain_dur, g.chain_gap, g.inst_transfer
     if mode == "gpu":  # the what-ifs are rewrites of the graph without the profiler's host cost
         d0, cg0 = pr.unprofiled(con, run_id, d0, cg0, tr0)
@@ -196,17 +197,26 @@ class _Writes:
     def __init__(self, con: duckdb.DuckDBPyConnection, g: gr.Graph, run_id: int, sk: skew.Skew,
                  results: list[list], drop_cache: bool = False) -> None:
         self.con, self.g, self.run_id, self.sk, self.results = con, g, run_id, sk, results
-        # the graph written, DuckDB's cached reads of the build are dropped, not held through the what-ifs' replays
-        # (the run's peak); only where no other analysis queries meanwhile (a big run, in turn): the drop lowers
-        # DuckDB's memory limit for a moment (executors.drop_cached_blocks)
-        self.drop_cache = drop_cache
+        self.drop_cache = drop_cache  # see drop_cache_once_written
         self.beside: Callable[[], None] | None = None  # waits for the graph's tables (raises what they raised)
 
     def _save(self, con: duckdb.DuckDBPyConnection) -> None:
         gr.save(con, self.g)
         skew.save(con, self.run_id, self.sk)
-        if self.drop_cache:
-            drop_cached_blocks(con)
+
+    def drop_cache_once_written(self) -> None:
+        """With ``drop_cache`` (a run replayed in turn: no other analysis queries meanwhile), the graph's tables
+        started beside are waited for, then DuckDB's cached reads of the build dropped
+        (:func:`~traceanalyze.executors.drop_cached_blocks`: its memory limit lowered for a moment, with no query
+        running), not held through the what-ifs' replays. What the writing raised is raised when called, as
+        before."""
+        if not self.drop_cache or self.beside is None:
+            return
+        try:
+            self.beside()
+        except Exception:  # noqa: BLE001 - raised again by __call__
+            return
+        drop_cached_blocks(self.con)
 
     def start_beside(self) -> None:
         self.beside = on_own_cursor(self.con, self._save, name="traceanalyze-save")
