@@ -343,3 +343,26 @@ def test_large_arrays_freed_after_map_large_blocks_go_back_to_the_system():
                                      check=True).stdout) for m in ("on", "off")}
     assert freed["on"] >= 44  # 16 arrays of 3 MiB
     assert freed["off"] < 8  # glibc's default: holes in the heap, still counted
+
+
+def test_drop_cached_blocks_lets_duckdb_evict_its_reads_and_puts_the_limit_back(tmp_path):
+    import duckdb
+
+    from traceanalyze.executors import CACHE_HEADROOM_BYTES, drop_cached_blocks
+
+    con = duckdb.connect(str(tmp_path / "t.duckdb"))
+    con.execute("CREATE TABLE t AS SELECT hash(range) AS i, md5(range::VARCHAR) AS s FROM range(3000000)")
+    con.execute("CHECKPOINT")
+    con.execute("SET memory_limit = '2GiB'")  # a caller's own limit is put back
+    total = con.execute("SELECT sum(i), sum(length(s)) FROM t").fetchone()
+
+    def cached() -> int:
+        return con.execute("SELECT coalesce(sum(memory_usage_bytes), 0) FROM duckdb_memory() "
+                           "WHERE tag = 'BASE_TABLE'").fetchone()[0]
+
+    assert cached() > 2 * CACHE_HEADROOM_BYTES
+    assert drop_cached_blocks(con)
+    assert cached() <= CACHE_HEADROOM_BYTES
+    assert con.execute("SELECT current_setting('memory_limit')").fetchone()[0] == "2.0 GiB"
+    assert con.execute("SELECT sum(i), sum(length(s)) FROM t").fetchone() == total  # read again from the file
+    assert not drop_cached_blocks(duckdb.connect())  # in memory: its blocks would only go to temporary files

@@ -134,6 +134,36 @@ def release_free_memory() -> bool:
     return _glibc_call("malloc_trim", 0)
 
 
+CACHE_HEADROOM_BYTES = 32 << 20  # what DuckDB may take on other threads while drop_cached_blocks lowers its limit
+
+
+def drop_cached_blocks(con: Any) -> bool:
+    """Let DuckDB drop the blocks of a database file it keeps cached from earlier reads (its buffer pool keeps
+    every block read, up to its memory limit: ~120 MB at 1,024 ranks, held through the replay's peak). Its memory
+    limit is lowered for a moment to what it holds besides them plus :data:`CACHE_HEADROOM_BYTES`, which makes it
+    evict them (they are on disk: a later query reads them again), then put back (a limit of the caller's own as
+    DuckDB shows it, to 0.1 GiB). Nothing is done for an in-memory database (its blocks would go to temporary
+    files). Returns whether the cache was dropped."""
+    import duckdb
+
+    on_disk = con.execute("SELECT path IS NOT NULL AND path <> '' FROM duckdb_databases() "
+                          "WHERE database_name = current_database()").fetchone()
+    if not on_disk or not on_disk[0]:
+        return False
+    limit = con.execute("SELECT current_setting('memory_limit')").fetchone()[0]
+    held = con.execute("SELECT coalesce(sum(memory_usage_bytes), 0) FROM duckdb_memory() "
+                       "WHERE tag <> 'BASE_TABLE'").fetchone()[0]
+    try:
+        con.execute(f"SET memory_limit = '{int(held) + CACHE_HEADROOM_BYTES}B'")
+        return True
+    except duckdb.Error:  # more is pinned than that: nothing changed
+        return False
+    finally:
+        con.execute("RESET memory_limit")
+        if con.execute("SELECT current_setting('memory_limit')").fetchone()[0] != limit:
+            con.execute(f"SET memory_limit = '{limit}'")
+
+
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
 MAP_ON_ITS_OWN_BYTES = 2 << 20  # allocations this large or larger get a mapping of their own (map_large_blocks)
 

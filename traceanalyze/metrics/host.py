@@ -271,16 +271,17 @@ inside AS (
     FROM top JOIN cpu_ops c ON c.file_id = top.file_id AND c.pid = top.pid AND c.tid = top.tid
          AND c.ts_ns >= top.s AND c.ts_ns < top.e),
 k AS (
-    SELECT i.rank, count(*) AS n,
-           count(*) FILTER (WHERE {" OR ".join(f"k.name LIKE '%{p}%'" for p in MULTI_TENSOR_KERNELS)}) AS multi
-    FROM inside i JOIN kernels k ON k.file_id = i.file_id AND k.correlation = i.correlation
-    WHERE i.cat IN ('cuda_runtime', 'cuda_driver') AND k.cat = 'kernel' GROUP BY i.rank),
-ops AS (
-    SELECT rank, count(*) FILTER (WHERE {" OR ".join(f"name LIKE '{p}%'" for p in MULTI_TENSOR_OPS)}) AS multi
-    FROM inside WHERE cat = 'cpu_op' GROUP BY rank)
+    SELECT i.rank, count(k.correlation) AS n,
+           count(*) FILTER (WHERE k.multi) + count(*) FILTER (
+               WHERE i.cat = 'cpu_op' AND ({" OR ".join(f"i.name LIKE '{p}%'" for p in MULTI_TENSOR_OPS)})) AS multi
+    FROM inside i LEFT JOIN (
+        SELECT file_id, correlation, {" OR ".join(f"name LIKE '%{p}%'" for p in MULTI_TENSOR_KERNELS)} AS multi
+        FROM kernels WHERE cat = 'kernel') k
+      ON i.cat IN ('cuda_runtime', 'cuda_driver') AND k.file_id = i.file_id AND k.correlation = i.correlation
+    GROUP BY i.rank)
 SELECT top.rank, min(top.name), sum(top.e - top.s), any_value(n_st.n), any_value(coalesce(k.n, 0)),
-       any_value(coalesce(k.multi, 0) + coalesce(ops.multi, 0))
-FROM top JOIN n_st USING (rank) LEFT JOIN k USING (rank) LEFT JOIN ops USING (rank)
+       any_value(coalesce(k.multi, 0))
+FROM top JOIN n_st USING (rank) LEFT JOIN k USING (rank)
 GROUP BY top.rank ORDER BY top.rank
 """
 

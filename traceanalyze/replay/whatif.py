@@ -20,7 +20,7 @@ import duckdb
 import numpy as np
 
 from traceanalyze import store
-from traceanalyze.executors import on_own_cursor, release_free_memory
+from traceanalyze.executors import drop_cached_blocks, on_own_cursor, release_free_memory
 from traceanalyze.hardware import GpuInfo
 from traceanalyze.metrics.steps import longest_per_step, median
 from traceanalyze.metrics.where import MAX_TIMELINE_LANES, lanes_to_show
@@ -140,7 +140,7 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_siz
     release_free_memory()  # the build's temporaries: ~100 MB of fragmented heap at 1,024 ranks
     results: list[list] = []
     sk = skew.collective_skew(con, g)  # who waited for whom: the instances as the graph matched them
-    write = _Writes(con, g, run_id, sk, results)
+    write = _Writes(con, g, run_id, sk, results, drop_cache=build_threads is None)  # one thread: a run in turn
     if defer is not None:  # else written before each return
         defer.append(write)
     base = simulate.replay(g, keep_binding=True)
@@ -175,6 +175,7 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_siz
     del base
     results += [[run_id, "replay", r, s, measured[(r, s)], base_t[(r, s)]] for r, s in sorted(measured)]
     applicable = ctx["applicable"] = [s.name for s in REGISTRY if s.applies(g, ctx)]
+    write.drop_cache_once_written()  # before the what-ifs' replays: the run's peak
     d0, cg0, tr0 = g.chain_dur, g.chain_gap, g.inst_transfer
     if mode == "gpu":  # the what-ifs are rewrites of the graph without the profiler's host cost
         d0, cg0 = pr.unprofiled(con, run_id, d0, cg0, tr0)
@@ -196,13 +197,28 @@ class _Writes:
     after the replay); the call then waits for them. :meth:`discard`: the caller keeps no replay of the run."""
 
     def __init__(self, con: duckdb.DuckDBPyConnection, g: gr.Graph, run_id: int, sk: skew.Skew,
-                 results: list[list]) -> None:
+                 results: list[list], drop_cache: bool = False) -> None:
         self.con, self.g, self.run_id, self.sk, self.results = con, g, run_id, sk, results
+        self.drop_cache = drop_cache  # see drop_cache_once_written
         self.beside: Callable[[], None] | None = None  # waits for the graph's tables (raises what they raised)
 
     def _save(self, con: duckdb.DuckDBPyConnection) -> None:
         gr.save(con, self.g)
         skew.save(con, self.run_id, self.sk)
+
+    def drop_cache_once_written(self) -> None:
+        """With ``drop_cache`` (a run replayed in turn: no other analysis queries meanwhile), the graph's tables
+        started beside are waited for, then DuckDB's cached reads of the build dropped
+        (:func:`~traceanalyze.executors.drop_cached_blocks`: its memory limit lowered for a moment, with no query
+        running), not held through the what-ifs' replays. What the writing raised is raised when called, as
+        before."""
+        if not self.drop_cache or self.beside is None:
+            return
+        try:
+            self.beside()
+        except Exception:  # noqa: BLE001 - raised again by __call__
+            return
+        drop_cached_blocks(self.con)
 
     def start_beside(self) -> None:
         self.beside = on_own_cursor(self.con, self._save, name="traceanalyze-save")
