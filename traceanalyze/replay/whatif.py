@@ -166,8 +166,7 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_siz
     if mode == "gpu":
         ctx["prec"] = precision.context(con, g, gpu)
         ctx["opt"] = optimizer.context(con, g, ctx["prec"]["peaks"])
-    replay_model["left_out"] = _left_out(g, ctx)
-    replay_model["unexplained_gaps"] = gaps.summary(g, counted)
+    replay_model.update(left_out=_left_out(g, ctx), unexplained_gaps=gaps.summary(g, counted))
     replay_model["collective_skew"] = sk  # not for the JSON: the caller takes it out (traceanalyze.pipeline)
     picture = _picture(g, base, measured, counted, m_long, sk)  # now: base (3 graph-sized arrays) is not held below
     pr = _Pricer(g, counted, m_long, b_long, m_run)
