@@ -215,6 +215,12 @@ def compile_cost_s(ev: RunEvidence) -> float | None:
     return float(secs) if secs else None
 
 
+def logged_steady_ms(ev: RunEvidence) -> list[float]:
+    """The logged step times (ms) after the first logged step (its warm-up), every rank's, in step order."""
+    timed = sorted((s.step, s.step_time_ms) for s in ev.log_steps if s.step_time_ms)
+    return [ms for step, ms in timed if step != timed[0][0]] if timed else []
+
+
 def steady_step_ms(ev: RunEvidence, source: str) -> float | None:
     """A run's steady step (ms) from ``source``: ``unprofiled`` (measured without the profiler: a capture sidecar or
     the training log, :func:`traceanalyze.logs.measured_unprofiled_step`), ``log`` (the logged step times after the
@@ -225,8 +231,7 @@ def steady_step_ms(ev: RunEvidence, source: str) -> float | None:
         us = (ev.unprofiled or {}).get("step_time_us")
         return us / 1e3 if us else None
     if source == "log":
-        timed = sorted((s.step, s.step_time_ms) for s in ev.log_steps if s.step_time_ms)
-        steady = [ms for step, ms in timed if step != timed[0][0]] if timed else []
+        steady = logged_steady_ms(ev)
         return statistics.median(steady) if steady else None
     if compile_fills_window(ev) is not None or not ev.step_time_us:
         return None
@@ -469,8 +474,10 @@ def kernel_overlap(subject_top: list, baseline_top: list) -> float | None:
     def shares(top: list) -> dict[str, float]:
         t: dict[str, float] = {}
         for k in top or []:
-            us = k.get("total_us") if isinstance(k, dict) else None
-            if k.get("klass") != "communication" and isinstance(us, (int, float)) and math.isfinite(us) and us > 0:
+            if not isinstance(k, dict) or k.get("klass") == "communication":
+                continue
+            us = k.get("total_us")
+            if isinstance(us, (int, float)) and math.isfinite(us) and us > 0:
                 t[str(k.get("name"))] = t.get(str(k.get("name")), 0.0) + float(us)
         total = sum(t.values())
         return {n: v / total for n, v in t.items()} if total > 0 else {}
@@ -493,8 +500,7 @@ def step_noise_pct(ev: RunEvidence) -> tuple[float, int, str] | None:
             longest[s["step"]] = max(longest.get(s["step"], 0.0), float(s["step_time_us"]))
     vals, src = list(longest.values()), "profiler steps"
     if len(vals) < 2:
-        timed = sorted((s.step, s.step_time_ms) for s in ev.log_steps if s.step_time_ms)
-        vals, src = [ms for step, ms in timed if step != timed[0][0]] if timed else [], "logged steps"
+        vals, src = logged_steady_ms(ev), "logged steps"
     if len(vals) < 2 or statistics.fmean(vals) <= 0:
         return None
     return 100 * statistics.stdev(vals) / statistics.fmean(vals), len(vals), src
@@ -506,8 +512,7 @@ def step_ratio(subject: RunEvidence, baseline: RunEvidence) -> dict | None:
     (each run's step time, :mod:`traceanalyze.metrics.steps`). ``{value, basis, subject_ms, baseline_ms, n_subject,
     n_baseline, profiled, sentence}``; None when either run has no step time."""
     def logged(ev: RunEvidence) -> tuple[float, int] | None:
-        timed = sorted((s.step, s.step_time_ms) for s in ev.log_steps if s.step_time_ms)
-        steady = [ms for step, ms in timed if step != timed[0][0]] if timed else []
+        steady = logged_steady_ms(ev)
         return (statistics.median(steady), len(steady)) if steady else None
 
     ls, lb = logged(subject), logged(baseline)
