@@ -44,9 +44,11 @@ PAIRS_H100 = [("conv", "slow", "bf16", "bf16_matmul", "precision"),
               ("conv", "slow_sync", "bf16", "bf16_matmul", "precision"),
               ("conv", "slow", "fixed", "bf16_channels_last", "precision"),
               ("loader", "slow", "fixed", "no_dataloader_wait", "dataloader"),
-              ("optimizer", "slow", "fixed", "fused_optimizer", "host_optimizer")]
+              ("optimizer", "slow", "fixed", "fused_optimizer", "host_optimizer"),
+              ("allocator", "slow", "fixed", "no_cache_flush", "memory_cache_flush"),
+              ("allocator", "every4", "fixed", "no_cache_flush", "memory_cache_flush")]
 FIXED_KINDS_H100 = {"conv": ("fp32_matmul", "precision"), "loader": ("dataloader",),
-                    "optimizer": ("host_optimizer",)}
+                    "optimizer": ("host_optimizer",), "allocator": ("memory_cache_flush",)}
 SETS = {"h200": (H200, PAIRS, FIXED_KINDS), "h100": (H100, PAIRS_H100, FIXED_KINDS_H100)}
 
 
@@ -102,7 +104,8 @@ def synced_ms(pair: str, side: str) -> float | None:
         return None
     t = json.loads((CUR / pair / side / "truth_side.json").read_text())
     loop = t.get("profiled_loop_ms") or []
-    vals = loop[:WAIT_STEPS] + loop[WAIT_STEPS + 2 + 4:]
+    sch = t.get("schedule") or {"wait": WAIT_STEPS, "warmup": 2, "active": 4}  # record_allocator.py states its own
+    vals = loop[:sch["wait"]] + loop[sch["wait"] + sch["warmup"] + sch["active"]:]
     return statistics.median(vals) if vals else None
 
 

@@ -22,7 +22,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "traceanalyze"
 # the order the replay priced the scenarios in before they were records (replay.whatif.SCENARIOS, issue 39)
 PRICED_ORDER = ("no_straggler", "aligned_step_starts", "ideal_interconnect", "tf32_matmul", "bf16_matmul",
                 "bf16_channels_last", "no_dataloader_wait", "no_compile", "fused_optimizer", "no_launch_overhead",
-                "no_host_sync")
+                "no_host_sync", "no_cache_flush")  # no_cache_flush added after the records (issue 41)
 MAX_DEFINITIONS = 3  # its record, the finding-kind map, one more
 
 
@@ -112,6 +112,7 @@ def test_the_finding_kind_map_comes_from_the_records():
     ("starts", {"aligned_step_starts"}),
     ("left_out", {"bf16_matmul"}),
     ("one_step_caveat", {"aligned_step_starts"}),
+    ("cuts_spans", {"no_cache_flush"}),
 ])
 def test_the_fields_the_code_branches_on_are_where_they_were(field, expected):
     """Each field the pricing, the diagnosis and the confidence read is set on the scenarios the code named before

@@ -31,7 +31,7 @@ Kind = Literal[
     # config
     "gradient_accumulation", "compile_overhead", "recompiles", "dataloader", "launch_bound", "host_bound",
     "host_sync", "step_sync", "host_optimizer", "unexplained_idle", "cuda_oom", "host_oom",
-    "memory_growth", "memory_near_capacity", "memory_imbalance",
+    "memory_growth", "memory_near_capacity", "memory_imbalance", "memory_cache_flush",
 ]
 CAUSES: tuple[str, ...] = get_args(Cause)
 DIED_KINDS = ("cuda_oom", "host_oom")  # the run died (of memory): the report says so first, and no step time share

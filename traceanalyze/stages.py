@@ -350,7 +350,7 @@ def evidence(con: duckdb.DuckDBPyConnection, run_id: int, run: Run, a: RunAnalys
     """What the rules read about the run (:class:`diagnose.RunEvidence`); returns (evidence, longest rank's µs
     per counted step without the compile step, the compile step's µs)."""
     from traceanalyze import diagnose
-    from traceanalyze.metrics import accumulation, host, steps, where
+    from traceanalyze.metrics import accumulation, allocator, host, steps, where
 
     mode, rank_rows, step_rows, side, coll, link = a.mode, a.rank_rows, a.step_rows, a.side, a.coll, a.link
     prec, comp, loader, launch, idle_rows = a.prec, a.comp, a.loader, a.launch, a.idle_rows
@@ -395,6 +395,9 @@ def evidence(con: duckdb.DuckDBPyConnection, run_id: int, run: Run, a: RunAnalys
     if view is not None:
         ev.host = view()
         cur.close()
+    if good and mode == "gpu":
+        ev.cache_flush = allocator.cache_flushes(con, run_id, compile_step)
+        assemble.add_cache_flush(ranks_model, ev.cache_flush)
     ev.unprofiled = side.get("unprofiled")  # the step without the profiler, measured (capture or log)
     ev.ooms = side.get("ooms") or []
     if a.memory_rows is not None:  # before the rules read the ranks

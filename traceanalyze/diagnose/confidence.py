@@ -150,17 +150,18 @@ PROFILER_ERROR_PCT = 9.9
 FAMILY_ERROR_PP: dict[str, tuple[float, tuple[str, ...]]] = {
     "precision": (4.63, ("h200 precision slow→fixed", "h200 precision slow→tf32", "h100 conv slow→bf16",
                          "h100 conv slow_sync→bf16", "h100 conv slow→fixed", "cpu precision_fp32→precision_bf16")),
-    "host": (10.5, ("h200 launch slow→fixed", "h100 optimizer slow→fixed")),
+    "host": (7.73, ("h200 launch slow→fixed", "h100 optimizer slow→fixed", "h100 allocator slow→fixed",
+                    "h100 allocator every4→fixed")),
     "input": (3.5, ("h200 dataloader slow→fixed", "h100 loader slow→fixed", "cpu pairs/dataloader")),
     "ranks": (5.96, ("cpu pairs/host_stall", "cpu pairs/late_entry", "cpu pairs/late_entry_1step",
                      "cpu pairs/slow_interconnect", "cpu pairs/straggler_compute", "cpu pairs/straggler_compute_2",
                      "cpu pairs/straggler_sleep", "cpu straggler→healthy", "cpu slow_interconnect→fast_interconnect")),
     "compile": (0.63, ("cpu pairs/compile",)),
 }
-POOLED_ERROR_PP = 5.8  # every pair together: a family measured on fewer than MIN_FAMILY_PAIRS takes at least it
+POOLED_ERROR_PP = 5.61  # every pair together: a family measured on fewer than MIN_FAMILY_PAIRS takes at least it
 MIN_FAMILY_PAIRS = 3
 FAMILY_OF = {"bf16_matmul": "precision", "tf32_matmul": "precision", "bf16_channels_last": "precision",
-             "no_launch_overhead": "host", "fused_optimizer": "host", "no_host_sync": "host",
+             "no_launch_overhead": "host", "fused_optimizer": "host", "no_host_sync": "host", "no_cache_flush": "host",
              "no_dataloader_wait": "input", "no_straggler": "ranks", "aligned_step_starts": "ranks",
              "ideal_interconnect": "ranks", "no_compile": "compile"}
 

@@ -543,7 +543,8 @@ def rule_memory_near_capacity(ev: RunEvidence) -> list[Finding]:
     """Config, medium: a GPU's peak reserved memory is at least :data:`NEAR_CAPACITY` of its total memory
     (``deviceProperties`` ``totalGlobalMem``). The next larger batch, sequence or fragmentation ends in an
     out-of-memory error, and a caching allocator that must free its cache and retry (``cudaFree``, then
-    ``cudaMalloc``) stalls the step; medium because the trace cannot tell whether it already does."""
+    ``cudaMalloc``) stalls the step: the evidence says whether the steps hold ``cudaFree`` calls
+    (:func:`rule_memory_cache_flush` prices them). Impact 0: a full GPU is not slow in itself."""
     near = [m for m in _memory_rows(ev) if m.get("total_bytes") and m.get("peak_reserved_bytes") is not None
             and m["peak_reserved_bytes"] >= NEAR_CAPACITY * m["total_bytes"]]
     if not near:
@@ -555,13 +556,20 @@ def rule_memory_near_capacity(ev: RunEvidence) -> list[Finding]:
     evidence = [f"rank {m['rank']} {m['device']}: peak reserved {fmt_bytes(m['peak_reserved_bytes'])} of "
                 f"{fmt_bytes(m['total_bytes'])} ({100 * m['peak_reserved_bytes'] / m['total_bytes']:.1f}%), "
                 f"peak allocated {fmt_bytes(m['peak_allocated_bytes'])}" for m in near[:8]]
+    flushing = sorted({c.rank for c in ev.cache_flush if c.rank in ranks and c.frees_per_step >= MIN_FLUSH_FREES})
+    evidence.append(f"rank{'s' if len(flushing) > 1 else ''} {ranges(flushing)}: cudaFree in every step, the "
+                    "allocator flushing its cache (its cost: the memory_cache_flush finding)" if flushing else
+                    "no cudaFree in the counted steps: the allocator does not flush its cache yet, so the step is "
+                    "not slowed by it (the next larger batch or sequence is)" if ev.mode == "gpu" else
+                    "a CPU run: no GPU allocator")
     return [Finding("config", "memory_near_capacity", "medium", 0.0, ranks,
                     f"GPU memory is nearly full on rank{'s' if len(ranks) > 1 else ''} {ranges(ranks)}: "
                     f"{share:.0f}% of {top['device']} reserved at the peak", evidence,
                     "leave headroom: activation checkpointing, a smaller micro-batch with gradient accumulation, "
                     "bf16 activations, ZeRO/FSDP sharding of optimizer state; "
                     "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against fragmentation",
-                    assumption="the trace shows how full the GPU is, not whether the allocator already retries")]
+                    assumption="how full the GPU is costs no step time until the allocator flushes its cache "
+                               "(cudaFree in the steps: priced as memory_cache_flush)")]
 
 
 def rule_memory_imbalance(ev: RunEvidence) -> list[Finding]:
@@ -599,3 +607,64 @@ def rule_memory_imbalance(ev: RunEvidence) -> list[Finding]:
                     "balance what each rank holds: uneven pipeline stages or expert placement, a rank that also "
                     "evaluates, logs or checkpoints (gathering full tensors), a larger batch or sequence on one rank; "
                     "the largest rank sets the batch size every rank can run")]
+
+
+MIN_FLUSH_FREES = 1.0  # cudaFree calls per counted step (mean) from which the allocator flushes every step
+MIN_FLUSH_PCT = 2.0  # ... and the allocator's calls take at least this share of the step
+
+
+def rule_memory_cache_flush(ev: RunEvidence) -> list[Finding]:
+    """Config: PyTorch's caching allocator frees GPU memory and allocates it again inside every step
+    (:func:`traceanalyze.metrics.allocator.cache_flushes`: at least :data:`MIN_FLUSH_FREES` ``cudaFree`` per counted
+    step on a rank, the calls taking :data:`MIN_FLUSH_PCT` % of its step or more). ``cudaFree`` synchronizes the
+    device, so the host waits for the GPU to drain, and the GPU then waits for the host's next launches. The rule's
+    estimate is the GPU idle inside the calls over the step; the ``no_cache_flush`` replay prices it. Whether the
+    GPU is near capacity (the allocator's flush-and-retry) or not (``torch.cuda.empty_cache()`` in the loop) comes
+    from the memory rows when the trace has them."""
+    if ev.mode != "gpu" or not ev.cache_flush or not ev.ranks:
+        return []
+    steps = {r["rank"]: step_us(ev, r) for r in ev.ranks}
+    rows = [c for c in ev.cache_flush if c.frees_per_step >= MIN_FLUSH_FREES and steps.get(c.rank)
+            and 100 * c.us_per_step / max(steps[c.rank], c.us_per_step) >= MIN_FLUSH_PCT]
+    if not rows:
+        return []
+    worst = max(rows, key=lambda c: (c.gpu_idle_us_per_step, -c.rank))
+    step = max(steps[worst.rank], worst.us_per_step)
+    impact = round(100 * worst.gpu_idle_us_per_step / step, 1)
+    ranks = sorted(c.rank for c in rows)
+    evidence = [f"rank {c.rank}: cudaFree in {c.steps_with_frees} of {c.steps} counted steps; "
+                f"{c.frees_per_step:.1f} cudaFree and {c.mallocs_per_step:.1f} cudaMalloc per step (mean), "
+                f"{ms_text(c.us_per_step)} of host time in them (longest call {ms_text(c.max_us)}), the GPU "
+                f"idle for {ms_text(c.gpu_idle_us_per_step)} of it" for c in rows[:8]]
+    full = _fullest_gpu(ev)
+    if full is None:
+        evidence.append("the trace has no [memory] events (profile_memory=True shows how full the GPU is)")
+        why = "torch.cuda.empty_cache() in the loop, or a GPU so full that the allocator flushes its cache and retries"
+    elif full["peak_reserved_bytes"] >= NEAR_CAPACITY * full["total_bytes"]:
+        evidence.append(_reserved_line(full) + ": near capacity, so the allocator frees its cache and retries")
+        why = "a GPU so full that the caching allocator flushes its cache and retries"
+    else:
+        evidence.append(_reserved_line(full) + ": room left, so something empties the cache on purpose")
+        why = "torch.cuda.empty_cache() in the loop"
+    often = ("every step" if worst.steps_with_frees == worst.steps else
+             f"in {worst.steps_with_frees} of {worst.steps} steps")
+    return [Finding("config", "memory_cache_flush", severity(impact), impact, ranks,
+                    f"GPU memory is freed and allocated again {often} ({why}): {worst.frees_per_step:.0f} "
+                    f"cudaFree per step on rank {worst.rank} (mean), the GPU idle "
+                    f"{ms_text(worst.gpu_idle_us_per_step)} per step in them", evidence,
+                    "keep the allocator's cache between steps: remove torch.cuda.empty_cache() from the training "
+                    "loop (transformers: leave torch_empty_cache_steps unset); on a GPU near capacity leave "
+                    "headroom (a smaller micro-batch with gradient accumulation, activation checkpointing) or set "
+                    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; torch.cuda.memory_stats()"
+                    "['num_alloc_retries'] counts the allocator's flush-and-retry")]
+
+
+def _fullest_gpu(ev: RunEvidence) -> dict | None:
+    """The GPU memory row with the largest share of its total reserved at the peak, or None without one."""
+    gpus = [m for m in _memory_rows(ev) if m.get("total_bytes") and m.get("peak_reserved_bytes") is not None]
+    return max(gpus, key=lambda m: (m["peak_reserved_bytes"] / m["total_bytes"], -m["rank"]), default=None)
+
+
+def _reserved_line(m: dict) -> str:
+    return (f"rank {m['rank']} {m['device']}: peak reserved {fmt_bytes(m['peak_reserved_bytes'])} of "
+            f"{fmt_bytes(m['total_bytes'])} ({100 * m['peak_reserved_bytes'] / m['total_bytes']:.1f}%)")

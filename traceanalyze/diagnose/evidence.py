@@ -53,6 +53,9 @@ class RunEvidence:
     price_whatif: Any = None
     whatif: list = field(default_factory=list)  # the replay's what-if rows (runs[i].whatif), before the findings
     ooms: list = field(default_factory=list)  # [logs.OomEvent]: the out-of-memory errors and kills the logs record
+    # the caching allocator's cudaFree/cudaMalloc calls in the counted steps, per rank that has any
+    # (traceanalyze.metrics.allocator.CacheFlush; GPU runs)
+    cache_flush: list = field(default_factory=list)
     skew: Any = None  # arrival skew per collective instance (traceanalyze.replay.skew.Skew), None without one
     # optimizer steps per counted profiler step (traceanalyze.metrics.accumulation), read when a log or config
     # states gradient accumulation; None otherwise

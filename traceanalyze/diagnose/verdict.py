@@ -19,6 +19,7 @@ from traceanalyze.diagnose.config import (
     rule_host_optimizer,
     rule_host_sync,
     rule_launch_bound,
+    rule_memory_cache_flush,
     rule_memory_growth,
     rule_memory_imbalance,
     rule_memory_near_capacity,
@@ -48,7 +49,8 @@ IDLE_EXPLAINERS = ("slow_collectives", "topology", "untraced_ranks", "straggler"
 
 RULES = [rule_died, rule_exposed_communication, rule_untraced_ranks, rule_straggler, rule_late_entry, rule_idle_rank,
          rule_precision, rule_compile, rule_dataloader, rule_launch_bound, rule_effective_batch_single, rule_host_sync,
-         rule_host_optimizer, rule_memory_growth, rule_memory_near_capacity, rule_memory_imbalance]
+         rule_host_optimizer, rule_memory_growth, rule_memory_near_capacity, rule_memory_imbalance,
+         rule_memory_cache_flush]
 # A specific cause ranks above the general findings it explains, which are then its symptoms: kind -> (the kinds it
 # explains, the share of a symptom's impact its own impact must exceed). A blocking call the GPU idles in makes
 # the other ranks wait in their collectives (and its rank look slow).

@@ -184,7 +184,9 @@ TOP_OPS = 10  # CPU ops listed per run in the host view
 
 # the profiler steps the host view reads: counted and not the compile step ($2), on the step thread; a run
 # without profiler steps counts each file's whole window as one step
-_STEADY = """st AS MATERIALIZED (
+# the counted steps (the compile step $2 left out; a window without steps as one), per rank: SQL shared with
+# traceanalyze.metrics.allocator
+STEADY_STEPS_SQL = """st AS MATERIALIZED (
     SELECT file_id, rank, pid, tid, step, start_ns AS s, end_ns AS e FROM profiler_steps($1)
     WHERE counted AND ($2 IS NULL OR step <> $2)
     UNION ALL
@@ -193,14 +195,14 @@ _STEADY = """st AS MATERIALIZED (
     WHERE f.run_id = $1 AND f.rank IS NOT NULL AND NOT EXISTS (SELECT 1 FROM profiler_steps($1))
     GROUP BY f.file_id, f.rank),
 n_st AS (SELECT rank, count(*) AS n FROM st GROUP BY rank)"""
-_ON_STEP = ("c.file_id = st.file_id AND (st.tid IS NULL OR (c.pid = st.pid AND c.tid = st.tid)) "
+ON_STEP_SQL = ("c.file_id = st.file_id AND (st.tid IS NULL OR (c.pid = st.pid AND c.tid = st.tid)) "
             "AND c.ts_ns >= st.s AND c.ts_ns < st.e")
 
 _BLOCKING_SQL = f"""
-WITH {_STEADY},
+WITH {STEADY_STEPS_SQL},
 b AS MATERIALIZED (
     SELECT row_number() OVER () AS call_id, c.file_id, c.pid, c.tid, st.rank, c.name, c.ts_ns, c.dur_ns
-    FROM cpu_ops c JOIN st ON {_ON_STEP}
+    FROM cpu_ops c JOIN st ON {ON_STEP_SQL}
     WHERE c.cat IN ('cuda_runtime', 'cuda_driver')
       AND (c.name LIKE '%Synchronize'
            OR ((c.name LIKE 'cudaMemcpy%' OR c.name LIKE 'cuMemcpy%') AND c.dur_ns > $3))),
@@ -258,10 +260,10 @@ def blocking_calls(con: duckdb.DuckDBPyConnection, run_id: int, skip_step: int |
 
 
 _OPTIMIZER_SQL = f"""
-WITH {_STEADY},
+WITH {STEADY_STEPS_SQL},
 o AS MATERIALIZED (
     SELECT DISTINCT c.file_id, c.pid, c.tid, st.rank, c.name, c.ts_ns AS s, c.ts_ns + c.dur_ns AS e
-    FROM cpu_ops c JOIN st ON {_ON_STEP}
+    FROM cpu_ops c JOIN st ON {ON_STEP_SQL}
     WHERE c.cat IN ('cpu_op', 'user_annotation') AND c.name LIKE 'Optimizer.step#%'),
 top AS (SELECT * FROM o WHERE NOT EXISTS (
     SELECT 1 FROM o p WHERE p.file_id = o.file_id AND p.tid = o.tid AND p.s <= o.s AND p.e >= o.e
@@ -316,9 +318,9 @@ def optimizer_stats(con: duckdb.DuckDBPyConnection, run_id: int, skip_step: int 
 
 
 _TOP_OPS_SQL = f"""
-WITH {_STEADY}
+WITH {STEADY_STEPS_SQL}
 SELECT c.name, c.cat, count(*), sum(c.dur_ns), (SELECT sum(n) FROM n_st)
-FROM cpu_ops c JOIN st ON {_ON_STEP}
+FROM cpu_ops c JOIN st ON {ON_STEP_SQL}
 WHERE c.cat IN ('cpu_op', 'user_annotation') AND profiler_step(c.cat, c.name) IS NULL
 GROUP BY c.name, c.cat ORDER BY sum(c.dur_ns) DESC, c.name LIMIT $3
 """
@@ -335,10 +337,10 @@ def top_cpu_ops(con: duckdb.DuckDBPyConnection, run_id: int, skip_step: int | No
 
 
 _STEADY_LAUNCH_SQL = f"""
-WITH {_STEADY},
+WITH {STEADY_STEPS_SQL},
 rt AS MATERIALIZED (
     SELECT c.file_id, st.rank, c.correlation, c.ts_ns AS launch_ns, c.dur_ns, c.name
-    FROM cpu_ops c JOIN st ON {_ON_STEP}
+    FROM cpu_ops c JOIN st ON {ON_STEP_SQL}
     WHERE c.cat IN ('cuda_runtime', 'cuda_driver') AND c.correlation IS NOT NULL),
 k AS (
     SELECT rt.rank, k.file_id, k.cat, k.stream, k.ts_ns, k.dur_ns, rt.launch_ns,

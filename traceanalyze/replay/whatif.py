@@ -49,6 +49,40 @@ def _without_gap_cut(g: gr.Graph, cut: np.ndarray | None) -> gr.Graph:
     return dataclasses.replace(g, dep_off=off)
 
 
+def _without_spanned_cut(g: gr.Graph, removed: tuple[np.ndarray, np.ndarray] | None) -> gr.Graph:
+    """``g`` with each explicit edge's offset less the host time the rewrite removed on the destination's thread
+    between the source's end and the destination's start (``removed``: per task, µs taken out of its duration and
+    out of the gap before it; None: ``g`` itself). A synchronize's edge runs from the awaited kernel's end to the
+    step's end, and spans whatever the host did after that kernel ended (``cudaFree`` calls freeing the cache): once
+    that work is gone the edge must not keep it. Counted from the first task of the thread that starts at or after
+    the source's end, with the removed part of the gap before it that fits after the source's end; a positive
+    offset is cut down to 0 at most. A shallow copy: only the offsets are new."""
+    if removed is None:
+        return g
+    r_dur, r_gap = (np.clip(x, 0, None) for x in removed)
+    pos = np.flatnonzero(g.dep_end & (g.dep_off > 0))
+    dst = g.dep_dst[pos]
+    if not (pos.size and (r_dur.any() or r_gap.any())):
+        return g
+    # host time removed before each task's start on its resource: the durations of the tasks before it and the
+    # gaps up to its own (task ids are in resource order, starts ascending within a resource)
+    before = np.cumsum(r_dur) - r_dur + np.cumsum(r_gap)
+    src_end = g.start[g.dep_src[pos]] + g.dur[g.dep_src[pos]]
+    # the first task of the destination's resource starting at or after the source's end: one search over
+    # (resource, rank of the start) keys, the tasks' own order (every edge at once)
+    u = np.unique(np.concatenate([g.start, src_end]))
+    m = np.int64(u.size + 1)
+    keys = g.res.astype(np.int64) * m + np.searchsorted(u, g.start)
+    k = np.minimum(np.searchsorted(keys, g.res[dst].astype(np.int64) * m + np.searchsorted(u, src_end)), dst)
+    # of the gap before that first task, the removed part that can lie after the source's end (the removed calls
+    # taken to sit at the gap's end: a cudaFree that waited for the GPU to drain frees after it)
+    tail = np.minimum(r_gap[k], np.clip(g.start[k] - src_end, 0, None))
+    span = np.clip(before[dst] - before[k] + tail, 0, None)
+    off = g.dep_off.copy()
+    off[pos] -= np.minimum(span, off[pos])
+    return dataclasses.replace(g, dep_off=off)
+
+
 def _left_out(g: gr.Graph, ctx: dict) -> list[dict]:
     """What-ifs the trace would support but the host rules out, each ``{"scenario", "why"}`` (each record's
     ``left_out``: bf16 on a CPU without AMX or AVX512-BF16)."""
@@ -266,20 +300,21 @@ class _Pricer:
         self.noise_pct = _step_noise_pct(g, m_long)
 
     def replay_long(self, arrs: Arrays, sync_free: bool = False, starts: np.ndarray | None = None,
-                    cut: np.ndarray | None = None) -> tuple[dict, dict]:
+                    cut: np.ndarray | None = None, spanned: tuple | None = None) -> tuple[dict, dict]:
         """(step -> longest replayed time over the counted ranks, (rank, step) -> replayed time); ``sync_free``:
         on the graph without its blocking waits for the GPU, the host running ahead (:func:`pipelined_step_times`);
         ``starts``: the pinned tasks' starts (a scenario's ``starts``), default the measured ones; ``cut``: per
         task, µs of the gap before it that the rewrite took out, also out of its incoming edges
-        (:func:`_without_gap_cut`)."""
+        (:func:`_without_gap_cut`); ``spanned``: the host time the rewrite removed, also out of the edges that span
+        it (:func:`_without_spanned_cut`)."""
         if sync_free:
             if self.g_free is None:
                 self.g_free = without_host_syncs(self.g)
-            g = _without_gap_cut(self.g_free, cut)
+            g = _without_spanned_cut(_without_gap_cut(self.g_free, cut), spanned)
             rp = simulate.replay(g, *arrs, starts=starts, keep_binding=True)
             t = pipelined_step_times(g, rp)
         else:
-            g = _without_gap_cut(self.g, cut)
+            g = _without_spanned_cut(_without_gap_cut(self.g, cut), spanned)
             rp = simulate.replay(g, *arrs, starts=starts, keep_binding=True)
             t = rp.step_times(g)
         self.kept_on_path = gaps.on_path_pct(g, rp, arrs[1], self.counted)
@@ -323,10 +358,10 @@ class _Pricer:
                 "gpu_busy_us": busy}
 
     def predict(self, arrs: Arrays, sync_free: bool = False, starts: np.ndarray | None = None,
-                cut: np.ndarray | None = None) -> tuple[float, dict, bool]:
+                cut: np.ndarray | None = None, spanned: tuple | None = None) -> tuple[float, dict, bool]:
         """(predicted step without the profiler, replayed (rank, step) times, whether a floor clamped it);
-        ``sync_free``, ``starts``, ``cut``: see :meth:`replay_long`."""
-        w_long, t = self.replay_long(arrs, sync_free, starts, cut)
+        ``sync_free``, ``starts``, ``cut``, ``spanned``: see :meth:`replay_long`."""
+        w_long, t = self.replay_long(arrs, sync_free, starts, cut, spanned)
         floor = {s: min(v, self.est.get(s, v)) for s, v in _floors(self.g, arrs[0], arrs[1], self.groups).items()}
         per_step = {s: self.est[s] - (self.u_long[s] - w_long[s]) for s in self.m_long}
         clamped = any(per_step[s] < floor.get(s, 0.0) - 1e-6 for s in per_step)
@@ -428,7 +463,9 @@ def _price_scenarios(pr: _Pricer, applicable: list[str], ctx: dict, base: Arrays
             pr.skipped[sc] = (f"{NO_SAVING}: none of the work the {sc} rewrite changes is on the critical path of "
                               "the replayed steps, so it cannot shorten them (not replayed)")
             continue
-        pred, t, clamped = pr.predict(arrs, sync_free=any(p.runs_ahead for p in parts), starts=starts, cut=cut)
+        spanned = (d0 - arrs[0], cg0 - arrs[1]) if any(p.cuts_spans for p in parts) else None
+        pred, t, clamped = pr.predict(arrs, sync_free=any(p.runs_ahead for p in parts), starts=starts, cut=cut,
+                                      spanned=spanned)
         results += [[run_id, sc, r, s, measured[(r, s)], t[(r, s)]] for r, s in sorted(measured)]
         row = _whatif_row(g, sc, ctx, pred, pr.u_run, err, reliable)
         row["unexplained_gap_pct"] = pr.kept_on_path

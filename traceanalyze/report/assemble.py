@@ -57,6 +57,15 @@ def add_memory(ranks_model: list[dict], rows: list) -> None:
             r["memory"] = by_rank[r["rank"]]
 
 
+def add_cache_flush(ranks_model: list[dict], rows: list) -> None:
+    """The allocator's calls per step (:class:`traceanalyze.metrics.allocator.CacheFlush`) as
+    ``ranks[j]["cache_flush"]``, on the ranks that have any."""
+    by_rank = {row.rank: row.model() for row in rows}
+    for r in ranks_model:
+        if r.get("rank") in by_rank:
+            r["cache_flush"] = by_rank[r["rank"]]
+
+
 WINDOW_STEP_DIFF = 0.10  # windows of one rank whose median step times differ by more than this are named
 WINDOW_IDLE_DIFF_POINTS = 10.0  # ... or whose idle % differ by more than this many points
 

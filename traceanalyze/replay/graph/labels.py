@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from traceanalyze import matmath
+from traceanalyze.metrics.allocator import ALLOCATOR_CALLS, FREE_CALLS
 from traceanalyze.metrics.collectives import int_column
 from traceanalyze.metrics.host import COMPILE_RANGES
 from traceanalyze.replay.graph.model import (
@@ -69,22 +70,30 @@ def categories(con, rc: RunClock, t: Tasks, fids: list[int], prec: np.ndarray
     res, rk, kind, flag = t.res, t.rk, t.kind, t.cols["flag"]
     start, end, gap, first = t.start, t.end, t.gap, t.first
     n = start.size
+    # the allocator's cudaFree (5) and cudaMalloc (6) calls (GPU runs: runtime calls no edge touches are folded
+    # into the gap before the next task, traceanalyze.replay.graph.tasks._fold_calls, so their time is found as a
+    # range)
     r = fetch(con, """SELECT f.rank, c.pid, c.tid, c.ts_ns, c.ts_ns + c.dur_ns AS end_ns,
-               CASE WHEN is_dataloader_op(c.name) THEN 0 WHEN c.name IN (SELECT unnest($2)) THEN 1
+               CASE WHEN c.cat IN ('cuda_runtime', 'cuda_driver') THEN 6 - (c.name IN (SELECT unnest($7)))::INT
+                    WHEN is_dataloader_op(c.name) THEN 0 WHEN c.name IN (SELECT unnest($2)) THEN 1
                     WHEN c.name LIKE 'Optimizer.%' THEN 2 ELSE 4 END AS cat
         FROM cpu_ops c JOIN files f USING (file_id)
         WHERE f.run_id = $1 AND f.rank IS NOT NULL AND f.file_id IN (SELECT unnest($5))
-          AND c.cat IN ('cpu_op', 'user_annotation')
-          AND (is_dataloader_op(c.name) OR c.name IN (SELECT unnest($2)) OR c.name LIKE 'Optimizer.%'
-               OR ($3 AND c.name IN (SELECT unnest($4))
-                   AND (c.input_types LIKE '["float"%' OR c.input_types LIKE '[''float''%')))""",
-               [run_id, list(COMPILE_RANGES), mode != "gpu", list(MATMUL_OPS), fids])
+          AND ((c.cat IN ('cpu_op', 'user_annotation')
+                AND (is_dataloader_op(c.name) OR c.name IN (SELECT unnest($2)) OR c.name LIKE 'Optimizer.%'
+                     OR ($3 AND c.name IN (SELECT unnest($4))
+                         AND (c.input_types LIKE '["float"%' OR c.input_types LIKE '[''float''%'))))
+               OR (NOT $3 AND c.cat IN ('cuda_runtime', 'cuda_driver') AND c.name IN (SELECT unnest($6))))""",
+               [run_id, list(COMPILE_RANGES), mode != "gpu", list(MATMUL_OPS), fids, list(ALLOCATOR_CALLS),
+                list(FREE_CALLS)])
     r_res = t.resource_ids(r["rank"], 0, int_column(r["pid"])[0], int_column(r["tid"])[0])
     r_rank = np.asarray(r["rank"], np.int64)
     shift = origin + off_ns[np.clip(r_rank, 0, world)]
     lo = np.clip(np.asarray(r["ts_ns"], np.int64) - shift, 0, (1 << T_SHIFT) - 1)
     hi = np.clip(np.asarray(r["end_ns"], np.int64) - shift, 0, (1 << T_SHIFT) - 1)
     cat = np.asarray(r["cat"], np.int64)
+    if (cat == 6).any():  # a thread's cudaMalloc calls are a flush's only where it also frees: else the cache grows
+        cat = np.where(cat == 6, np.where(np.isin(r_res, r_res[cat == 5]), 5, -1), cat)
     s_ns = np.clip((start * 1e3).astype(np.int64), 0, (1 << T_SHIFT) - 1)
     e_ns = np.clip((end * 1e3).astype(np.int64), 0, (1 << T_SHIFT) - 1)
     p_ns = np.concatenate([[0], e_ns[:-1]])
@@ -114,7 +123,8 @@ def categories(con, rc: RunClock, t: Tasks, fids: list[int], prec: np.ndarray
     is_launch = flag == 2
     prev_launch = np.concatenate([[False], is_launch[:-1]])
     lg = host & ~first & is_launch & prev_launch & (mode == "gpu")
-    gap_cover["launch"] = np.where(lg, np.clip(gap - gap_cover["dataloader"] - gap_cover["compile"], 0, None), 0.0)
+    gap_cover["launch"] = np.where(lg, np.clip(gap - gap_cover["dataloader"] - gap_cover["compile"]
+                                               - gap_cover["allocator"], 0, None), 0.0)
     cover["launch"] = np.zeros(n)
     label = np.zeros(n, np.int8)
     best = np.zeros(n)

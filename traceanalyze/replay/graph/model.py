@@ -12,7 +12,7 @@ KINDS = ("host", "kernel", "memcpy", "memset", "collective", "step_begin", "step
 K_HOST, K_KERNEL, K_MEMCPY, K_MEMSET, K_COLL, K_BEGIN, K_END = range(7)
 GPU_KINDS = (K_KERNEL, K_MEMCPY, K_MEMSET, K_COLL)  # the task kinds that run on a GPU stream
 DEP_TYPES = ("launch", "gpu_cpu_sync", "inter_thread", "collective_wait", "event_wait")
-CATEGORIES = ("dataloader", "compile", "optimizer", "launch", "matmul_fp32")
+CATEGORIES = ("dataloader", "compile", "optimizer", "launch", "matmul_fp32", "allocator")
 GAP_LABELS = ("host", "launch", "optimizer", "compile", "dataloader")  # sim_task.gap_label; code -1: none
 # Graph.prec_class: what the precision what-ifs may re-time (traceanalyze.replay.precision)
 # and, on host tasks, the kernel-launch calls that a CUDA graph replaces (the launch what-if)

@@ -9,6 +9,7 @@ module                    scenarios
 :mod:`.input`             ``no_dataloader_wait``
 :mod:`.compile`           ``no_compile``
 :mod:`.host`              ``fused_optimizer``, ``no_launch_overhead``, ``no_host_sync``
+:mod:`.memory`            ``no_cache_flush``
 :mod:`.batch`             ``ga_scaled`` (arithmetic, not replayed: :data:`ARITHMETIC`)
 ========================  ==================================================================================
 
@@ -31,11 +32,11 @@ nowhere else in the package but in its record.
 
 from __future__ import annotations
 
-from traceanalyze.replay.scenarios import batch, compile, host, input, precision, ranks
+from traceanalyze.replay.scenarios import batch, compile, host, input, memory, precision, ranks
 from traceanalyze.replay.scenarios.base import ALL, ALL_CAUSE, MIN_SAVING_US, Arrays, Scenario
 
 REGISTRY: tuple[Scenario, ...] = (*ranks.SCENARIOS, *precision.SCENARIOS, *input.SCENARIOS, *compile.SCENARIOS,
-                                  *host.SCENARIOS)
+                                  *host.SCENARIOS, *memory.SCENARIOS)
 ARITHMETIC: tuple[Scenario, ...] = batch.SCENARIOS  # priced by arithmetic (``price``), never replayed
 _BY_NAME = {s.name: s for s in (*REGISTRY, *ARITHMETIC)}
 _BY_KIND = {k: s for s in (*REGISTRY, *ARITHMETIC) for k in s.kinds}

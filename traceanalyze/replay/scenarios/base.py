@@ -63,6 +63,8 @@ class Scenario:
     runs_ahead: bool = False  # replayed without the blocking waits, the host running ahead of the GPU
     starts: Callable[[gr.Graph, dict], np.ndarray | None] | None = None  # the pinned tasks' starts it moves (the
     # gaps it cuts then leave the edges into their tasks too)
+    cuts_spans: bool = False  # the host time it removes also leaves the edges that span it (a synchronize's edge
+    # from a kernel's end to the step's end holds the host's work after that kernel: traceanalyze.replay.whatif)
     skip_off_path: bool = True  # not replayed when it changes nothing on the base replay's critical paths
     # (ctx, g) -> what priced the row when a baseline's measured figure did (the row's ``priced_from``), else None
     priced_from: Callable[[dict, gr.Graph], str | None] | None = None
