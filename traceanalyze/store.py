@@ -220,6 +220,15 @@ def materialize_steps(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
     con.execute("CREATE OR REPLACE TEMP MACRO profiler_steps(rid) AS TABLE "
                 "SELECT * EXCLUDE (run_id) FROM temp.main.step_rows WHERE run_id = rid")
 
+
+def steps_cursor(con: duckdb.DuckDBPyConnection, run_id: int) -> duckdb.DuckDBPyConnection:
+    """A cursor of ``con`` with ``run_id``'s steps computed once for it (:func:`materialize_steps`: a cursor is a
+    connection of its own and sees none of ``con``'s TEMP objects), for a cursor whose queries read them more
+    than once (the replay's, the host view's)."""
+    cur = con.cursor()
+    materialize_steps(cur, run_id)
+    return cur
+
 # Tables that describe the latest report only; emptied before a report is recomputed.
 REPORT_TABLES = ("runs", "warnings", "run_facts", "log_steps", "run_deaths", "nccl_channels", "topology_links",
                  "collective_calls", "findings", "report_cache")
