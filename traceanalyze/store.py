@@ -446,6 +446,9 @@ def connect(db_path: str | Path | None) -> duckdb.DuckDBPyConnection:
     differs.
     """
     check_own_db(db_path, "report")
+    # a database created now holds nothing: no schema to check, no old tables to drop (two queries fewer)
+    new = not db_path or str(db_path) == ":memory:" or not any(
+        Path(f"{db_path}{ext}").exists() for ext in ("", ".wal"))  # a write-ahead log alone is replayed
     try:
         con = duckdb.connect(str(db_path) if db_path else ":memory:")
     except duckdb.IOException as exc:
@@ -458,11 +461,12 @@ def connect(db_path: str | Path | None) -> duckdb.DuckDBPyConnection:
         raise TraceanalyzeError(f"{db_path}: cannot open the database ({msg.splitlines()[0]})") from None
     except duckdb.Error as exc:
         raise TraceanalyzeError(f"{db_path}: not a usable DuckDB database ({str(exc).splitlines()[0]})") from None
-    if not _schema_current(con):
+    if new or not _schema_current(con):
         # one transaction: a file database syncs once, not once per statement
         con.execute("BEGIN TRANSACTION")
         try:
-            _drop_if_old(con)
+            if not new:
+                _drop_if_old(con)
             con.execute(DDL + _FINGERPRINT_DDL + MACROS)
             write_marker(con, SCHEMA_VERSION, "report")
             con.execute(f"COMMENT ON TABLE {MARKER_TABLE} IS '{_SCHEMA_STAMP}'")
