@@ -221,6 +221,12 @@ def materialize_steps(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
                 "SELECT * EXCLUDE (run_id) FROM temp.main.step_rows WHERE run_id = rid")
 
 
+def forget_steps(con: duckdb.DuckDBPyConnection) -> None:
+    """Drop what :func:`materialize_steps` made on ``con``: a caller that keeps the connection (the Python API's
+    :class:`~traceanalyze.pipeline.Analysis`) reads the stored macro again, live, whatever it changes."""
+    con.execute("DROP MACRO TABLE IF EXISTS temp.main.profiler_steps; DROP TABLE IF EXISTS temp.main.step_rows")
+
+
 def steps_cursor(con: duckdb.DuckDBPyConnection, run_id: int) -> duckdb.DuckDBPyConnection:
     """A cursor of ``con`` with ``run_id``'s steps computed once for it (:func:`materialize_steps`: a cursor is a
     connection of its own and sees none of ``con``'s TEMP objects), for a cursor whose queries read them more
