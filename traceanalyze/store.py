@@ -206,34 +206,32 @@ MACROS += STEP_MACROS
 
 
 def materialize_steps(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
-    """Compute ``profiler_steps(run_id)`` once, into a TEMP table that a TEMP macro of the same name reads, for
-    this connection only: a dozen metrics query it per run (~5 ms each on one 5 MB rank, a scan of every CPU op).
-
-    Call it once the run's files are placed (``files.run_id``, ``rank``, ``window``): the rows are the stored
-    macro's of that moment, and no stage changes the CPU ops or the placement afterwards. Cursors and users'
-    queries read the stored macro, which gives the same rows; the TEMP objects go with the connection."""
-    db = con.execute("SELECT current_database()").fetchone()[0].replace('"', '""')
+    """``profiler_steps(run_id)`` computed once, into a TEMP table that a TEMP macro of the same name reads, on this
+    connection only (a dozen metrics read it per run: ~5 ms each for one 5 MB rank, a scan of every CPU op). Call
+    it once the run's files are placed: no stage changes the CPU ops or the placement afterwards, so the stored
+    macro, which other connections and users' queries read, gives the same rows."""
+    db, rid = con.execute("SELECT current_database()").fetchone()[0].replace('"', '""'), int(run_id)
     con.execute(f"""CREATE TEMP TABLE IF NOT EXISTS step_rows AS
-        SELECT 0 AS run_id, * FROM "{db}".main.profiler_steps(NULL) LIMIT 0""")
-    con.execute("DELETE FROM temp.main.step_rows WHERE run_id = ?", [run_id])
-    con.execute(f'INSERT INTO temp.main.step_rows SELECT ?, * FROM "{db}".main.profiler_steps(?)', [run_id, run_id])
-    con.execute("CREATE OR REPLACE TEMP MACRO profiler_steps(rid) AS TABLE "
-                "SELECT * EXCLUDE (run_id) FROM temp.main.step_rows WHERE run_id = rid")
+        SELECT 0 AS run_id, * FROM "{db}".main.profiler_steps(NULL) LIMIT 0;
+        DELETE FROM temp.main.step_rows WHERE run_id = {rid};
+        INSERT INTO temp.main.step_rows SELECT {rid}, * FROM "{db}".main.profiler_steps({rid});
+        CREATE OR REPLACE TEMP MACRO profiler_steps(rid) AS TABLE
+        SELECT * EXCLUDE (run_id) FROM temp.main.step_rows WHERE run_id = rid""")
 
 
 def forget_steps(con: duckdb.DuckDBPyConnection) -> None:
-    """Drop what :func:`materialize_steps` made on ``con``: a caller that keeps the connection (the Python API's
-    :class:`~traceanalyze.pipeline.Analysis`) reads the stored macro again, live, whatever it changes."""
+    """Drop :func:`materialize_steps`' TEMP objects: a caller that keeps the connection (the Python API's
+    :class:`~traceanalyze.pipeline.Analysis`) reads the stored macro, live, whatever it changes."""
     con.execute("DROP MACRO TABLE IF EXISTS temp.main.profiler_steps; DROP TABLE IF EXISTS temp.main.step_rows")
 
 
 def steps_cursor(con: duckdb.DuckDBPyConnection, run_id: int) -> duckdb.DuckDBPyConnection:
-    """A cursor of ``con`` with ``run_id``'s steps computed once for it (:func:`materialize_steps`: a cursor is a
-    connection of its own and sees none of ``con``'s TEMP objects), for a cursor whose queries read them more
-    than once (the replay's, the host view's)."""
+    """A cursor of ``con`` (a connection of its own: it sees none of ``con``'s TEMP objects) with ``run_id``'s steps
+    computed once for it (:func:`materialize_steps`), for the cursors that read them in several queries."""
     cur = con.cursor()
     materialize_steps(cur, run_id)
     return cur
+
 
 # Tables that describe the latest report only; emptied before a report is recomputed.
 REPORT_TABLES = ("runs", "warnings", "run_facts", "log_steps", "run_deaths", "nccl_channels", "topology_links",
