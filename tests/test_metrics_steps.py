@@ -157,3 +157,28 @@ def test_nothing_to_analyse_names_each_file_and_why(tmp_path):
         f"{d}: no Kineto trace or training log found (looked for *.json and *.json.gz with a traceEvents array, "
         f"and for logs, NCCL output, topology and configs); skipped {d}/garbage.json: JSON that is neither a Kineto "
         f"trace nor a known config; {d}/notes.txt: not a Kineto trace, training log, NCCL output, topology or config")
+
+
+def test_the_steps_computed_once_are_the_stored_macros_rows(two_gpu_ranks):
+    """store.materialize_steps: the TEMP macro the stages read gives the stored macro's rows, on the connection and
+    on a cursor; once the report is made (forget_steps) the caller's connection reads the stored macro live."""
+    from traceanalyze import store
+
+    a = analyze(two_gpu_ranks, Options(jobs=1))
+    cols = "rank, \"window\", step, start_ns, end_ns, pid, tid, window_edge, counted"
+    live = a.con.execute(f"SELECT {cols} FROM profiler_steps(1) ORDER BY rank, step").fetchall()
+    assert [(r[0], r[2], r[7], r[8]) for r in live] == [
+        (0, 1, False, False), (0, 2, False, True), (0, 3, False, True), (0, 4, True, False),
+        (1, 2, False, True), (1, 3, False, True), (1, 4, True, False)]
+    assert a.con.execute("SELECT count(*) FROM duckdb_tables() WHERE temporary").fetchone()[0] == 0
+    store.materialize_steps(a.con, 1)
+    assert a.con.execute(f"SELECT {cols} FROM profiler_steps(1) ORDER BY rank, step").fetchall() == live
+    assert a.con.execute("SELECT count(*) FROM profiler_steps(2)").fetchone()[0] == 0  # a run not computed
+    cur = store.steps_cursor(a.con, 1)
+    assert cur.execute(f"SELECT {cols} FROM profiler_steps(1) ORDER BY rank, step").fetchall() == live
+    cur.close()
+    # a change after the report: the TEMP rows would be stale, the stored macro is read again once forgotten
+    a.con.execute("UPDATE files SET run_id = NULL WHERE rank = 1")
+    assert a.con.execute("SELECT count(*) FROM profiler_steps(1)").fetchone()[0] == 7
+    store.forget_steps(a.con)
+    assert a.con.execute("SELECT count(*) FROM profiler_steps(1)").fetchone()[0] == 4

@@ -640,9 +640,18 @@ def _guard(ctx: click.Context, fn) -> None:
         sys.exit(EXIT_INTERNAL)
 
 
+def one_blas_thread() -> None:
+    """One OpenBLAS thread, unless the caller's environment says otherwise. NumPy's wheels start OpenBLAS's thread
+    pool at ``import numpy`` (one per core), whose threads spin, and traceanalyze does no linear algebra: a report
+    of one 5 MB rank spends ~0.04 s of CPU less (~0.08 s of wall time on 2 cores). Must run before NumPy is
+    imported; the parse workers inherit it."""
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+
 def main() -> None:
     """Console-script entry point."""
     block_pandas()
+    one_blas_thread()
     cli(prog_name="traceanalyze")
 
 

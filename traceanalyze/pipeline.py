@@ -96,6 +96,7 @@ def analyze(inputs: list[str | Path] | str | Path, options: Options | None = Non
     comparison = _compare(runs_model, evidence, all_findings, roles.get("same_run") or {})
     model = _report_model(con, runs_model, evidence, all_findings, warnings, comparison)
     store.store_report(con, cache_key, to_json(model, indent=None))
+    store.forget_steps(con)  # the steps computed once for the stages: the caller's queries compute them live
     errors = [w["message"] if w["file"] is None else f"{w['file']}: {w['message']}" for w in warnings
               if w.get("level") == "error"]
     return Analysis(con=con, model=model, db_path=str(db) if db else None, discovery=disc, errors=errors)

@@ -20,8 +20,18 @@ the HTML report), :mod:`.markdown` (the Markdown summary), :mod:`.charts` (chart
 ``templates/``.
 """
 
-from traceanalyze.report.batch_index import render_batch_index
+from typing import Any
+
 from traceanalyze.report.html import render_html
 from traceanalyze.report.markdown import render_markdown
 
 __all__ = ["render_batch_index", "render_html", "render_markdown"]
+
+
+def __getattr__(name: str) -> Any:
+    """``render_batch_index`` on first use: a report renders no batch index."""
+    if name == "render_batch_index":
+        from traceanalyze.report.batch_index import render_batch_index
+
+        return render_batch_index
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
