@@ -11,7 +11,8 @@ committed): `gpu_2_of_8_ranks` (only 2 of an 8-rank job's traces: an inconclusiv
 `gpu_64_ranks` (rank 5, resp. 37, idles 30 ms on the host each step; the others wait for it in the all_reduce).
 
 With ``../shared`` beside the checkout, also the real H200 pairs (``../shared/traces/gpu/h200``, ours): each slow
-side against its fixed twin (``h200_<pair>``), so the page shows the predicted saving beside the measured one.
+side against its fixed twin (``h200_<pair>``), so the page shows the predicted saving beside the measured one; and
+our H100 allocator pair from ``tests/data/gpu/h100`` (``h100_allocator``: ``torch.cuda.empty_cache()`` every step).
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ PAIRS = {
 H200 = ROOT.parent / "shared" / "traces" / "gpu" / "h200"
 H200_PAIRS = {"h200_precision": ("precision/slow", "precision/fixed"), "h200_launch": ("launch/slow", "launch/fixed"),
               "h200_dataloader": ("dataloader/slow", "dataloader/fixed")}
+H100 = ROOT / "tests" / "data" / "gpu" / "h100"  # ours, in the repository: the allocator pair (issue 41)
+H100_PAIRS = {"h100_allocator": ("allocator/slow", "allocator/fixed")}
 GPU_JOBS = {"gpu_2_of_8_ranks": (8, 6, 6, [0, 1]), "gpu_8_ranks": (8, 6, 5, None), "gpu_64_ranks": (64, 8, 37, None)}
 
 
@@ -74,6 +77,8 @@ def main() -> None:
         for name in GPU_JOBS:
             folder = gpu_job(name, Path(tmp))
             report([str(folder)], name, Path(tmp), root=Path(tmp))
+        for name, (subject, baseline) in H100_PAIRS.items():
+            report([str(H100 / subject), "--baseline", str(H100 / baseline)], name, Path(tmp))
         for name, (subject, baseline) in H200_PAIRS.items():
             if (H200 / subject).is_dir() and (H200 / baseline).is_dir():
                 report([str(H200 / subject), "--baseline", str(H200 / baseline)], name, Path(tmp), root=ROOT.parent)

@@ -44,7 +44,7 @@ IDLE_EXPLAIN_PCT = 50.0  # a GPU idle above this is never healthy without a find
 WAIT_VERDICT_PCT = 10.0  # a rank that waits this share of its step for other ranks is never "no significant slowdown"
 IDLE_EXPLAINERS = ("slow_collectives", "topology", "untraced_ranks", "straggler", "late_entry", "idle_rank",
                    "dataloader", "launch_bound", "host_bound", "compile_overhead", "host_sync", "step_sync",
-                   "host_optimizer")
+                   "host_optimizer", "memory_cache_flush")
 
 
 RULES = [rule_died, rule_exposed_communication, rule_untraced_ranks, rule_straggler, rule_late_entry, rule_idle_rank,
