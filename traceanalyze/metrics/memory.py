@@ -184,11 +184,14 @@ def _ops(con: duckdb.DuckDBPyConnection, run_id: int) -> dict[tuple[int, str], t
     """Per (rank, device): the top ops by bytes allocated, the ops of the allocations inside the steps never
     freed (both most bytes first), and the number of steps those were counted over. :data:`FILES_PER_QUERY` files
     at a time."""
-    steps = con.execute("SELECT rank, file_id, start_ns, end_ns FROM profiler_steps($run_id) WHERE NOT window_edge",
-                        {"run_id": run_id}).fetchall()
     n_steps: dict[int, int] = {}
-    for rank, *_ in steps:
+    by_file: dict[int, list[tuple[int, int]]] = {}  # file -> its steps' (start, end) in ns
+    for rank, f, start, end in con.execute("SELECT rank, file_id, start_ns, end_ns FROM profiler_steps($run_id) "
+                                           "WHERE NOT window_edge", {"run_id": run_id}).fetchall():
         n_steps[rank] = n_steps.get(rank, 0) + 1
+        if start is not None:  # one whose end is unknown holds nothing
+            by_file.setdefault(f, []).append((start, end if end is not None else np.iinfo(np.int64).min))
+    steps = {f: np.array(sorted(se), dtype=np.int64).T for f, se in by_file.items()}
     top: dict[tuple, dict[str, list[int]]] = {}
     unfreed: dict[tuple, dict[str, list[int]]] = {}
     files = [r[0] for r in con.execute(f"SELECT DISTINCT file_id FROM memory_events WHERE file_id IN "
@@ -208,7 +211,7 @@ def _ops(con: duckdb.DuckDBPyConnection, run_id: int) -> dict[tuple[int, str], t
     return {k: (_ranked(v)[:TOP_OPS], _ranked(unfreed.get(k, {})), n_steps.get(k[0], 0)) for k, v in top.items()}
 
 
-def _allocations(con: duckdb.DuckDBPyConnection, params: dict, steps: list[tuple]) -> pa.Table:
+def _allocations(con: duckdb.DuckDBPyConnection, params: dict, steps: dict[int, np.ndarray]) -> pa.Table:
     """The allocations of a batch of files: rank, device_type, dev_id, bytes, op (its name; null outside any op)
     and kept (made inside a step and not freed; see above)."""
     ev = con.sql(_EVENTS, params=params).to_arrow_table()
@@ -221,7 +224,7 @@ def _allocations(con: duckdb.DuckDBPyConnection, params: dict, steps: list[tuple
     freed = np.zeros(len(order), dtype=bool)
     freed[order[:-1]] = same & (e["bytes"][order[1:]] < 0)
     allocs = np.flatnonzero(e["bytes"] > 0)
-    kept = (~freed & _in_step(e["file_id"], e["ts_ns"], steps))[allocs]
+    kept = (~freed & _in_step(e["file_id"], e["ts_ns"], steps, params["files"]))[allocs]
     a = {c: e[c][allocs] for c in ("thread", "ts_ns")}
     ops = con.sql(_OPS, params=params).to_arrow_table()
     op_at, op_ok = _innermost(a, {c: ops[c].to_numpy() for c in ("thread", "ts_ns", "end_ns")})
@@ -264,19 +267,16 @@ def _innermost(a: dict[str, np.ndarray], o: dict[str, np.ndarray]) -> tuple[np.n
     return op_at, op_ok
 
 
-def _in_step(file_id: np.ndarray, ts: np.ndarray, steps: list[tuple]) -> np.ndarray:
+def _in_step(file_id: np.ndarray, ts: np.ndarray, steps: dict[int, np.ndarray], files: list[int]) -> np.ndarray:
     """Whether each event (its file, its ts in ns) is inside the step of its file that started last at or before
-    it (``steps``: ``(rank, file_id, start_ns, end_ns)``; one whose end is unknown holds nothing)."""
+    it (``steps``: file -> its steps' starts and ends, by start)."""
     out = np.zeros(len(ts), dtype=bool)
-    by_file: dict[int, list[tuple[int, int]]] = {}
-    for _, f, start, end in steps:
-        if start is not None:
-            by_file.setdefault(f, []).append((start, end if end is not None else np.iinfo(np.int64).min))
-    for f, se in by_file.items():
-        rows = np.flatnonzero(file_id == f)
-        starts, ends = np.array(sorted(se), dtype=np.int64).T
-        j = np.searchsorted(starts, ts[rows], side="right") - 1
-        out[rows] = (j >= 0) & (ts[rows] <= ends[np.maximum(j, 0)])
+    for f in files:
+        if f in steps:
+            starts, ends = steps[f]
+            rows = np.flatnonzero(file_id == f)
+            j = np.searchsorted(starts, ts[rows], side="right") - 1
+            out[rows] = (j >= 0) & (ts[rows] <= ends[np.maximum(j, 0)])
     return out
 
 
