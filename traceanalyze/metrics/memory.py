@@ -35,8 +35,8 @@ from traceanalyze.store import header_dict
 MIN_GROWTH_STEPS = 3  # steps with an allocated value at their end before growth is judged (2 increments)
 TOP_OPS = 5  # ops listed per rank and device (largest allocations, and allocations not freed)
 NO_OP = "(no op)"
-# files whose allocations one query attributes to ops (its working set: their events and ops): the 8-rank scale
-# set's memory rows take 0.26 s in one query, 0.50 s a file at a time
+# files whose allocations are attributed to ops together (the working set: their events and ops); fewer reads and
+# NumPy calls than a file at a time
 FILES_PER_QUERY = 8
 SUM_CAP = 1 << 62  # bytes: a sum of allocations is held at this (hostile counts of 1 PiB each would wrap an int64)
 
@@ -148,9 +148,10 @@ def _growth(r: MemoryRow) -> None:
     r.rising = len(vals) >= MIN_GROWTH_STEPS and all(d > 0 for d in inc)
 
 
-# Each allocation (Bytes > 0) with its op and whether it stays: two plain reads and NumPy sorts (the events come
-# nearly in time order, which its stable sorts run through fast). On the 8-rank scale set (28,000 memory events
-# and 60,000 ops a rank) the SQL it replaces (a lead() window and two ASOF joins) took 0.28 s of CPU.
+# Each allocation (Bytes > 0) with its op and whether it stays: two plain reads and NumPy sorts (the events and ops
+# come nearly in time order, which its stable sorts run through fast). On the 8-rank scale set (28,000 memory events
+# and 60,000 ops a rank) the memory rows took 0.34 s of CPU with a lead() window and two ASOF joins; 0.22 s so.
+# A null device type or index reads -2 in the sorts (a stored one is -1 or more).
 # An allocation stays when it is made inside a step (the one that started last before it, if it has not ended; the
 # window's last step left out) and not freed (the next event at its address, by time then larger Bytes first, is
 # no free).
