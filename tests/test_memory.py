@@ -209,3 +209,33 @@ def test_memory_table_in_markdown_and_html():
     page = render_html(model)
     assert "<h3>Memory per rank and device</h3>" in page
     assert "step 2: 4.0 MiB → step 5: 16.0 MiB" in page and '<tr class="flagged"><td class="n">1</td>' in page
+
+
+def test_allocations_take_the_innermost_running_op_and_stay_only_unfreed_inside_steps(tmp_path):
+    """One CPU rank, steps 1-3 of 1,000 µs (step 3, the window's last, is left out of "not freed"). Thread 1:
+    aten::long (60 µs) and aten::short (40 µs) start together inside outer; aten::empty at 300 µs; aten::mm from
+    1,150 µs; aten::zeros in step 3. An allocation belongs to the op that started last at or before it on its thread
+    (at one start the shorter, at its very ns too), if that op still runs: 1,000 B at 120 µs -> aten::short; 2,000 B
+    at 300 µs -> aten::empty; 4,000 B at 950 µs (after outer's end at 900) and 8,000 B on thread 2 (no op) ->
+    (no op). In step 2, 16,000 B under aten::mm are freed at the same ns (the free is the next event at the address),
+    32,000 B are never freed: kept; 64,000 B in step 3 are never freed but not counted."""
+    cpu = {"device_type": 0, "device_id": -1}
+    ev = [x("user_annotation", f"ProfilerStep#{s}", (s - 1) * 1000.0, 1000.0) for s in (1, 2, 3)]
+    ev += [x("cpu_op", "outer", 50.0, 850.0), x("cpu_op", "aten::long", 100.0, 60.0),
+           x("cpu_op", "aten::short", 100.0, 40.0), x("cpu_op", "aten::empty", 300.0, 10.0),
+           x("cpu_op", "aten::mm", 1150.0, 200.0), x("cpu_op", "aten::zeros", 2100.0, 50.0)]
+    ev += [mem(120.0, 1000, 1000, 0, 1, **cpu), mem(130.0, -1000, 0, 0, 1, **cpu),
+           mem(300.0, 2000, 2000, 0, 2, **cpu), mem(305.0, -2000, 0, 0, 2, **cpu),
+           mem(950.0, 4000, 4000, 0, 3, **cpu), mem(960.0, -4000, 0, 0, 3, **cpu),
+           mem(120.0, 8000, 8000, 0, 4, tid=2, **cpu), mem(125.0, -8000, 0, 0, 4, tid=2, **cpu),
+           mem(1200.0, 16000, 16000, 0, 5, **cpu), mem(1200.0, -16000, 0, 0, 5, **cpu),
+           mem(1300.0, 32000, 32000, 0, 6, **cpu), mem(2120.0, 64000, 96000, 0, 7, **cpu)]
+    write_trace(tmp_path / "m" / "rank0.json", 0, ev, world_size=1)
+    m = _memory(analyze(tmp_path / "m", Options(jobs=1)).model["runs"][0], 0, "CPU")
+    assert m["top_ops"] == [{"op": "aten::zeros", "count": 1, "bytes": 64000, "largest_bytes": 64000},
+                            {"op": "aten::mm", "count": 2, "bytes": 48000, "largest_bytes": 32000},
+                            {"op": "(no op)", "count": 2, "bytes": 12000, "largest_bytes": 8000},
+                            {"op": "aten::empty", "count": 1, "bytes": 2000, "largest_bytes": 2000},
+                            {"op": "aten::short", "count": 1, "bytes": 1000, "largest_bytes": 1000}]
+    assert m["unfreed_ops"] == [{"op": "aten::mm", "count": 1, "bytes": 32000, "largest_bytes": 32000}]
+    assert (m["unfreed_bytes"], m["unfreed_steps"]) == (32000, 2)

@@ -26,6 +26,8 @@ import statistics
 from dataclasses import asdict, dataclass, field
 
 import duckdb
+import numpy as np
+import pyarrow as pa
 
 from traceanalyze.limits import MAX_ALLOC_BYTES
 from traceanalyze.store import header_dict
@@ -33,8 +35,8 @@ from traceanalyze.store import header_dict
 MIN_GROWTH_STEPS = 3  # steps with an allocated value at their end before growth is judged (2 increments)
 TOP_OPS = 5  # ops listed per rank and device (largest allocations, and allocations not freed)
 NO_OP = "(no op)"
-# files whose allocations one query attributes to ops (its working set: their events and ops): the 8-rank scale
-# set's memory rows take 0.26 s in one query, 0.50 s a file at a time
+# files whose allocations are attributed to ops together (the working set: their events and ops); fewer reads and
+# NumPy calls than a file at a time
 FILES_PER_QUERY = 8
 SUM_CAP = 1 << 62  # bytes: a sum of allocations is held at this (hostile counts of 1 PiB each would wrap an int64)
 
@@ -146,66 +148,137 @@ def _growth(r: MemoryRow) -> None:
     r.rising = len(vals) >= MIN_GROWTH_STEPS and all(d > 0 for d in inc)
 
 
-# Each allocation (Bytes > 0) of the run with its op and whether it stays: one DuckDB query, ASOF joins in place of
-# Python loops over the events (on the 8-rank scale set, 28,000 memory events and 60,000 ops a rank: 0.94 s -> SQL).
+# Each allocation (Bytes > 0) with its op and whether it stays: two plain reads and NumPy sorts (the events and ops
+# come nearly in time order, which its stable sorts run through fast). On the 8-rank scale set (28,000 memory events
+# and 60,000 ops a rank) the memory rows took 0.34 s of CPU with a lead() window and two ASOF joins; 0.22 s so.
+# A null device type or index reads -2 in the sorts (a stored one is -1 or more).
 # An allocation stays when it is made inside a step (the one that started last before it, if it has not ended; the
-# window's last step left out) and not freed (the next event at its address is no free).
+# window's last step left out) and not freed (the next event at its address, by time then larger Bytes first, is
+# no free).
 # An allocation's op is the op that started last before it on its thread, if it still runs then: the innermost op
-# (allocations happen inside the op that asks for memory). At one start, the shorter op is the inner one: the keys
-# are (ns since the file's first op or event) × 1024 plus a rank of the op's duration that is larger for shorter ops.
-# The rows carry numbers only (the device's name is made per group at the end: dev_id is null on the CPU, whose
-# name has no index), and the events are read from the table, not from the window's output, for the first times
-# and the threads (0.30 -> 0.28 s of CPU on the scale set).
+# (allocations happen inside the op that asks for memory). At one start, the shorter op is the inner one.
+_BATCH = f"SELECT * FROM ({_FILES}) WHERE file_id IN (SELECT unnest($files))"
+# the threads that allocate, numbered (the same in both queries): the sorts compare one number, not three
+_THREADS = """th AS (SELECT *, row_number() OVER (ORDER BY file_id, pid, tid) AS thread FROM (
+    SELECT DISTINCT file_id, coalesce(pid, -1) AS pid, coalesce(tid, -1) AS tid FROM memory_events
+    WHERE file_id IN (SELECT file_id FROM f) AND bytes > 0))"""
+_EVENTS = f"""
+WITH f AS ({_BATCH}), {_THREADS}
+SELECT m.file_id, f.rank, m.device_type, CASE WHEN m.device_type = 0 THEN NULL ELSE m.device_id END AS dev_id,
+       coalesce(m.device_type, -2) AS dt, coalesce(m.device_id, -2) AS di, coalesce(m.addr, 0) AS addr,
+       m.addr IS NULL AS no_addr, coalesce(th.thread, 0) AS thread, m.ts_ns, m.bytes
+FROM memory_events m JOIN f USING (file_id)
+     LEFT JOIN th ON m.file_id = th.file_id AND coalesce(m.pid, -1) = th.pid AND coalesce(m.tid, -1) = th.tid"""
+_OPS = f"""
+WITH f AS ({_BATCH}), {_THREADS}
+SELECT th.thread, c.ts_ns, c.ts_ns + c.dur_ns AS end_ns, c.name
+FROM cpu_ops c JOIN th ON c.file_id = th.file_id AND coalesce(c.pid, -1) = th.pid AND coalesce(c.tid, -1) = th.tid
+WHERE c.file_id IN (SELECT file_id FROM f) AND c.cat = 'cpu_op' AND c.dur_ns >= 0"""
 _BY_OP = f"""
-WITH f AS (SELECT * FROM ({_FILES}) WHERE file_id IN (SELECT unnest($files))),
-me AS (SELECT m.*, f.rank FROM memory_events m JOIN f USING (file_id)),
-base AS (SELECT file_id, min(t) - 1 AS t0 FROM (SELECT file_id, min(ts_ns) AS t FROM me GROUP BY file_id UNION ALL
-          SELECT file_id, min(ts_ns) FROM cpu_ops WHERE file_id IN (SELECT file_id FROM f) GROUP BY file_id)
-          GROUP BY file_id),
-ev AS (
-    SELECT file_id, rank, device_type, CASE WHEN device_type = 0 THEN NULL ELSE device_id END AS dev_id,
-           coalesce(pid, -1) AS pid, coalesce(tid, -1) AS tid, ts_ns, bytes,
-           lead(bytes) OVER (PARTITION BY file_id, device_type, device_id, addr
-                             ORDER BY ts_ns, bytes DESC) AS next_bytes
-    FROM me),
-st AS (SELECT file_id, start_ns, end_ns FROM profiler_steps($run_id) WHERE NOT window_edge),
-a AS (SELECT a.file_id, a.rank, a.device_type, a.dev_id, a.pid, a.tid, a.ts_ns, a.bytes,
-             coalesce(coalesce(a.next_bytes >= 0, true) AND a.ts_ns <= st.end_ns, false) AS kept,
-             (a.ts_ns - base.t0) * 1024 + 1023 AS k
-      FROM (SELECT * FROM ev WHERE bytes > 0) a JOIN base USING (file_id)
-      ASOF LEFT JOIN st ON a.file_id = st.file_id AND a.ts_ns >= st.start_ns),
-o AS (SELECT c.file_id, coalesce(c.pid, -1) AS pid, coalesce(c.tid, -1) AS tid, c.ts_ns + c.dur_ns AS end_ns,
-             c.name, (c.ts_ns - base.t0) * 1024 + 1022 - least(1022, floor(log2(c.dur_ns + 1)) * 16)::BIGINT AS k
-      FROM cpu_ops c JOIN base USING (file_id)
-      WHERE c.cat = 'cpu_op' AND c.dur_ns >= 0 AND (c.file_id, coalesce(c.pid, -1), coalesce(c.tid, -1))
-            IN (SELECT DISTINCT file_id, coalesce(pid, -1), coalesce(tid, -1) FROM me)),
-j AS (SELECT a.rank, a.device_type, a.dev_id, a.bytes, a.kept, CASE WHEN o.end_ns >= a.ts_ns THEN o.name END AS op
-      FROM a ASOF LEFT JOIN o ON a.file_id = o.file_id AND a.pid = o.pid AND a.tid = o.tid AND a.k >= o.k),
-g AS (SELECT rank, device_type, dev_id AS device_id, op, kept, count(*) AS n,
+SELECT rank, {_DEVICE.replace("m.", "g.")} AS device, coalesce(op, '{NO_OP}') AS op, kept, n, total, big
+FROM (SELECT rank, device_type, dev_id AS device_id, op, kept, count(*) AS n,
              least(sum(bytes::HUGEINT), {SUM_CAP})::BIGINT AS total, max(bytes) AS big
-      FROM j GROUP BY ALL)
-SELECT rank, {_DEVICE.replace("m.", "g.")} AS device, coalesce(op, '{NO_OP}') AS op, kept, n, total, big FROM g
-"""
+      FROM _allocs GROUP BY ALL) g"""
 
 
 def _ops(con: duckdb.DuckDBPyConnection, run_id: int) -> dict[tuple[int, str], tuple[list, list, int]]:
     """Per (rank, device): the top ops by bytes allocated, the ops of the allocations inside the steps never
     freed (both most bytes first), and the number of steps those were counted over. :data:`FILES_PER_QUERY` files
     at a time."""
-    n_steps = dict(con.execute("SELECT rank, count(*) FROM profiler_steps($run_id) WHERE NOT window_edge "
-                               "GROUP BY rank", {"run_id": run_id}).fetchall())
+    n_steps: dict[int, int] = {}
+    by_file: dict[int, list[tuple[int, int]]] = {}  # file -> its steps' (start, end) in ns
+    for rank, f, start, end in con.execute("SELECT rank, file_id, start_ns, end_ns FROM profiler_steps($run_id) "
+                                           "WHERE NOT window_edge", {"run_id": run_id}).fetchall():
+        n_steps[rank] = n_steps.get(rank, 0) + 1
+        if start is not None:  # one whose end is unknown holds nothing
+            by_file.setdefault(f, []).append((start, end if end is not None else np.iinfo(np.int64).min))
+    steps = {f: np.array(sorted(se), dtype=np.int64).T for f, se in by_file.items()}
     top: dict[tuple, dict[str, list[int]]] = {}
     unfreed: dict[tuple, dict[str, list[int]]] = {}
     files = [r[0] for r in con.execute(f"SELECT DISTINCT file_id FROM memory_events WHERE file_id IN "
                                        f"(SELECT file_id FROM ({_FILES})) ORDER BY file_id",
                                        {"run_id": run_id}).fetchall()]
-    for i in range(0, len(files), FILES_PER_QUERY):  # the join's working set: a few ranks' events and ops
-        rows = con.execute(_BY_OP, {"run_id": run_id, "files": files[i:i + FILES_PER_QUERY]}).fetchall()
+    for i in range(0, len(files), FILES_PER_QUERY):  # the working set: a few ranks' events and ops
+        params = {"run_id": run_id, "files": files[i:i + FILES_PER_QUERY]}
+        con.register("_allocs", _allocations(con, params, steps))
+        try:
+            rows = con.execute(_BY_OP).fetchall()
+        finally:
+            con.unregister("_allocs")
         for rank, device, op, kept, n, nbytes, big in rows:  # every allocation once in top, the kept ones again
             _tally(top.setdefault((rank, device), {}), str(op), n, nbytes, big)
             if kept:
                 _tally(unfreed.setdefault((rank, device), {}), str(op), n, nbytes, big)
     return {k: (_ranked(v)[:TOP_OPS], _ranked(unfreed.get(k, {})), n_steps.get(k[0], 0)) for k, v in top.items()}
+
+
+def _allocations(con: duckdb.DuckDBPyConnection, params: dict, steps: dict[int, np.ndarray]) -> pa.Table:
+    """The allocations of a batch of files: rank, device_type, dev_id, bytes, op (its name; null outside any op)
+    and kept (made inside a step and not freed; see above)."""
+    ev = con.sql(_EVENTS, params=params).to_arrow_table()
+    e = {c: ev[c].to_numpy() for c in ("file_id", "dt", "di", "addr", "no_addr", "thread", "ts_ns", "bytes")}
+    order = np.lexsort((-e["bytes"], e["ts_ns"], e["addr"], e["no_addr"], e["di"], e["dt"], e["file_id"]))
+    same = np.ones(max(len(order) - 1, 0), dtype=bool)  # the next event (by address, then time) is at its address
+    for c in ("file_id", "dt", "di", "addr", "no_addr"):
+        col = e[c][order]
+        same &= col[1:] == col[:-1]
+    freed = np.zeros(len(order), dtype=bool)
+    freed[order[:-1]] = same & (e["bytes"][order[1:]] < 0)
+    allocs = np.flatnonzero(e["bytes"] > 0)
+    kept = (~freed & _in_step(e["file_id"], e["ts_ns"], steps, params["files"]))[allocs]
+    a = {c: e[c][allocs] for c in ("thread", "ts_ns")}
+    ops = con.sql(_OPS, params=params).to_arrow_table()
+    op_at, op_ok = _innermost(a, {c: ops[c].to_numpy() for c in ("thread", "ts_ns", "end_ns")})
+    return pa.table({"rank": ev["rank"].take(allocs), "device_type": ev["device_type"].take(allocs),
+                     "dev_id": ev["dev_id"].take(allocs), "bytes": pa.array(e["bytes"][allocs]),
+                     "op": ops["name"].take(pa.array(op_at, mask=~op_ok)) if len(ops) else
+                     pa.nulls(len(allocs), pa.string()),
+                     "kept": pa.array(kept)})
+
+
+def _innermost(a: dict[str, np.ndarray], o: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """For each allocation (``a``: thread, ts_ns), the index of its op in ``o`` (thread, ts_ns, end_ns), and
+    whether it has one (see above; threads are numbered from 1). Among the ops of a thread sorted by start, an
+    allocation's op is the shortest of the last ones that started at or before it (at one ns; of one power of two
+    of duration, the shortest is the inner one too), if it still runs then."""
+    n_o, n_a = len(o["ts_ns"]), len(a["ts_ns"])
+    op_at, op_ok = np.zeros(n_a, dtype=np.int64), np.zeros(n_a, dtype=bool)
+    if not n_o or not n_a:
+        return op_at, op_ok
+    s_ops = np.lexsort((o["ts_ns"], o["thread"]))  # the ops by thread and start (they come nearly so: fast)
+    t_s, ts_s, end_s = o["thread"][s_ops], o["ts_ns"][s_ops], o["end_ns"][s_ops]
+    new = np.ones(n_o, dtype=bool)  # a run: the ops of one thread that start at one ns
+    new[1:] = (t_s[1:] != t_s[:-1]) | (ts_s[1:] != ts_s[:-1])
+    starts = np.flatnonzero(new)
+    run = np.cumsum(new) - 1
+    # the shortest op of each run (the one that ends first; the last of those that end together)
+    best = np.maximum.reduceat(np.where(end_s == np.minimum.reduceat(end_s, starts)[run], np.arange(n_o), -1), starts)
+    above = np.full(n_a, -1, dtype=np.int64)  # each allocation's last op at or before it on its thread (sorted ops)
+    a_by = np.argsort(a["thread"], kind="stable")
+    n_t = int(max(t_s[-1], a["thread"][a_by[-1]]))
+    o_at, a_at = np.searchsorted(t_s, np.arange(1, n_t + 2)), np.searchsorted(a["thread"][a_by], np.arange(1, n_t + 2))
+    for t in range(n_t):  # a few threads a file
+        rows = a_by[a_at[t]:a_at[t + 1]]
+        k = np.searchsorted(ts_s[o_at[t]:o_at[t + 1]], a["ts_ns"][rows], side="right")
+        above[rows] = np.where(k > 0, o_at[t] + k - 1, -1)
+    has = above >= 0
+    j = s_ops[best[run[np.maximum(above, 0)]]]
+    op_at[has] = j[has]
+    op_ok[:] = has & (o["end_ns"][j] >= a["ts_ns"])
+    return op_at, op_ok
+
+
+def _in_step(file_id: np.ndarray, ts: np.ndarray, steps: dict[int, np.ndarray], files: list[int]) -> np.ndarray:
+    """Whether each event (its file, its ts in ns) is inside the step of its file that started last at or before
+    it (``steps``: file -> its steps' starts and ends, by start)."""
+    out = np.zeros(len(ts), dtype=bool)
+    for f in files:
+        if f in steps:
+            starts, ends = steps[f]
+            rows = np.flatnonzero(file_id == f)
+            j = np.searchsorted(starts, ts[rows], side="right") - 1
+            out[rows] = (j >= 0) & (ts[rows] <= ends[np.maximum(j, 0)])
+    return out
 
 
 def _tally(acc: dict[str, list[int]], op: str, n: int, nbytes, big: int) -> None:
