@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from traceanalyze import matmath
-from traceanalyze.metrics.allocator import ALLOCATOR_CALLS, FREE_CALLS
+from traceanalyze.metrics.allocator import ALLOCATOR_CALLS, FREE_CALLS, has_frees
 from traceanalyze.metrics.collectives import int_column
 from traceanalyze.metrics.host import COMPILE_RANGES
 from traceanalyze.replay.graph.model import (
@@ -83,9 +83,9 @@ def categories(con, rc: RunClock, t: Tasks, fids: list[int], prec: np.ndarray
                 AND (is_dataloader_op(c.name) OR c.name IN (SELECT unnest($2)) OR c.name LIKE 'Optimizer.%'
                      OR ($3 AND c.name IN (SELECT unnest($4))
                          AND (c.input_types LIKE '["float"%' OR c.input_types LIKE '[''float''%'))))
-               OR (NOT $3 AND c.cat IN ('cuda_runtime', 'cuda_driver') AND c.name IN (SELECT unnest($6))))""",
+               OR ($8 AND c.cat IN ('cuda_runtime', 'cuda_driver') AND c.name IN (SELECT unnest($6))))""",
                [run_id, list(COMPILE_RANGES), mode != "gpu", list(MATMUL_OPS), fids, list(ALLOCATOR_CALLS),
-                list(FREE_CALLS)])
+                list(FREE_CALLS), mode == "gpu" and has_frees(con, run_id)])
     r_res = t.resource_ids(r["rank"], 0, int_column(r["pid"])[0], int_column(r["tid"])[0])
     r_rank = np.asarray(r["rank"], np.int64)
     shift = origin + off_ns[np.clip(r_rank, 0, world)]
