@@ -3,11 +3,25 @@
 
 from __future__ import annotations
 
+import re
+
 import duckdb
 import pytest
 
 from tests.conftest import shared
-from traceanalyze.matmath import dtype_sql, family_sql, kernel_dtype, kernel_family, op_dtype
+from traceanalyze import matmath
+from traceanalyze.matmath import (
+    FAMILY_PATTERNS,
+    KERNEL_DTYPE_RULES,
+    LAYOUT_PATTERNS,
+    activation_layout,
+    dtype_sql,
+    family_sql,
+    kernel_dtype,
+    kernel_family,
+    op_dtype,
+)
+from traceanalyze.metrics.kernels import KNOWN_COMPUTE, name_head, no_class
 
 # (kernel name, family, (dtype, tensor cores)). Real names: ../shared/kernel_names_observed.txt (HTA's test traces)
 # and the H200 traces under ../shared/traces/gpu/h200, unless said otherwise.
@@ -197,3 +211,36 @@ MISREAD = [
 @pytest.mark.parametrize("name", MISREAD, ids=[n[:48] for n in MISREAD])
 def test_misread_names_are_not_matrix_math(name):
     assert kernel_family(name) is None
+
+
+def _observed() -> list[str]:
+    lines = shared("kernel_names_observed.txt").read_text(encoding="utf-8").splitlines()
+    return [ln.partition(" ")[2] for ln in lines if ln.strip() and not ln.startswith("#")]
+
+
+def _ignorecase(rules: list[tuple], name: str):
+    """The first rule whose pattern (its first item) IGNORECASE finds in ``name``: what the per-name functions did
+    before they searched lower-cased names."""
+    return next((r for r in rules if re.search(r[0], name, re.IGNORECASE)), None)
+
+
+# non-ASCII names keep IGNORECASE's folding: the Kelvin sign is a k, the long s an s, the dotted capital I no i
+ODD_NAMES = ["void \u212aernel_gemm_bf16", "\u017fgemm_kernel", "flash_fwd_\u0130", "CONV_\u00e9_NCHW", "\u0130conv"]
+
+
+def test_lower_cased_search_is_ignorecase():
+    """The patterns searched in lower-cased ASCII names (and with IGNORECASE in the others) find what IGNORECASE
+    finds: every observed name, the tables' names in upper case and non-ASCII names."""
+    names = _observed() + [r[0].upper() for r in GEMM + CONV + ATTENTION] + ODD_NAMES
+    patterns = [p for _, p in FAMILY_PATTERNS + LAYOUT_PATTERNS] + [r[0] for r in KERNEL_DTYPE_RULES]
+    assert all(p == p.lower() for p in [*patterns, matmath.NOT_MATH, KNOWN_COMPUTE])
+    fam = [(p, f) for f, p in FAMILY_PATTERNS]
+    lay = [(p, lay) for lay, p in LAYOUT_PATTERNS]
+    for n in names:
+        want_fam = None if _ignorecase([(matmath.NOT_MATH,)], n) else (_ignorecase(fam, n) or (None, None))[1]
+        want_dt = (_ignorecase(KERNEL_DTYPE_RULES, n) or (None, None, None))[1:]
+        assert (kernel_family(n), kernel_dtype(n), activation_layout(n)) == (
+            want_fam, want_dt, (_ignorecase(lay, n) or (None, None))[1]), n
+        assert no_class(n) == (want_fam is None and not re.search(KNOWN_COMPUTE, name_head(n), re.IGNORECASE)), n
+    assert kernel_family("\u212aernel_gemm_bf16") == "gemm" and kernel_dtype("\u017fgemm_kernel") == ("fp32", False)
+    assert kernel_family("flash_fwd_\u0130") == "attention"

@@ -174,7 +174,7 @@ def test_the_steps_computed_once_are_the_stored_macros_rows(two_gpu_ranks):
     store.materialize_steps(a.con, 1)
     assert a.con.execute(f"SELECT {cols} FROM profiler_steps(1) ORDER BY rank, step").fetchall() == live
     assert a.con.execute("SELECT count(*) FROM profiler_steps(2)").fetchone()[0] == 0  # a run not computed
-    cur = store.steps_cursor(a.con, 1)
+    cur = store.steps_cursor(a.con)
     assert cur.execute(f"SELECT {cols} FROM profiler_steps(1) ORDER BY rank, step").fetchall() == live
     cur.close()
     # a change after the report: the TEMP rows would be stale, the stored macro is read again once forgotten

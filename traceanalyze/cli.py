@@ -14,6 +14,7 @@ Everything printed goes through
 from __future__ import annotations
 
 import errno
+import gc
 import hashlib
 import os
 import re
@@ -648,11 +649,22 @@ def one_blas_thread() -> None:
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
+def exit_unwalked() -> None:
+    """The process ends next: every object alive now is frozen out of the collector's reach (``gc.freeze``), so the
+    interpreter's shutdown collections do not walk the imported modules' objects again (~0.03 s of CPU of a report of
+    one 5 MB rank). Finalizers of what is left at exit are not guaranteed by Python anyway; every output and the
+    database are closed before."""
+    gc.freeze()
+
+
 def main() -> None:
     """Console-script entry point."""
     block_pandas()
     one_blas_thread()
-    cli(prog_name="traceanalyze")
+    try:
+        cli(prog_name="traceanalyze")
+    finally:
+        exit_unwalked()
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ them in SQL as Python's ``re`` does here.
 
 from __future__ import annotations
 
+import functools
 import re
 
 # (family, pattern searched case-insensitively in the kernel name). First match wins.
@@ -54,10 +55,13 @@ LAYOUT_PATTERNS: list[tuple[str, str]] = [
     ("nchw", r"nchw"),
     ("channels_last", r"channels_last|_nhwc<"),
 ]
-_FAMILY = [(f, re.compile(p, re.IGNORECASE)) for f, p in FAMILY_PATTERNS]
-_LAYOUT = [(lay, re.compile(p, re.IGNORECASE)) for lay, p in LAYOUT_PATTERNS]
-_NOT_MATH = re.compile(NOT_MATH, re.IGNORECASE)
-_DTYPE = [(re.compile(p, re.IGNORECASE), d, tc) for p, d, tc in KERNEL_DTYPE_RULES]
+# The patterns are lower case and compiled without IGNORECASE: an ASCII name is searched lower-cased, the same
+# matches ~6x faster on ~300-character kernel names (:func:`folded`)
+_FAMILY = [(f, re.compile(p)) for f, p in FAMILY_PATTERNS]
+_LAYOUT = [(lay, re.compile(p)) for lay, p in LAYOUT_PATTERNS]
+_NOT_MATH = re.compile(NOT_MATH)
+_DTYPE = [(re.compile(p), d, tc) for p, d, tc in KERNEL_DTYPE_RULES]
+NAME_CACHE = 8192  # distinct kernel names remembered by the per-name functions (a run has hundreds)
 
 # The ``Input type`` of an op (c10 names, lower-cased) -> math dtype.
 TYPE_TO_DTYPE = {"float": "fp32", "c10::bfloat16": "bf16", "c10::half": "fp16", "double": "fp64",
@@ -83,32 +87,52 @@ AUTOCAST_FP32_OPS = ("aten::layer_norm", "aten::native_layer_norm", "aten::nativ
                      "aten::rms_norm", "aten::_fused_rms_norm")
 
 
+def folded(name: str) -> tuple[str, int]:
+    """(``name`` to search, regex flags) for a lower-case pattern searched case-insensitively: an ASCII name
+    lower-cased with no flags (the same matches as IGNORECASE, whose per-character folding is slow), any other
+    name as it is with IGNORECASE (its folding of non-ASCII letters, such as the Kelvin sign, kept)."""
+    return (name.lower(), 0) if name.isascii() else (name, re.IGNORECASE)
+
+
+def search(pat: re.Pattern, name: str, flags: int) -> re.Match | None:
+    """``pat`` searched in a name from :func:`folded` with its ``flags`` (``re`` caches the flagged pattern)."""
+    return (re.compile(pat.pattern, flags) if flags else pat).search(name)
+
+
+@functools.lru_cache(maxsize=NAME_CACHE)  # the metrics and the replay ask for each distinct name several times
 def kernel_family(name: str) -> str | None:
     """``gemm``, ``conv`` or ``attention`` for a matrix-math kernel name, None for anything else (elementwise,
     reductions, copies, collectives)."""
-    if not name or _NOT_MATH.search(name):
+    if not name:
+        return None
+    text, flags = folded(name)
+    if search(_NOT_MATH, text, flags):
         return None
     for fam, pat in _FAMILY:
-        if pat.search(name):
+        if search(pat, text, flags):
             return fam
     return None
 
 
+@functools.lru_cache(maxsize=NAME_CACHE)
 def kernel_dtype(name: str) -> tuple[str | None, bool | None]:
     """(math dtype, uses tensor cores) from a kernel name by :data:`KERNEL_DTYPE_RULES`; (None, None) when the
     name does not tell (``nvjet_*``, Triton, cuBLAS generic names)."""
+    text, flags = folded(name or "")
     for pat, dt, tc in _DTYPE:
-        if pat.search(name or ""):
+        if search(pat, text, flags):
             return dt, tc
     return None, None
 
 
+@functools.lru_cache(maxsize=NAME_CACHE)
 def activation_layout(name: str) -> str | None:
     """What a kernel name says of the activations' memory layout (:data:`LAYOUT_PATTERNS`): ``transpose`` (cuDNN's
     NCHW↔NHWC layout transposes), ``nchw`` (a kernel that runs on NCHW tensors), ``channels_last`` (PyTorch's
     channels-last kernels), None when the name does not tell (most kernels: an NHWC convolution runs in both)."""
+    text, flags = folded(name or "")
     for lay, pat in _LAYOUT:
-        if pat.search(name or ""):
+        if search(pat, text, flags):
             return lay
     return None
 

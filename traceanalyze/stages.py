@@ -315,7 +315,7 @@ class ReplayRun:
         from traceanalyze.logs import sidecars
 
         cpu, unprofiled = sidecars.cpu_host(side["facts"], mode, world), side.get("unprofiled")
-        self.cur = store.steps_cursor(con, run_id)  # the replay reads the steps several times
+        self.cur = store.steps_cursor(con)  # the replay reads the steps several times
         self.writes: list[Callable[[], None]] = []  # the sim_* tables: written after the replay, on its thread
         self.warnings: list[dict] = []  # the replay's, added to the run's once it is kept and written
         self.pricer: list = []  # the replay's pricer of one more what-if (whatif.replay_run), once it is done
@@ -384,7 +384,7 @@ def evidence(con: duckdb.DuckDBPyConnection, run_id: int, run: Run, a: RunAnalys
         from concurrent.futures import ThreadPoolExecutor
 
         pool = ThreadPoolExecutor(max_workers=1) if a.n_rows <= OVERLAP_MAX_ROWS else None  # big: in turn (memory)
-        cur = store.steps_cursor(con, run_id)  # its three queries read the steps
+        cur = store.steps_cursor(con)  # its three queries read the steps
         view = deferred(pool, host.host_view, cur, run_id, compile_step)
         if pool is not None:
             pool.shutdown(wait=False)

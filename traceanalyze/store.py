@@ -206,30 +206,32 @@ MACROS += STEP_MACROS
 
 
 def materialize_steps(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
-    """``profiler_steps(run_id)`` computed once, into a TEMP table that a TEMP macro of the same name reads, on this
-    connection only (a dozen metrics read it per run: ~5 ms each for one 5 MB rank, a scan of every CPU op). Call
-    it once the run's files are placed: no stage changes the CPU ops or the placement afterwards, so the stored
-    macro, which other connections and users' queries read, gives the same rows."""
-    db, rid = con.execute("SELECT current_database()").fetchone()[0].replace('"', '""'), int(run_id)
-    con.execute(f"""CREATE TEMP TABLE IF NOT EXISTS step_rows AS
-        SELECT 0 AS run_id, * FROM "{db}".main.profiler_steps(NULL) LIMIT 0;
-        DELETE FROM temp.main.step_rows WHERE run_id = {rid};
-        INSERT INTO temp.main.step_rows SELECT {rid}, * FROM "{db}".main.profiler_steps({rid});
-        CREATE OR REPLACE TEMP MACRO profiler_steps(rid) AS TABLE
-        SELECT * EXCLUDE (run_id) FROM temp.main.step_rows WHERE run_id = rid""")
+    """``profiler_steps(run_id)`` computed once (a dozen metrics read it, each a scan of every CPU op) into an
+    in-memory database attached to the report's (``con``'s cursors see it), read by a TEMP macro of that name. Call it
+    when the run's files are placed: nothing changes the CPU ops or placement later, so the stored macro agrees."""
+    db, mem, macro = _steps_db(con)
+    con.execute(f"""ATTACH IF NOT EXISTS ':memory:' AS {mem}; CREATE TABLE IF NOT EXISTS {mem}.main.step_rows AS
+        SELECT 0 AS run_id, * FROM {db}.main.profiler_steps(NULL) LIMIT 0;
+        DELETE FROM {mem}.main.step_rows WHERE run_id = {run_id:d};
+        INSERT INTO {mem}.main.step_rows SELECT {run_id:d}, * FROM {db}.main.profiler_steps({run_id:d}); {macro}""")
+
+
+def _steps_db(con: duckdb.DuckDBPyConnection) -> tuple[str, str, str]:
+    """(database name, that of :func:`materialize_steps`' (never the same), its TEMP macro): names quoted."""
+    db = con.execute("SELECT current_database()").fetchone()[0].replace('"', '""')
+    return f'"{db}"', f'"{db}_steps"', ('CREATE OR REPLACE TEMP MACRO profiler_steps(rid) AS TABLE SELECT * EXCLUDE '
+                                        f'(run_id) FROM "{db}_steps".main.step_rows WHERE run_id = rid')
 
 
 def forget_steps(con: duckdb.DuckDBPyConnection) -> None:
-    """Drop :func:`materialize_steps`' TEMP objects: a caller that keeps the connection (the Python API's
-    :class:`~traceanalyze.pipeline.Analysis`) reads the stored macro, live, whatever it changes."""
-    con.execute("DROP MACRO TABLE IF EXISTS temp.main.profiler_steps; DROP TABLE IF EXISTS temp.main.step_rows")
+    """Drop :func:`materialize_steps`' objects: a caller keeping ``con`` (the API's) reads the stored macro, live."""
+    con.execute(f"DROP MACRO TABLE IF EXISTS temp.main.profiler_steps; DETACH DATABASE IF EXISTS {_steps_db(con)[1]}")
 
 
-def steps_cursor(con: duckdb.DuckDBPyConnection, run_id: int) -> duckdb.DuckDBPyConnection:
-    """A cursor of ``con`` (a connection of its own: it sees none of ``con``'s TEMP objects) with ``run_id``'s steps
-    computed once for it (:func:`materialize_steps`), for the cursors that read them in several queries."""
+def steps_cursor(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
+    """A cursor of ``con`` reading the steps :func:`materialize_steps` computed on ``con`` (first), not again."""
     cur = con.cursor()
-    materialize_steps(cur, run_id)
+    cur.execute(_steps_db(cur)[2])
     return cur
 
 
@@ -570,9 +572,7 @@ def _drop_if_old(con: duckdb.DuckDBPyConnection) -> None:
 
 def insert_rows(con: duckdb.DuckDBPyConnection, table: str, cols: list[str] | None, rows: list[list]) -> None:
     """Insert ``rows`` (values in ``cols`` order; all of the table's columns, in order, when ``cols`` is None)
-    into ``table`` with one statement, one list per column.
-
-    ``executemany`` runs the statement once per row, which costs far more than the rows themselves.
+    into ``table`` with one statement, one list per column (``executemany`` runs it once per row: far dearer).
 
     Raises:
         duckdb.Error: a value does not fit its column (the whole insert is refused).

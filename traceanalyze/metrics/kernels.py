@@ -38,7 +38,7 @@ KNOWN_COMPUTE = (
     # the memory engines (Memcpy/Memset rows are class memory; kernels that move memory on one device)
     r"memcpy|memset|dma"
 )
-_KNOWN = re.compile(KNOWN_COMPUTE, re.IGNORECASE)
+_KNOWN = re.compile(KNOWN_COMPUTE)  # lower case: searched by matmath.search
 _ANON = re.compile(r"\(anonymous namespace\)::")
 
 # a run whose kernels of no class take more than this share of its kernel time gets a data-quality row
@@ -60,7 +60,7 @@ def no_class(name: str) -> bool:
     :data:`KNOWN_COMPUTE`."""
     if matmath.kernel_family(name) is not None:
         return False
-    return not _KNOWN.search(name_head(name))
+    return not matmath.search(_KNOWN, *matmath.folded(name_head(name)))
 
 
 def unclassified_kernels(con: duckdb.DuckDBPyConnection, run_id: int) -> list[dict]:
