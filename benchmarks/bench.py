@@ -372,8 +372,8 @@ def main_table(args, mb: float, hta_t: list, hta_m: list, cold_t: list, cold_m: 
     if hta_t:
         sp, mem = median(hta_t) / median(cold_t), median(cold_m) / median(hta_m)
         print(f"\nspeed-up over HTA: {sp:.1f}× cold (target ≥ 10×: {verdict(sp >= 10)}), "
-              f"{median(hta_t) / median(warm_t):.1f}× cached; memory {mem:.2f}× of HTA's (target ≤ 0.3×: "
-              f"{verdict(mem <= 0.3)}); re-run {median(warm_t):.2f} s (target ≤ 0.3 s: "
+              f"{median(hta_t) / median(warm_t):.1f}× cached; memory {mem:.2f}× of HTA's (target ≤ 0.5×, issue 38: "
+              f"{verdict(mem <= 0.5)}); re-run {median(warm_t):.2f} s (target ≤ 0.3 s: "
               f"{verdict(median(warm_t) <= 0.3)})")
 
 
