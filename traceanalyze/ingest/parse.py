@@ -762,8 +762,10 @@ def _event_columns(ev: list, args: list, kind: pa.Array, gpu: np.ndarray, ts: np
         base["bytes"] = _arr([a.nbytes for a in args], pa.int64(), oob)
     cpu_any = bool((~gpu & ok).any())
     if cpu_any:
-        base["input_types"] = _raw_column([a.input_type for a in args])
-        base["input_dims"] = _raw_column([a.input_dims for a in args])
+        # bytes, not the msgspec.Raw: pyarrow (26) keeps a reference to every buffer it was handed, which kept
+        # each decoded run alive for the life of the process (a leak of ~2.6 MB per small rank in a reused worker)
+        base["input_types"] = _raw_column([None if a.input_type is None else bytes(a.input_type) for a in args])
+        base["input_dims"] = _raw_column([None if a.input_dims is None else bytes(a.input_dims) for a in args])
         base["kernel_backend"] = _arr([a.kernel_backend for a in args], pa.string())
     return base, gpu_any, cpu_any
 
@@ -790,15 +792,13 @@ _NO_ARGS = _Args()
 _NO_MEM_ARGS = _MemArgs()
 
 
-def _raw_column(raws: list) -> pa.Array:
-    """Raw JSON values (``msgspec.Raw`` or None) as a string column; invalid UTF-8 is replaced."""
-    # bytes, not memoryview: pyarrow (26) keeps a reference to every buffer it was handed, which kept each
-    # decoded run alive for the life of the process (a leak of ~2.6 MB per small rank in a reused worker)
-    arr = pa.array([None if r is None else bytes(r) for r in raws], pa.binary())
+def _raw_column(raws: list[bytes | None]) -> pa.Array:
+    """Raw JSON values (the bytes of a ``msgspec.Raw``, or None) as a string column; invalid UTF-8 is replaced."""
+    arr = pa.array(raws, pa.binary())
     try:
         return pc.cast(arr, pa.string())
     except pa.ArrowInvalid:
-        return pa.array([None if r is None else bytes(r).decode("utf-8", "replace") for r in raws], pa.string())
+        return pa.array([None if r is None else r.decode("utf-8", "replace") for r in raws], pa.string())
 
 
 def header_base_ns(header: dict) -> int:
