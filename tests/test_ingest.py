@@ -376,3 +376,30 @@ def test_each_trace_is_read_for_its_fingerprint_once_per_report(tmp_path, monkey
     assert sorted(reads) == ["rank0.json", "rank1.json"]
     stored = dict(a.con.execute("SELECT path, fingerprint FROM files").fetchall())
     assert stored == {str((folder / n).resolve()): real(folder / n) for n in ("rank0.json", "rank1.json")}
+
+
+def test_trace_span_and_metadata_events_among_kept_events(tmp_path):
+    """The "Trace" span event rides with the kept X events into a batch and is taken out there (no row); metadata
+    events are found by their count, in whichever run they decode."""
+    meta = [{"ph": "M", "name": "thread_name", "pid": 11, "tid": 12, "args": {"name": "python main"}},
+            {"ph": "M", "name": "process_name", "pid": 0, "tid": 0, "args": {"name": "GPU 0"}}]
+    span = {"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "pid": "Spans", "tid": "PyTorch Profiler",
+            "ts": 900.0, "dur": 2500.0, "args": {"Op count": 0}}
+    events = [*(_op(i) for i in range(3)), span, meta[0], *(_kernel(i) for i in range(2)), meta[1]]
+    info, t = parse_trace(_write(tmp_path, _trace(events)))
+    assert info.header[parse.SPAN_KEY] == 2500.0
+    assert (t["cpu_ops"].num_rows, t["kernels"].num_rows) == (3, 2)
+    assert "Trace" not in t["cpu_ops"].column("cat").to_pylist() + t["kernels"].column("cat").to_pylist()
+    assert sorted(t["threads"].to_pylist(), key=lambda r: r["kind"]) == [
+        {"pid": 0, "tid": 0, "kind": "process_name", "label": "GPU 0"},
+        {"pid": 11, "tid": 12, "kind": "thread_name", "label": "python main"}]
+    assert info.skipped_events == 0 and info.warnings == []
+
+
+def test_numpy_ns_conversion_matches_arrow():
+    """ts_ns of the kept events (NumPy) equals the Arrow steps the memory events use, on epoch µs (old traces)
+    and on halves of a ns, which round to even."""
+    us = [1.7e15 + 0.1235, 1_700_000_000_123_456.75, 0.0005, 0.0015, 0.0025, 1000.5, 3.9999995, 4e15]
+    arrow = parse._us_to_ns(parse.pa.array(us, parse.pa.float64())).to_pylist()
+    assert parse._us_to_ns_np(parse.np.array(us)).tolist() == arrow
+    assert arrow[3:5] == [2, 2]  # 1.5 ns and 2.5 ns: half to even

@@ -116,6 +116,12 @@ class _Event(_Fields, gc=False):
 
     ph: Any = None
 
+    def __post_init__(self) -> None:
+        _MARKS[0] += 1  # any phase may be M here (a rare path: counting them all costs nothing)
+
+
+_MARKS = [0]  # metadata (M) events decoded so far in this process: a run without any is never searched for them
+
 
 class _Tagged(_Fields, gc=False, tag_field="ph"):
     """Events decoded by their phase: complete (X) and metadata (M) events keep their fields; every other
@@ -129,6 +135,9 @@ class _XEvent(_Tagged, tag="X"):
 
 class _MEvent(_Tagged, tag="M"):
     ph: ClassVar[str] = "M"
+
+    def __post_init__(self) -> None:
+        _MARKS[0] += 1
 
 
 class _MemArgs(msgspec.Struct, gc=False):
@@ -465,6 +474,13 @@ def _us_to_ns(us: pa.Array) -> pa.Array:
     return pc.add(pc.multiply(pc.cast(whole, pa.int64()), 1000), frac_ns)
 
 
+def _us_to_ns_np(us: np.ndarray) -> np.ndarray:
+    """:func:`_us_to_ns` in NumPy, for finite µs: the same float64 steps (floor, the fraction times 1000 rounded
+    half to even, whole µs times 1000 in integers), so the same ns."""
+    whole = np.floor(us)
+    return whole.astype(np.int64) * 1000 + np.rint((us - whole) * 1000.0).astype(np.int64)
+
+
 def _arr(values: list, typ: pa.DataType, oob: set[int] | None = None) -> pa.Array:
     """Build an Arrow array; when a trace carries a wrong type somewhere, coerce item by item (None if hopeless).
 
@@ -472,6 +488,8 @@ def _arr(values: list, typ: pa.DataType, oob: set[int] | None = None) -> pa.Arra
     such as a 400-digit integer in a float column): their events are dropped by the caller. Only the slow path
     (a value Arrow refused) looks, so the usual batch pays nothing for it.
     """
+    if values and values[0] is None and values.count(None) == len(values):  # an arg no event of the batch has
+        return pa.nulls(len(values), typ)
     try:
         return pa.array(values, type=typ)
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError):
@@ -525,6 +543,7 @@ class _Columns:
         self.span_us: float | None = None  # the profiler's recording span: its "Trace" event (PyTorch Profiler (0))
         self.pending: list = []  # X events of a kept category, not yet converted
         self.instants = _INSTANTS[0]  # instants decoded in this process before the events given to add()
+        self.marks = _MARKS[0]  # the same for metadata events
         self.memory_dropped = 0  # [memory] events without a usable ts or Bytes (README, Safety)
         self.mem_pending: list = []  # [memory] instants, not yet converted (in batches, as the X events)
 
@@ -533,16 +552,19 @@ class _Columns:
 
     def add(self, events: list) -> None:
         """Take decoded events (any phase; only X and M events are kept)."""
+        # one pass: the "Trace" event (the recording's span, one per file) goes along and is taken out in convert()
         try:
-            x = [e for e in events if e.ph == "X" and e.cat in _KEPT_CATS]
+            x = [e for e in events if e.ph == "X" and e.cat in _KEPT_OR_TRACE]
         except TypeError:  # an unhashable cat (a list) somewhere: such an event is no kernel or op
-            x = [e for e in events if e.ph == "X" and type(e.cat) is str and e.cat in _KEPT_CATS]
+            x = [e for e in events if e.ph == "X" and type(e.cat) is str and e.cat in _KEPT_OR_TRACE]
         self.pending += x
         if len(self.pending) >= self.BATCH_ROWS:
             self.convert()
-        m = [e for e in events if e.ph == "M" or (e.ph == "X" and e.cat == "Trace")]
-        if m:
-            self._add_m(m)
+        if _MARKS[0] != self.marks:  # only runs that hold a metadata event are searched for them
+            self.marks = _MARKS[0]
+            m = [e for e in events if e.ph == "M"]
+            if m:
+                self._add_m(m)
         if _INSTANTS[0] != self.instants:  # only runs that hold an instant are searched for [memory] events
             self.instants = _INSTANTS[0]
             self.mem_pending += [e for e in events if type(e) is _IEvent and e.name == "[memory]"]  # type: 3x ph
@@ -583,14 +605,16 @@ class _Columns:
         self.memory_dropped += len(events) - n_ok
         self._append("memory_events", cols, ok)
 
+    def _add_span(self, events: list) -> None:
+        """Kineto's span of the whole recording (its "Trace" X events): the bound on any event's duration."""
+        for e in events:
+            d = _float_or_none(e.dur)
+            if d is not None and math.isfinite(d) and 0 < d <= MAX_DUR_US:
+                self.span_us = max(self.span_us or 0.0, d)
+
     def _add_m(self, events: list) -> None:
         t: dict[str, list] = {f: [] for f in THREAD_SCHEMA.names}
         for e in events:
-            if e.ph == "X":  # kineto's span of the whole recording: the bound on any event's duration
-                d = _float_or_none(e.dur)
-                if d is not None and math.isfinite(d) and 0 < d <= MAX_DUR_US:
-                    self.span_us = max(self.span_us or 0.0, d)
-                continue
             if e.name in ("thread_name", "process_name", "process_labels") and e.args is not None:
                 t["pid"].append(_int_or_none(e.pid))
                 t["tid"].append(_int_or_none(e.tid))
@@ -605,53 +629,61 @@ class _Columns:
         ev, self.pending = self.pending, []
         if not ev:
             return
+        # kept categories only (add() filters them): a dict lookup per event gives each row's kind, and NumPy
+        # lookups by that code give the masks, where string arrays and set lookups in Arrow cost more
+        try:
+            code = np.array([_KIND_CODE[e.cat] for e in ev], dtype=np.int32)
+        except KeyError:  # a "Trace" event: the span, no row
+            self._add_span([e for e in ev if e.cat == "Trace"])
+            ev = [e for e in ev if e.cat != "Trace"]
+            if not ev:
+                return
+            code = np.array([_KIND_CODE[e.cat] for e in ev], dtype=np.int32)
         n = len(ev)
-        kind = pc.take(_KIND_VALUES, pc.index_in(pa.array([e.cat for e in ev], pa.string()), _KIND_KEYS))
-        gpu = pc.is_in(kind, _GPU_KINDS)
-        sync = pc.is_in(kind, _SYNC_KINDS)
-        on_gpu = pc.or_(gpu, sync)  # rows with a device and stream
+        kind = pc.take(_KIND_VALUES, pa.array(code))
+        gpu, sync = _IS_GPU[code], _IS_SYNC[code]
+        on_gpu = gpu | sync  # rows with a device and stream
         oob: set[int] = set()  # events holding a number out of range: dropped, counted apart
-        ts = _arr([e.ts for e in ev], pa.float64(), oob)
-        dur = _arr([e.dur for e in ev], pa.float64(), oob)
+        ts = _arr([e.ts for e in ev], pa.float64(), oob).to_numpy(zero_copy_only=False)  # null -> NaN
+        dur = _arr([e.dur for e in ev], pa.float64(), oob).to_numpy(zero_copy_only=False)
         ok, time_oob = self._valid_times(ev, ts, dur, oob)
         args = [e.args or _NO_ARGS for e in ev]
         base, gpu_any, cpu_any = _event_columns(ev, args, kind, on_gpu, ts, dur, ok, oob)
         comm = self._comm_table(args, base, gpu, oob)
-        sync_any = gpu_any and pc.any(pc.and_(sync, ok)).as_py()
+        sync_any = gpu_any and bool((sync & ok).any())
         if sync_any:  # the awaited event of a Stream Wait Event: its stream and its record call
             base["wait_on_stream"] = _arr([a.wait_on_stream for a in args], pa.int64(), oob)
             base["wait_on_corr"] = _arr([a.wait_on_corr for a in args], pa.int64(), oob)
         if oob:
             keep = np.ones(n, dtype=bool)
             keep[list(oob)] = False
-            self.out_of_range += int(pc.sum(pc.and_(ok, pa.array(~keep))).as_py() or 0) + time_oob
-            ok = pc.and_(ok, pa.array(keep))
+            self.out_of_range += int(np.count_nonzero(ok & ~keep)) + time_oob
+            ok = ok & keep
         if gpu_any:
-            self._append("kernels", base, pc.and_(gpu, ok))
+            self._append("kernels", base, gpu & ok)
         if sync_any:
-            self._append("cuda_syncs", base, pc.and_(sync, ok))
+            self._append("cuda_syncs", base, sync & ok)
         if cpu_any:
-            self._append("cpu_ops", base, pc.and_(pc.invert(on_gpu), ok))
+            self._append("cpu_ops", base, ~on_gpu & ok)
         if comm is not None:
             t, has = comm
-            t = pc.filter(t, pc.fill_null(pc.and_(ok, has), False))
+            t = pc.filter(t, pc.fill_null(pc.and_(pa.array(ok), has), False))
             if t.num_rows:
                 self.parts["comm_events"].append(t)
 
-    def _valid_times(self, ev: list, ts: pa.Array, dur: pa.Array, oob: set[int]) -> tuple[pa.Array, int]:
-        """Which events have a usable time: ts and dur present, finite, not negative, ts in range and dur at most
-        :data:`MAX_DUR_US`. The others are counted by reason (``oob``, the positions of numbers out of range so
-        far, are counted apart, as out of range). Returns the mask and the number of events out of range by
-        their ts or dur."""
+    def _valid_times(self, ev: list, ts: np.ndarray, dur: np.ndarray, oob: set[int]) -> tuple[np.ndarray, int]:
+        """Which events have a usable time: ts and dur (µs, NaN where missing) finite, not negative, ts in range
+        and dur at most :data:`MAX_DUR_US`. The others are counted by reason (``oob``, the positions of numbers out
+        of range so far, are counted apart, as out of range). Returns the mask and the number of events out of
+        range by their ts or dur."""
         n = len(ev)
-        finite = pc.fill_null(pc.and_(pc.is_finite(ts), pc.is_finite(dur)), False)
-        neg_dur = pc.fill_null(pc.and_(finite, pc.less(dur, 0.0)), False)
-        neg_ts = pc.fill_null(pc.and_(pc.and_(finite, pc.invert(neg_dur)), pc.less(ts, 0.0)), False)
-        ok = pc.fill_null(pc.and_(pc.and_(finite, pc.invert(pc.or_(neg_dur, neg_ts))),
-                                  pc.less_equal(ts, MAX_TS_US)), False)
-        n_ok = pc.sum(ok).as_py() or 0
-        n_neg_dur = pc.sum(neg_dur).as_py() or 0
-        n_neg_ts = pc.sum(neg_ts).as_py() or 0
+        finite = np.isfinite(ts) & np.isfinite(dur)
+        neg_dur = finite & (dur < 0.0)
+        neg_ts = finite & ~neg_dur & (ts < 0.0)
+        ok = finite & ~(neg_dur | neg_ts) & (ts <= MAX_TS_US)
+        n_ok = int(np.count_nonzero(ok))
+        n_neg_dur = int(np.count_nonzero(neg_dur))
+        n_neg_ts = int(np.count_nonzero(neg_ts))
         self.negative_dur += n_neg_dur
         self.negative_ts += n_neg_ts
         if oob:  # counted once, as out of range, not also as bad ts/dur
@@ -659,28 +691,26 @@ class _Columns:
         else:
             time_oob = 0
         self.bad_time += n - n_ok - n_neg_dur - n_neg_ts - time_oob
-        too_long = pc.and_(ok, pc.greater(dur, MAX_DUR_US))
-        n_long = pc.sum(too_long).as_py() or 0
+        too_long = ok & (dur > MAX_DUR_US)
+        n_long = int(np.count_nonzero(too_long))
         if n_long:  # a CUPTI fault: an end time never written gives durations of years
             self.too_long += n_long
-            ok = pc.and_(ok, pc.invert(too_long))
+            ok = ok & ~too_long
         return ok, time_oob
 
-    def _append(self, table: str, cols: dict, mask: pa.Array) -> None:
+    def _append(self, table: str, cols: dict, mask: pa.Array | np.ndarray) -> None:
         schema = TABLES[table]
-        t = pc.filter(pa.table([cols[f] for f in schema.names], schema=schema), mask)
+        t = pc.filter(pa.table([cols[f] for f in schema.names], schema=schema), pa.array(mask))
         self.parts[table].append(t)
         self.rows += t.num_rows
 
-    def _comm_table(self, args: list, base: dict, gpu: pa.Array, oob: set[int]) -> tuple[pa.Table, pa.Array] | None:
+    def _comm_table(self, args: list, base: dict, gpu: np.ndarray, oob: set[int]) -> tuple[pa.Table, pa.Array] | None:
         """The collective metadata of a batch, unfiltered, and which rows carry any; None when none does."""
-        n = len(args)
-        # these four tell whether any event carries collective metadata: most batches hold none
-        raw = {"collective": [a.collective for a in args], "pg_name": [a.pg_name for a in args],
-               "in_nelems": [a.in_nelems for a in args], "in_size": [a.in_size for a in args]}
-        if all(v.count(None) == n for v in raw.values()):
+        # these four tell whether any event carries collective metadata: most batches hold none (one pass)
+        if not [a for a in args if a.collective is not None or a.pg_name is not None or a.in_nelems is not None
+                or a.in_size is not None]:
             return None
-        raw.update({f: [getattr(a, f) for a in args] for f in _COMM_ARGS if f not in raw})
+        raw = {f: [getattr(a, f) for a in args] for f in _COMM_ARGS}
         comm = {
             "collective": _arr(raw["collective"], pa.string()),
             "in_nelems": pc.coalesce(_arr(raw["in_nelems"], pa.int64(), oob), _arr(raw["in_size"], pa.int64(), oob)),
@@ -693,7 +723,7 @@ class _Columns:
             "pg_ranks": pa.array([_raw_text(x) for x in raw["pg_ranks"]], pa.string()),
             "seq": _arr(raw["seq"], pa.int64(), oob),
             "comms_id": _arr(raw["comms_id"], pa.string()),
-            "source": pc.if_else(gpu, "kernels", "cpu_ops"),
+            "source": pc.if_else(pa.array(gpu), "kernels", "cpu_ops"),
         }
         has = pc.or_(pc.or_(pc.is_valid(comm["collective"]), pc.is_valid(comm["pg_name"])),
                      pc.is_valid(comm["in_nelems"]))
@@ -707,40 +737,53 @@ class _Columns:
         return out
 
 
-def _event_columns(ev: list, args: list, kind: pa.Array, gpu: pa.Array, ts: pa.Array, dur: pa.Array, ok: pa.Array,
-                   oob: set[int]) -> tuple[dict[str, pa.Array], bool, bool]:
+def _event_columns(ev: list, args: list, kind: pa.Array, gpu: np.ndarray, ts: np.ndarray, dur: np.ndarray,
+                   ok: np.ndarray, oob: set[int]) -> tuple[dict[str, pa.Array], bool, bool]:
     """The columns of the kernels and cpu_ops tables for a batch of X events, unfiltered (``ts_ns``/``dur_ns``
-    are 0 where ``ok`` is false); the GPU-only and CPU-only columns only when a kept event needs them. Returns
-    the columns and whether any kept event is a GPU one, and any a CPU one."""
+    are 0 where ``ok`` is false; ``ts``/``dur`` in µs); the GPU-only and CPU-only columns only when a kept event
+    needs them. Returns the columns and whether any kept event is a GPU one, and any a CPU one."""
+    pid = _arr([e.pid for e in ev], pa.int64(), oob)
+    tid = _arr([e.tid for e in ev], pa.int64(), oob)
     base = {
         "cat": kind,
         "name": _arr([e.name for e in ev], pa.string()),
-        "ts_ns": _us_to_ns(pc.if_else(ok, ts, 0.0)),
-        "dur_ns": pc.cast(pc.round(pc.multiply(pc.if_else(ok, dur, 0.0), 1000.0)), pa.int64()),
-        "external_id": pc.coalesce(_arr([a.external_id for a in args], pa.int64(), oob),
-                                   _arr([a.external_id_old for a in args], pa.int64(), oob)),
+        "ts_ns": pa.array(_us_to_ns_np(np.where(ok, ts, 0.0))),
+        "dur_ns": pa.array(np.rint(np.where(ok, dur, 0.0) * 1000.0).astype(np.int64)),  # rint: half to even
+        "external_id": _coalesce(_arr([a.external_id for a in args], pa.int64(), oob),
+                                 _arr([a.external_id_old for a in args], pa.int64(), oob)),
         "correlation": _arr([a.correlation for a in args], pa.int64(), oob),
-        "pid": _arr([e.pid for e in ev], pa.int64(), oob),
-        "tid": _arr([e.tid for e in ev], pa.int64(), oob),
+        "pid": pid,
+        "tid": tid,
     }
-    gpu_any = pc.any(pc.and_(gpu, ok)).as_py()
+    gpu_any = bool((gpu & ok).any())
     if gpu_any:
-        base["device"] = pc.coalesce(_arr([a.device for a in args], pa.int64(), oob), base["pid"])
-        base["stream"] = pc.coalesce(_arr([a.stream for a in args], pa.int64(), oob), base["tid"])
+        base["device"] = _coalesce(_arr([a.device for a in args], pa.int64(), oob), pid)
+        base["stream"] = _coalesce(_arr([a.stream for a in args], pa.int64(), oob), tid)
         base["bytes"] = _arr([a.nbytes for a in args], pa.int64(), oob)
-    cpu_any = pc.any(pc.and_(pc.invert(gpu), ok)).as_py()
+    cpu_any = bool((~gpu & ok).any())
     if cpu_any:
-        base["input_types"] = _raw_column([a.input_type for a in args])
-        base["input_dims"] = _raw_column([a.input_dims for a in args])
+        # bytes, not the msgspec.Raw: pyarrow (26) keeps a reference to every buffer it was handed, which kept
+        # each decoded run alive for the life of the process (a leak of ~2.6 MB per small rank in a reused worker)
+        base["input_types"] = _raw_column([None if a.input_type is None else bytes(a.input_type) for a in args])
+        base["input_dims"] = _raw_column([None if a.input_dims is None else bytes(a.input_dims) for a in args])
         base["kernel_backend"] = _arr([a.kernel_backend for a in args], pa.string())
     return base, gpu_any, cpu_any
 
 
-_KIND_KEYS = pa.array(list(GPU_CATS) + list(CPU_CATS) + list(SYNC_CATS))
+def _coalesce(first: pa.Array, second: pa.Array) -> pa.Array:
+    """``coalesce(first, second)``; ``first`` itself when either has no nulls to fill or nothing to fill them
+    with (most batches: old-style ``external id`` and ``device``/``stream`` args are rare or always there)."""
+    if first.null_count == 0 or second.null_count == len(second):
+        return first
+    return pc.coalesce(first, second)
+
+
+_KIND_CODE = {c: i for i, c in enumerate([*GPU_CATS, *CPU_CATS, *SYNC_CATS])}  # Kineto category -> its code
 _KIND_VALUES = pa.array(list(GPU_CATS.values()) + [v or "" for v in CPU_CATS.values()] + list(SYNC_CATS.values()))
-_GPU_KINDS = pa.array(sorted(set(GPU_CATS.values())))
-_SYNC_KINDS = pa.array(sorted(set(SYNC_CATS.values())))
+_IS_GPU = np.array([c in GPU_CATS for c in _KIND_CODE])  # by code: a GPU table's category (kernels)
+_IS_SYNC = np.array([c in SYNC_CATS for c in _KIND_CODE])  # by code: a cuda_syncs category
 _KEPT_CATS = frozenset(c for c, v in {**GPU_CATS, **CPU_CATS, **SYNC_CATS}.items() if v)
+_KEPT_OR_TRACE = _KEPT_CATS | {"Trace"}
 _COMM_ARGS = ("collective", "in_nelems", "out_nelems", "in_size", "out_size", "group_size", "comm_dtype", "pg_name",
               "pg_desc", "pg_ranks", "seq", "comms_id")
 
@@ -749,15 +792,13 @@ _NO_ARGS = _Args()
 _NO_MEM_ARGS = _MemArgs()
 
 
-def _raw_column(raws: list) -> pa.Array:
-    """Raw JSON values (``msgspec.Raw`` or None) as a string column; invalid UTF-8 is replaced."""
-    # bytes, not memoryview: pyarrow (26) keeps a reference to every buffer it was handed, which kept each
-    # decoded run alive for the life of the process (a leak of ~2.6 MB per small rank in a reused worker)
-    arr = pa.array([None if r is None else bytes(r) for r in raws], pa.binary())
+def _raw_column(raws: list[bytes | None]) -> pa.Array:
+    """Raw JSON values (the bytes of a ``msgspec.Raw``, or None) as a string column; invalid UTF-8 is replaced."""
+    arr = pa.array(raws, pa.binary())
     try:
         return pc.cast(arr, pa.string())
     except pa.ArrowInvalid:
-        return pa.array([None if r is None else bytes(r).decode("utf-8", "replace") for r in raws], pa.string())
+        return pa.array([None if r is None else r.decode("utf-8", "replace") for r in raws], pa.string())
 
 
 def header_base_ns(header: dict) -> int:
