@@ -272,12 +272,13 @@ inside AS (
     SELECT top.rank, c.cat, c.name, c.file_id, c.correlation
     FROM top JOIN cpu_ops c ON c.file_id = top.file_id AND c.pid = top.pid AND c.tid = top.tid
          AND c.ts_ns >= top.s AND c.ts_ns < top.e),
-k AS (  -- the kernel names matched once joined: only the optimizer's kernels, not every kernel of the database
+k AS (
     SELECT i.rank, count(k.correlation) AS n,
-           count(*) FILTER (WHERE {" OR ".join(f"k.name LIKE '%{p}%'" for p in MULTI_TENSOR_KERNELS)}) + count(*)
-               FILTER (WHERE i.cat = 'cpu_op' AND ({" OR ".join(f"i.name LIKE '{p}%'" for p in MULTI_TENSOR_OPS)}))
-               AS multi
-    FROM inside i LEFT JOIN (SELECT file_id, correlation, name FROM kernels WHERE cat = 'kernel') k
+           count(*) FILTER (WHERE k.multi) + count(*) FILTER (
+               WHERE i.cat = 'cpu_op' AND ({" OR ".join(f"i.name LIKE '{p}%'" for p in MULTI_TENSOR_OPS)})) AS multi
+    FROM inside i LEFT JOIN (
+        SELECT file_id, correlation, {" OR ".join(f"name LIKE '%{p}%'" for p in MULTI_TENSOR_KERNELS)} AS multi
+        FROM kernels WHERE cat = 'kernel') k
       ON i.cat IN ('cuda_runtime', 'cuda_driver') AND k.file_id = i.file_id AND k.correlation = i.correlation
     GROUP BY i.rank)
 SELECT top.rank, min(top.name), sum(top.e - top.s), any_value(n_st.n), any_value(coalesce(k.n, 0)),
