@@ -35,9 +35,10 @@ from traceanalyze.store import header_dict
 MIN_GROWTH_STEPS = 3  # steps with an allocated value at their end before growth is judged (2 increments)
 TOP_OPS = 5  # ops listed per rank and device (largest allocations, and allocations not freed)
 NO_OP = "(no op)"
-# files whose allocations are attributed to ops together (the working set: their events and ops); fewer reads and
-# NumPy calls than a file at a time
-FILES_PER_QUERY = 8
+# files whose allocations are attributed to ops together (the working set: their events and ops, beside the
+# replay's graph on the other thread); 8 at a time put the 8-rank scale set's peak at 445 MB of PSS, 2 at 381 MB in
+# the same time (benchmarks/bench.py --baseline, 3 runs each)
+FILES_PER_QUERY = 2
 SUM_CAP = 1 << 62  # bytes: a sum of allocations is held at this (hostile counts of 1 PiB each would wrap an int64)
 
 
