@@ -418,7 +418,7 @@ def memory_beside(con: duckdb.DuckDBPyConnection, run_id: int, n_rows: int) -> C
     if not memory.has_memory(con, run_id):
         return None
     pool = ThreadPoolExecutor(max_workers=1) if n_rows <= OVERLAP_MAX_ROWS else None
-    cur = con.cursor()
+    cur = store.steps_cursor(con)  # it reads the steps twice: those computed once (store.materialize_steps)
     rows = deferred(pool, memory.memory_rows, cur, run_id)
     if pool is not None:
         pool.shutdown(wait=False)

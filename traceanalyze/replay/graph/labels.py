@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from traceanalyze import matmath
-from traceanalyze.metrics.allocator import ALLOCATOR_CALLS, FREE_CALLS, has_frees
+from traceanalyze.metrics.allocator import ALLOCATOR_CALLS, FREE_CALLS
 from traceanalyze.metrics.collectives import int_column
 from traceanalyze.metrics.host import COMPILE_RANGES
 from traceanalyze.replay.graph.model import (
@@ -85,7 +85,7 @@ def categories(con, rc: RunClock, t: Tasks, fids: list[int], prec: np.ndarray
                          AND (c.input_types LIKE '["float"%' OR c.input_types LIKE '[''float''%'))))
                OR ($8 AND c.cat IN ('cuda_runtime', 'cuda_driver') AND c.name IN (SELECT unnest($6))))""",
                [run_id, list(COMPILE_RANGES), mode != "gpu", list(MATMUL_OPS), fids, list(ALLOCATOR_CALLS),
-                list(FREE_CALLS), mode == "gpu" and has_frees(con, run_id)])
+                list(FREE_CALLS), rc.frees])
     r_res = t.resource_ids(r["rank"], 0, int_column(r["pid"])[0], int_column(r["tid"])[0])
     r_rank = np.asarray(r["rank"], np.int64)
     shift = origin + off_ns[np.clip(r_rank, 0, world)]

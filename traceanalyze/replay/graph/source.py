@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from traceanalyze.ingest import compute as pc  # Arrow's compute functions without importing pyarrow.compute
+from traceanalyze.ingest import compute as pc
+from traceanalyze.metrics import allocator  # Arrow's compute functions without importing pyarrow.compute
 
 FETCH_BATCH_ROWS = 1 << 17  # rows per Arrow batch read from DuckDB by fetch_arrow
 
@@ -87,7 +88,9 @@ class RunClock:
     """The run's files, ranks and clocks, as every part of :func:`.builder.build` reads them.
 
     ``origin``: the run's first CPU timestamp (ns); ``off_ns``: per rank 0..``world``, its clock offset (ns);
-    ``fid``/``fid_rank``: the run's file ids (sorted) and each one's rank.
+    ``fid``/``fid_rank``: the run's file ids (sorted) and each one's rank; ``frees``: a GPU run whose traces hold
+    a ``cudaFree`` (:func:`traceanalyze.metrics.allocator.has_frees`: the graph's ``allocator`` category is looked
+    for only then), asked once per run, not once per chunk of ranks.
     """
 
     run_id: int
@@ -98,6 +101,7 @@ class RunClock:
     off_ns: np.ndarray
     fid: np.ndarray
     fid_rank: np.ndarray
+    frees: bool = False
 
     def rank_of(self, fids: np.ndarray) -> np.ndarray:
         """The rank of each file id (int64 array)."""
@@ -121,4 +125,4 @@ def run_clock(con, run_id: int, mode: str, world_size: int | None, clock_offsets
     fid_rank = np.array([file_rank[f] for f in fid.tolist()], dtype=np.int64)
     off_ns = np.array([int(offs.get(r, 0.0) * 1e3) for r in range(world + 1)], dtype=np.int64)
     return RunClock(run_id=run_id, mode=mode, ranks=ranks, world=world, origin=origin, off_ns=off_ns, fid=fid,
-                     fid_rank=fid_rank)
+                     fid_rank=fid_rank, frees=mode == "gpu" and allocator.has_frees(con, run_id))
