@@ -64,12 +64,60 @@ class Replay:
 
 
 @dataclass
+class Layout:
+    """The part of a replay's plan that depends on the graph's structure only (its resources, edges, collective
+    instances and measured starts), not on the durations, gaps, edge offsets or pinned starts a replay is given:
+    the same for the base replay and every rewrite that changes only those (:func:`layout_of`, passed to
+    :func:`replay`). ``ct``/``ci``: the collective tasks and their instances (task order; ``prev_ct``, each one's
+    previous task, and ``ct_first``, whether it is its resource's first); ``eo``: the edges' order by destination
+    (None: already so); ``dsrc``/``ddst``/``dend`` in that order, grouped by destination (``udst``: the
+    destinations, ``ustart``/``ustop``: each one's slice); ``pinned``: the tasks :func:`pinned_tasks` pins;
+    ``segs``/``slab_end``/``n_res``/``waves``: the pass order (:class:`_Plan`). With waves, ``perm`` (new position
+    -> task), ``eperm`` (edge in wave order -> edge of the graph), ``sidx`` and ``ct_w``/``prev_ct_w`` (the
+    collective tasks' positions) give the wave order (:func:`_lay_out_waves`)."""
+
+    of: tuple  # the graph's structural arrays it was computed from (compared by identity: a rewrite makes new ones)
+    ct: np.ndarray
+    ci: np.ndarray
+    prev_ct: np.ndarray
+    ct_first: np.ndarray
+    eo: np.ndarray | None
+    dsrc: np.ndarray
+    ddst: np.ndarray
+    dend: np.ndarray
+    udst: np.ndarray
+    ustart: np.ndarray
+    ustop: np.ndarray
+    pinned: np.ndarray
+    segs: list[tuple[int, int, int, int, int, int, int]]
+    slab_end: set[int]
+    n_res: int
+    waves: list[_Wave] | None = None
+    perm: np.ndarray | None = None
+    eperm: np.ndarray | None = None
+    sidx: np.ndarray | None = None
+    ct_w: np.ndarray | None = None
+    prev_ct_w: np.ndarray | None = None
+
+    def fits(self, g: Graph) -> bool:
+        """Whether this layout was computed from ``g``'s structure (the very same arrays)."""
+        return len(self.of) == len(now := _structure(g)) and all(a is b for a, b in zip(self.of, now, strict=True))
+
+
+def _structure(g: Graph) -> tuple:
+    """The graph's arrays a :class:`Layout` depends on."""
+    return (g.first, g.dep_src, g.dep_dst, g.dep_end, g.res, g.rank, g.inst, g.start, g.res_names)
+
+
+@dataclass
 class _Plan:
     """What every pass of :func:`replay` reads: the tasks' durations ``d`` and chain gaps ``cg`` (µs), the chain
     offsets ``c`` along each resource and the ``floor`` below every time, the start ``r0`` of the pinned first
-    tasks, the collective tasks ``ct`` with their instances ``ci`` (and each one's previous task and first flag),
-    the explicit edges grouped by destination (``udst``: the destinations, ``ustart``/``ustop``: each one's slice
-    of ``dsrc``/``dend``/``doff``) and the resource slices in pass order (:func:`_resource_slices`)."""
+    tasks and the edges' offsets ``doff`` (in wave order with waves, else in task order grouped by destination),
+    the collective tasks ``ct`` with their instances ``ci`` (and each one's previous task and first flag), the
+    explicit edges grouped by destination (``udst``: the destinations, ``ustart``/``ustop``: each one's slice of
+    ``dsrc``/``dend``/``doff``) and the resource slices in pass order (:func:`_resource_slices`), taken from the
+    :class:`Layout`."""
 
     d: np.ndarray
     cg: np.ndarray
@@ -81,7 +129,6 @@ class _Plan:
     prev_ct: np.ndarray
     ct_first: np.ndarray
     dsrc: np.ndarray
-    ddst: np.ndarray
     dend: np.ndarray
     doff: np.ndarray
     udst: np.ndarray
@@ -129,6 +176,9 @@ class _Wave:
     buckets: list[tuple[np.ndarray, np.ndarray, int]]
     res: np.ndarray  # each slice's resource (its index in the slab-less resource order)
     base: np.ndarray  # each slice's first position among the wave's tasks
+    cc_i: np.ndarray  # its collective tasks (indices into the plan's ct)
+    size: int  # its tasks
+    e_size: int  # its edges
     at: int = 0  # where the wave's tasks start in the plan's arrays, once they are laid out wave by wave
     e_at: int = 0  # ... and its edges
 
@@ -156,11 +206,13 @@ def _seg_cummax(x: np.ndarray, buckets: list[tuple[np.ndarray, np.ndarray, int]]
 
 
 def replay(g: Graph, dur: np.ndarray | None = None, gap: np.ndarray | None = None,
-           transfer: np.ndarray | None = None, keep_binding: bool = False, starts: np.ndarray | None = None) -> Replay:
+           transfer: np.ndarray | None = None, keep_binding: bool = False, starts: np.ndarray | None = None,
+           layout: Layout | None = None) -> Replay:
     """Replay ``g`` with the given per-task durations and chain gaps (µs; default the measured ones) and per-instance
     transfer times (default the measured transfer). ``starts``: per task, where a pinned task
     (:func:`pinned_tasks`) starts (µs on the graph's clock; default where it was measured): a rank that enters
-    the trace earlier or later.
+    the trace earlier or later. ``layout``: :func:`layout_of` a graph with ``g``'s structure (the base graph's
+    for a rewrite of its durations, gaps, offsets or starts), computed here when None or not ``g``'s.
 
     Returns:
         :class:`Replay`; with ``keep_binding`` it also carries ``binding`` (per task: the task whose time set its
@@ -168,9 +220,9 @@ def replay(g: Graph, dur: np.ndarray | None = None, gap: np.ndarray | None = Non
     """
     n = g.start.size
     tr = g.inst_transfer if transfer is None else transfer
-    p: _Plan | None = _plan(g, dur, gap, tr, starts=starts)
-    inv = _lay_out_waves(p) if p.waves is not None else None
-    if inv is not None:  # the starts, then the ends, in one array (see _wave_pass)
+    lay = layout if layout is not None and layout.fits(g) else layout_of(g)
+    p: _Plan | None = _plan(g, lay, dur, gap, tr, starts=starts)
+    if p.waves is not None:  # the starts, then the ends, in one array (see _wave_pass)
         p.se = np.full(2 * n, UNKNOWN)
         s, e = p.se[:n], p.se[n:]
     else:
@@ -191,52 +243,46 @@ def replay(g: Graph, dur: np.ndarray | None = None, gap: np.ndarray | None = Non
         if passes > 1 and moved < TOLERANCE_US:
             converged = True
             break
-    if inv is not None:  # back to task order, the plan released first (its arrays are the graph's size)
+    if lay.perm is not None:  # back to task order, the plan released first (its arrays are the graph's size)
         se, p = p.se, None
-        s, e = se[:n][inv], se[n:][inv]
-        del se, inv
+        s, e = np.empty(n), np.empty(n)
+        s[lay.perm], e[lay.perm] = se[:n], se[n:]
+        del se
+    p = None
     unknown = s <= UNKNOWN / 2
     s[unknown] = -np.inf
     e[unknown] = -np.inf
     out = Replay(start=s, end=e, passes=passes, converged=converged)
     if keep_binding:
-        if p is None:
-            p = _plan(g, dur, gap, tr, waves=False, starts=starts)
-        out.binding = _binding(g, s, e, p.d, p.cg, p.ct, p.ci, p.dsrc, p.ddst, p.dend,  # type: ignore[attr-defined]
-                               p.doff)
+        d, cg = _durations(g, lay, dur, gap, tr)
+        doff = g.dep_off if lay.eo is None else g.dep_off[lay.eo]
+        out.binding = _binding(g, s, e, d, cg, lay, doff)  # type: ignore[attr-defined]
     return out
 
 
-def _lay_out_waves(p: _Plan) -> np.ndarray:
-    """Reorder the plan's task and edge arrays wave after wave, in pass order, so that a wave's tasks and edges are
-    one slice each (:func:`_wave_pass` reads and writes them in place instead of gathering and scattering them);
-    returns each task's position in the new order. The per-task values are the same; only their order changes."""
-    assert p.waves is not None
-    perm = np.concatenate([_ranges(w.lo, w.n) for w in p.waves])  # new position -> task
-    n = perm.size
+def _lay_out_waves(lay: Layout, n: int) -> None:
+    """Order the replay's task and edge arrays wave after wave, in pass order, so that a wave's tasks and edges are
+    one slice each (:func:`_wave_pass` reads and writes them in place instead of gathering and scattering them):
+    sets ``lay``'s ``perm``, ``eperm``, ``sidx``, ``ct_w`` and ``prev_ct_w`` and each wave's place. The per-task
+    values are the same; only their order changes."""
+    assert lay.waves is not None
+    perm = np.concatenate([_ranges(w.lo, w.n) for w in lay.waves])  # new position -> task
     itype = np.int32 if 2 * n < 2**31 else np.int64
     perm = perm.astype(itype)
     inv = np.empty(n, itype)
     inv[perm] = np.arange(n, dtype=itype)
     at = e_at = 0
-    for w in p.waves:
+    for w in lay.waves:
         w.at, w.e_at = at, e_at
-        at += int(w.n.sum())
-        e_at += int(w.e_n.sum())
-    # one array at a time, each old one released before the next is copied
-    p.d = p.d[perm]
-    p.cg = p.cg[perm]
-    p.c = p.c[perm]
-    p.r0 = p.r0[perm]
-    del perm
-    eperm = np.concatenate([_ranges(w.e_lo, w.e_n) for w in p.waves]).astype(itype)
-    p.doff = p.doff[eperm]
-    src = inv[p.dsrc[eperm]]
-    p.sidx = np.where(p.dend[eperm], src + itype(n), src)  # into se: the source's end, or its start
-    p.dsrc = np.zeros(0, itype)  # read no more: the wave passes read sidx, the binding plans again in task order
-    del src, eperm
-    p.ct, p.prev_ct = inv[p.ct], inv[p.prev_ct]
-    return inv
+        at += w.size
+        e_at += w.e_size
+    eperm = np.concatenate([_ranges(w.e_lo, w.e_n) for w in lay.waves]).astype(itype)
+    src = inv[lay.dsrc[eperm]]
+    lay.sidx = np.where(lay.dend[eperm], src + itype(n), src)  # into se: the source's end, or its start
+    del src
+    lay.perm = perm
+    lay.eperm = eperm if lay.eo is None else lay.eo[eperm].astype(itype)  # into the graph's own edge order
+    lay.ct_w, lay.prev_ct_w = inv[lay.ct], inv[lay.prev_ct]
 
 
 def pinned_tasks(g: Graph) -> np.ndarray:
@@ -247,17 +293,50 @@ def pinned_tasks(g: Graph) -> np.ndarray:
     return pinned
 
 
-def _plan(g: Graph, dur: np.ndarray | None, gap: np.ndarray | None, tr: np.ndarray, waves: bool = True,
-          starts: np.ndarray | None = None) -> _Plan:
-    """The fixed part of a replay (:class:`_Plan`): durations with each complete collective at its transfer time,
-    the chain offsets, the pinned starts (``starts``, default the measured ones), the edges by destination and the
-    resource slices."""
+def layout_of(g: Graph) -> Layout:
+    """The structural part of ``g``'s replay plan (:class:`Layout`): the collective tasks, the edges by destination,
+    the pinned tasks and the resource slices, slabs and waves in pass order."""
     n = g.start.size
-    d = np.array(g.chain_dur if dur is None else dur, dtype=float)  # a copy: collectives get their transfer
-    cg = np.asarray(g.chain_gap if gap is None else gap, dtype=float)
     ct = np.flatnonzero(g.inst >= 0)
-    ci = g.inst[ct]
-    d[ct] = tr[ci]
+    eo = None if np.all(g.dep_dst[1:] >= g.dep_dst[:-1]) else np.argsort(g.dep_dst, kind="stable")  # built so
+    dsrc, ddst, dend = (g.dep_src, g.dep_dst, g.dep_end) if eo is None else (g.dep_src[eo], g.dep_dst[eo],
+                                                                             g.dep_end[eo])
+    udst, ustart = np.unique(ddst, return_index=True) if ddst.size else (np.zeros(0, np.int64), np.zeros(0, np.int64))
+    ustop = np.append(ustart[1:], ddst.size).astype(np.int64)
+    segs, phases = _resource_slices(g, udst, ct)
+    keys = _wave_keys(g, segs, phases)
+    # cuts per rank while the parts (or waves) a pass visits stay within one per PART_TASKS tasks
+    units = len(set(keys)) if keys else len(segs)
+    cuts = (n // PART_TASKS) // max(units, 1) - 1 if n >= SLABS_MIN_TASKS else 0
+    subs, slab_of = _slabs(g, segs, udst, ct, cuts)
+    wv = _waves(subs, slab_of, keys, udst, ustart, ustop, ct) if keys else None
+    order = np.argsort(slab_of, kind="stable")  # slab by slab, resources in pass order within one
+    last = np.append(slab_of[order][1:] != slab_of[order][:-1], True) if order.size else np.zeros(0, bool)
+    lay = Layout(of=_structure(g), ct=ct, ci=g.inst[ct], prev_ct=np.clip(ct - 1, 0, None), ct_first=g.first[ct],
+                 eo=eo, dsrc=dsrc, ddst=ddst, dend=dend, udst=udst, ustart=ustart, ustop=ustop,
+                 pinned=np.flatnonzero(pinned_tasks(g)),
+                 segs=[tuple(x) for x in subs[order].tolist()] if wv is None else [],
+                 slab_end=wv[1] if wv else set(np.flatnonzero(last).tolist()), n_res=len(segs),
+                 waves=wv[0] if wv else None)
+    if lay.waves is not None:
+        _lay_out_waves(lay, n)
+    return lay
+
+
+def _durations(g: Graph, lay: Layout, dur: np.ndarray | None, gap: np.ndarray | None, tr: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """The replay's durations (each complete collective at its transfer time) and chain gaps, µs, in task order."""
+    d = np.array(g.chain_dur if dur is None else dur, dtype=float)  # a copy: collectives get their transfer
+    d[lay.ct] = tr[lay.ci]
+    return d, np.asarray(g.chain_gap if gap is None else gap, dtype=float)
+
+
+def _plan(g: Graph, lay: Layout, dur: np.ndarray | None, gap: np.ndarray | None, tr: np.ndarray,
+          starts: np.ndarray | None = None) -> _Plan:
+    """One replay's plan (:class:`_Plan`): durations with each complete collective at its transfer time, the chain
+    offsets, the pinned starts (``starts``, default the measured ones) and the edges' offsets, in ``lay``'s order."""
+    n = g.start.size
+    d, cg = _durations(g, lay, dur, gap, tr)
     first = g.first
     c = np.zeros(n)
     if n > 1:
@@ -272,33 +351,24 @@ def _plan(g: Graph, dur: np.ndarray | None, gap: np.ndarray | None, tr: np.ndarr
     del seg_first
     at = g.start if starts is None else starts
     floor = -2.0 * (float(np.ptp(at)) + float(c.max(initial=0.0)) + 1e6) if n else -1.0
-    # a resource's first task starts where it was measured unless an edge says when (a launch, a wait)
-    pinned = pinned_tasks(g)
     # a finite "not yet known" time: no NaN from -inf - -inf, and still below every real time after offsets
     r0 = np.full(n, UNKNOWN)
-    r0[pinned] = at[pinned]
-    # explicit edges grouped by destination once
-    if np.all(g.dep_dst[1:] >= g.dep_dst[:-1]):  # graph.build sorts them so: no copies
-        dsrc, ddst, dend, doff = g.dep_src, g.dep_dst, g.dep_end, g.dep_off
-    else:
-        o = np.argsort(g.dep_dst, kind="stable")
-        dsrc, ddst, dend, doff = g.dep_src[o], g.dep_dst[o], g.dep_end[o], g.dep_off[o]
-    udst, ustart = np.unique(ddst, return_index=True) if ddst.size else (np.zeros(0, np.int64), np.zeros(0, np.int64))
-    ustop = np.append(ustart[1:], ddst.size).astype(np.int64)
-    segs, phases = _resource_slices(g, udst, ct)
-    keys = _wave_keys(g, segs, phases) if waves else None
-    # cuts per rank while the parts (or waves) a pass visits stay within one per PART_TASKS tasks
-    units = len(set(keys)) if keys else len(segs)
-    cuts = (n // PART_TASKS) // max(units, 1) - 1 if waves and n >= SLABS_MIN_TASKS else 0
-    subs, slab_of = _slabs(g, segs, udst, ct, cuts)
-    wv = _waves(subs, slab_of, keys, udst, ustart, ustop, ct) if keys else None
-    order = np.argsort(slab_of, kind="stable")  # slab by slab, resources in pass order within one
-    last = np.append(slab_of[order][1:] != slab_of[order][:-1], True) if order.size else np.zeros(0, bool)
-    return _Plan(d=d, cg=cg, c=c, floor=floor, r0=r0, ct=ct, ci=ci, prev_ct=np.clip(ct - 1, 0, None),
-                 ct_first=first[ct], dsrc=dsrc, ddst=ddst, dend=dend, doff=doff, udst=udst, ustart=ustart,
-                 ustop=ustop, segs=[tuple(x) for x in subs[order].tolist()] if wv is None else [],
-                 slab_end=wv[1] if wv else set(np.flatnonzero(last).tolist()), n_res=len(segs),
-                 waves=wv[0] if wv else None)
+    r0[lay.pinned] = at[lay.pinned]
+    if lay.perm is None:
+        return _Plan(d=d, cg=cg, c=c, floor=floor, r0=r0, ct=lay.ct, ci=lay.ci, prev_ct=lay.prev_ct,
+                     ct_first=lay.ct_first, dsrc=lay.dsrc, dend=lay.dend,
+                     doff=g.dep_off if lay.eo is None else g.dep_off[lay.eo], udst=lay.udst, ustart=lay.ustart,
+                     ustop=lay.ustop, segs=lay.segs, slab_end=lay.slab_end, n_res=lay.n_res)
+    # in wave order, one array at a time, each old one released before the next is copied
+    perm = lay.perm
+    d = d[perm]
+    cg = cg[perm]
+    c = c[perm]
+    r0 = r0[perm]
+    return _Plan(d=d, cg=cg, c=c, floor=floor, r0=r0, ct=lay.ct_w, ci=lay.ci, prev_ct=lay.prev_ct_w,
+                 ct_first=lay.ct_first, dsrc=np.zeros(0, perm.dtype), dend=lay.dend, doff=g.dep_off[lay.eperm],
+                 udst=lay.udst, ustart=lay.ustart, ustop=lay.ustop, segs=[], slab_end=lay.slab_end,
+                 n_res=lay.n_res, waves=lay.waves, sidx=lay.sidx)
 
 
 def _slabs(g: Graph, segs: list[tuple[int, int, int, int, int, int]], udst: np.ndarray, ct: np.ndarray,
@@ -434,7 +504,7 @@ def _wave(sl: np.ndarray, udst: np.ndarray, ustart: np.ndarray, edge_at: np.ndar
         m = (width_class == w) & (n > 1)
         buckets.append((base[m], n[m], int(n[m].max())))
     return _Wave(lo=lo, n=n, e_lo=e_lo, e_n=e_n, red=red, pos=pos, c_lo=c_lo, c_n=c_n, cpos=cpos, buckets=buckets,
-                 res=sl[:, 6].copy(), base=base)
+                 res=sl[:, 6].copy(), base=base, cc_i=cc, size=int(n.sum()), e_size=int(e_n.sum()))
 
 
 def _pass(p: _Plan, s: np.ndarray, e: np.ndarray, ready: np.ndarray, m_ready: np.ndarray) -> float | None:
@@ -496,15 +566,15 @@ def _wave_pass(p: _Plan, w: _Wave, s: np.ndarray, e: np.ndarray, ready: np.ndarr
     halves of ``p.se``, where ``p.sidx`` finds an edge's source time in one gather. Returns how far a start of the
     wave moved at most (µs). ``carry``: per resource, the running maximum where its part in the slab before
     ended (read at each slice's first task, then set at its last)."""
-    sl = slice(w.at, w.at + int(w.n.sum()))
+    sl = slice(w.at, w.at + w.size)
     r = p.r0[sl].copy()
     if w.red.size:
-        es = slice(w.e_at, w.e_at + int(w.e_n.sum()))
+        es = slice(w.e_at, w.e_at + w.e_size)
         vals = p.se[p.sidx[es]]
         vals += p.doff[es]
         # one edge per destination (launches, waits): the edges are their own maximum
         r[w.pos] = np.maximum(r[w.pos], vals if w.red.size == vals.size else np.maximum.reduceat(vals, w.red))
-    cc_i = _ranges(w.c_lo, w.c_n) if w.cpos.size else None
+    cc_i = w.cc_i if w.cpos.size else None
     if cc_i is not None:
         r_dep = r[w.cpos]
         r[w.cpos] = np.maximum(r_dep, m_ready[p.ci[cc_i]])
@@ -525,19 +595,24 @@ def _wave_pass(p: _Plan, w: _Wave, s: np.ndarray, e: np.ndarray, ready: np.ndarr
     return moved
 
 
-def _binding(g: Graph, s, e, d, cg, ct, ci, dsrc, ddst, dend, doff) -> np.ndarray:
-    """Per task, the predecessor whose time set its start (-1: its measured first start)."""
+def _binding(g: Graph, s: np.ndarray, e: np.ndarray, d: np.ndarray, cg: np.ndarray, lay: Layout,
+             doff: np.ndarray) -> np.ndarray:
+    """Per task, the predecessor whose time set its start (-1: its measured first start). ``lay``: the edges by
+    destination (``doff``: their offsets, µs, in that order) and the collective tasks."""
     n = s.size
     best = np.full(n, -np.inf)  # the chain: the previous task's end plus the gap
     best[1:] = e[:-1] + cg[1:]
     best[g.first] = -np.inf
     who = np.where(g.first, -1, np.arange(n) - 1)
+    dsrc, ddst, ct, ci = lay.dsrc, lay.ddst, lay.ct, lay.ci
     if ddst.size:
-        vals = np.where(dend, e[dsrc], s[dsrc]) + doff
-        o = np.lexsort((vals, ddst))
-        last = np.ones(o.size, dtype=bool)
-        last[:-1] = ddst[o][1:] != ddst[o][:-1]
-        top = o[last]
+        vals = np.where(lay.dend, e[dsrc], s[dsrc]) + doff
+        top = _last_max(vals, lay.ustart)
+        if top is None:  # a NaN: the sort's order (NaN last)
+            o = np.lexsort((vals, ddst))
+            last = np.ones(o.size, dtype=bool)
+            last[:-1] = ddst[o][1:] != ddst[o][:-1]
+            top = o[last]
         dd, vv, ss = ddst[top], vals[top], dsrc[top]
         better = vv > best[dd] + TOLERANCE_US
         best[dd[better]] = vv[better]
@@ -548,13 +623,24 @@ def _binding(g: Graph, s, e, d, cg, ct, ci, dsrc, ddst, dend, doff) -> np.ndarra
         o = np.lexsort((ready, ci))
         last = np.ones(o.size, dtype=bool)
         last[:-1] = ci[o][1:] != ci[o][:-1]
-        arr = {int(ci[i]): int(ct[i]) for i in o[last].tolist()}
-        lateness = np.array([arr[int(m)] for m in ci.tolist()])
+        arrival = np.zeros(int(ci.max()) + 1, np.int64)  # per instance: its last participant's task
+        arrival[ci[o[last]]] = ct[o[last]]
+        lateness = arrival[ci]
         mine = lateness != ct
         later = s[ct] > best[ct] + TOLERANCE_US
         sel = mine & later
         who[ct[sel]] = lateness[sel]
     return who
+
+
+def _last_max(vals: np.ndarray, starts: np.ndarray) -> np.ndarray | None:
+    """Per group of ``vals`` (the groups start at ``starts``, ascending, and tile it): the index of its largest
+    value, the last one among equals (as the last of a stable sort); None when a value is NaN."""
+    top_val = np.maximum.reduceat(vals, starts)
+    counts = np.diff(np.append(starts, vals.size))
+    idx = np.where(vals == np.repeat(top_val, counts), np.arange(vals.size), -1)
+    top = np.maximum.reduceat(idx, starts)
+    return None if top.size and top.min() < 0 else top
 
 
 def critical_path(g: Graph, rp: Replay, end_task: int, stop_us: float) -> list[int]:
@@ -593,4 +679,4 @@ def on_critical_paths(rp: Replay, ends: np.ndarray) -> np.ndarray:
     return mark
 
 
-__all__ = ["Replay", "critical_path", "on_critical_paths", "pinned_tasks", "replay", "K_COLL"]
+__all__ = ["Layout", "Replay", "critical_path", "layout_of", "on_critical_paths", "pinned_tasks", "replay", "K_COLL"]

@@ -177,7 +177,7 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_siz
     write = _Writes(con, g, run_id, sk, results, drop_cache=build_threads is None)  # one thread: a run in turn
     if defer is not None:  # else written before each return
         defer.append(write)
-    base = simulate.replay(g, keep_binding=True)
+    base = simulate.replay(g, keep_binding=True, layout=(lay := simulate.layout_of(g)))  # lay: for every rewrite
     measured = {(r, s): float(g.start[e] - g.start[b]) for r, s, b, e, _ in g.steps}
     counted = {(r, s) for r, s, _, _, c in g.steps if c}
     base_t = base.step_times(g)
@@ -203,7 +203,7 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_siz
     replay_model.update(left_out=_left_out(g, ctx), unexplained_gaps=gaps.summary(g, counted))
     replay_model["collective_skew"] = sk  # not for the JSON: the caller takes it out (traceanalyze.pipeline)
     picture = _picture(g, base, measured, counted, m_long, sk)  # now: base (3 graph-sized arrays) is not held below
-    pr = _Pricer(g, counted, m_long, b_long, m_run)
+    pr = _Pricer(g, counted, m_long, b_long, m_run, lay)
     pr.on_path = simulate.on_critical_paths(base, _markers(g)) if mode != "gpu" else None  # GPU: the unprofiled's
     del base
     results += [[run_id, "replay", r, s, measured[(r, s)], base_t[(r, s)]] for r, s in sorted(measured)]
@@ -285,8 +285,11 @@ class _Pricer:
     """Prices rewrites of one run's graph: each counted step's replayed saving taken off its step time without the
     profiler (measured, or estimated by :meth:`unprofiled`), never below the step's floor (:func:`_floors`)."""
 
-    def __init__(self, g: gr.Graph, counted: set, m_long: dict, b_long: dict, m_run: float) -> None:
+    def __init__(self, g: gr.Graph, counted: set, m_long: dict, b_long: dict, m_run: float,
+                 layout: simulate.Layout | None = None) -> None:
         self.g, self.counted, self.m_long, self.b_long, self.m_run = g, counted, m_long, b_long, m_run
+        self.layout = layout  # g's replay layout (simulate.layout_of), reused by every rewrite's replay
+        self.layout_free: simulate.Layout | None = None  # ... and g_free's
         self.u_long, self.per_op, self.cfg = b_long, 0.0, None
         self.loader_mp = False  # the steps take batches from a multi-process DataLoader (overhead.estimate_range)
         self.groups = _floor_groups(g)  # the floors' grouping, the same for every rewrite
@@ -310,12 +313,13 @@ class _Pricer:
         if sync_free:
             if self.g_free is None:
                 self.g_free = without_host_syncs(self.g)
+                self.layout_free = simulate.layout_of(self.g_free)
             g = _without_spanned_cut(_without_gap_cut(self.g_free, cut), spanned)
-            rp = simulate.replay(g, *arrs, starts=starts, keep_binding=True)
+            rp = simulate.replay(g, *arrs, starts=starts, keep_binding=True, layout=self.layout_free)
             t = pipelined_step_times(g, rp)
         else:
             g = _without_spanned_cut(_without_gap_cut(self.g, cut), spanned)
-            rp = simulate.replay(g, *arrs, starts=starts, keep_binding=True)
+            rp = simulate.replay(g, *arrs, starts=starts, keep_binding=True, layout=self.layout)
             t = rp.step_times(g)
         self.kept_on_path = gaps.on_path_pct(g, rp, arrs[1], self.counted)
         del rp
@@ -328,7 +332,7 @@ class _Pricer:
         self.per_op = overhead.per_op_us(self.cfg)
         self.loader_mp = overhead.multiprocess_loader(con, run_id)
         d, cg = overhead.unprofiled(self.g, d, cg, self.per_op, per_shape=overhead.per_shape_us(self.cfg))
-        rp = simulate.replay(self.g, d, cg, tr, keep_binding=True)
+        rp = simulate.replay(self.g, d, cg, tr, keep_binding=True, layout=self.layout)
         self.u_long = _longest(rp.step_times(self.g), self.counted)
         self.on_path = simulate.on_critical_paths(rp, _markers(self.g))
         del rp
