@@ -636,6 +636,8 @@ def _binding(g: Graph, s: np.ndarray, e: np.ndarray, d: np.ndarray, cg: np.ndarr
 def _last_max(vals: np.ndarray, starts: np.ndarray) -> np.ndarray | None:
     """Per group of ``vals`` (the groups start at ``starts``, ascending, and tile it): the index of its largest
     value, the last one among equals (as the last of a stable sort); None when a value is NaN."""
+    if starts.size == vals.size:  # one value per group (launches, waves): its own
+        return np.arange(vals.size)
     top_val = np.maximum.reduceat(vals, starts)
     counts = np.diff(np.append(starts, vals.size))
     idx = np.where(vals == np.repeat(top_val, counts), np.arange(vals.size), -1)
