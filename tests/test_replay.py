@@ -419,13 +419,39 @@ def test_waves_replay_to_the_bit_as_resource_by_resource(tmp_path, monkeypatch, 
     out = {}
     for label, at_least in (("one by one", 10**9), ("waves", 1)):
         monkeypatch.setattr(sim, "WAVE_MIN_RESOURCES", at_least)
-        plan = sim._plan(g, None, None, g.inst_transfer)
+        plan = sim.layout_of(g)
         assert (plan.waves is None) == (label == "one by one")
         out[label] = sim.replay(g, keep_binding=True)
     one, waves = out["one by one"], out["waves"]
     assert np.array_equal(one.start, waves.start) and np.array_equal(one.end, waves.end)
     assert np.array_equal(one.binding, waves.binding) and one.passes == waves.passes
     assert one.converged and np.isfinite(one.start).all()
+
+
+def test_a_rewrite_replays_on_the_base_layout_to_the_bit(tmp_path):
+    """The structural plan of the base graph (simulate.layout_of), reused for a rewrite of its durations, gaps and
+    edge offsets (as the what-ifs do), gives the same starts, ends, passes and binding as planning again; a graph
+    with other edges does not take it."""
+    import dataclasses
+
+    import numpy as np
+
+    from tests.synth import write_gpu_job
+    from traceanalyze.replay import graph as gr
+    from traceanalyze.replay import simulate as sim
+
+    a, _ = _run(write_gpu_job(tmp_path / "job", 40, steps=4, straggler=17))
+    g = gr.build(a.con, 1, "gpu", 40)
+    lay = sim.layout_of(g)
+    assert lay.waves is not None and lay.ct.size
+    cut = dataclasses.replace(g, dep_off=g.dep_off * 0.5)
+    args = (g.chain_dur * 0.9, g.chain_gap * 0.5, g.inst_transfer * 2)
+    reused, fresh = sim.replay(cut, *args, keep_binding=True, layout=lay), sim.replay(cut, *args, keep_binding=True)
+    assert lay.fits(cut) and reused.passes == fresh.passes and reused.converged
+    for x in ("start", "end", "binding"):
+        assert np.array_equal(getattr(reused, x), getattr(fresh, x))
+    assert not np.array_equal(reused.end, sim.replay(g, layout=lay).end)  # the rewrite moved the times
+    assert not lay.fits(dataclasses.replace(g, dep_src=g.dep_src.copy()))
 
 
 @pytest.mark.parametrize("job", ["df_index_resolver", "gpu40"])
@@ -450,7 +476,7 @@ def test_slabs_replay_to_the_bit_in_fewer_passes(tmp_path, monkeypatch, job):
         monkeypatch.setattr(sim, "WAVE_MIN_RESOURCES", waves)
         for label, min_tasks in (("one slab", 10**12), ("slabs", 0)):
             monkeypatch.setattr(sim, "SLABS_MIN_TASKS", min_tasks)
-            plan = sim._plan(g, None, None, g.inst_transfer)
+            plan = sim.layout_of(g)
             assert (len(plan.slab_end) > 1) == (label == "slabs")
             out[waves, label] = sim.replay(g, keep_binding=True)
         one, slabs = out[waves, "one slab"], out[waves, "slabs"]
