@@ -616,6 +616,11 @@ def test_running_maximum_per_slice_equal_rows_and_ragged_rows():
     got = sim._seg_cummax(x, buckets)
     assert np.array_equal(got, want)
     assert got[0] == x[0] and got[4] == x[0:5].max() and got[30] == x[30]
+    # in place (the wave pass's own array): the same, with the ragged bucket's padding read after the equal rows
+    # were written
+    buckets.reverse()
+    y = x.copy()
+    assert sim._seg_cummax(y, buckets, in_place=True) is y and np.array_equal(y, want)
 
 
 def _model_without_time(a) -> dict:

@@ -183,12 +183,14 @@ class _Wave:
     e_at: int = 0  # ... and its edges
 
 
-def _seg_cummax(x: np.ndarray, buckets: list[tuple[np.ndarray, np.ndarray, int]]) -> np.ndarray:
+def _seg_cummax(x: np.ndarray, buckets: list[tuple[np.ndarray, np.ndarray, int]], in_place: bool = False
+                ) -> np.ndarray:
     """The running maximum of ``x`` restarted at each slice: each bucket's slices as the rows of one array (rows
     padded at their end, where the padding cannot reach a slice's own prefix), accumulated along the rows. A
     bucket of slices of one length that follow each other (every rank with as many tasks on that resource, as in
-    data-parallel runs) is such an array already: accumulated in place, with no gather."""
-    out = x.copy()  # a one-task slice is its own running maximum
+    data-parallel runs) is such an array already: accumulated in place, with no gather. ``in_place``: written
+    into ``x`` (each slice's prefix is its own, whatever another bucket wrote in the padding it reads)."""
+    out = x if in_place else x.copy()  # a one-task slice is its own running maximum
     last = x.size - 1
     for st, ln, width in buckets:
         if ln.min() == width and st[-1] - st[0] == (st.size - 1) * width:  # equal rows, back to back
@@ -582,12 +584,16 @@ def _wave_pass(p: _Plan, w: _Wave, s: np.ndarray, e: np.ndarray, ready: np.ndarr
     np.subtract(r, cc, out=r)
     np.maximum(r, p.floor, out=r)
     r[w.base] = np.maximum(r[w.base], carry[w.res])
-    run = _seg_cummax(r, w.buckets) if w.buckets else r
+    run = _seg_cummax(r, w.buckets, in_place=True) if w.buckets else r  # r is this call's own
     carry[w.res] = run[w.base + w.n - 1]
-    new_s = run + cc
-    np.copyto(new_s, UNKNOWN, where=run <= p.floor)
+    unknown = run <= p.floor
+    new_s = np.add(run, cc, out=run)
+    np.copyto(new_s, UNKNOWN, where=unknown)
     s_w = s[sl]
-    moved = float(np.max(np.abs(new_s - s_w))) if new_s.size else 0.0
+    moved = 0.0
+    if new_s.size:
+        diff = np.subtract(new_s, s_w)
+        moved = float(np.abs(diff, out=diff).max())
     s_w[...] = new_s
     np.add(new_s, p.d[sl], out=e[sl])
     if cc_i is not None:
