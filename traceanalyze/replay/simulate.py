@@ -140,6 +140,7 @@ class _Plan:
     waves: list[_Wave] | None = None
     sidx: np.ndarray | None = None  # with waves: each edge's source time in se (its start, or n + its end)
     se: np.ndarray | None = None  # with waves: the starts then the ends of the tasks, in wave order
+    track: _Track | None = None  # with waves: what the last visit of each wave saw
 
 
 def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -181,6 +182,29 @@ class _Wave:
     e_size: int  # its edges
     at: int = 0  # where the wave's tasks start in the plan's arrays, once they are laid out wave by wave
     e_at: int = 0  # ... and its edges
+    deps: np.ndarray | None = None  # the other waves whose times it reads (edge sources, previous parts: _wave_deps)
+    self_dep: bool = False  # whether it reads its own times (an edge inside the wave)
+
+
+@dataclass
+class _Track:
+    """What a replay over waves remembers of each wave's last visit, to skip a wave whose inputs did not change
+    since (its times would come out the same, to the bit): ``stamp`` counts the visits and gathers; per wave the
+    stamp of its last visit (``seen``), of its last visit that changed its times or carried maximum (``changed``),
+    and its carried maximum (``carry``); ``m_changed``: the stamp of the last gather that changed ``m_ready``."""
+
+    seen: np.ndarray
+    changed: np.ndarray
+    carry: list
+    stamp: int = 0
+    m_changed: int = 0
+
+    def stale(self, j: int, w: _Wave) -> bool:
+        """Whether wave ``j`` must be visited again: an input changed since its last visit (or it never was)."""
+        last = self.seen[j]
+        if last < 0 or (w.self_dep and self.changed[j] == last) or (w.cpos.size and self.m_changed > last):
+            return True
+        return bool(w.deps.size and self.changed[w.deps].max() > last)
 
 
 def _seg_cummax(x: np.ndarray, buckets: list[tuple[np.ndarray, np.ndarray, int]], in_place: bool = False
@@ -226,6 +250,8 @@ def replay(g: Graph, dur: np.ndarray | None = None, gap: np.ndarray | None = Non
     p: _Plan | None = _plan(g, lay, dur, gap, tr, starts=starts)
     if p.waves is not None:  # the starts, then the ends, in one array (see _wave_pass)
         p.se = np.full(2 * n, UNKNOWN)
+        p.track = _Track(seen=np.full(len(p.waves), -1, np.int64), changed=np.zeros(len(p.waves), np.int64),
+                         carry=[None] * len(p.waves))
         s, e = p.se[:n], p.se[n:]
     else:
         s = np.full(n, UNKNOWN)
@@ -322,7 +348,30 @@ def layout_of(g: Graph) -> Layout:
                  waves=wv[0] if wv else None)
     if lay.waves is not None:
         _lay_out_waves(lay, n)
+        _wave_deps(lay, n)
     return lay
+
+
+def _wave_deps(lay: Layout, n: int) -> None:
+    """Each wave's ``deps`` and ``self_dep``: the waves that hold its edges' sources and its collective tasks'
+    previous tasks (positions in wave order), and those that hold the previous part of each of its resources (the
+    running maximum it carries on)."""
+    waves = lay.waves
+    at = np.array([w.at for w in waves], np.int64)
+    res = np.concatenate([w.res for w in waves])
+    sizes = np.array([w.res.size for w in waves], np.int64)
+    of = np.repeat(np.arange(len(waves)), sizes)
+    o = np.lexsort((of, res))  # each resource's parts in wave order
+    prev = np.full(res.size, -1, np.int64)
+    same = res[o][1:] == res[o][:-1]
+    prev[o[1:][same]] = of[o[:-1][same]]
+    ends = np.cumsum(sizes)
+    for j, w in enumerate(waves):
+        src = lay.sidx[w.e_at: w.e_at + w.e_size].astype(np.int64)
+        pos = np.concatenate([np.where(src >= n, src - n, src), lay.prev_ct_w[w.cc_i].astype(np.int64)])
+        read = np.unique(np.searchsorted(at, pos, side="right") - 1)
+        w.self_dep = bool(np.isin(j, read))
+        w.deps = np.setdiff1d(np.union1d(read, prev[ends[j] - sizes[j]: ends[j]]), [j, -1])  # its parts' slice
 
 
 def _durations(g: Graph, lay: Layout, dur: np.ndarray | None, gap: np.ndarray | None, tr: np.ndarray
@@ -516,11 +565,20 @@ def _pass(p: _Plan, s: np.ndarray, e: np.ndarray, ready: np.ndarray, m_ready: np
     each slab (module docstring) ``m_ready``, each instance's latest ready time, is gathered again, in place."""
     carry = np.full(p.n_res, p.floor)  # per resource: the running maximum where its previous part ended
     if p.waves is not None:
-        moved = 0.0
+        moved, trk = 0.0, p.track
         for j, w in enumerate(p.waves):
-            moved = max(moved, _wave_pass(p, w, s, e, ready, m_ready, carry))
+            if trk.stale(j, w):
+                trk.stamp += 1
+                trk.seen[j] = trk.stamp
+                moved = max(moved, _wave_pass(p, w, s, e, ready, m_ready, carry, j))
+            else:  # its inputs as at its last visit: so are its times, and the maximum it carries on
+                carry[w.res] = trk.carry[j]
             if j in p.slab_end:
+                before = m_ready.copy() if p.ct.size else None
                 _gather_ready(p, ready, m_ready)
+                if before is not None and not _same_bits(before, m_ready):
+                    trk.stamp += 1
+                    trk.m_changed = trk.stamp
         return moved
     r0, c, d, cg, floor, ct, ci = p.r0, p.c, p.d, p.cg, p.floor, p.ct, p.ci
     dsrc, dend, doff, udst, ustart, ustop = p.dsrc, p.dend, p.doff, p.udst, p.ustart, p.ustop
@@ -553,6 +611,11 @@ def _pass(p: _Plan, s: np.ndarray, e: np.ndarray, ready: np.ndarray, m_ready: np
     return None
 
 
+def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two float arrays hold the very same values, bit for bit (0.0 and -0.0 differ)."""
+    return bool(np.array_equal(a.view(np.int64), b.view(np.int64)))
+
+
 def _gather_ready(p: _Plan, ready: np.ndarray, m_ready: np.ndarray) -> None:
     """Each instance's latest ready time over its participants (``m_ready``, in place) from ``ready``: this pass's
     where a participant's slab was visited, the pass before's where not yet."""
@@ -562,12 +625,13 @@ def _gather_ready(p: _Plan, ready: np.ndarray, m_ready: np.ndarray) -> None:
 
 
 def _wave_pass(p: _Plan, w: _Wave, s: np.ndarray, e: np.ndarray, ready: np.ndarray, m_ready: np.ndarray,
-               carry: np.ndarray) -> float:
+               carry: np.ndarray, j: int) -> float:
     """:func:`_pass` over one wave's resources at once: the same operations, on the wave's tasks one slice after
     another (laid out so by :func:`_lay_out_waves`: ``w.at`` on), written in place. ``s`` and ``e`` are the two
     halves of ``p.se``, where ``p.sidx`` finds an edge's source time in one gather. Returns how far a start of the
     wave moved at most (µs). ``carry``: per resource, the running maximum where its part in the slab before
-    ended (read at each slice's first task, then set at its last)."""
+    ended (read at each slice's first task, then set at its last). ``j``: the wave's position, where ``p.track``
+    notes whether its times or carried maximum changed."""
     sl = slice(w.at, w.at + w.size)
     r = p.r0[sl].copy()
     if w.red.size:
@@ -585,7 +649,10 @@ def _wave_pass(p: _Plan, w: _Wave, s: np.ndarray, e: np.ndarray, ready: np.ndarr
     np.maximum(r, p.floor, out=r)
     r[w.base] = np.maximum(r[w.base], carry[w.res])
     run = _seg_cummax(r, w.buckets, in_place=True) if w.buckets else r  # r is this call's own
-    carry[w.res] = run[w.base + w.n - 1]
+    out = carry[w.res] = run[w.base + w.n - 1]
+    trk = p.track
+    changed = trk.carry[j] is None or not _same_bits(out, trk.carry[j])
+    trk.carry[j] = out
     unknown = run <= p.floor
     new_s = np.add(run, cc, out=run)
     np.copyto(new_s, UNKNOWN, where=unknown)
@@ -594,6 +661,9 @@ def _wave_pass(p: _Plan, w: _Wave, s: np.ndarray, e: np.ndarray, ready: np.ndarr
     if new_s.size:
         diff = np.subtract(new_s, s_w)
         moved = float(np.abs(diff, out=diff).max())
+        changed = changed or moved > 0 or not _same_bits(new_s, s_w)
+    if changed:
+        trk.changed[j] = trk.seen[j]
     s_w[...] = new_s
     np.add(new_s, p.d[sl], out=e[sl])
     if cc_i is not None:
