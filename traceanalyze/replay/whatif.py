@@ -111,6 +111,7 @@ def _late_pricer(pr: _Pricer, ctx: dict, base: Arrays, measured: dict, err: floa
     why there is none, sim_result rows)``. ``ranks``: the ranks a finding names, for a scenario that rewrites named
     ranks (its record's ``ranks_ctx``: a straggler finding's, a late-entry finding's). It holds the graph until it
     is dropped."""
+    pr.layout = None  # not held through the rest of the report: a late replay plans again
     g = pr.g
     replayed = set(g.ranks)
 
@@ -288,8 +289,9 @@ class _Pricer:
     def __init__(self, g: gr.Graph, counted: set, m_long: dict, b_long: dict, m_run: float,
                  layout: simulate.Layout | None = None) -> None:
         self.g, self.counted, self.m_long, self.b_long, self.m_run = g, counted, m_long, b_long, m_run
-        self.layout = layout  # g's replay layout (simulate.layout_of), reused by every rewrite's replay
-        self.layout_free: simulate.Layout | None = None  # ... and g_free's
+        # the replay layout (simulate.layout_of) of g or g_free, whichever was replayed last: reused by the replays
+        # of its rewrites; one at a time (each holds ~16 bytes per task)
+        self.layout = layout
         self.u_long, self.per_op, self.cfg = b_long, 0.0, None
         self.loader_mp = False  # the steps take batches from a multi-process DataLoader (overhead.estimate_range)
         self.groups = _floor_groups(g)  # the floors' grouping, the same for every rewrite
@@ -313,18 +315,24 @@ class _Pricer:
         if sync_free:
             if self.g_free is None:
                 self.g_free = without_host_syncs(self.g)
-                self.layout_free = simulate.layout_of(self.g_free)
             g = _without_spanned_cut(_without_gap_cut(self.g_free, cut), spanned)
-            rp = simulate.replay(g, *arrs, starts=starts, keep_binding=True, layout=self.layout_free)
+            rp = simulate.replay(g, *arrs, starts=starts, keep_binding=True, layout=self._layout(g))
             t = pipelined_step_times(g, rp)
         else:
             g = _without_spanned_cut(_without_gap_cut(self.g, cut), spanned)
-            rp = simulate.replay(g, *arrs, starts=starts, keep_binding=True, layout=self.layout)
+            rp = simulate.replay(g, *arrs, starts=starts, keep_binding=True, layout=self._layout(g))
             t = rp.step_times(g)
         self.kept_on_path = gaps.on_path_pct(g, rp, arrs[1], self.counted)
         del rp
         release_free_memory()  # each replay's graph-sized arrays: not stacked up in the heap
         return _longest(t, self.counted), t
+
+    def _layout(self, g: gr.Graph) -> simulate.Layout:
+        """The replay layout of ``g``'s structure: the one held when it fits, else a new one held instead."""
+        if self.layout is None or not self.layout.fits(g):
+            self.layout = None  # released before the next is planned
+            self.layout = simulate.layout_of(g)
+        return self.layout
 
     def unprofiled(self, con, run_id: int, d: np.ndarray, cg: np.ndarray, tr: np.ndarray) -> tuple:
         """The graph's durations and gaps less the profiler's host cost (:mod:`.overhead`), replayed."""
@@ -332,7 +340,7 @@ class _Pricer:
         self.per_op = overhead.per_op_us(self.cfg)
         self.loader_mp = overhead.multiprocess_loader(con, run_id)
         d, cg = overhead.unprofiled(self.g, d, cg, self.per_op, per_shape=overhead.per_shape_us(self.cfg))
-        rp = simulate.replay(self.g, d, cg, tr, keep_binding=True, layout=self.layout)
+        rp = simulate.replay(self.g, d, cg, tr, keep_binding=True, layout=self._layout(self.g))
         self.u_long = _longest(rp.step_times(self.g), self.counted)
         self.on_path = simulate.on_critical_paths(rp, _markers(self.g))
         del rp
