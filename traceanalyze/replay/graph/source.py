@@ -83,6 +83,28 @@ def unify_names(parts: list[tuple[np.ndarray, object]]) -> tuple[object, np.ndar
     return pc.take(enc.dictionary, pa.array(by_name)), joined
 
 
+def dense_codes(*cols: np.ndarray) -> np.ndarray:
+    """Per row, a code (0, 1, ...; by sorted tuple) of its tuple of values in ``cols`` (int64 arrays of one
+    length). The rows come from the store in runs of one tuple (a thread's ops: 56 runs in 400k rows), so the runs
+    are coded, not the rows (a lexsort of 400k rows costs ~25 ms, a hash encoding of each column ~45 ms)."""
+    n = cols[0].size
+    if n == 0:
+        return np.zeros(0, np.int64)
+    new = np.zeros(n, bool)
+    new[0] = True
+    for c in cols:
+        new[1:] |= c[1:] != c[:-1]
+    at = np.flatnonzero(new)
+    keys = np.stack([c[at] for c in cols], axis=1)
+    o = np.lexsort(keys.T[::-1])
+    k = keys[o]
+    step = np.ones(at.size, np.int64)
+    step[1:] = (k[1:] != k[:-1]).any(axis=1)
+    run_code = np.empty(at.size, np.int64)
+    run_code[o] = np.cumsum(step) - 1
+    return np.repeat(run_code, np.diff(np.append(at, n)))
+
+
 @dataclass
 class RunClock:
     """The run's files, ranks and clocks, as every part of :func:`.builder.build` reads them.
