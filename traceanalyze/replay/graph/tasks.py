@@ -23,7 +23,14 @@ from traceanalyze.replay.graph.model import (
     T_SHIFT,
     WAIT_GAP_US,
 )
-from traceanalyze.replay.graph.source import RunClock, encode_names, fetch_arrow, unify_names
+from traceanalyze.replay.graph.source import (
+    RunClock,
+    dense_codes,
+    encode_names,
+    fetch_arrow,
+    unify_names,
+    unique_rows,
+)
 
 # host-row flag computed by DuckDB (a Python pass over 500k names costs seconds): 1 sync, 2 launch, 3 gloo
 _FLAG = ("CASE WHEN c.name IN (SELECT unnest($2)) THEN 1 WHEN c.name IN (SELECT unnest($3)) THEN 2 "
@@ -246,9 +253,7 @@ def order_tasks(parts: list[dict], rc: RunClock) -> Tasks:
     rel = rc.rel_ns(cols["ts"], cols["rank"])
     is_coll_host = (cols["kind"] == K_COLL) & (cols["rk"] == 2)
     rk = np.where(is_coll_host, 2, cols["rk"])
-    res_keys = np.stack([cols["rank"], rk, cols.pop("a"), cols.pop("b")], axis=1) if n else np.zeros((0, 4), np.int64)
-    uniq, res = _unique_rows(res_keys)
-    del res_keys
+    uniq, res = unique_rows(cols["rank"], rk, cols.pop("a"), cols.pop("b"))
     kind_order = np.select([cols["kind"] == K_END, cols["kind"] == K_BEGIN], [0, 1], 2)
     dur_ns = cols.pop("dur")
     order = np.lexsort((-dur_ns, kind_order, rel, res))
@@ -326,23 +331,5 @@ def _seg_cummax_excl(values: np.ndarray, seg: np.ndarray) -> np.ndarray:
     return prev
 
 
-def _unique_rows(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(distinct rows in sorted order, each row's index into them) of an int64 matrix; ``np.unique(axis=0)``
-    sorts a structured view, ~50x slower on 500k rows."""
-    if keys.shape[0] == 0:
-        return keys, np.zeros(0, np.int64)
-    o = np.lexsort(keys.T[::-1])
-    k = keys[o]
-    new = np.ones(k.shape[0], dtype=bool)
-    new[1:] = (k[1:] != k[:-1]).any(axis=1)
-    code = np.cumsum(new) - 1
-    inv = np.empty(k.shape[0], np.int64)
-    inv[o] = code
-    return k[new], inv
-
-
 def _thread_codes(fid, pid, tid) -> np.ndarray:
-    keys = np.stack([np.asarray(fid, np.int64), int_column(pid)[0], int_column(tid)[0]], axis=1)
-    if keys.size == 0:
-        return np.zeros(0, np.int64)
-    return _unique_rows(keys)[1]
+    return dense_codes(np.asarray(fid, np.int64), int_column(pid)[0], int_column(tid)[0])
