@@ -256,7 +256,7 @@ def order_tasks(parts: list[dict], rc: RunClock) -> Tasks:
     uniq, res = unique_rows(cols["rank"], rk, cols.pop("a"), cols.pop("b"))
     kind_order = np.select([cols["kind"] == K_END, cols["kind"] == K_BEGIN], [0, 1], 2)
     dur_ns = cols.pop("dur")
-    order = np.lexsort((-dur_ns, kind_order, rel, res))
+    order = _task_order(res, rel, kind_order, -dur_ns)
     del kind_order
     dur = dur_ns[order] / 1e3
     del dur_ns
@@ -275,6 +275,33 @@ def order_tasks(parts: list[dict], rc: RunClock) -> Tasks:
     gap[first] = 0.0
     return Tasks(cols=cols, names=names, name_code=name_code, uniq=uniq, res=res, res_names=res_names, rk=rk,
                   rel=rel, start=start, dur=dur, end=end, first=first, gap=gap)
+
+
+def _task_order(res: np.ndarray, rel: np.ndarray, kind_order: np.ndarray, neg_dur: np.ndarray) -> np.ndarray:
+    """``np.lexsort((neg_dur, kind_order, rel, res))``: one stable sort of (resource, start) as one int64 key, then
+    the few rows of equal key (a step's end and the next one's begin marker) sorted by the other two (four sorts of
+    the graph's rows cost ~0.1 s at 256 ranks)."""
+    if res.size == 0:
+        return np.zeros(0, np.intp)
+    lo = int(rel.min())
+    span = int(rel.max()) - lo + 1
+    if (int(res.max()) + 1) * span >= 1 << 62:  # no room in an int64: the four sorts
+        return np.lexsort((neg_dur, kind_order, rel, res))
+    key = res * span + (rel - lo)
+    o = np.argsort(key, kind="stable")
+    key = key[o]
+    tie = key[1:] == key[:-1]
+    del key
+    if not tie.any():
+        return o
+    in_tie = np.zeros(o.size, bool)
+    in_tie[1:] |= tie
+    in_tie[:-1] |= tie
+    pos = np.flatnonzero(in_tie)
+    group = np.cumsum(np.concatenate([[True], ~tie]))[pos]
+    sub = o[pos]  # ascending within a group (a stable sort): kept so among rows equal in all four keys
+    o[pos] = sub[np.lexsort((neg_dur[sub], kind_order[sub], group))]
+    return o
 
 
 def step_markers(t: Tasks, st: dict[str, np.ndarray]) -> tuple[np.ndarray, list[tuple[int, int, int, int, bool]]]:
