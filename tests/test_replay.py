@@ -665,3 +665,26 @@ def test_replay_started_before_the_step_metrics_gives_the_same_report(tmp_path, 
     assert stepless.model["runs"][0]["steps"] == []
     assert not stepless.model["runs"][0].get("replay")
     assert stepless.con.execute(tables).fetchone()[0] == 0
+
+
+def test_graph_sort_helpers_match_the_sorts_they_replace():
+    """The graph build's run-coded ``unique_rows`` and one-key ``_task_order`` give what ``np.unique(axis=0)`` and
+    the four-key lexsort give, ties (a step's end and the next one's begin marker at one start) included."""
+    import numpy as np
+
+    from traceanalyze.replay.graph.source import dense_codes, unique_rows
+    from traceanalyze.replay.graph.tasks import _task_order
+
+    fid = np.array([3, 3, 3, 1, 1, 3, 2, 2])
+    tid = np.array([7, 7, 5, 9, 9, 7, 5, 5])
+    uniq, inv = unique_rows(fid, tid)
+    assert uniq.tolist() == [[1, 9], [2, 5], [3, 5], [3, 7]]
+    assert inv.tolist() == [3, 3, 2, 0, 0, 3, 1, 1]
+    assert dense_codes(fid, tid).tolist() == inv.tolist()
+    assert unique_rows(fid[:0], tid[:0])[0].shape == (0, 2)
+    res = np.array([1, 0, 1, 1, 0, 1, 1])
+    rel = np.array([50, 20, 10, 50, 20, 50, 50])
+    kind_order = np.array([2, 2, 2, 0, 1, 2, 1])  # 0 end marker, 1 begin marker, 2 a task
+    neg_dur = -np.array([3, 0, 4, 0, 0, 9, 0])
+    order = _task_order(res, rel, kind_order, neg_dur)
+    assert order.tolist() == [4, 1, 2, 3, 6, 5, 0] == np.lexsort((neg_dur, kind_order, rel, res)).tolist()

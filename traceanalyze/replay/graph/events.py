@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from traceanalyze.metrics.collectives import int_column
 from traceanalyze.replay.graph.model import T_SHIFT, Graph, host_resources
-from traceanalyze.replay.graph.source import RunClock, fetch
+from traceanalyze.replay.graph.source import RunClock, dense_codes, fetch_arrow
 
 PROFILER_EVENTS_BATCH = 250_000  # CPU ops whose profiler events are counted at once (profiler_events)
 
@@ -78,35 +77,34 @@ def _count_events(con, rc: RunClock, threads: dict, fids: list[int], win: tuple,
     """Add the profiler events of the files ``fids`` to ``out`` (:func:`profiler_events`), in place; only those
     that start in ``[ts_lo, ts_hi)`` (trace ns; None: open). ``threads``: (rank, pid, tid) -> the host thread's
     resource; ``win``: the host tasks (ids, ranks, window start and end keys)."""
-    r = fetch(con, """WITH ev AS MATERIALIZED (
-                SELECT f.rank, c.pid, c.tid, c.ts_ns,
-                       CASE WHEN c.cat IN ('cuda_runtime', 'cuda_driver') THEN 1
-                            WHEN c.name LIKE 'triton\\_%' ESCAPE '\\' OR c.name LIKE '## Call CompiledFxGraph%'
-                                 OR c.name LIKE 'Torch-Compiled Region%' OR c.name IN ('CompiledFunction',
-                                 'CompiledFunctionBackward') THEN 2 ELSE 0 END AS kind,
-                       -- the shapes record_shapes copied: the '[' of Input Dims less the outer one (no JSON parse)
-                       CASE WHEN c.input_dims IS NULL THEN 0
-                            ELSE greatest(length(c.input_dims) - length(replace(c.input_dims, '[', '')) - 1, 0)
-                       END AS shapes
-                FROM cpu_ops c JOIN files f USING (file_id)
-                WHERE f.run_id = $1 AND f.rank IS NOT NULL AND f.file_id IN (SELECT unnest($2))
-                  AND c.cat IN ('cpu_op', 'user_annotation', 'cuda_runtime', 'cuda_driver')
-                  AND ($3::BIGINT IS NULL OR c.ts_ns >= $3) AND ($4::BIGINT IS NULL OR c.ts_ns < $4)),
-            code AS (SELECT rank, pid, tid, row_number() OVER (ORDER BY rank, pid, tid) - 1 AS th
-                     FROM (SELECT DISTINCT rank, pid, tid FROM ev))
-        SELECT code.th, ev.ts_ns, ev.kind, ev.shapes, code.rank AS th_rank, code.pid AS th_pid, code.tid AS th_tid
-        FROM ev JOIN code ON code.rank = ev.rank AND code.pid IS NOT DISTINCT FROM ev.pid
-                         AND code.tid IS NOT DISTINCT FROM ev.tid""", [rc.run_id, fids, ts_lo, ts_hi])
-    code = np.asarray(r["th"], np.int64)
-    if code.size == 0:
+    # the rows as they are stored (no join, no thread codes in SQL: that window and join cost as much as the scan),
+    # read through Arrow (NULL read as 0, as the NumPy fetch's masked rows were; 30 % less than fetchnumpy)
+    r = fetch_arrow(con, """SELECT c.file_id, c.pid, c.tid, c.ts_ns,
+                   CASE WHEN c.cat IN ('cuda_runtime', 'cuda_driver') THEN 1
+                        WHEN c.name LIKE 'triton\\_%' ESCAPE '\\' OR c.name LIKE '## Call CompiledFxGraph%'
+                             OR c.name LIKE 'Torch-Compiled Region%' OR c.name IN ('CompiledFunction',
+                             'CompiledFunctionBackward') THEN 2 ELSE 0 END AS kind,
+                   -- the shapes record_shapes copied: the '[' of Input Dims less the outer one (no JSON parse)
+                   CASE WHEN c.input_dims IS NULL THEN 0
+                        ELSE greatest(length(c.input_dims) - length(replace(c.input_dims, '[', '')) - 1, 0)
+                   END AS shapes
+            FROM cpu_ops c
+            WHERE c.file_id IN (SELECT unnest($1))
+              AND c.cat IN ('cpu_op', 'user_annotation', 'cuda_runtime', 'cuda_driver')
+              AND ($2::BIGINT IS NULL OR c.ts_ns >= $2) AND ($3::BIGINT IS NULL OR c.ts_ns < $3)""",
+              [fids, ts_lo, ts_hi])  # fids: the run's ranked files (rc.fid)
+    fid = np.asarray(r["file_id"], np.int64)
+    if fid.size == 0:
         return
+    pid, tid = np.asarray(r["pid"], np.int64), np.asarray(r["tid"], np.int64)
+    code = dense_codes(fid, pid, tid)
     # the threads, in code order: the first row of each code
     first = np.zeros(int(code.max()) + 1, np.int64)
     first[code[::-1]] = np.arange(code.size - 1, -1, -1)
-    th_rank = np.asarray(r["th_rank"], np.int64)[first]
+    th_rank = rc.rank_of(fid[first])
     th_res = np.array([threads.get((int(rk), int(a), int(b)), -1) for rk, a, b in
-                       zip(th_rank.tolist(), int_column(r["th_pid"])[0][first].tolist(),
-                           int_column(r["th_tid"])[0][first].tolist(), strict=True)], np.int64)
+                       zip(th_rank.tolist(), pid[first].tolist(), tid[first].tolist(), strict=True)], np.int64)
+    del fid, pid, tid
     th_shift = rc.origin + rc.off_ns[np.clip(th_rank, 0, rc.world)]
     lim = (1 << T_SHIFT) - 1
     r_res = th_res[code]

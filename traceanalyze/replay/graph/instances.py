@@ -68,8 +68,7 @@ def _task_meta(meta: dict[str, np.ndarray], fid: np.ndarray, ts: np.ndarray, ori
     """Per collective task, its call's :func:`_collective_meta` (looked up by file and start; defaults where none
     matches): ``op``, ``bytes``, ``seq``, ``has_seq``, ``pg`` ("" for none), ``pg_ranks``, ``comms_id`` and
     ``called`` (whether the task's call was found with a record: a process group, Seq or Comms Id)."""
-    mkey = np.array([(f, t) for f, t in zip(meta["fid"].tolist(), meta["ts"].tolist(), strict=True)],
-                    dtype=np.int64).reshape(-1, 2)
+    mkey = np.stack([np.asarray(meta["fid"], np.int64), np.asarray(meta["ts"], np.int64)], axis=1)  # not per row
     order = np.lexsort((mkey[:, 1], mkey[:, 0])) if mkey.size else np.zeros(0, np.int64)
     mk_sorted = (mkey[order, 0] << 44) + (mkey[order, 1] - origin) if mkey.size else np.zeros(0, np.int64)
     q = (fid.astype(np.int64) << 44) + (ts - origin)
