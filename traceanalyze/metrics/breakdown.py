@@ -45,6 +45,7 @@ from traceanalyze import store
 from traceanalyze.metrics._sql import (  # training_thread_sql: export's too
     LAUNCH_CATS,
     counted_kernels_sql,
+    kernel_names_class_sql,
     training_thread_sql,
 )
 from traceanalyze.metrics.steps import median, step_set
@@ -228,16 +229,15 @@ def _intervals(con, sql: str, params: list) -> dict[tuple[int, int], dict[str, t
     return out
 
 
-# Kernels counted by the breakdown, with the profiler-step filter (see the module docstring and .steps). The
-# kernel_class macro's regex runs once per distinct (cat, name), joined back (a kernel without a name: on the
-# row): on every row it took two thirds of this query.
+# Kernels counted by the breakdown, with the profiler-step filter (see the module docstring and .steps); the
+# class once per distinct name (._sql.kernel_names_class_sql).
+_KLASS = "coalesce(n.klass, kernel_class(k.cat, k.name))"
+_DEVICE_WORK = "k.cat <> 'gpu_user_annotation'"
+_NAMES_JOIN = f"LEFT JOIN ({kernel_names_class_sql('$1', _DEVICE_WORK)}) n ON n.cat = k.cat AND n.name = k.name"
 _GPU_INTERVALS_SQL = f"""
-SELECT f.rank, f."window", coalesce(n.klass, kernel_class(k.cat, k.name)) AS klass, k.ts_ns,
-       k.ts_ns + k.dur_ns AS end_ns
+SELECT f.rank, f."window", {_KLASS} AS klass, k.ts_ns, k.ts_ns + k.dur_ns AS end_ns
 FROM ({counted_kernels_sql("$1", "k.cat <> 'gpu_user_annotation'", few=False)}) k JOIN files f USING (file_id)
-LEFT JOIN (SELECT cat, name, kernel_class(cat, name) AS klass FROM (SELECT DISTINCT k.cat, k.name FROM kernels k
-           JOIN files f ON f.file_id = k.file_id AND f.run_id = $1 WHERE k.cat <> 'gpu_user_annotation')) n
-  ON n.cat = k.cat AND n.name = k.name
+{_NAMES_JOIN}
 """
 
 # CPU mode: every op that is compute or communication (compute is then narrowed to the training thread).
@@ -441,8 +441,7 @@ def _kernel_base_sql(gpu: bool, where_step: str | None) -> str:
     """SQL of the rows :func:`top_kernels` counts, ``(name, klass, dur_ns)``; parameters ``$1`` the run and, with
     ``where_step`` (``inside`` / ``outside`` the profiler step ``$2``), that step."""
     if gpu:
-        base = ("SELECT k.name, kernel_class(k.cat, k.name) AS klass, k.dur_ns FROM kernels k JOIN files f "
-                "USING (file_id)")
+        base = f"SELECT k.name, {_KLASS} AS klass, k.dur_ns FROM kernels k JOIN files f USING (file_id) {_NAMES_JOIN}"
         where = "f.run_id = $1 AND k.cat <> 'gpu_user_annotation'"
         if where_step is not None:  # the kernel's launch (runtime row of its correlation) inside the step
             base += f""" LEFT JOIN (
