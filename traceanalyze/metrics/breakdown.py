@@ -45,6 +45,7 @@ from traceanalyze import store
 from traceanalyze.metrics._sql import (  # training_thread_sql: export's too
     LAUNCH_CATS,
     counted_kernels_sql,
+    kernel_names_class_sql,
     training_thread_sql,
 )
 from traceanalyze.metrics.steps import median, step_set
@@ -109,20 +110,45 @@ class Breakdown:
             setattr(self, k, getattr(self, k) + v)
 
 
+def clipped_lengths(starts: np.ndarray, ends: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Per window ``[lo[j], hi[j])`` (ns, shape (w,)), the length (int64 ns) of the union of the intervals within
+    it: |∪ clip(intervals, lo, hi)|, the same as :func:`length` of :func:`clip` per window, from one
+    :func:`union` and two binary searches per window instead of a sort per window."""
+    keep = ends > starts  # what clip() would drop in every window
+    s, e = union(starts[keep], ends[keep])
+    cum = np.concatenate(([0], np.cumsum(e - s)))
+    i = np.searchsorted(e, lo, side="right")  # the first merged interval ending after lo
+    j = np.searchsorted(s, hi, side="left")  # those starting before hi: [0, j)
+    some = i < j
+    ii, jj = np.where(some, i, 0), np.where(some, j - 1, 0)
+    out = cum[j] - cum[i]
+    if s.size:  # less the first one's part before lo, the last one's after hi
+        out = out - np.maximum(lo - s[ii], 0) - np.maximum(e[jj] - hi, 0)
+    return np.where(some, np.maximum(out, 0), 0)
+
+
+def breakdowns(lo: np.ndarray, hi: np.ndarray, all_iv, compute_iv, comm_iv) -> list[Breakdown]:
+    """:func:`breakdown` of each window ``[lo[j], hi[j])`` (ns, int64 arrays of shape (w,)), each interval set
+    merged once for all windows."""
+    busy = clipped_lengths(*all_iv, lo, hi)
+    comp = clipped_lengths(*compute_iv, lo, hi)
+    comm = clipped_lengths(*comm_iv, lo, hi)
+    both = clipped_lengths(np.concatenate((compute_iv[0], comm_iv[0])), np.concatenate((compute_iv[1], comm_iv[1])),
+                           lo, hi)
+    out = []
+    for w, busy_, comp_, comm_, both_ in zip((hi - lo).tolist(), busy.tolist(), comp.tolist(), comm.tolist(),
+                                             both.tolist(), strict=True):
+        ov = comp_ + comm_ - both_ if comm_ else 0  # |∪c ∩ ∪m| = |∪c| + |∪m| − |∪(c ∪ m)|
+        out.append(Breakdown(window_us=w / 1e3, busy_us=busy_ / 1e3, idle_us=(w - busy_) / 1e3,
+                             compute_us=comp_ / 1e3, non_compute_us=(busy_ - comp_) / 1e3, comm_us=comm_ / 1e3,
+                             overlap_us=ov / 1e3, exposed_comm_us=(comm_ - ov) / 1e3))
+    return out
+
+
 def breakdown(window: tuple[int, int], all_iv, compute_iv, comm_iv) -> Breakdown:
     """Temporal breakdown over ``window`` (ns). Each ``*_iv`` is (starts, ends) int64 arrays in ns."""
-    lo, hi = window
-    a = clip(*all_iv, lo, hi)
-    c = clip(*compute_iv, lo, hi)
-    m = clip(*comm_iv, lo, hi)
-    busy = length(*a)
-    comp = length(*c)
-    comm = length(*m)
-    ov = overlap_length(c, m) if comm else 0
-    w = hi - lo
-    return Breakdown(window_us=w / 1e3, busy_us=busy / 1e3, idle_us=(w - busy) / 1e3, compute_us=comp / 1e3,
-                     non_compute_us=(busy - comp) / 1e3, comm_us=comm / 1e3, overlap_us=ov / 1e3,
-                     exposed_comm_us=(comm - ov) / 1e3)
+    return breakdowns(np.array([window[0]], np.int64), np.array([window[1]], np.int64), all_iv, compute_iv,
+                      comm_iv)[0]
 
 
 def _pct(x: float, total: float) -> float:
@@ -178,9 +204,10 @@ class StepMetrics:
 
 def run_mode(con: duckdb.DuckDBPyConnection, run_id: int) -> str:
     """``"gpu"`` when the run has GPU kernels, else ``"cpu"``."""
-    n = con.execute("SELECT count(*) FROM kernels JOIN files USING (file_id) WHERE run_id = ? "
-                    "AND cat <> 'gpu_user_annotation'", [run_id]).fetchone()[0]
-    return "gpu" if n else "cpu"
+    # EXISTS stops at the first kernel: a count read every kernel (~15 ms on 256 ranks, and it is asked thrice)
+    any_kernel = con.execute("SELECT EXISTS (SELECT 1 FROM kernels JOIN files USING (file_id) WHERE run_id = ? "
+                             "AND cat <> 'gpu_user_annotation')", [run_id]).fetchone()[0]
+    return "gpu" if any_kernel else "cpu"
 
 
 def kernel_classes(con: duckdb.DuckDBPyConnection, run_id: int) -> dict[str, str]:
@@ -228,10 +255,15 @@ def _intervals(con, sql: str, params: list) -> dict[tuple[int, int], dict[str, t
     return out
 
 
-# Kernels counted by the breakdown, with the profiler-step filter (see the module docstring and .steps).
+# Kernels counted by the breakdown, with the profiler-step filter (see the module docstring and .steps); the
+# class once per distinct name (._sql.kernel_names_class_sql).
+_KLASS = "coalesce(n.klass, kernel_class(k.cat, k.name))"
+_DEVICE_WORK = "k.cat <> 'gpu_user_annotation'"
+_NAMES_JOIN = f"LEFT JOIN ({kernel_names_class_sql('$1', _DEVICE_WORK)}) n ON n.cat = k.cat AND n.name = k.name"
 _GPU_INTERVALS_SQL = f"""
-SELECT f.rank, f."window", kernel_class(k.cat, k.name) AS klass, k.ts_ns, k.ts_ns + k.dur_ns AS end_ns
+SELECT f.rank, f."window", {_KLASS} AS klass, k.ts_ns, k.ts_ns + k.dur_ns AS end_ns
 FROM ({counted_kernels_sql("$1", "k.cat <> 'gpu_user_annotation'", few=False)}) k JOIN files f USING (file_id)
+{_NAMES_JOIN}
 """
 
 # CPU mode: every op that is compute or communication (compute is then narrowed to the training thread).
@@ -336,14 +368,12 @@ def _window_breakdown(run_id: int, rank: int, window: int, mode: str, d: dict[st
         else:
             win = (int(d["all"][0].min()), int(d["all"][1].max()))
         all_iv = (np.concatenate((compute_iv[0], comm_iv[0])), np.concatenate((compute_iv[1], comm_iv[1])))
-    wb = breakdown(win, all_iv, compute_iv, comm_iv)
-    wsteps = []
-    for step, sw, s, e in rank_steps:
-        if sw != window:
-            continue
-        b = breakdown((s, e), all_iv, compute_iv, comm_iv)
-        wsteps.append(StepMetrics(run_id, rank, step, s, (e - s) / 1e3, b.compute_us, b.comm_us,
-                                  b.exposed_comm_us, b.idle_us))
+    mine = [st for st in rank_steps if st[1] == window]
+    lo = np.array([win[0]] + [st[2] for st in mine], np.int64)
+    hi = np.array([win[1]] + [st[3] for st in mine], np.int64)
+    wb, *bs = breakdowns(lo, hi, all_iv, compute_iv, comm_iv)  # the window's, then each step's
+    wsteps = [StepMetrics(run_id, rank, step, s, (e - s) / 1e3, b.compute_us, b.comm_us, b.exposed_comm_us, b.idle_us)
+              for (step, _w, s, e), b in zip(mine, bs, strict=True)]
     return wb, wsteps
 
 
@@ -435,8 +465,7 @@ def _kernel_base_sql(gpu: bool, where_step: str | None) -> str:
     """SQL of the rows :func:`top_kernels` counts, ``(name, klass, dur_ns)``; parameters ``$1`` the run and, with
     ``where_step`` (``inside`` / ``outside`` the profiler step ``$2``), that step."""
     if gpu:
-        base = ("SELECT k.name, kernel_class(k.cat, k.name) AS klass, k.dur_ns FROM kernels k JOIN files f "
-                "USING (file_id)")
+        base = f"SELECT k.name, {_KLASS} AS klass, k.dur_ns FROM kernels k JOIN files f USING (file_id) {_NAMES_JOIN}"
         where = "f.run_id = $1 AND k.cat <> 'gpu_user_annotation'"
         if where_step is not None:  # the kernel's launch (runtime row of its correlation) inside the step
             base += f""" LEFT JOIN (

@@ -211,12 +211,12 @@ enc AS (
            arg_max(o.name, o.ts_ns) AS inner_op
     FROM b JOIN cpu_ops o ON o.file_id = b.file_id AND o.pid = b.pid AND o.tid = b.tid
          AND o.ts_ns <= b.ts_ns AND o.ts_ns + o.dur_ns >= b.ts_ns + b.dur_ns
-    WHERE o.cat = 'cpu_op' GROUP BY b.call_id),
+    WHERE o.cat = 'cpu_op' AND o.file_id IN (SELECT file_id FROM b) GROUP BY b.call_id),
 last AS (
     SELECT b.call_id, max(least(k.ts_ns + k.dur_ns, b.ts_ns + b.dur_ns)) AS last_end
     FROM b JOIN kernels k ON k.file_id = b.file_id AND k.ts_ns < b.ts_ns + b.dur_ns
          AND k.ts_ns + k.dur_ns > b.ts_ns
-    WHERE k.cat = 'kernel' GROUP BY b.call_id)
+    WHERE k.cat = 'kernel' AND k.file_id IN (SELECT file_id FROM b) GROUP BY b.call_id)
 SELECT b.rank, b.name, enc.outer_op, enc.inner_op, any_value(n_st.n), count(*), sum(b.dur_ns),
        sum(b.ts_ns + b.dur_ns - greatest(b.ts_ns, coalesce(last.last_end, b.ts_ns))) AS idle, max(b.dur_ns)
 FROM b LEFT JOIN enc USING (call_id) LEFT JOIN last USING (call_id) JOIN n_st USING (rank)

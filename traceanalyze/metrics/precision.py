@@ -271,14 +271,18 @@ def _gpu_mix(con: duckdb.DuckDBPyConnection, run_id: int, capability: tuple[int,
         fam[key] = fam.get(key, 0.0) + dur
     res.source = "kernel names" + (", launching op Input type" if from_op else "")
     _set_layout(res, conv, sum(acc.values()), layout)
+    # the GEMM ops first (few), so that only the kernels of their external ids are looked up in the launches:
+    # every kernel's would be (a quarter of the precision analysis on 8 ranks)
+    gemm_ops = """SELECT o.file_id, o.external_id, o.name, o.input_dims, o.input_types
+        FROM cpu_ops o JOIN files f USING (file_id) WHERE f.run_id = $1 AND o.cat = 'cpu_op'
+          AND o.name IN ('aten::mm', 'aten::addmm', 'aten::bmm', 'aten::baddbmm')"""
+    few = ("k.external_id IS NOT NULL AND k.cat <> 'gpu_user_annotation' "
+           "AND k.external_id IN (SELECT external_id FROM g)")
     return con.execute(f"""
+        WITH g AS ({gemm_ops})
         SELECT o.name, o.input_dims, o.input_types, sum(k.dur_ns)
-        FROM cpu_ops o JOIN files f USING (file_id)
-        JOIN ({counted_kernels_sql("$1", "k.external_id IS NOT NULL AND k.cat <> 'gpu_user_annotation'")}) k
-          ON k.file_id = o.file_id AND k.external_id = o.external_id
-        WHERE f.run_id = $1 AND o.cat = 'cpu_op' AND o.name IN ('aten::mm', 'aten::addmm', 'aten::bmm',
-              'aten::baddbmm') GROUP BY o.file_id, o.external_id, o.name, o.input_dims, o.input_types""",
-                       [run_id]).fetchall()
+        FROM g o JOIN ({counted_kernels_sql("$1", few)}) k ON k.file_id = o.file_id AND k.external_id = o.external_id
+        GROUP BY o.file_id, o.external_id, o.name, o.input_dims, o.input_types""", [run_id]).fetchall()
 
 
 def _set_layout(res: PrecisionMix, conv_ns: float, total_ns: float, layout_ns: dict[str, float]) -> None:

@@ -214,25 +214,27 @@ def step_timeline(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, step: 
     segments of one kind are merged and ones shorter than :data:`MIN_SEGMENT_FRAC` of the step fold into the
     previous segment. ``ranks`` narrows the lanes (default: every rank with that step).
     """
-    where = "" if ranks is None else f"AND rank IN ({', '.join(str(int(r)) for r in ranks) or 'NULL'})"
+    shown = ", ".join(str(int(r)) for r in ranks or []) or "NULL"
+    where = "" if ranks is None else f"AND rank IN ({shown})"
     lanes = con.execute(f"""SELECT rank, file_id, start_ns, end_ns, pid, tid FROM profiler_steps(?)
                             WHERE step = ? {where} ORDER BY rank""", [run_id, step]).fetchall()
     if not lanes:
         return []
     bounds = {r: (f, a, b, p, t) for r, f, a, b, p, t in lanes}
+    where = "" if ranks is None else f"AND s.rank IN ({shown})"  # the events of the lanes shown, not every rank's
     if mode == "gpu":
-        sql = """SELECT f.rank, CASE kernel_class(k.cat, k.name) WHEN 'compute' THEN 1 ELSE 2 END AS cls,
+        sql = f"""SELECT f.rank, CASE kernel_class(k.cat, k.name) WHEN 'compute' THEN 1 ELSE 2 END AS cls,
                         k.ts_ns AS a, k.ts_ns + k.dur_ns AS b
                  FROM kernels k JOIN files f USING (file_id)
-                 JOIN (SELECT file_id, rank, start_ns, end_ns FROM profiler_steps($1) WHERE step = $2) s
+                 JOIN (SELECT file_id, rank, start_ns, end_ns FROM profiler_steps($1) s WHERE step = $2 {where}) s
                    ON s.file_id = k.file_id AND k.ts_ns < s.end_ns AND k.ts_ns + k.dur_ns > s.start_ns
                  WHERE k.cat IN ('kernel', 'gpu_memcpy', 'gpu_memset')"""
     else:
-        sql = """SELECT s.rank, CASE cpu_op_class(c.cat, c.name) WHEN 'compute' THEN 1 ELSE 2 END AS cls,
+        sql = f"""SELECT s.rank, CASE cpu_op_class(c.cat, c.name) WHEN 'compute' THEN 1 ELSE 2 END AS cls,
                         c.ts_ns AS a, c.ts_ns + c.dur_ns AS b
                  FROM profiler_steps($1) s JOIN cpu_ops c ON c.file_id = s.file_id
                    AND c.ts_ns < s.end_ns AND c.ts_ns + c.dur_ns > s.start_ns
-                 WHERE s.step = $2 AND cpu_op_class(c.cat, c.name) IN ('compute', 'communication')
+                 WHERE s.step = $2 {where} AND cpu_op_class(c.cat, c.name) IN ('compute', 'communication')
                    AND (c.tid = s.tid OR cpu_op_class(c.cat, c.name) = 'communication')"""
     rows = con.execute(sql + " ORDER BY 1, 3", [run_id, step]).fetchnumpy()
     rk = np.asarray(rows["rank"], np.int64)
