@@ -794,6 +794,8 @@ _NO_MEM_ARGS = _MemArgs()
 
 def _raw_column(raws: list[bytes | None]) -> pa.Array:
     """Raw JSON values (the bytes of a ``msgspec.Raw``, or None) as a string column; invalid UTF-8 is replaced."""
+    if not raws or raws.count(None) == len(raws):  # traces recorded without record_shapes
+        return pa.nulls(len(raws), pa.string())
     arr = pa.array(raws, pa.binary())
     try:
         return pc.cast(arr, pa.string())
