@@ -23,7 +23,8 @@ import errno
 import hashlib
 import json
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import duckdb
@@ -338,8 +339,7 @@ def table_columns(ddl: str, table: str) -> list[tuple[str, str]]:
     """``(name, type)`` of every column of the ``CREATE TABLE`` of ``table`` in ``ddl``, in order.
 
     Comments and constraints (``PRIMARY KEY``, ``UNIQUE``) are left out; quoted names (``"window"``) unquoted.
-    Raises ValueError when ``ddl`` does not create ``table``.
-    """
+    Raises ValueError when ``ddl`` does not create ``table``."""
     text = re.sub(r"--[^\n]*", "", ddl)
     m = re.search(rf"CREATE (?:OR REPLACE )?TABLE (?:IF NOT EXISTS )?{re.escape(table)} \((.*?)\);", text, re.S)
     if m is None:
@@ -422,8 +422,7 @@ def create_catalog(con: duckdb.DuckDBPyConnection) -> None:
     """Create the batch catalog's tables in ``con`` and mark it as a catalog (:func:`write_marker`).
 
     A catalog of another :data:`CATALOG_VERSION` (an older layout) has its tables dropped first: every run is
-    analyzed again.
-    """
+    analyzed again."""
     version = None
     try:
         version = con.execute("SELECT value FROM meta WHERE key = 'catalog_version'").fetchone()
@@ -442,15 +441,13 @@ def create_catalog(con: duckdb.DuckDBPyConnection) -> None:
 def connect(db_path: str | Path | None) -> duckdb.DuckDBPyConnection:
     """Open (or create) the database and make sure the schema exists.
 
-    ``db_path`` None gives an in-memory database. Raises :class:`TraceanalyzeError` when another process
-    holds the file (two concurrent reports on one database) or the file is not a DuckDB database.
+    ``db_path`` None gives an in-memory database. Raises :class:`TraceanalyzeError` when another process holds the
+    file (two concurrent reports on one database) or the file is not a DuckDB database.
 
-    Only a database traceanalyze created is opened for writing (:func:`check_own_db`): an existing file without
-    the marker table of a report database, or a batch catalog, raises :class:`~traceanalyze.errors.UsageError`
-    and is left byte-identical. An unmarked database of an earlier traceanalyze (its tables and
-    ``meta.schema_version``) is migrated: it gets the marker, and its tables are rebuilt when the schema version
-    differs.
-    """
+    Only a database traceanalyze created is opened for writing (:func:`check_own_db`): an existing file without the
+    marker table of a report database, or a batch catalog, raises :class:`~traceanalyze.errors.UsageError` and is
+    left byte-identical. An unmarked database of an earlier traceanalyze (its tables and ``meta.schema_version``)
+    is migrated: it gets the marker, and its tables are rebuilt when the schema version differs."""
     check_own_db(db_path, "report")
     # a database created now holds nothing: no schema to check, no old tables to drop (two queries fewer)
     new = not db_path or str(db_path) == ":memory:" or not any(
@@ -468,19 +465,25 @@ def connect(db_path: str | Path | None) -> duckdb.DuckDBPyConnection:
     except duckdb.Error as exc:
         raise TraceanalyzeError(f"{db_path}: not a usable DuckDB database ({str(exc).splitlines()[0]})") from None
     if new or not _schema_current(con):
-        # one transaction: a file database syncs once, not once per statement
-        con.execute("BEGIN TRANSACTION")
-        try:
+        with transaction(con):
             if not new:
                 _drop_if_old(con)
             con.execute(DDL + _FINGERPRINT_DDL + MACROS)
             write_marker(con, SCHEMA_VERSION, "report")
             con.execute(f"COMMENT ON TABLE {MARKER_TABLE} IS '{_SCHEMA_STAMP}'")
-            con.execute("COMMIT")
-        except BaseException:
-            con.execute("ROLLBACK")
-            raise
     return con
+
+
+@contextmanager
+def transaction(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
+    """The ``with`` block's statements as one transaction (a file database syncs once), rolled back if one fails."""
+    con.execute("BEGIN TRANSACTION")
+    try:
+        yield
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    con.execute("COMMIT")
 
 
 def checkpoint_meanwhile(con: duckdb.DuckDBPyConnection) -> Callable[[], None]:
@@ -575,8 +578,7 @@ def insert_rows(con: duckdb.DuckDBPyConnection, table: str, cols: list[str] | No
     into ``table`` with one statement, one list per column (``executemany`` runs it once per row: far dearer).
 
     Raises:
-        duckdb.Error: a value does not fit its column (the whole insert is refused).
-    """
+        duckdb.Error: a value does not fit its column (the whole insert is refused)."""
     if rows:
         values = ", ".join(f"unnest(${i + 1})" for i in range(len(rows[0])))
         target = f"{table} ({', '.join(cols)})" if cols is not None else table
@@ -630,8 +632,7 @@ def open_untrusted(path: str | Path, busy: str = "") -> duckdb.DuckDBPyConnectio
     configuration locked (:data:`UNTRUSTED_CONFIG`). ``busy`` ends the message when another process holds it.
 
     Raises:
-        TraceanalyzeError: the file cannot be opened (not a DuckDB database, in use, unreadable).
-    """
+        TraceanalyzeError: the file cannot be opened (not a DuckDB database, in use, unreadable)."""
     try:
         return duckdb.connect(str(path), read_only=True, config=dict(UNTRUSTED_CONFIG))
     except duckdb.Error as exc:
@@ -704,10 +705,9 @@ def check_own_db(path: str | Path | None, role: str) -> str:
 
     Raises:
         UsageError: the path is a folder, not a DuckDB file, a DuckDB database traceanalyze did not create, or
-            one of the other role (a batch catalog passed as ``--db``, a report database as a catalog). The
-            file is not opened for writing, so it stays byte-identical.
-        TraceanalyzeError: the file is in use or unreadable.
-    """
+            one of the other role (a batch catalog passed as ``--db``, a report database as a catalog). The file
+            is not opened for writing, so it stays byte-identical.
+        TraceanalyzeError: the file is in use or unreadable."""
     if path is None or str(path) == ":memory:":
         return "new"
     p = Path(path)
