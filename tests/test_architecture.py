@@ -47,6 +47,8 @@ DEFERRED_IMPORTS: dict[tuple[str, str], str] = {
     ("traceanalyze.logs.sidecars", "traceanalyze.logs.configs"): _PARSERS,
     ("traceanalyze.logs.sidecars", "traceanalyze.logs.text"): _PARSERS,
     ("traceanalyze.logs.sidecars", "traceanalyze.logs.topology"): _PARSERS,
+    ("traceanalyze.logs.sidecars", "traceanalyze.logs.env"): "capture's env parser (~2 ms) only for an env file or a "
+                                                             "CPU run's core sharing",
     ("traceanalyze.stages", "traceanalyze.replay.scenarios.ranks"): _NUMPY + " (a --baseline's link)",
 }
 

@@ -154,3 +154,21 @@ def test_checkpoint_meanwhile_moves_the_write_ahead_log_into_the_file(tmp_path):
     assert not wal.exists() or wal.stat().st_size == 0
     assert con.execute("SELECT count(*) FROM warnings").fetchone()[0] == 20000
     con.close()
+
+
+def test_transaction_commits_the_block_or_rolls_it_back(tmp_path):
+    import duckdb
+
+    from traceanalyze import store
+
+    con = duckdb.connect(str(tmp_path / "t.duckdb"))
+    con.execute("CREATE TABLE t (x INTEGER)")
+    with store.transaction(con):
+        con.execute("INSERT INTO t VALUES (1); INSERT INTO t VALUES (2)")
+    with pytest.raises(duckdb.Error):
+        with store.transaction(con):  # the second statement fails: the first is undone too
+            con.execute("INSERT INTO t VALUES (3); INSERT INTO nowhere VALUES (4)")
+    assert con.execute("SELECT list(x ORDER BY x) FROM t").fetchone() == ([1, 2],)
+    con.execute("INSERT INTO t VALUES (5)")  # no transaction left open: autocommit again
+    assert con.execute("SELECT count(*) FROM t").fetchone() == (3,)
+    con.close()

@@ -17,7 +17,6 @@ from traceanalyze import hardware, store
 from traceanalyze.errors import TraceanalyzeError
 from traceanalyze.limits import MAX_MEMORY_BYTES, MAX_OOM_EVENTS
 from traceanalyze.logs.batch import check_batch_facts
-from traceanalyze.logs.env import core_sharing, parse_env
 from traceanalyze.logs.steps import measured_unprofiled_step, parse_capture_steps
 
 
@@ -31,6 +30,7 @@ def read_sidecars(con: duckdb.DuckDBPyConnection, run_id: int, run: Any, warning
     "capture_steps", "ooms", "unprofiled"}``."""
     if run.sidecars:  # the parsers (yaml, ~100 patterns compiled on import) only when there is a file to read
         from traceanalyze.logs.configs import parse_config
+        from traceanalyze.logs.env import parse_env
         from traceanalyze.logs.text import parse_text_log
         from traceanalyze.logs.topology import parse_topology
     facts: dict[str, list] = {}
@@ -198,5 +198,7 @@ def cpu_host(facts: dict, mode: str | None = None, world: int | None = None
     model = next((f.value for f in facts.get("cpu_model") or []), None)
     sharing = None
     if mode == "cpu" and facts.get("cpu_count"):
+        from traceanalyze.logs.env import core_sharing  # a GPU run (most) never needs the env parser
+
         sharing = core_sharing(facts, world)
     return (False if "false" in said else True if said else None), model, sharing
