@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from traceanalyze.replay.graph import K_COLL, Graph
+from traceanalyze.replay.passorder import forward_order
 
 MAX_PASSES = 400  # a pass settles at least one more cross-resource dependency; real graphs settle in far fewer
 SLABS_MIN_TASKS = 20_000  # smaller graphs replay in a few ms: one slab (no cuts to plan)
@@ -73,8 +74,8 @@ class Layout:
     (None: already so); ``dsrc``/``ddst``/``dend`` in that order, grouped by destination (``udst``: the
     destinations, ``ustart``/``ustop``: each one's slice); ``pinned``: the tasks :func:`pinned_tasks` pins;
     ``segs``/``slab_end``/``n_res``/``waves``: the pass order (:class:`_Plan`). With waves, ``perm`` (new position
-    -> task), ``eperm`` (edge in wave order -> edge of the graph), ``sidx`` and ``ct_w``/``prev_ct_w`` (the
-    collective tasks' positions) give the wave order (:func:`_lay_out_waves`)."""
+    -> task), ``eperm`` (edge in wave order -> edge of the graph), ``sidx``, ``ct_w``/``prev_ct_w`` (the
+    collective tasks' positions) and ``pinned_w`` (the pinned tasks') give the wave order (:func:`_lay_out_waves`)."""
 
     of: tuple  # the graph's structural arrays it was computed from (compared by identity: a rewrite makes new ones)
     ct: np.ndarray
@@ -98,6 +99,7 @@ class Layout:
     sidx: np.ndarray | None = None
     ct_w: np.ndarray | None = None
     prev_ct_w: np.ndarray | None = None
+    pinned_w: np.ndarray | None = None
 
     def fits(self, g: Graph) -> bool:
         """Whether this layout was computed from ``g``'s structure (the very same arrays)."""
@@ -111,7 +113,8 @@ def _structure(g: Graph) -> tuple:
 
 @dataclass
 class _Plan:
-    """What every pass of :func:`replay` reads: the tasks' durations ``d`` and chain gaps ``cg`` (µs), the chain
+    """What every pass of :func:`replay` reads: the tasks' durations ``d`` and chain gaps ``cg`` (µs; with waves,
+    the collective tasks' only, in ``ct``'s order: the only ones a pass reads), the chain
     offsets ``c`` along each resource and the ``floor`` below every time, the start ``r0`` of the pinned first
     tasks and the edges' offsets ``doff`` (in wave order with waves, else in task order grouped by destination),
     the collective tasks ``ct`` with their instances ``ci`` (and each one's previous task and first flag), the
@@ -310,7 +313,7 @@ def _lay_out_waves(lay: Layout, n: int) -> None:
     del src
     lay.perm = perm
     lay.eperm = eperm if lay.eo is None else lay.eo[eperm].astype(itype)  # into the graph's own edge order
-    lay.ct_w, lay.prev_ct_w = inv[lay.ct], inv[lay.prev_ct]
+    lay.ct_w, lay.prev_ct_w, lay.pinned_w = inv[lay.ct], inv[lay.prev_ct], inv[lay.pinned]
 
 
 def pinned_tasks(g: Graph) -> np.ndarray:
@@ -394,28 +397,27 @@ def _plan(g: Graph, lay: Layout, dur: np.ndarray | None, gap: np.ndarray | None,
         np.add(d[:-1], cg[1:], out=c[1:])
     c[first] = 0.0
     np.cumsum(c, out=c)
-    # each task's resource's first task (int32 while it fits: a temporary of the graph's size, at the replay's peak)
-    itype = np.int32 if n < 2**31 else np.int64
-    seg_first = np.where(first, np.arange(n, dtype=itype), itype(0))
-    np.maximum.accumulate(seg_first, out=seg_first)
-    np.subtract(c, c[seg_first], out=c)  # the gather is made before c is written
-    del seg_first
+    # less each task's resource's first value: the same gather as by each task's first task, resource by resource
+    heads = np.flatnonzero(first)
+    if heads.size == 0 or heads[0] != 0:
+        heads = np.append(0, heads)
+    np.subtract(c, np.repeat(c[heads], np.diff(np.append(heads, n))), out=c)  # made before c is written
     at = g.start if starts is None else starts
     floor = -2.0 * (float(np.ptp(at)) + float(c.max(initial=0.0)) + 1e6) if n else -1.0
     # a finite "not yet known" time: no NaN from -inf - -inf, and still below every real time after offsets
     r0 = np.full(n, UNKNOWN)
-    r0[lay.pinned] = at[lay.pinned]
     if lay.perm is None:
+        r0[lay.pinned] = at[lay.pinned]
         return _Plan(d=d, cg=cg, c=c, floor=floor, r0=r0, ct=lay.ct, ci=lay.ci, prev_ct=lay.prev_ct,
                      ct_first=lay.ct_first, dsrc=lay.dsrc, dend=lay.dend,
                      doff=g.dep_off if lay.eo is None else g.dep_off[lay.eo], udst=lay.udst, ustart=lay.ustart,
                      ustop=lay.ustop, segs=lay.segs, slab_end=lay.slab_end, n_res=lay.n_res)
     # in wave order, one array at a time, each old one released before the next is copied
     perm = lay.perm
+    r0[lay.pinned_w] = at[lay.pinned]
     d = d[perm]
-    cg = cg[perm]
+    cg = cg[lay.ct]
     c = c[perm]
-    r0 = r0[perm]
     return _Plan(d=d, cg=cg, c=c, floor=floor, r0=r0, ct=lay.ct_w, ci=lay.ci, prev_ct=lay.prev_ct_w,
                  ct_first=lay.ct_first, dsrc=np.zeros(0, perm.dtype), dend=lay.dend, doff=g.dep_off[lay.eperm],
                  udst=lay.udst, ustart=lay.ustart, ustop=lay.ustop, segs=[], slab_end=lay.slab_end,
@@ -488,74 +490,12 @@ def _resource_slices(g: Graph, udst: np.ndarray, ct: np.ndarray
     u_at = np.searchsorted(udst, bounds.astype(udst.dtype, copy=False)) if udst.size else none
     c_at = np.searchsorted(ct, bounds.astype(ct.dtype, copy=False)) if ct.size else none
     segs, phases = [], []
-    for k in _forward(g, bounds[:-1], sorted(range(len(prefix)), key=lambda k: rank_of.get(prefix[k], 3)),
-                      [rank_of.get(x, 3) for x in prefix]):
+    for k in forward_order(g, bounds[:-1], sorted(range(len(prefix)), key=lambda k: rank_of.get(prefix[k], 3)),
+                            np.array([x == "stream" for x in prefix], bool)):
         segs.append((int(bounds[k]), int(bounds[k + 1]), int(u_at[k]), int(u_at[k + 1]), int(c_at[k]),
                      int(c_at[k + 1])))
         phases.append(rank_of.get(prefix[k], 3))
     return segs, phases
-
-
-def _forward(g: Graph, lo: np.ndarray, order: list[int], phase: list[int]) -> list[int]:
-    """``order`` (the resource slices, starting at ``lo``, in pass order) with each rank's streams in an order where
-    the edges between them all run forward, when the order given has one running back and such an order exists
-    (they form no cycle; the first stream in ``order`` whose sources are all placed goes next, so an order already
-    forward stays as it is). A back edge is read from the pass before: ``without_host_syncs``' anchors, one edge
-    per task from the busiest stream to the others, cost a pass each and were too many per rank to cut into slabs
-    (256 ranks: 8 passes instead of 2). The fixed point, so every time, is the same."""
-    stream = np.asarray(phase, np.int64) == 2
-    if not g.dep_src.size or stream.sum() < 2:
-        return order
-    slot = np.full(int(g.res.max(initial=0)) + 1, -1, np.int64)
-    slot[g.res[lo[stream]]] = np.flatnonzero(stream)
-    a, b = slot[g.res[g.dep_src]], slot[g.res[g.dep_dst]]
-    keep = (a >= 0) & (b >= 0) & (a != b)  # between two streams (of one rank: edges stay inside a rank)
-    if not keep.any():
-        return order
-    pairs = np.unique(a[keep] * lo.size + b[keep])
-    src, dst = pairs // lo.size, pairs % lo.size
-    pos = np.empty(len(order), np.int64)
-    pos[order] = np.arange(len(order))
-    back = pos[src] > pos[dst]
-    if not back.any():
-        return order
-    rank = g.rank[lo].astype(np.int64)
-    # each rank's streams in pass order, and its edges between them: one sort each, sliced per rank below
-    ms = np.flatnonzero(stream)
-    ms = ms[np.lexsort((pos[ms], rank[ms]))]
-    eo = np.argsort(rank[src], kind="stable")
-    src, dst = src[eo], dst[eo]
-    out = list(order)
-    for r in np.unique(rank[src[back[eo]]]).tolist():
-        members = ms[np.searchsorted(rank[ms], r): np.searchsorted(rank[ms], r, side="right")].tolist()
-        e_a, e_b = np.searchsorted(rank[src], r), np.searchsorted(rank[src], r, side="right")
-        placed = _topological(members, src[e_a:e_b].tolist(), dst[e_a:e_b].tolist())
-        if placed is not None:
-            for at, k in zip(sorted(pos[members].tolist()), placed, strict=True):
-                out[at] = k
-    return out
-
-
-def _topological(nodes: list[int], src: list[int], dst: list[int]) -> list[int] | None:
-    """``nodes`` ordered so that every edge ``src[i] -> dst[i]`` runs forward, each time the first of ``nodes``
-    whose sources are all placed; None when the edges form a cycle."""
-    need = {k: 0 for k in nodes}
-    for d in dst:
-        need[d] += 1
-    out_of: dict[int, list[int]] = {}
-    for s_, d in zip(src, dst, strict=True):
-        out_of.setdefault(s_, []).append(d)
-    placed: list[int] = []
-    left = list(nodes)
-    while left:
-        k = next((k for k in left if need[k] == 0), None)
-        if k is None:
-            return None
-        left.remove(k)
-        placed.append(k)
-        for d in out_of.get(k, []):
-            need[d] -= 1
-    return placed
 
 
 def _wave_keys(g: Graph, segs: list[tuple[int, int, int, int, int, int]], phases: list[int]
@@ -730,7 +670,7 @@ def _wave_pass(p: _Plan, w: _Wave, s: np.ndarray, e: np.ndarray, ready: np.ndarr
     s_w[...] = new_s
     np.add(new_s, p.d[sl], out=e[sl])
     if cc_i is not None:
-        ready[cc_i] = np.maximum(np.where(p.ct_first[cc_i], UNKNOWN, e[p.prev_ct[cc_i]] + p.cg[p.ct[cc_i]]), r_dep)
+        ready[cc_i] = np.maximum(np.where(p.ct_first[cc_i], UNKNOWN, e[p.prev_ct[cc_i]] + p.cg[cc_i]), r_dep)
     return moved
 
 
