@@ -688,3 +688,27 @@ def test_graph_sort_helpers_match_the_sorts_they_replace():
     neg_dur = -np.array([3, 0, 4, 0, 0, 9, 0])
     order = _task_order(res, rel, kind_order, neg_dur)
     assert order.tolist() == [4, 1, 2, 3, 6, 5, 0] == np.lexsort((neg_dur, kind_order, rel, res)).tolist()
+
+
+
+def test_streams_visited_in_forward_order():
+    """Each rank's streams are visited in an order where the edges between them run forward (no_host_sync's anchors
+    from the busiest stream, visited after the others in resource order), the host threads and a rank whose stream
+    edges form a cycle left as they were; an order already forward is kept."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from traceanalyze.replay.passorder import forward_order
+
+    # resources 0-3 rank 0 (host, streams 1, 2, 3), 4-6 rank 1 (host, streams 5, 6); one task each
+    res = np.arange(7)
+    rank = np.array([0, 0, 0, 0, 1, 1, 1])
+    stream = np.array([False, True, True, True, False, True, True])
+    order = [0, 4, 1, 2, 3, 5, 6]  # hosts first, then the streams in resource order
+    # rank 0: 3 -> 1 and 3 -> 2 (back), 0 -> 3 (a launch); rank 1: 6 -> 5 and 5 -> 6 (a cycle)
+    src, dst = np.array([3, 3, 0, 6, 5]), np.array([1, 2, 3, 5, 6])
+    g = SimpleNamespace(res=res, rank=rank, dep_src=src, dep_dst=dst)
+    assert forward_order(g, res, order, stream) == [0, 4, 3, 1, 2, 5, 6]
+    fwd = SimpleNamespace(res=res, rank=rank, dep_src=np.array([1, 1]), dep_dst=np.array([2, 3]))
+    assert forward_order(fwd, res, order, stream) == order

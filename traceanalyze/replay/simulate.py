@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from traceanalyze.replay.graph import K_COLL, Graph
+from traceanalyze.replay.passorder import forward_order
 
 MAX_PASSES = 400  # a pass settles at least one more cross-resource dependency; real graphs settle in far fewer
 SLABS_MIN_TASKS = 20_000  # smaller graphs replay in a few ms: one slab (no cuts to plan)
@@ -73,8 +74,8 @@ class Layout:
     (None: already so); ``dsrc``/``ddst``/``dend`` in that order, grouped by destination (``udst``: the
     destinations, ``ustart``/``ustop``: each one's slice); ``pinned``: the tasks :func:`pinned_tasks` pins;
     ``segs``/``slab_end``/``n_res``/``waves``: the pass order (:class:`_Plan`). With waves, ``perm`` (new position
-    -> task), ``eperm`` (edge in wave order -> edge of the graph), ``sidx`` and ``ct_w``/``prev_ct_w`` (the
-    collective tasks' positions) give the wave order (:func:`_lay_out_waves`)."""
+    -> task), ``eperm`` (edge in wave order -> edge of the graph), ``sidx``, ``ct_w``/``prev_ct_w`` (the
+    collective tasks' positions) and ``pinned_w`` (the pinned tasks') give the wave order (:func:`_lay_out_waves`)."""
 
     of: tuple  # the graph's structural arrays it was computed from (compared by identity: a rewrite makes new ones)
     ct: np.ndarray
@@ -98,6 +99,7 @@ class Layout:
     sidx: np.ndarray | None = None
     ct_w: np.ndarray | None = None
     prev_ct_w: np.ndarray | None = None
+    pinned_w: np.ndarray | None = None
 
     def fits(self, g: Graph) -> bool:
         """Whether this layout was computed from ``g``'s structure (the very same arrays)."""
@@ -111,7 +113,8 @@ def _structure(g: Graph) -> tuple:
 
 @dataclass
 class _Plan:
-    """What every pass of :func:`replay` reads: the tasks' durations ``d`` and chain gaps ``cg`` (µs), the chain
+    """What every pass of :func:`replay` reads: the tasks' durations ``d`` and chain gaps ``cg`` (µs; with waves,
+    the collective tasks' only, in ``ct``'s order: the only ones a pass reads), the chain
     offsets ``c`` along each resource and the ``floor`` below every time, the start ``r0`` of the pinned first
     tasks and the edges' offsets ``doff`` (in wave order with waves, else in task order grouped by destination),
     the collective tasks ``ct`` with their instances ``ci`` (and each one's previous task and first flag), the
@@ -310,7 +313,7 @@ def _lay_out_waves(lay: Layout, n: int) -> None:
     del src
     lay.perm = perm
     lay.eperm = eperm if lay.eo is None else lay.eo[eperm].astype(itype)  # into the graph's own edge order
-    lay.ct_w, lay.prev_ct_w = inv[lay.ct], inv[lay.prev_ct]
+    lay.ct_w, lay.prev_ct_w, lay.pinned_w = inv[lay.ct], inv[lay.prev_ct], inv[lay.pinned]
 
 
 def pinned_tasks(g: Graph) -> np.ndarray:
@@ -394,28 +397,27 @@ def _plan(g: Graph, lay: Layout, dur: np.ndarray | None, gap: np.ndarray | None,
         np.add(d[:-1], cg[1:], out=c[1:])
     c[first] = 0.0
     np.cumsum(c, out=c)
-    # each task's resource's first task (int32 while it fits: a temporary of the graph's size, at the replay's peak)
-    itype = np.int32 if n < 2**31 else np.int64
-    seg_first = np.where(first, np.arange(n, dtype=itype), itype(0))
-    np.maximum.accumulate(seg_first, out=seg_first)
-    np.subtract(c, c[seg_first], out=c)  # the gather is made before c is written
-    del seg_first
+    # less each task's resource's first value: the same gather as by each task's first task, resource by resource
+    heads = np.flatnonzero(first)
+    if heads.size == 0 or heads[0] != 0:
+        heads = np.append(0, heads)
+    np.subtract(c, np.repeat(c[heads], np.diff(np.append(heads, n))), out=c)  # made before c is written
     at = g.start if starts is None else starts
     floor = -2.0 * (float(np.ptp(at)) + float(c.max(initial=0.0)) + 1e6) if n else -1.0
     # a finite "not yet known" time: no NaN from -inf - -inf, and still below every real time after offsets
     r0 = np.full(n, UNKNOWN)
-    r0[lay.pinned] = at[lay.pinned]
     if lay.perm is None:
+        r0[lay.pinned] = at[lay.pinned]
         return _Plan(d=d, cg=cg, c=c, floor=floor, r0=r0, ct=lay.ct, ci=lay.ci, prev_ct=lay.prev_ct,
                      ct_first=lay.ct_first, dsrc=lay.dsrc, dend=lay.dend,
                      doff=g.dep_off if lay.eo is None else g.dep_off[lay.eo], udst=lay.udst, ustart=lay.ustart,
                      ustop=lay.ustop, segs=lay.segs, slab_end=lay.slab_end, n_res=lay.n_res)
     # in wave order, one array at a time, each old one released before the next is copied
     perm = lay.perm
+    r0[lay.pinned_w] = at[lay.pinned]
     d = d[perm]
-    cg = cg[perm]
+    cg = cg[lay.ct]
     c = c[perm]
-    r0 = r0[perm]
     return _Plan(d=d, cg=cg, c=c, floor=floor, r0=r0, ct=lay.ct_w, ci=lay.ci, prev_ct=lay.prev_ct_w,
                  ct_first=lay.ct_first, dsrc=np.zeros(0, perm.dtype), dend=lay.dend, doff=g.dep_off[lay.eperm],
                  udst=lay.udst, ustart=lay.ustart, ustop=lay.ustop, segs=[], slab_end=lay.slab_end,
@@ -488,7 +490,8 @@ def _resource_slices(g: Graph, udst: np.ndarray, ct: np.ndarray
     u_at = np.searchsorted(udst, bounds.astype(udst.dtype, copy=False)) if udst.size else none
     c_at = np.searchsorted(ct, bounds.astype(ct.dtype, copy=False)) if ct.size else none
     segs, phases = [], []
-    for k in sorted(range(len(prefix)), key=lambda k: rank_of.get(prefix[k], 3)):
+    for k in forward_order(g, bounds[:-1], sorted(range(len(prefix)), key=lambda k: rank_of.get(prefix[k], 3)),
+                            np.array([x == "stream" for x in prefix], bool)):
         segs.append((int(bounds[k]), int(bounds[k + 1]), int(u_at[k]), int(u_at[k + 1]), int(c_at[k]),
                      int(c_at[k + 1])))
         phases.append(rank_of.get(prefix[k], 3))
@@ -667,7 +670,7 @@ def _wave_pass(p: _Plan, w: _Wave, s: np.ndarray, e: np.ndarray, ready: np.ndarr
     s_w[...] = new_s
     np.add(new_s, p.d[sl], out=e[sl])
     if cc_i is not None:
-        ready[cc_i] = np.maximum(np.where(p.ct_first[cc_i], UNKNOWN, e[p.prev_ct[cc_i]] + p.cg[p.ct[cc_i]]), r_dep)
+        ready[cc_i] = np.maximum(np.where(p.ct_first[cc_i], UNKNOWN, e[p.prev_ct[cc_i]] + p.cg[cc_i]), r_dep)
     return moved
 
 
