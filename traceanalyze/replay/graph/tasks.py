@@ -107,7 +107,7 @@ def host_tasks(con, rc: RunClock, fids: list[int], dev_keys: np.ndarray | None =
         h = fetch_arrow(con, f"""SELECT c.file_id, c.pid, c.tid, c.ts_ns, c.dur_ns, c.correlation, c.name, {_FLAG}
             FROM cpu_ops c JOIN files f USING (file_id)
             WHERE f.run_id = $1 AND f.rank IS NOT NULL AND f.file_id IN (SELECT unnest($4))
-              AND c.cat IN ('cuda_runtime', 'cuda_driver')""", args)
+              AND c.cat IN ('cuda_runtime', 'cuda_driver')""", args, hash_names=True)
         h = _fold_calls(h, np.zeros(0, np.int64) if dev_keys is None else dev_keys)
         idle = h.pop("idle")
     else:
@@ -171,7 +171,7 @@ def device_tasks(con, rc: RunClock, fids: list[int], comm: list[str]) -> dict:
                k.cat = 'kernel' AND k.external_id IS NOT NULL AS has_op
         FROM kernels k JOIN files f USING (file_id)
         WHERE f.run_id = $1 AND f.rank IS NOT NULL AND f.file_id IN (SELECT unnest($3))
-          AND k.cat IN ('kernel', 'gpu_memcpy', 'gpu_memset')""", [rc.run_id, comm, fids])
+          AND k.cat IN ('kernel', 'gpu_memcpy', 'gpu_memset')""", [rc.run_id, comm, fids], hash_names=True)
     cat = np.asarray(k["catc"], np.int64)
     fid = np.asarray(k["file_id"], np.int64)
     opcode = _launching_op_codes(con, rc, fids, fid, np.asarray(k.pop("external_id"), np.int64),
