@@ -712,3 +712,27 @@ def test_streams_visited_in_forward_order():
     assert forward_order(g, res, order, stream) == [0, 4, 3, 1, 2, 5, 6]
     fwd = SimpleNamespace(res=res, rank=rank, dep_src=np.array([1, 1]), dep_dst=np.array([2, 3]))
     assert forward_order(fwd, res, order, stream) == order
+
+
+def test_launching_ops_grouped_and_names_read_as_hashes(monkeypatch):
+    """``_by_op`` sorts the fp32 ops by (file, External id) and ORs the codes of one id, as the GROUP BY it
+    replaces did; a query's names read as hashes (``fetch_arrow(hash_names=True)``) give the codes and sorted names
+    the strings give, and two names of one hash fall back to the strings."""
+    import duckdb
+    import numpy as np
+
+    from traceanalyze.replay.graph import source
+    from traceanalyze.replay.graph.tasks import _by_op
+
+    fid, ext, code = _by_op(np.array([2, 1, 2, 1, 2]), np.array([5, 9, 5, 3, 4]), np.array([1, 3, 4, 1, 1]))
+    assert (fid.tolist(), ext.tolist(), code.tolist()) == ([1, 1, 2, 2], [3, 9, 4, 5], [1, 3, 1, 5])
+    con = duckdb.connect()
+    con.execute("CREATE TABLE k AS SELECT * FROM (VALUES (1, 'b'), (2, 'a'), (3, NULL), (4, 'b'), (5, 'c')) t(x, name)")
+    sql = "SELECT x, name FROM k WHERE x > $1"
+    strings = source.fetch_arrow(con, sql, [1])
+    hashed = source.fetch_arrow(con, sql, [1], hash_names=True)
+    assert strings["name"][0].tolist() == hashed["name"][0].tolist() == [0, 3, 1, 2]
+    assert strings["name"][1].to_pylist() == hashed["name"][1].to_pylist() == ["a", "b", "c", None]
+    assert hashed["x"].tolist() == [2, 3, 4, 5]
+    monkeypatch.setattr(source, "_hashed_names", lambda *a: None)  # a collision: the strings are read
+    assert source.fetch_arrow(con, sql, [1], hash_names=True)["name"][0].tolist() == [0, 3, 1, 2]

@@ -121,7 +121,10 @@ def _count_events(con, rc: RunClock, threads: dict, fids: list[int], win: tuple,
     sel = idx[m]
     hi_i = np.searchsorted(keys, hi_key[m], side="left")
     lo_i = np.searchsorted(keys, lo_key[m], side="left")
+    present = [*(np.bincount(kind, minlength=3)[:3] > 0).tolist(), bool(shapes.any())]
     for i in range(4):  # events of each kind (shapes: their count) before each position, then the count in [lo, hi)
+        if not present[i]:  # none in these files: nothing to add (most runs have no kind 2, many no shapes)
+            continue
         cum = np.concatenate([[0], np.cumsum(kind == i if i < 3 else shapes, dtype=np.int64)])
         cnt = out[i, sel].astype(np.int64) + np.clip(cum[hi_i] - cum[lo_i], 0, None)
         out[i, sel] = np.minimum(cnt, np.iinfo(np.uint16).max)

@@ -94,9 +94,14 @@ def categories(con, rc: RunClock, t: Tasks, fids: list[int], prec: np.ndarray
     cat = np.asarray(r["cat"], np.int64)
     if (cat == 6).any():  # a thread's cudaMalloc calls are a flush's only where it also frees: else the cache grows
         cat = np.where(cat == 6, np.where(np.isin(r_res, r_res[cat == 5]), 5, -1), cat)
-    s_ns = np.clip((start * 1e3).astype(np.int64), 0, (1 << T_SHIFT) - 1)
+    # each task's start, end and previous task's end as keys of its resource (:func:`_covered`), made once for
+    # every category
+    res_key = res.astype(np.int64) << T_SHIFT
     e_ns = np.clip((end * 1e3).astype(np.int64), 0, (1 << T_SHIFT) - 1)
-    p_ns = np.concatenate([[0], e_ns[:-1]])
+    s_key = res_key + np.clip((start * 1e3).astype(np.int64), 0, (1 << T_SHIFT) - 1)
+    p_key = res_key + np.concatenate([[0], e_ns[:-1]])
+    e_key = res_key + e_ns
+    del res_key, e_ns
     host = (rk == 0) & (kind == K_HOST)
     cover: dict[str, np.ndarray] = {}
     gap_cover: dict[str, np.ndarray] = {}
@@ -109,9 +114,9 @@ def categories(con, rc: RunClock, t: Tasks, fids: list[int], prec: np.ndarray
             cover[cname], gap_cover[cname] = np.zeros(n), np.zeros(n)
             continue
         u = _union_cover(r_res[m], lo[m], hi[m])
-        at_start = _covered(u, res, s_ns)
-        c_task = (_covered(u, res, e_ns) - at_start) / 1e3
-        c_gap = (at_start - _covered(u, res, p_ns)) / 1e3
+        at_start = _covered(u, s_key)
+        c_task = (_covered(u, e_key) - at_start) / 1e3
+        c_gap = (at_start - _covered(u, p_key)) / 1e3
         del at_start
         cover[cname] = np.where(host, c_task, 0.0)
         gap_cover[cname] = np.where(host & ~first, np.clip(c_gap, 0, None), 0.0)
@@ -157,12 +162,11 @@ def _union_cover(keys: np.ndarray, lo: np.ndarray, hi: np.ndarray):
     return starts, ends, before
 
 
-def _covered(cover, keys: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """Covered ns up to time ``t`` (per key) in the union built by :func:`_union_cover`."""
+def _covered(cover, x: np.ndarray) -> np.ndarray:
+    """Covered ns up to each time ``x`` (key << T_SHIFT + ns) in the union built by :func:`_union_cover`."""
     starts, ends, before = cover
     if starts.size == 0:
-        return np.zeros(t.size, dtype=np.int64)
-    x = (keys.astype(np.int64) << T_SHIFT) + t
+        return np.zeros(x.size, dtype=np.int64)
     i = np.searchsorted(starts, x, side="right") - 1
     ok = i >= 0
     ic = np.clip(i, 0, None)
