@@ -441,3 +441,15 @@ def test_small_files_parsed_in_groups_load_the_rows_of_one_by_one(tmp_path, monk
         ("ok", 3 + r) if r not in (5, 7) else ("error", 0) if r == 5 else ("ok", 40) for r in range(12)]
     assert per_file[11][3] == 12 * 10**15 + 1_000_500  # its own base, plus ts 1000.5 us
     assert not list(tmp_path.glob("**/*.arrow"))
+
+
+def test_a_failed_group_task_fails_each_of_its_files_in_task_order():
+    """An executor's task that failed (a worker killed): every file of a group task is an error, in task order."""
+    from traceanalyze.ingest import workers
+
+    done = [((1, (["b.json", "c.json"], "/tmp", "g1", 0)), None, "KilledWorker: gone"),
+            ((0, ("a.json", "/tmp", "f0p0", 0, None)), ("a.json", None, None, "bad"), None)]
+    assert list(workers.in_order(done)) == [
+        ("a.json", None, None, "bad"),
+        [("b.json", None, None, "could not be parsed (KilledWorker: gone)"),
+         ("c.json", None, None, "could not be parsed (KilledWorker: gone)")]]
