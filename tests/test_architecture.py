@@ -34,6 +34,7 @@ DEFERRED_IMPORTS: dict[tuple[str, str], str] = {
     ("traceanalyze.cli", "traceanalyze.batch"): "a report runs no batch (4 ms of imports on every re-run)",
     ("traceanalyze.report", "traceanalyze.report.batch_index"): "a report renders no batch index",
     ("traceanalyze.ingest.load", "traceanalyze.ingest"): "the Kineto decoder (msgspec, " + _NUMPY + ")",
+    ("traceanalyze.ingest.workers", "traceanalyze.ingest"): "the Kineto decoder (msgspec, " + _NUMPY + "): tasks",
     ("traceanalyze.ingest.spans", "traceanalyze.ingest"): "the Kineto decoder (msgspec, " + _NUMPY + ")",
     ("traceanalyze.pipeline", "traceanalyze"): "diagnose (" + _NUMPY + ")",
     ("traceanalyze.stages", "traceanalyze"): "diagnose (" + _NUMPY + ")",

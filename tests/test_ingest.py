@@ -403,3 +403,53 @@ def test_numpy_ns_conversion_matches_arrow():
     arrow = parse._us_to_ns(parse.pa.array(us, parse.pa.float64())).to_pylist()
     assert parse._us_to_ns_np(parse.np.array(us)).tolist() == arrow
     assert arrow[3:5] == [2, 2]  # 1.5 ns and 2.5 ns: half to even
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_small_files_parsed_in_groups_load_the_rows_of_one_by_one(tmp_path, monkeypatch, jobs):
+    """Small files parsed several to a task (one stream per table and task) give the same rows, each under its own
+    file_id and shifted by its own baseTimeNanoseconds, as one file a task; a file that fails in a group is an
+    error with no rows, and one over GROUP_HOLD_ROWS rows writes streams of its own."""
+    from traceanalyze.ingest import workers
+    from traceanalyze.pipeline import analyze
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    for r in range(12):
+        n = 40 if r == 7 else 3 + r  # rank 7: over the hold bound below
+        ev = [_kernel(i) for i in range(n)] + [_op(i) for i in range(r % 3)]
+        (folder / f"rank{r:02}.json").write_text(json.dumps(_trace(ev, baseTimeNanoseconds=10**15 * (r + 1))))
+    (folder / "rank05.json").write_text('{"schemaVersion": 1}')  # no traceEvents: an error
+    monkeypatch.setattr(workers, "GROUP_HOLD_ROWS", 30)
+    monkeypatch.setattr(load, "INSERT_ROWS", 20)  # inserts between groups, in the open transaction
+    monkeypatch.setattr(load, "GROUP_FILES", 1)
+    one = analyze(folder, Options(jobs=jobs))
+    tasks = []
+    real_items = load._work_items
+    monkeypatch.setattr(load, "_work_items", lambda *a: (tasks.append(t) or t for t in real_items(*a)))
+    monkeypatch.setattr(load, "GROUP_FILES", 16)
+    monkeypatch.setattr(load, "GROUP_TASKS_PER_CPU", 1)
+    grouped = analyze(folder, Options(jobs=jobs))
+    assert [len(t[0]) for t in tasks] == [12 // jobs] * jobs  # the files of a task in order: the rows too
+    for t in ("files", "kernels", "cpu_ops", "comm_events", "threads"):
+        q = f"SELECT * EXCLUDE (file_id), file_id FROM {t} ORDER BY ALL" if t != "files" else \
+            "SELECT * EXCLUDE (mtime_ns) FROM files ORDER BY file_id"
+        assert grouped.con.execute(q).fetchall() == one.con.execute(q).fetchall(), t
+    per_file = grouped.con.execute("SELECT f.path, f.status, count(k.file_id), min(k.ts_ns) FROM files f "
+                                   "LEFT JOIN kernels k USING (file_id) GROUP BY ALL ORDER BY f.path").fetchall()
+    assert [(s, n) for _, s, n, _ in per_file] == [
+        ("ok", 3 + r) if r not in (5, 7) else ("error", 0) if r == 5 else ("ok", 40) for r in range(12)]
+    assert per_file[11][3] == 12 * 10**15 + 1_000_500  # its own base, plus ts 1000.5 us
+    assert not list(tmp_path.glob("**/*.arrow"))
+
+
+def test_a_failed_group_task_fails_each_of_its_files_in_task_order():
+    """An executor's task that failed (a worker killed): every file of a group task is an error, in task order."""
+    from traceanalyze.ingest import workers
+
+    done = [((1, (["b.json", "c.json"], "/tmp", "g1", 0)), None, "KilledWorker: gone"),
+            ((0, ("a.json", "/tmp", "f0p0", 0, None)), ("a.json", None, None, "bad"), None)]
+    assert list(workers.in_order(done)) == [
+        ("a.json", None, None, "bad"),
+        [("b.json", None, None, "could not be parsed (KilledWorker: gone)"),
+         ("c.json", None, None, "could not be parsed (KilledWorker: gone)")]]

@@ -15,14 +15,11 @@ parses, and does not pay for those imports.
 from __future__ import annotations
 
 import contextlib
-import gc
 import hashlib
-import importlib.abc
 import itertools
 import json
 import os
 import shutil
-import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -32,13 +29,23 @@ from typing import TYPE_CHECKING
 import duckdb
 
 from traceanalyze import store
-from traceanalyze.errors import InputError
+from traceanalyze.ingest.workers import (  # block_pandas, WORKER_CHUNK_ROWS: this module's names before
+    WORKER_CHUNK_ROWS,  # noqa: F401
+    GroupShare,
+    block_pandas,  # noqa: F401
+    in_order,
+    is_group,
+    pandas_blocked,
+    parse_group,
+    parse_one,
+    parse_task,
+    worker_init,
+)
 from traceanalyze.limits import DEFAULT_MAX_DECOMPRESSED
 
 if TYPE_CHECKING:
     from traceanalyze.ingest.parse import TraceFile
 
-WORKER_CHUNK_ROWS = 1 << 13  # rows a parse worker holds before writing them out
 PART_BYTES = 128 << 20  # a plain-JSON file over SPLIT_MIN_BYTES is parsed in byte ranges of about this size
 INGEST_MEMORY_LIMIT = "64MB"  # DuckDB's buffer pool while trace files are loaded (see load_traces)
 # Whole files share a transaction, up to this many files or TRANSACTION_ROWS rows: a COMMIT syncs to disk, and one
@@ -51,6 +58,14 @@ TRANSACTION_ROWS = 4_000_000
 # ... whose events are inserted as they come, every this many rows: the INSERT overlaps with the parsing of the next
 # files (at the end, all at once, it left this process idle while 8 ranks of 47 MB were parsed)
 INSERT_ROWS = 250_000
+# Small whole files are parsed several to a task (see parse_group): files up to GROUP_MAX_BYTES on disk, up to
+# GROUP_FILES a task, and at least GROUP_TASKS_PER_CPU tasks per process, so that the processes stay busy to the
+# end and the first files are loaded while the next ones are parsed (8 ranks: one file a task, as before)
+GROUP_MAX_BYTES = 4 << 20
+GROUP_FILES = 16
+GROUP_TASKS_PER_CPU = 8
+
+_parse_one = parse_one  # load's own name for it: tests replace it here
 
 CacheKey = tuple[str, int, int]  # a file's cache key: resolved path, size, mtime (ns)
 
@@ -166,84 +181,6 @@ def _cached_files(con: duckdb.DuckDBPyConnection, paths: list[Path], progress: C
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Parse workers
-
-class _NoPandas(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name == "pandas":
-            raise ImportError("pandas is not imported by the traceanalyze command line")
-        return None
-
-
-def block_pandas() -> None:
-    """Make ``import pandas`` fail in this process unless it is already imported.
-
-    pyarrow imports pandas, when installed, on its first array conversion: 0.2 s and ~50 MB in the main process
-    and in each parse worker. The command line never builds a DataFrame, so it calls this first; the Python
-    API does not (users' pandas must keep working).
-    """
-    if "pandas" not in sys.modules and not _pandas_blocked():
-        sys.meta_path.insert(0, _NoPandas())
-
-
-def _pandas_blocked() -> bool:
-    return any(isinstance(f, _NoPandas) for f in sys.meta_path)
-
-
-def _worker_init(no_pandas: bool) -> None:
-    if no_pandas:  # as in the parent; matters where workers start fresh (spawn, forkserver) instead of forking
-        block_pandas()
-    import pyarrow as pa
-
-    # mimalloc (pyarrow's default) keeps what a parse freed: ~35 MB more per worker, for no speed we can measure
-    pa.set_memory_pool(pa.system_memory_pool())
-
-
-def _parse_one(args: tuple) -> tuple[str, TraceFile | None, dict | None, str | None]:
-    """Parse one file or one byte range of it, in a worker or here; return (path, summary, tables, error).
-
-    ``tables`` maps table name to an Arrow IPC stream in ``out_dir``, written chunk by chunk, which DuckDB then
-    reads a chunk at a time: memory bounded on both sides whatever the file's size, and cheaper than pickling
-    the columns through a pipe. In this process too (one file, ``-j 1``) it is ~40 MB less than building the
-    file's tables in memory, at the same speed.
-    """
-    from traceanalyze.ingest import parse  # NumPy, PyArrow, msgspec: only where files are parsed
-
-    path, out_dir, key, max_decompressed, byte_range = args[:5]
-    part = args[5] if len(args) > 5 else None  # a part file inflated from a .gz (see _work_items)
-    gc.disable()  # millions of short-lived objects; collection passes only cost time here
-    try:
-        info, tables = parse.parse_trace(path, out_dir, key=key, max_decompressed=max_decompressed,
-                                         byte_range=byte_range, chunk_rows=WORKER_CHUNK_ROWS, part=part)
-        return path, info, tables, None
-    except InputError as exc:
-        return path, None, None, exc.problem
-    except MemoryError:
-        return path, None, None, "ran out of memory while parsing"
-    except Exception as exc:  # a bug or an unforeseen input must not stop the other ranks
-        return path, None, None, f"could not be parsed ({type(exc).__name__}: {exc})"
-    finally:
-        gc.enable()
-
-
-def _parse_task(task: tuple[int, tuple]) -> tuple:
-    """:func:`_parse_one` of an ``(index, task)`` pair, for executors that return results as they finish."""
-    return _parse_one(task[1])
-
-
-def _in_order(results):
-    """``(task, result, error)`` of ``(index, task)`` pairs as an executor finishes them -> the results in task
-    order, so that the parts of a file arrive together; only results that wait for an earlier one are held."""
-    held: dict[int, tuple] = {}
-    nxt = 0
-    for task, res, err in results:
-        held[task[0]] = res if res is not None else (task[1][0], None, None, f"could not be parsed ({err})")
-        while nxt in held:
-            yield held.pop(nxt)
-            nxt += 1
-
-
-# ---------------------------------------------------------------------------------------------------------
 # Loading
 
 def load_traces(con: duckdb.DuckDBPyConnection, paths: Iterable[Path], *, jobs: int | None = None,
@@ -302,7 +239,7 @@ def _loading(con: duckdb.DuckDBPyConnection, parts_dir: str | Path | None) -> It
     con.execute(f"SET memory_limit = '{INGEST_MEMORY_LIMIT}'")
     # the parse workers use every core meanwhile: a second DuckDB thread only adds hand-off cost (-25 % CPU)
     con.execute("SET threads = 1")
-    # the system allocator for Arrow while loading, as in the workers (see _worker_init): the IPC chunks read
+    # the system allocator for Arrow while loading, as in the workers (see worker_init): the IPC chunks read
     # here and a parse in this process (one file, -j 1) leave less behind (-15 to -20 MB); put back after
     arrow_pool = pa.default_memory_pool()
     pa.set_memory_pool(pa.system_memory_pool())
@@ -331,7 +268,19 @@ def _work_items(todo: list[tuple[Path, CacheKey]], tmp: str, max_decompressed: i
     in order; fills ``plan`` (parts per file; the part files of a .gz inflated into parts)."""
     from traceanalyze.ingest import parse  # NumPy, PyArrow, msgspec: only where files are parsed
 
+    per_group = max(1, min(GROUP_FILES, len(todo) // (n_cpu * GROUP_TASKS_PER_CPU)))
+    group: list[str] = []
     for i, (p, k) in enumerate(todo):
+        if per_group > 1 and k[1] <= GROUP_MAX_BYTES:  # one task, the parse of a whole file (no split below)
+            plan.n_parts[str(p)] = 1
+            group.append(str(p))
+            if len(group) == per_group:
+                yield (group, tmp, f"g{i}", max_decompressed)
+                group = []
+            continue
+        if group:  # the files in task order: a group before the next file
+            yield (group, tmp, f"g{i}", max_decompressed)
+            group = []
         est = 0
         if n_cpu > 1 and k[1] >= parse.SPLIT_MIN_BYTES >> 6:
             with open(p, "rb") as fh:
@@ -349,6 +298,8 @@ def _work_items(todo: list[tuple[Path, CacheKey]], tmp: str, max_decompressed: i
         plan.n_parts[str(p)] = len(points)
         for j, (a, b) in enumerate(zip(points, ends, strict=True)):
             yield (str(p), tmp, f"f{i}p{j}", max_decompressed, None if len(points) == 1 else (a, b))
+    if group:
+        yield (group, tmp, f"g{len(todo)}", max_decompressed)
 
 
 def _gz_part_items(p: Path, i: int, est: int, tmp: str, max_decompressed: int, n_cpu: int, plan: _Plan):
@@ -379,13 +330,14 @@ def _start_parsing(items: Iterator[tuple], n_cpu: int, executor) -> tuple[Iterab
     work = itertools.chain(head, items)
     n_jobs = max(1, min(n_cpu, len(head)))
     if executor is not None:
-        return _in_order(executor.results(_parse_task, list(enumerate(work)))), None
+        return in_order(executor.results(parse_task, list(enumerate(work)))), None
     if n_jobs == 1:
-        return map(_parse_one, work), None
+        return map(lambda w: parse_group(w) if is_group(w) else _parse_one(w), work), None
     from concurrent.futures import ProcessPoolExecutor  # multiprocessing: not for one file or a re-run
 
-    pool = ProcessPoolExecutor(max_workers=n_jobs, initializer=_worker_init, initargs=(_pandas_blocked(),))
-    futures = [pool.submit(_parse_one, w) for w in work]  # a .gz is inflated meanwhile, part by part
+    pool = ProcessPoolExecutor(max_workers=n_jobs, initializer=worker_init, initargs=(pandas_blocked(),))
+    # a .gz is inflated meanwhile, part by part
+    futures = [pool.submit(parse_group if is_group(w) else _parse_one, w) for w in work]
     return (f.result() for f in futures), pool
 
 
@@ -397,7 +349,14 @@ def _load_results(con: duckdb.DuckDBPyConnection, results: Iterable[tuple], plan
     batch = _Batch(con, prints)
     load: _FileLoad | None = None
     try:
-        for path_s, info, tables, err in results:
+        for res in results:
+            if isinstance(res, list):  # a group of whole files: in one transaction's inserts
+                for f in batch.add_group([(*plan.keys[r[0]], *r[1:]) for r in res]):
+                    out[f.path] = f
+                    if progress:
+                        progress(plan.keys[str(f.path)][1][1])
+                continue
+            path_s, info, tables, err = res
             part_file = path_s if path_s in plan.origin else None
             path_s = plan.origin.get(path_s, path_s)
             p, key = plan.keys[path_s]
@@ -450,9 +409,9 @@ def _join_parts(parts: list[tuple[TraceFile | None, str | None]]) -> tuple[Trace
     return first, None
 
 
-def _delete_tmp(tables: dict | None) -> None:
-    """Delete a parse's temporary IPC streams (table name -> file)."""
-    for f in (tables or {}).values():
+def _delete_tmp(tables: dict | set | None) -> None:
+    """Delete a parse's temporary IPC streams (table name -> file, or the files)."""
+    for f in (tables.values() if isinstance(tables, dict) else tables or ()):
         Path(f).unlink(missing_ok=True)
 
 
@@ -481,6 +440,19 @@ class _Batch:
 
     def add(self, path: Path, key: CacheKey, info: TraceFile | None, tables: dict | None,
             err: str | None) -> LoadedFile:
+        loaded = self._hold(path, key, info, tables, err)
+        self._flush()
+        return loaded
+
+    def add_group(self, files: list[tuple]) -> list[LoadedFile]:
+        """:meth:`add` of each ``(path, key, info, tables, err)`` of a group (:func:`parse_group`): all in the
+        same transaction and insert, as their rows share streams."""
+        loaded = [self._hold(*f) for f in files]
+        self._flush()
+        return loaded
+
+    def _hold(self, path: Path, key: CacheKey, info: TraceFile | None, tables: dict | None,
+              err: str | None) -> LoadedFile:
         if self.next_id is None:
             con = self.con
             # fetchall: DuckDB 2 keeps a half-read result open, which blocks register() below
@@ -503,6 +475,9 @@ class _Batch:
             n = sum(info.counts.values())
             self.n_rows += n
             self.pending_rows += n
+        return LoadedFile(path, file_id, False, info, err)
+
+    def _flush(self) -> None:
         if len(self.rows) >= TRANSACTION_FILES or self.n_rows >= TRANSACTION_ROWS:
             self.commit()
         elif self.pending_rows >= INSERT_ROWS:
@@ -511,7 +486,6 @@ class _Batch:
             except BaseException:
                 self.abort()
                 raise
-        return LoadedFile(path, file_id, False, info, err)
 
     def _insert(self) -> None:
         """Insert the events of the files held (the transaction begins with the first); their streams go."""
@@ -520,8 +494,7 @@ class _Batch:
             self.open = True
         if self.items:
             _insert_part(self.con, self.items)
-        for _, _, tables in self.items:
-            _delete_tmp(tables)
+        _delete_tmp({f for _, _, tables in self.items for f in tables.values()})  # a group's streams once
         self.items, self.pending_rows = [], 0
 
     def commit(self) -> None:
@@ -545,8 +518,7 @@ class _Batch:
             self._clear()
 
     def _clear(self) -> None:
-        for _, _, tables in self.items:
-            _delete_tmp(tables)
+        _delete_tmp({f for _, _, tables in self.items for f in tables.values()})
         self.items, self.rows, self.old, self.n_rows, self.pending_rows, self.open = [], [], [], 0, 0, False
         self.next_id = None  # asked again: a split file between two batches takes the next id
 
@@ -728,21 +700,47 @@ def _insert_part(con: duckdb.DuckDBPyConnection, file_id, base: int = 0, tables:
         ts_at = schema.names.index("ts_ns") if "ts_ns" in schema.names else None
 
         def batches(t=t, ts_at=ts_at, out_schema=out_schema):
-            for fid, shift, files in items:
-                if t not in files:
-                    continue
-                with pa.OSFile(files[t]) as fh:
-                    for b in pa.ipc.open_stream(fh):
-                        if not b.num_rows:
-                            continue
-                        cols = b.columns
-                        if ts_at is not None and shift:
-                            cols[ts_at] = pc.add(cols[ts_at], shift)
-                        yield pa.RecordBatch.from_arrays([pa.array(np.full(b.num_rows, fid, np.int32)), *cols],
-                                                         schema=out_schema)
+            for fid, shift, b in _file_batches(items, t):
+                cols = b.columns
+                if ts_at is not None and shift:
+                    cols[ts_at] = pc.add(cols[ts_at], shift)
+                yield pa.RecordBatch.from_arrays([pa.array(np.full(b.num_rows, fid, np.int32)), *cols],
+                                                 schema=out_schema)
 
         con.register("_incoming", pa.RecordBatchReader.from_batches(out_schema, batches()))  # read a chunk at a time
         try:
             con.execute(f"INSERT INTO {t} (file_id, {names}) SELECT file_id, {names} FROM _incoming")
         finally:
             con.unregister("_incoming")
+
+
+def _file_batches(items: list[tuple[int, int, dict]], t: str) -> Iterator[tuple[int, int, object]]:
+    """``(file_id, base_time_ns, record batch)`` of table ``t``'s rows of each file of ``items``, in order, read a
+    chunk at a time from their streams: a file's own, or the next :attr:`GroupShare.rows` rows of its group's stream
+    (whose batches each hold one file's rows). Batches without rows are left out."""
+    import pyarrow as pa
+
+    readers: dict[str, tuple] = {}  # a group's stream -> (file, reader), open while its files are read
+    try:
+        for fid, shift, files in items:
+            if t not in files:
+                continue
+            want = files.rows[t] if isinstance(files, GroupShare) else None
+            if files[t] not in readers:
+                fh = pa.OSFile(files[t])
+                readers[files[t]] = (fh, pa.ipc.open_stream(fh))
+            reader = readers[files[t]][1]
+            while want is None or want > 0:
+                try:
+                    b = reader.read_next_batch()
+                except StopIteration:
+                    break
+                if b.num_rows:
+                    if want is not None:
+                        want -= b.num_rows
+                    yield fid, shift, b
+            if want is None:
+                readers.pop(files[t])[0].close()
+    finally:
+        for fh, _ in readers.values():
+            fh.close()

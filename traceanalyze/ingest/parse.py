@@ -818,7 +818,7 @@ def header_base_ns(header: dict) -> int:
 def parse_trace(path: str | Path, out_dir: str | Path | None = None, *, key: str = "t",
                 max_decompressed: int = DEFAULT_MAX_DECOMPRESSED, chunk_rows: int = 500_000,
                 byte_range: tuple[int, int] | None = None, part: tuple[bool, bool] | None = None,
-                ) -> tuple[TraceFile, dict[str, pa.Table] | dict[str, str]]:
+                hold_rows: int = 0) -> tuple[TraceFile, dict[str, pa.Table] | dict[str, str]]:
     """Parse one Kineto trace file (``.json`` or ``.json.gz``) in one streaming pass.
 
     Args:
@@ -834,6 +834,8 @@ def parse_trace(path: str | Path, out_dir: str | Path | None = None, *, key: str
             of the file stops before an event's ``{``, which is not a truncation.
         part: ``(starts at an event, ends before one)`` when ``path`` is one part file of a larger trace
             (:func:`inflate_parts`), with the same meaning as for a byte range.
+        hold_rows: with ``out_dir``, a file of up to this many rows comes back as tables (of its tables with rows)
+            instead of streams, for the caller to write into one stream with other small files.
 
     Returns:
         ``(TraceFile, tables)``: the summary and ``{"kernels", "cpu_ops", "comm_events", "threads"}``, as Arrow
@@ -851,7 +853,7 @@ def parse_trace(path: str | Path, out_dir: str | Path | None = None, *, key: str
         part = (byte_range[0] > 0, byte_range[1] < path.stat().st_size)
     try:
         blocks, state = _open_blocks(path, max_decompressed, byte_range)
-        result = _parse_blocks(path, blocks, state, info, out_dir, key, chunk_rows, part)
+        result = _parse_blocks(path, blocks, state, info, out_dir, key, chunk_rows, part, hold_rows)
     except OSError as exc:
         raise InputError(path, f"cannot read ({exc.strerror or exc})") from None
     return info, result
@@ -1115,14 +1117,15 @@ class _EventStream:
                 self.long, self.long_sc, self.long_bytes = [], None, 0
 
 
-def _parse_blocks(path, blocks, state, info: TraceFile, out_dir, key, chunk_rows, part=None):
+def _parse_blocks(path, blocks, state, info: TraceFile, out_dir, key, chunk_rows, part=None, hold_rows=0):
     """Parse one file's (or part's) blocks of bytes into the tables; fill ``info``.
 
-    Returns the IPC stream files (table name -> path) when ``out_dir`` is given, else the tables. ``part`` is
-    ``(starts at an event, ends before one)`` for a part of a split file (see :func:`parse_trace`).
+    Returns the IPC stream files (table name -> path) when ``out_dir`` is given, else the tables (see
+    :class:`_TableSink` for ``hold_rows``). ``part`` is ``(starts at an event, ends before one)`` for a part of a
+    split file (see :func:`parse_trace`).
     """
     cols = _Columns()
-    sink = _TableSink(out_dir, key)
+    sink = _TableSink(out_dir, key, hold_rows)
     decode = _RunDecoder(info, cols, sink, chunk_rows)
     mid_start, cut_end = part or (False, False)
     try:
@@ -1144,16 +1147,34 @@ def _parse_blocks(path, blocks, state, info: TraceFile, out_dir, key, chunk_rows
 class _TableSink:
     """Where a parse's rows go: one Arrow IPC stream per table that has rows in ``out_dir``
     (``{key}.{table}.arrow``, written chunk by chunk), or, without ``out_dir``, tables kept in memory. Counts the
-    rows per table."""
+    rows per table.
 
-    def __init__(self, out_dir, key: str) -> None:
-        self.out_dir, self.key = out_dir, key
+    ``hold_rows``: with ``out_dir``, a file of up to this many rows is kept in memory and comes back as tables (of
+    its tables with rows), which the caller writes into a stream shared by many small files; a bigger one goes to
+    its own streams from the chunk that passes the bound on, its memory bounded as without it."""
+
+    def __init__(self, out_dir, key: str, hold_rows: int = 0) -> None:
+        self.out_dir, self.key, self.hold_rows = out_dir, key, hold_rows
+        self.held = 0  # rows kept in memory while under hold_rows
         self.writers: dict[str, pa.ipc.RecordBatchStreamWriter] = {}  # table name -> IPC stream in out_dir
         self.files: dict[str, str] = {}
         self.mem: dict[str, list[pa.Table]] = {n: [] for n in TABLES}
         self.counts: dict[str, int] = dict.fromkeys(TABLES, 0)
 
     def write(self, tables: dict[str, pa.Table]) -> None:
+        if self.held >= 0 and self.out_dir is not None:  # still holding (or never did, hold_rows 0)
+            self.held += sum(t.num_rows for t in tables.values())
+            if self.held <= self.hold_rows:
+                for name, tbl in tables.items():
+                    self.counts[name] += tbl.num_rows
+                    self.mem[name].append(tbl)
+                return
+            held, self.held = self.mem, -1  # over the bound: what was held goes to the streams first
+            self.mem = {n: [] for n in TABLES}
+            for name, ts in held.items():
+                for tbl in ts:
+                    self.counts[name] -= tbl.num_rows
+                    self.write({name: tbl})
         for name, tbl in tables.items():
             self.counts[name] += tbl.num_rows
             if self.out_dir is None:
@@ -1173,6 +1194,8 @@ class _TableSink:
             w.close()
 
     def result(self) -> dict[str, str] | dict[str, pa.Table]:
+        if self.out_dir is not None and self.held > 0:  # held in memory (hold_rows): the tables with rows
+            return {n: pa.concat_tables(ts) for n, ts in self.mem.items() if any(t.num_rows for t in ts)}
         if self.out_dir is not None:
             return self.files
         return {n: pa.concat_tables(ts) if ts else TABLES[n].empty_table() for n, ts in self.mem.items()}
