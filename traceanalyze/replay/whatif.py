@@ -178,7 +178,10 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_siz
     write = _Writes(con, g, run_id, sk, results, drop_cache=build_threads is None)  # one thread: a run in turn
     if defer is not None:  # else written before each return
         defer.append(write)
-    base = simulate.replay(g, keep_binding=True, layout=(lay := simulate.layout_of(g)))  # lay: for every rewrite
+    # the replay layout, planned once for every rewrite (simulate.layout_of); a run replayed in turn (big: memory
+    # first) holds none between replays (~30-50 bytes a task: 78 MB at 1,024 ranks, at the run's peak)
+    hold = build_threads is not None
+    base = simulate.replay(g, keep_binding=True, layout=(lay := simulate.layout_of(g) if hold else None))
     measured = {(r, s): float(g.start[e] - g.start[b]) for r, s, b, e, _ in g.steps}
     counted = {(r, s) for r, s, _, _, c in g.steps if c}
     base_t = base.step_times(g)
@@ -204,7 +207,8 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_siz
     replay_model.update(left_out=_left_out(g, ctx), unexplained_gaps=gaps.summary(g, counted))
     replay_model["collective_skew"] = sk  # not for the JSON: the caller takes it out (traceanalyze.pipeline)
     picture = _picture(g, base, measured, counted, m_long, sk)  # now: base (3 graph-sized arrays) is not held below
-    pr = _Pricer(g, counted, m_long, b_long, m_run, lay)
+    pr = _Pricer(g, counted, m_long, b_long, m_run, lay, hold=hold)
+    del lay  # the pricer's now: dropped when it plans g_free's (one layout at a time)
     pr.on_path = simulate.on_critical_paths(base, _markers(g)) if mode != "gpu" else None  # GPU: the unprofiled's
     del base
     results += [[run_id, "replay", r, s, measured[(r, s)], base_t[(r, s)]] for r, s in sorted(measured)]
@@ -287,11 +291,13 @@ class _Pricer:
     profiler (measured, or estimated by :meth:`unprofiled`), never below the step's floor (:func:`_floors`)."""
 
     def __init__(self, g: gr.Graph, counted: set, m_long: dict, b_long: dict, m_run: float,
-                 layout: simulate.Layout | None = None) -> None:
+                 layout: simulate.Layout | None = None, hold: bool = True) -> None:
         self.g, self.counted, self.m_long, self.b_long, self.m_run = g, counted, m_long, b_long, m_run
         # the replay layout (simulate.layout_of) of g or g_free, whichever was replayed last: reused by the replays
-        # of its rewrites; one at a time (each holds ~16 bytes per task)
-        self.layout = layout
+        # of its rewrites; one at a time (each holds ~30-50 bytes per task); none with hold False (each replay
+        # plans its own and lets it go)
+        self.hold = hold
+        self.layout = layout if hold else None
         self.u_long, self.per_op, self.cfg = b_long, 0.0, None
         self.loader_mp = False  # the steps take batches from a multi-process DataLoader (overhead.estimate_range)
         self.groups = _floor_groups(g)  # the floors' grouping, the same for every rewrite
@@ -327,8 +333,11 @@ class _Pricer:
         release_free_memory()  # each replay's graph-sized arrays: not stacked up in the heap
         return _longest(t, self.counted), t
 
-    def _layout(self, g: gr.Graph) -> simulate.Layout:
-        """The replay layout of ``g``'s structure: the one held when it fits, else a new one held instead."""
+    def _layout(self, g: gr.Graph) -> simulate.Layout | None:
+        """The replay layout of ``g``'s structure: the one held when it fits, else a new one held instead (None
+        when the pricer holds none: the replay plans its own)."""
+        if not self.hold:
+            return None
         if self.layout is None or not self.layout.fits(g):
             self.layout = None  # released before the next is planned
             self.layout = simulate.layout_of(g)
