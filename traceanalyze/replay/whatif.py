@@ -175,12 +175,10 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_siz
     release_free_memory()  # the build's temporaries: ~100 MB of fragmented heap at 1,024 ranks
     results: list[list] = []
     sk = skew.collective_skew(con, g)  # who waited for whom: the instances as the graph matched them
-    write = _Writes(con, g, run_id, sk, results, drop_cache=build_threads is None)  # one thread: a run in turn
+    hold = build_threads is not None  # not a run in turn (big): those hold no layout (78 MB at 1,024 ranks, at peak)
+    write = _Writes(con, g, run_id, sk, results, drop_cache=not hold)  # one thread: a run in turn
     if defer is not None:  # else written before each return
         defer.append(write)
-    # the replay layout, planned once for every rewrite (simulate.layout_of); a run replayed in turn (big: memory
-    # first) holds none between replays (~30-50 bytes a task: 78 MB at 1,024 ranks, at the run's peak)
-    hold = build_threads is not None
     base = simulate.replay(g, keep_binding=True, layout=(lay := simulate.layout_of(g) if hold else None))
     measured = {(r, s): float(g.start[e] - g.start[b]) for r, s, b, e, _ in g.steps}
     counted = {(r, s) for r, s, _, _, c in g.steps if c}
@@ -207,8 +205,7 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_siz
     replay_model.update(left_out=_left_out(g, ctx), unexplained_gaps=gaps.summary(g, counted))
     replay_model["collective_skew"] = sk  # not for the JSON: the caller takes it out (traceanalyze.pipeline)
     picture = _picture(g, base, measured, counted, m_long, sk)  # now: base (3 graph-sized arrays) is not held below
-    pr = _Pricer(g, counted, m_long, b_long, m_run, lay, hold=hold)
-    del lay  # the pricer's now: dropped when it plans g_free's (one layout at a time)
+    pr, lay = _Pricer(g, counted, m_long, b_long, m_run, lay, hold=hold), None  # one layout at a time: the pricer's
     pr.on_path = simulate.on_critical_paths(base, _markers(g)) if mode != "gpu" else None  # GPU: the unprofiled's
     del base
     results += [[run_id, "replay", r, s, measured[(r, s)], base_t[(r, s)]] for r, s in sorted(measured)]
