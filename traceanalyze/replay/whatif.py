@@ -175,11 +175,10 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_siz
     release_free_memory()  # the build's temporaries: ~100 MB of fragmented heap at 1,024 ranks
     results: list[list] = []
     sk = skew.collective_skew(con, g)  # who waited for whom: the instances as the graph matched them
-    hold = build_threads is not None  # not a run in turn (big): those hold no layout (78 MB at 1,024 ranks, at peak)
-    write = _Writes(con, g, run_id, sk, results, drop_cache=not hold)  # one thread: a run in turn
+    write = _Writes(con, g, run_id, sk, results, drop_cache=build_threads is None)  # one thread: a run in turn
     if defer is not None:  # else written before each return
         defer.append(write)
-    base = simulate.replay(g, keep_binding=True, layout=(lay := simulate.layout_of(g) if hold else None))
+    base = simulate.replay(g, keep_binding=True, layout=(lay := None if write.drop_cache else simulate.layout_of(g)))
     measured = {(r, s): float(g.start[e] - g.start[b]) for r, s, b, e, _ in g.steps}
     counted = {(r, s) for r, s, _, _, c in g.steps if c}
     base_t = base.step_times(g)
@@ -205,7 +204,7 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_siz
     replay_model.update(left_out=_left_out(g, ctx), unexplained_gaps=gaps.summary(g, counted))
     replay_model["collective_skew"] = sk  # not for the JSON: the caller takes it out (traceanalyze.pipeline)
     picture = _picture(g, base, measured, counted, m_long, sk)  # now: base (3 graph-sized arrays) is not held below
-    pr, lay = _Pricer(g, counted, m_long, b_long, m_run, lay, hold=hold), None  # one layout at a time: the pricer's
+    pr, lay = _Pricer(g, counted, m_long, b_long, m_run, lay, lay is not None), None  # see _Pricer
     pr.on_path = simulate.on_critical_paths(base, _markers(g)) if mode != "gpu" else None  # GPU: the unprofiled's
     del base
     results += [[run_id, "replay", r, s, measured[(r, s)], base_t[(r, s)]] for r, s in sorted(measured)]
@@ -292,7 +291,8 @@ class _Pricer:
         self.g, self.counted, self.m_long, self.b_long, self.m_run = g, counted, m_long, b_long, m_run
         # the replay layout (simulate.layout_of) of g or g_free, whichever was replayed last: reused by the replays
         # of its rewrites; one at a time (each holds ~30-50 bytes per task); none with hold False (each replay
-        # plans its own and lets it go)
+        # plans its own and lets it go): a run in turn (big) holds none, since at 1,024 ranks g's layout (78 MB)
+        # sat at the run's peak, after the base replay
         self.hold = hold
         self.layout = layout if hold else None
         self.u_long, self.per_op, self.cfg = b_long, 0.0, None
