@@ -111,7 +111,7 @@ def _late_pricer(pr: _Pricer, ctx: dict, base: Arrays, measured: dict, err: floa
     why there is none, sim_result rows)``. ``ranks``: the ranks a finding names, for a scenario that rewrites named
     ranks (its record's ``ranks_ctx``: a straggler finding's, a late-entry finding's). It holds the graph until it
     is dropped."""
-    pr.layout = None  # not held through the rest of the report: a late replay plans again
+    pr.hold, pr.layout = False, None  # not held through the rest of the report: each late replay plans its own
     g = pr.g
     replayed = set(g.ranks)
 
@@ -204,7 +204,7 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_siz
     replay_model.update(left_out=_left_out(g, ctx), unexplained_gaps=gaps.summary(g, counted))
     replay_model["collective_skew"] = sk  # not for the JSON: the caller takes it out (traceanalyze.pipeline)
     picture = _picture(g, base, measured, counted, m_long, sk)  # now: base (3 graph-sized arrays) is not held below
-    pr, lay = _Pricer(g, counted, m_long, b_long, m_run, lay, lay is not None), None  # see _Pricer
+    pr, lay = _Pricer(g, counted, m_long, b_long, m_run, lay), None  # one layout at a time: see _Pricer
     pr.on_path = simulate.on_critical_paths(base, _markers(g)) if mode != "gpu" else None  # GPU: the unprofiled's
     del base
     results += [[run_id, "replay", r, s, measured[(r, s)], base_t[(r, s)]] for r, s in sorted(measured)]
@@ -287,14 +287,13 @@ class _Pricer:
     profiler (measured, or estimated by :meth:`unprofiled`), never below the step's floor (:func:`_floors`)."""
 
     def __init__(self, g: gr.Graph, counted: set, m_long: dict, b_long: dict, m_run: float,
-                 layout: simulate.Layout | None = None, hold: bool = True) -> None:
+                 layout: simulate.Layout | None = None) -> None:
         self.g, self.counted, self.m_long, self.b_long, self.m_run = g, counted, m_long, b_long, m_run
         # the replay layout (simulate.layout_of) of g or g_free, whichever was replayed last: reused by the replays
-        # of its rewrites; one at a time (each holds ~30-50 bytes per task); none with hold False (each replay
-        # plans its own and lets it go): a run in turn (big) holds none, since at 1,024 ranks g's layout (78 MB)
-        # sat at the run's peak, after the base replay
-        self.hold = hold
-        self.layout = layout if hold else None
+        # of its rewrites; one at a time (each holds ~30-50 bytes per task). Given none (a run in turn, big: at
+        # 1,024 ranks g's layout, 78 MB, sat at the run's peak), it holds none: each replay plans its own
+        self.hold = layout is not None
+        self.layout = layout
         self.u_long, self.per_op, self.cfg = b_long, 0.0, None
         self.loader_mp = False  # the steps take batches from a multi-process DataLoader (overhead.estimate_range)
         self.groups = _floor_groups(g)  # the floors' grouping, the same for every rewrite
