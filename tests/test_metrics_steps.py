@@ -182,3 +182,26 @@ def test_the_steps_computed_once_are_the_stored_macros_rows(two_gpu_ranks):
     assert a.con.execute("SELECT count(*) FROM profiler_steps(1)").fetchone()[0] == 7
     store.forget_steps(a.con)
     assert a.con.execute("SELECT count(*) FROM profiler_steps(1)").fetchone()[0] == 4
+
+
+def test_clipped_lengths_is_the_union_clipped_to_each_window():
+    """One union and two binary searches per window give |∪ clip(intervals, lo, hi)| as clipping per window does:
+    exact values on hand-made intervals (overlapping, nested, touching, empty, outside every window), then the
+    reference on random ones."""
+    import numpy as np
+
+    from traceanalyze.metrics.breakdown import clip, clipped_lengths, length
+
+    s = np.array([0, 5, 20, 22, 40, 60, 70], np.int64)
+    e = np.array([10, 12, 30, 25, 40, 65, 90], np.int64)  # [0,12) [20,30) [60,65) [70,90); [40,40) empty
+    lo = np.array([0, 8, 11, 31, 40, 62, 95], np.int64)
+    hi = np.array([100, 21, 12, 59, 41, 75, 99], np.int64)
+    assert clipped_lengths(s, e, lo, hi).tolist() == [47, 5, 1, 0, 0, 8, 0]
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        a = rng.integers(0, 1000, 30)
+        b = a + rng.integers(-5, 80, 30)
+        w0 = rng.integers(-50, 1000, 6)
+        w1 = w0 + rng.integers(0, 300, 6)
+        want = [length(*clip(a, b, int(x), int(y))) for x, y in zip(w0, w1, strict=True)]
+        assert clipped_lengths(a, b, w0, w1).tolist() == want

@@ -89,7 +89,9 @@ class GroupShare(dict):
     """A file's tables in the streams of its group (table name -> stream file), and ``rows``: its rows in each
     (table name -> rows), which it holds one after the other file's there (see :func:`parse_group`)."""
 
-    rows: dict[str, int]
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: dict[str, int] = {}
 
 
 def parse_group(args: tuple) -> list[tuple]:
@@ -115,7 +117,6 @@ def parse_group(args: tuple) -> list[tuple]:
                                                   GROUP_HOLD_ROWS)
             if tables and not isinstance(next(iter(tables.values())), str):  # held: into the shared streams
                 mine = GroupShare()
-                mine.rows = {}
                 for t, tbl in tables.items():
                     if t not in writers:
                         share[t] = str(Path(out_dir) / f"{key}.{t}.arrow")

@@ -78,12 +78,6 @@ def length(starts: np.ndarray, ends: np.ndarray) -> int:
     return int((e - s).sum())
 
 
-def overlap_length(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> int:
-    """|∪a ∩ ∪b| in ns, as |∪a| + |∪b| − |∪(a ∪ b)|."""
-    both = (np.concatenate((a[0], b[0])), np.concatenate((a[1], b[1])))
-    return length(*a) + length(*b) - length(*both)
-
-
 def clip(starts: np.ndarray, ends: np.ndarray, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
     """Intervals cut to ``[lo, hi)``; empty ones dropped."""
     s = np.maximum(starts, lo)
@@ -128,8 +122,9 @@ def clipped_lengths(starts: np.ndarray, ends: np.ndarray, lo: np.ndarray, hi: np
 
 
 def breakdowns(lo: np.ndarray, hi: np.ndarray, all_iv, compute_iv, comm_iv) -> list[Breakdown]:
-    """:func:`breakdown` of each window ``[lo[j], hi[j])`` (ns, int64 arrays of shape (w,)), each interval set
-    merged once for all windows."""
+    """The temporal breakdown (HTA's: busy, compute, communication, their overlap, idle) of each window
+    ``[lo[j], hi[j])`` (ns, int64 arrays of shape (w,)); each ``*_iv`` is (starts, ends) int64 arrays in ns, merged
+    once for all windows. The overlap is |∪c ∩ ∪m| = |∪c| + |∪m| − |∪(c ∪ m)|."""
     busy = clipped_lengths(*all_iv, lo, hi)
     comp = clipped_lengths(*compute_iv, lo, hi)
     comm = clipped_lengths(*comm_iv, lo, hi)
@@ -143,12 +138,6 @@ def breakdowns(lo: np.ndarray, hi: np.ndarray, all_iv, compute_iv, comm_iv) -> l
                              compute_us=comp_ / 1e3, non_compute_us=(busy_ - comp_) / 1e3, comm_us=comm_ / 1e3,
                              overlap_us=ov / 1e3, exposed_comm_us=(comm_ - ov) / 1e3))
     return out
-
-
-def breakdown(window: tuple[int, int], all_iv, compute_iv, comm_iv) -> Breakdown:
-    """Temporal breakdown over ``window`` (ns). Each ``*_iv`` is (starts, ends) int64 arrays in ns."""
-    return breakdowns(np.array([window[0]], np.int64), np.array([window[1]], np.int64), all_iv, compute_iv,
-                      comm_iv)[0]
 
 
 def _pct(x: float, total: float) -> float:
