@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import duckdb
 
-from traceanalyze.metrics.host import ON_STEP_SQL, STEADY_STEPS_SQL
+from traceanalyze.metrics.host import ON_STEP_SQL, STEADY_STEPS_SQL, last_device_end_sql
 
 # the allocator's synchronous device-memory calls (the stream-ordered cudaMallocAsync/cudaFreeAsync do not
 # synchronize, and the pinned-host cudaHostAlloc/cudaFreeHost are another allocator's)
@@ -30,11 +30,7 @@ b AS MATERIALIZED (
     SELECT row_number() OVER () AS call_id, c.file_id, st.rank, st.step, c.name, c.ts_ns, c.dur_ns
     FROM cpu_ops c JOIN st ON {ON_STEP_SQL}
     WHERE c.cat IN ('cuda_runtime', 'cuda_driver') AND c.name IN (SELECT unnest($3::VARCHAR[]))),
-last AS (
-    SELECT b.call_id, max(least(k.ts_ns + k.dur_ns, b.ts_ns + b.dur_ns)) AS last_end
-    FROM b JOIN kernels k ON k.file_id = b.file_id AND k.ts_ns < b.ts_ns + b.dur_ns
-         AND k.ts_ns + k.dur_ns > b.ts_ns
-    WHERE k.cat IN ('kernel', 'gpu_memcpy', 'gpu_memset') GROUP BY b.call_id)
+{last_device_end_sql("k.cat IN ('kernel', 'gpu_memcpy', 'gpu_memset')")}
 SELECT b.rank, any_value(n_st.n), count(DISTINCT b.step) FILTER (WHERE b.name IN (SELECT unnest($4::VARCHAR[]))),
        count(*) FILTER (WHERE b.name IN (SELECT unnest($4::VARCHAR[]))),
        count(*) FILTER (WHERE b.name NOT IN (SELECT unnest($4::VARCHAR[]))), sum(b.dur_ns),

@@ -251,7 +251,7 @@ _DEVICE_WORK = "k.cat <> 'gpu_user_annotation'"
 _NAMES_JOIN = f"LEFT JOIN ({kernel_names_class_sql('$1', _DEVICE_WORK)}) n ON n.cat = k.cat AND n.name = k.name"
 _GPU_INTERVALS_SQL = f"""
 SELECT f.rank, f."window", {_KLASS} AS klass, k.ts_ns, k.ts_ns + k.dur_ns AS end_ns
-FROM ({counted_kernels_sql("$1", "k.cat <> 'gpu_user_annotation'", few=False)}) k JOIN files f USING (file_id)
+FROM ({counted_kernels_sql("$1", _DEVICE_WORK, few=False)}) k JOIN files f USING (file_id)
 {_NAMES_JOIN}
 """
 

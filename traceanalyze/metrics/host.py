@@ -196,7 +196,19 @@ STEADY_STEPS_SQL = """st AS MATERIALIZED (
     GROUP BY f.file_id, f.rank),
 n_st AS (SELECT rank, count(*) AS n FROM st GROUP BY rank)"""
 ON_STEP_SQL = ("c.file_id = st.file_id AND (st.tid IS NULL OR (c.pid = st.pid AND c.tid = st.tid)) "
-            "AND c.ts_ns >= st.s AND c.ts_ns < st.e")
+               "AND c.ts_ns >= st.s AND c.ts_ns < st.e")
+
+def last_device_end_sql(kernel_where: str) -> str:
+    """The CTE ``last(call_id, last_end)``: per host call of ``b`` (``call_id``, ``file_id``, ``ts_ns``,
+    ``dur_ns``), where the last device task of ``kernels k`` that ``kernel_where`` keeps and that runs during the call
+    ends (ns, at most the call's end); a call with none running has no row. The call's GPU idle is its tail after
+    ``last_end`` (the whole call without a row)."""
+    return f"""last AS (
+    SELECT b.call_id, max(least(k.ts_ns + k.dur_ns, b.ts_ns + b.dur_ns)) AS last_end
+    FROM b JOIN kernels k ON k.file_id = b.file_id AND k.ts_ns < b.ts_ns + b.dur_ns
+         AND k.ts_ns + k.dur_ns > b.ts_ns
+    WHERE {kernel_where} GROUP BY b.call_id)"""
+
 
 _BLOCKING_SQL = f"""
 WITH {STEADY_STEPS_SQL},
@@ -212,11 +224,7 @@ enc AS (
     FROM b JOIN cpu_ops o ON o.file_id = b.file_id AND o.pid = b.pid AND o.tid = b.tid
          AND o.ts_ns <= b.ts_ns AND o.ts_ns + o.dur_ns >= b.ts_ns + b.dur_ns
     WHERE o.cat = 'cpu_op' AND o.file_id IN (SELECT file_id FROM b) GROUP BY b.call_id),
-last AS (
-    SELECT b.call_id, max(least(k.ts_ns + k.dur_ns, b.ts_ns + b.dur_ns)) AS last_end
-    FROM b JOIN kernels k ON k.file_id = b.file_id AND k.ts_ns < b.ts_ns + b.dur_ns
-         AND k.ts_ns + k.dur_ns > b.ts_ns
-    WHERE k.cat = 'kernel' AND k.file_id IN (SELECT file_id FROM b) GROUP BY b.call_id)
+{last_device_end_sql("k.cat = 'kernel' AND k.file_id IN (SELECT file_id FROM b)")}
 SELECT b.rank, b.name, enc.outer_op, enc.inner_op, any_value(n_st.n), count(*), sum(b.dur_ns),
        sum(b.ts_ns + b.dur_ns - greatest(b.ts_ns, coalesce(last.last_end, b.ts_ns))) AS idle, max(b.dur_ns)
 FROM b LEFT JOIN enc USING (call_id) LEFT JOIN last USING (call_id) JOIN n_st USING (rank)
