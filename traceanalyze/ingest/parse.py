@@ -481,11 +481,12 @@ def _us_to_ns_np(us: np.ndarray) -> np.ndarray:
     return whole.astype(np.int64) * 1000 + np.rint((us - whole) * 1000.0).astype(np.int64)
 
 
-def _arr(values: list, typ: pa.DataType, oob: set[int] | None = None) -> pa.Array:
+def _arr(values: list, typ: pa.DataType, oob: set[int] | None = None, first: int = 0) -> pa.Array:
     """Build an Arrow array; when a trace carries a wrong type somewhere, coerce item by item (None if hopeless).
 
     ``oob`` collects the positions of numbers out of range (an integer beyond int64, a float that is not finite,
-    such as a 400-digit integer in a float column): their events are dropped by the caller. Only the slow path
+    such as a 400-digit integer in a float column), plus ``first`` (the batch row of ``values[0]``): their events
+    are dropped by the caller. Only the slow path
     (a value Arrow refused) looks, so the usual batch pays nothing for it.
     """
     if values and values[0] is None and values.count(None) == len(values):  # an arg no event of the batch has
@@ -500,7 +501,7 @@ def _arr(values: list, typ: pa.DataType, oob: set[int] | None = None) -> pa.Arra
         else:
             conv = _str_or_none
         if oob is not None and not pa.types.is_string(typ):
-            oob.update(i for i, v in enumerate(values) if _out_of_range(v))
+            oob.update(first + i for i, v in enumerate(values) if _out_of_range(v))
         return pa.array([conv(v) for v in values], type=typ)
 
 
@@ -630,7 +631,7 @@ class _Columns:
         if not ev:
             return
         # kept categories only (add() filters them): a dict lookup per event gives each row's kind, and NumPy
-        # lookups by that code give the masks, where string arrays and set lookups in Arrow cost more
+        # lookups by that code give each row's table, where string arrays and set lookups in Arrow cost more
         try:
             code = np.array([_KIND_CODE[e.cat] for e in ev], dtype=np.int32)
         except KeyError:  # a "Trace" event: the span, no row
@@ -639,37 +640,47 @@ class _Columns:
             if not ev:
                 return
             code = np.array([_KIND_CODE[e.cat] for e in ev], dtype=np.int32)
+        # the rows grouped by table (kernels, cuda_syncs, cpu_ops), each table's in their order: every table is
+        # then a slice of the batch's columns (no filter), and a table's own columns are built for its rows only
+        group = _TABLE_OF[code]
+        perm = None
+        if np.any(group[1:] < group[:-1]):
+            perm = np.argsort(group, kind="stable")
+            ev = [ev[i] for i in perm.tolist()]
+            code, group = code[perm], group[perm]
+        g_end, s_end = np.searchsorted(group, [1, 2]).tolist()  # kernels rows [0, g_end), syncs [g_end, s_end)
         n = len(ev)
-        kind = pc.take(_KIND_VALUES, pa.array(code))
-        gpu, sync = _IS_GPU[code], _IS_SYNC[code]
-        on_gpu = gpu | sync  # rows with a device and stream
         oob: set[int] = set()  # events holding a number out of range: dropped, counted apart
         ts = _arr([e.ts for e in ev], pa.float64(), oob).to_numpy(zero_copy_only=False)  # null -> NaN
         dur = _arr([e.dur for e in ev], pa.float64(), oob).to_numpy(zero_copy_only=False)
         ok, time_oob = self._valid_times(ev, ts, dur, oob)
         args = [e.args or _NO_ARGS for e in ev]
-        base, gpu_any, cpu_any = _event_columns(ev, args, kind, on_gpu, ts, dur, ok, oob)
-        comm = self._comm_table(args, base, gpu, oob)
-        sync_any = gpu_any and bool((sync & ok).any())
+        base, gpu_cols, cpu_cols = _event_columns(ev, args, pc.take(_KIND_VALUES, pa.array(code)), ts, dur, ok,
+                                                  g_end, s_end, oob)
+        comm = self._comm_table(args, base, s_end, oob)
+        sync_any = bool(ok[g_end:s_end].any())
         if sync_any:  # the awaited event of a Stream Wait Event: its stream and its record call
-            base["wait_on_stream"] = _arr([a.wait_on_stream for a in args], pa.int64(), oob)
-            base["wait_on_corr"] = _arr([a.wait_on_corr for a in args], pa.int64(), oob)
+            sync_args = args[g_end:s_end]
+            gpu_cols["wait_on_stream"] = (_arr([a.wait_on_stream for a in sync_args], pa.int64(), oob, g_end), g_end)
+            gpu_cols["wait_on_corr"] = (_arr([a.wait_on_corr for a in sync_args], pa.int64(), oob, g_end), g_end)
         if oob:
             keep = np.ones(n, dtype=bool)
             keep[list(oob)] = False
             self.out_of_range += int(np.count_nonzero(ok & ~keep)) + time_oob
             ok = ok & keep
-        if gpu_any:
-            self._append("kernels", base, gpu & ok)
+        if "bytes" in gpu_cols:
+            self._append_rows("kernels", base, gpu_cols, ok, 0, g_end)
         if sync_any:
-            self._append("cuda_syncs", base, sync & ok)
-        if cpu_any:
-            self._append("cpu_ops", base, ~on_gpu & ok)
+            self._append_rows("cuda_syncs", base, gpu_cols, ok, g_end, s_end)
+        if cpu_cols:
+            self._append_rows("cpu_ops", base, cpu_cols, ok, s_end, n)
         if comm is not None:
             t, has = comm
-            t = pc.filter(t, pc.fill_null(pc.and_(pa.array(ok), has), False))
-            if t.num_rows:
-                self.parts["comm_events"].append(t)
+            rows = np.flatnonzero(ok & has.to_numpy(zero_copy_only=False))
+            if perm is not None:  # back to the events' order
+                rows = rows[np.argsort(perm[rows], kind="stable")]
+            if len(rows):
+                self.parts["comm_events"].append(pc.take(t, pa.array(rows)))
 
     def _valid_times(self, ev: list, ts: np.ndarray, dur: np.ndarray, oob: set[int]) -> tuple[np.ndarray, int]:
         """Which events have a usable time: ts and dur (µs, NaN where missing) finite, not negative, ts in range
@@ -704,8 +715,24 @@ class _Columns:
         self.parts[table].append(t)
         self.rows += t.num_rows
 
-    def _comm_table(self, args: list, base: dict, gpu: np.ndarray, oob: set[int]) -> tuple[pa.Table, pa.Array] | None:
-        """The collective metadata of a batch, unfiltered, and which rows carry any; None when none does."""
+    def _append_rows(self, table: str, base: dict, own: dict, ok: np.ndarray, lo: int, hi: int) -> None:
+        """Rows ``lo:hi`` of the batch into ``table``, those with ``ok``: ``base`` holds columns of the whole
+        batch, ``own`` ``(column, its first row)`` pairs of columns built for some rows only."""
+        schema = TABLES[table]
+        cols = []
+        for f in schema.names:
+            col, start = own.get(f) or (base[f], 0)
+            cols.append(col.slice(lo - start, hi - lo))
+        t = pa.table(cols, schema=schema)
+        mask = ok[lo:hi]
+        if not mask.all():  # rare: an event without a usable time or with a number out of range
+            t = pc.filter(t, pa.array(mask))
+        self.parts[table].append(t)
+        self.rows += t.num_rows
+
+    def _comm_table(self, args: list, base: dict, g_end: int, oob: set[int]) -> tuple[pa.Table, pa.Array] | None:
+        """The collective metadata of a batch, unfiltered, and which rows carry any; None when none does. Rows
+        before ``g_end`` are kernels, the others host calls."""
         # these four tell whether any event carries collective metadata: most batches hold none (one pass)
         if not [a for a in args if a.collective is not None or a.pg_name is not None or a.in_nelems is not None
                 or a.in_size is not None]:
@@ -723,7 +750,7 @@ class _Columns:
             "pg_ranks": pa.array([_raw_text(x) for x in raw["pg_ranks"]], pa.string()),
             "seq": _arr(raw["seq"], pa.int64(), oob),
             "comms_id": _arr(raw["comms_id"], pa.string()),
-            "source": pc.if_else(pa.array(gpu), "kernels", "cpu_ops"),
+            "source": pc.if_else(pa.array(np.arange(len(args)) < g_end), "kernels", "cpu_ops"),
         }
         has = pc.or_(pc.or_(pc.is_valid(comm["collective"]), pc.is_valid(comm["pg_name"])),
                      pc.is_valid(comm["in_nelems"]))
@@ -737,11 +764,13 @@ class _Columns:
         return out
 
 
-def _event_columns(ev: list, args: list, kind: pa.Array, gpu: np.ndarray, ts: np.ndarray, dur: np.ndarray,
-                   ok: np.ndarray, oob: set[int]) -> tuple[dict[str, pa.Array], bool, bool]:
-    """The columns of the kernels and cpu_ops tables for a batch of X events, unfiltered (``ts_ns``/``dur_ns``
-    are 0 where ``ok`` is false; ``ts``/``dur`` in µs); the GPU-only and CPU-only columns only when a kept event
-    needs them. Returns the columns and whether any kept event is a GPU one, and any a CPU one."""
+def _event_columns(ev: list, args: list, kind: pa.Array, ts: np.ndarray, dur: np.ndarray, ok: np.ndarray,
+                   g_end: int, s_end: int, oob: set[int]) -> tuple[dict[str, pa.Array], dict, dict]:
+    """The columns of the kernels, cuda_syncs and cpu_ops tables for a batch of X events grouped by table
+    (kernels rows ``[0, g_end)``, cuda_syncs ``[g_end, s_end)``, cpu_ops the rest), unfiltered (``ts_ns``/``dur_ns``
+    are 0 where ``ok`` is false; ``ts``/``dur`` in µs). Returns the columns of every row, then the GPU-only and
+    the CPU-only ones as ``(column, its first row)``, built for those rows only and only when one of them is
+    kept."""
     pid = _arr([e.pid for e in ev], pa.int64(), oob)
     tid = _arr([e.tid for e in ev], pa.int64(), oob)
     base = {
@@ -755,19 +784,20 @@ def _event_columns(ev: list, args: list, kind: pa.Array, gpu: np.ndarray, ts: np
         "pid": pid,
         "tid": tid,
     }
-    gpu_any = bool((gpu & ok).any())
-    if gpu_any:
-        base["device"] = _coalesce(_arr([a.device for a in args], pa.int64(), oob), pid)
-        base["stream"] = _coalesce(_arr([a.stream for a in args], pa.int64(), oob), tid)
-        base["bytes"] = _arr([a.nbytes for a in args], pa.int64(), oob)
-    cpu_any = bool((~gpu & ok).any())
-    if cpu_any:
-        # bytes, not the msgspec.Raw: pyarrow (26) keeps a reference to every buffer it was handed, which kept
-        # each decoded run alive for the life of the process (a leak of ~2.6 MB per small rank in a reused worker)
-        base["input_types"] = _raw_column([None if a.input_type is None else bytes(a.input_type) for a in args])
-        base["input_dims"] = _raw_column([None if a.input_dims is None else bytes(a.input_dims) for a in args])
-        base["kernel_backend"] = _arr([a.kernel_backend for a in args], pa.string())
-    return base, gpu_any, cpu_any
+    gpu: dict[str, tuple[pa.Array, int]] = {}
+    if ok[:s_end].any():
+        dev = args[:s_end]
+        gpu["device"] = (_coalesce(_arr([a.device for a in dev], pa.int64(), oob), pid.slice(0, s_end)), 0)
+        gpu["stream"] = (_coalesce(_arr([a.stream for a in dev], pa.int64(), oob), tid.slice(0, s_end)), 0)
+        if ok[:g_end].any():
+            gpu["bytes"] = (_arr([a.nbytes for a in dev[:g_end]], pa.int64(), oob), 0)
+    cpu: dict[str, tuple[pa.Array, int]] = {}
+    if ok[s_end:].any():
+        host = args[s_end:]
+        cpu["input_types"] = (_raw_column([a.input_type for a in host]), s_end)
+        cpu["input_dims"] = (_raw_column([a.input_dims for a in host]), s_end)
+        cpu["kernel_backend"] = (_arr([a.kernel_backend for a in host], pa.string()), s_end)
+    return base, gpu, cpu
 
 
 def _coalesce(first: pa.Array, second: pa.Array) -> pa.Array:
@@ -780,8 +810,8 @@ def _coalesce(first: pa.Array, second: pa.Array) -> pa.Array:
 
 _KIND_CODE = {c: i for i, c in enumerate([*GPU_CATS, *CPU_CATS, *SYNC_CATS])}  # Kineto category -> its code
 _KIND_VALUES = pa.array(list(GPU_CATS.values()) + [v or "" for v in CPU_CATS.values()] + list(SYNC_CATS.values()))
-_IS_GPU = np.array([c in GPU_CATS for c in _KIND_CODE])  # by code: a GPU table's category (kernels)
-_IS_SYNC = np.array([c in SYNC_CATS for c in _KIND_CODE])  # by code: a cuda_syncs category
+# by code: the table of its rows (0 kernels, 1 cuda_syncs, 2 cpu_ops), the order of a batch's rows in convert()
+_TABLE_OF = np.array([0 if c in GPU_CATS else 1 if c in SYNC_CATS else 2 for c in _KIND_CODE], dtype=np.int8)
 _KEPT_CATS = frozenset(c for c, v in {**GPU_CATS, **CPU_CATS, **SYNC_CATS}.items() if v)
 _KEPT_OR_TRACE = _KEPT_CATS | {"Trace"}
 _COMM_ARGS = ("collective", "in_nelems", "out_nelems", "in_size", "out_size", "group_size", "comm_dtype", "pg_name",
@@ -792,15 +822,31 @@ _NO_ARGS = _Args()
 _NO_MEM_ARGS = _MemArgs()
 
 
-def _raw_column(raws: list[bytes | None]) -> pa.Array:
-    """Raw JSON values (the bytes of a ``msgspec.Raw``, or None) as a string column; invalid UTF-8 is replaced."""
-    if not raws or raws.count(None) == len(raws):  # traces recorded without record_shapes
-        return pa.nulls(len(raws), pa.string())
-    arr = pa.array(raws, pa.binary())
-    try:
-        return pc.cast(arr, pa.string())
-    except pa.ArrowInvalid:
-        return pa.array([None if r is None else r.decode("utf-8", "replace") for r in raws], pa.string())
+def _raw_column(raws: list[msgspec.Raw | None]) -> pa.Array:
+    """Raw JSON values (``msgspec.Raw``, or None) as a string column; invalid UTF-8 is replaced.
+
+    The values are joined into one new buffer, not handed to pyarrow one by one: pyarrow (26) keeps a reference to
+    every buffer it was handed, which kept each decoded run alive for the life of the process (a leak of ~2.6 MB
+    per small rank in a reused worker); and one join costs less than a ``bytes`` per value.
+    """
+    n = len(raws)
+    nulls = raws.count(None)
+    if nulls == n:  # traces recorded without record_shapes
+        return pa.nulls(n, pa.string())
+    filled = [b"" if r is None else r for r in raws] if nulls else raws
+    data = b"".join(filled)
+    if len(data) < 1 << 31:  # int32 offsets (always, but for a batch of giant values)
+        lens = np.fromiter(map(len, filled), np.int64, n)
+        offsets = np.zeros(n + 1, np.int32)
+        np.cumsum(lens, out=offsets[1:])
+        valid = pa.py_buffer(np.packbits(lens > 0, bitorder="little")) if nulls else None  # a value is never b""
+        arr = pa.Array.from_buffers(pa.string(), n, [valid, pa.py_buffer(offsets), pa.py_buffer(data)], nulls)
+        try:
+            arr.validate(full=True)  # UTF-8
+            return arr
+        except pa.ArrowInvalid:
+            pass
+    return pa.array([None if r is None else bytes(r).decode("utf-8", "replace") for r in raws], pa.string())
 
 
 def header_base_ns(header: dict) -> int:
