@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import pathlib
 
 import pytest
 
@@ -441,6 +442,46 @@ def test_small_files_parsed_in_groups_load_the_rows_of_one_by_one(tmp_path, monk
         ("ok", 3 + r) if r not in (5, 7) else ("error", 0) if r == 5 else ("ok", 40) for r in range(12)]
     assert per_file[11][3] == 12 * 10**15 + 1_000_500  # its own base, plus ts 1000.5 us
     assert not list(tmp_path.glob("**/*.arrow"))
+
+
+def test_a_batch_of_mixed_events_keeps_each_tables_order_and_the_collectives_in_event_order(tmp_path):
+    """Kernels, host ops and stream waits interleaved in one batch (the parser groups a batch's rows by table):
+    each table keeps its events' order, the collectives come in event order across both sources, and a dropped
+    event (a negative dur) or an out-of-range device on a kernel drops only that row."""
+    sync = {"ph": "X", "cat": "cuda_sync", "name": "Stream Wait Event", "pid": 0, "tid": 9, "ts": 5.0, "dur": 1.0,
+            "args": {"stream": 9, "wait_on_stream": 7, "wait_on_cuda_event_record_corr_id": 55}}
+    ev = []
+    for i in range(6):
+        k, o = _kernel(i), _op(i)
+        if i % 2:  # collectives on both sides, alternating
+            k["args"]["Collective name"] = f"k{i}"
+            o["args"]["Collective name"] = f"o{i}"
+        ev += [o, k, {**sync, "ts": 5.0 + i}]
+    ev[3]["dur"] = -1.0  # op 1: dropped
+    ev[7]["args"]["device"] = 1 << 70  # kernel 2: out of range, dropped
+    info, t = parse_trace(_write(tmp_path, json.dumps(_trace(ev)).encode()))  # compact: the raw dims as written
+    assert t["kernels"].column("external_id").to_pylist() == [0, 1, 3, 4, 5]
+    assert t["cpu_ops"].column("external_id").to_pylist() == [0, 2, 3, 4, 5]
+    assert t["cuda_syncs"].column("ts_ns").to_pylist() == [5000 + 1000 * i for i in range(6)]
+    assert t["cuda_syncs"].column("wait_on_corr").to_pylist() == [55] * 6
+    assert t["cpu_ops"].column("input_dims").to_pylist() == ["[[64, 32], [32, 16]]"] * 5
+    assert t["comm_events"].column("collective").to_pylist() == ["k1", "o3", "k3", "o5", "k5"]
+    assert t["comm_events"].column("source").to_pylist() == ["kernels", "cpu_ops", "kernels", "cpu_ops", "kernels"]
+    assert (info.dropped.get("out_of_range"), info.skipped_events) == (1, 2)
+
+
+def test_the_last_small_files_go_fewer_to_a_task_when_there_are_many_tasks():
+    """256 small files on 2 processes: 16 files a task, but the last 32 four to a task (the processes finish
+    together); on one process, or with few tasks to each, every task is a full one."""
+    todo = [(pathlib.Path(f"r{i:03}.json"), (f"r{i:03}.json", 1000, 0)) for i in range(256)]
+
+    def sizes(n_files: int, n_cpu: int) -> list[int]:
+        plan = load._Plan(keys={})
+        return [len(t[0]) for t in load._work_items(todo[:n_files], "/tmp", 1 << 30, n_cpu, plan)]
+
+    assert sizes(256, 2) == [16] * 14 + [4] * 8
+    assert sizes(256, 1) == [16] * 16
+    assert sizes(64, 2) == [4] * 14 + [1] * 8  # 4 a task (8 tasks a process), the last 8 files alone
 
 
 def test_a_failed_group_task_fails_each_of_its_files_in_task_order():

@@ -270,9 +270,11 @@ def _work_items(todo: list[tuple[Path, CacheKey]], tmp: str, max_decompressed: i
     from traceanalyze.ingest import parse  # NumPy, PyArrow, msgspec: only where files are parsed
 
     per_group = max(1, min(GROUP_FILES, len(todo) // (n_cpu * GROUP_TASKS_PER_CPU)))
-    # the last files in smaller tasks: the processes then finish together, and the last group's insert here is short
-    # (at 256 ranks on 2 cores a last task of 16 files left one core idle for its ~0.2 s)
-    tail_from = len(todo) - n_cpu * per_group
+    # the last files in smaller tasks, where there are many tasks to each process: the processes then finish
+    # together, and the last group's insert here is short (at 256 ranks on 2 cores a last task of 16 files left one
+    # core idle for its ~0.2 s)
+    tail = n_cpu * per_group if n_cpu > 1 and len(todo) >= 4 * n_cpu * per_group else 0
+    tail_from = len(todo) - tail
     group: list[str] = []
     for i, (p, k) in enumerate(todo):
         if per_group > 1 and k[1] <= GROUP_MAX_BYTES:  # one task, the parse of a whole file (no split below)
