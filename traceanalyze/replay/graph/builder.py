@@ -26,6 +26,7 @@ from traceanalyze.replay.graph.labels import categories, precision_classes
 from traceanalyze.replay.graph.model import K_COLL, Graph
 from traceanalyze.replay.graph.source import RunClock, fetch, run_clock, unify_names
 from traceanalyze.replay.graph.tasks import (
+    Tasks,
     device_tasks,
     host_tasks,
     marker_tasks,
@@ -63,6 +64,7 @@ def build(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_size: in
                 [run_id])
     comm = communication_kernels(con, run_id) if mode == "gpu" else []
     chunks = _build_chunks(con, rc, _rank_chunks(con, rc, max_chunk_events, threads), st, comm, threads)
+    base = np.cumsum([0] + [ch["n"] for ch in chunks])  # each chunk's first task id
     c = _join_chunks(chunks)
     del chunks
     # edges in one canonical order (destination, source, type), whatever the chunks
@@ -91,15 +93,27 @@ def build(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_size: in
     if mode == "gpu" and not c["event_waits"]:
         g.missing_edges.append("cross-stream event waits (the traces hold neither cuda_sync \"Stream Wait Event\" "
                                "rows nor cudaStreamWaitEvent calls: streams are ordered only by their launches)")
-    if mode != "gpu":
-        match_collectives(con, g, rc, c["coll_fid"], c["coll_ts"])
-        return g
-    # the profiler's events counted on a cursor and thread of their own, beside the collectives' matching: both
-    # are mostly DuckDB reads and NumPy sorts, which free the GIL (the scale set: 0.13 s hidden behind 0.13-0.2 s)
-    counted = on_own_cursor(con, profiler_events, rc, g, name="traceanalyze-events")
     match_collectives(con, g, rc, c["coll_fid"], c["coll_ts"])
-    g.prof_events = counted()
+    if mode == "gpu":  # each chunk's profiler events, counted beside the build since its tasks were ordered
+        counted = c.pop("events")
+        for i, (lo, hi) in enumerate(zip(base[:-1].tolist(), base[1:].tolist(), strict=True)):
+            g.prof_events[:, lo:hi] = counted[i]()
+            counted[i] = None  # each chunk's counts released once copied
     return g
+
+
+_CURSOR_LOCK = threading.Lock()  # cursors are opened one at a time, whatever thread opens them
+
+
+class _EventTasks:
+    """The columns of a chunk's :class:`.tasks.Tasks` that :func:`.events.profiler_events` reads (the rest, its
+    source columns, is released with the chunk, whenever its events are counted)."""
+
+    __slots__ = ("dur", "first", "rank", "res", "res_names", "start")
+
+    def __init__(self, t: Tasks) -> None:
+        self.rank, self.res, self.res_names = t.rank, t.res, t.res_names
+        self.start, self.dur, self.first = t.start, t.dur, t.first
 
 
 def build_threads() -> int:
@@ -151,12 +165,11 @@ def _build_chunks(con, rc: RunClock, groups: list[list[int]], st: dict[str, np.n
 
     local = threading.local()
     cursors: list = []
-    lock = threading.Lock()
 
     def task(fids: list[int]) -> dict:
         cur = getattr(local, "cur", None)
         if cur is None:
-            with lock:  # cursor() on one connection from several threads at once: one at a time
+            with _CURSOR_LOCK:  # cursor() on one connection from several threads at once: one at a time
                 cur = local.cur = con.cursor()
                 cursors.append(cur)
         return chunk_of(cur, fids)
@@ -183,6 +196,11 @@ def _build_chunk(con, rc: RunClock, fids: list[int], st: dict[str, np.ndarray], 
     parts.append(marker_tasks(st))
     t = order_tasks(parts, rc)
     del parts
+    # the chunk's profiler events counted on a cursor and thread of their own from now on, beside the rest of the
+    # build (mostly DuckDB reads and NumPy sorts, which free the GIL): they need only the tasks in resource order
+    if rc.mode == "gpu":
+        with _CURSOR_LOCK:  # on_own_cursor opens a cursor before it returns
+            events = on_own_cursor(con, profiler_events, rc, _EventTasks(t), fids, name="traceanalyze-events")
     step, steps = step_markers(t, st)
     edges = Edges()
     anchor, cg, cd = t.start.copy(), t.gap.copy(), t.dur.copy()
@@ -204,7 +222,7 @@ def _build_chunk(con, rc: RunClock, fids: list[int], st: dict[str, np.ndarray], 
     coll = t.kind == K_COLL
     return dict(n=t.n, rank=t.rank, res=t.res, kind=t.kind, name=(t.name_code, t.names), step=step, start=t.start,
                 dur=t.dur, gap=t.gap, first=t.first, cg=cg, cd=cd, gap_label=gap_label, cover=cover,
-                event_waits=event_waits, prec=prec,
+                event_waits=event_waits, prec=prec, events=[events] if rc.mode == "gpu" else [],
                 gap_cover=gap_cover, dep=edges.arrays(), steps=steps, res_names=t.res_names,
                 coll_fid=t.cols["fid"][coll], coll_ts=t.cols["ts"][coll])
 
@@ -218,7 +236,8 @@ def _join_chunks(chunks: list[dict]) -> dict:
     res_base = np.cumsum([0] + [len(c["res_names"]) for c in chunks])
     out: dict = {"steps": [(r, s, b + int(o), e + int(o), k) for c, o in zip(chunks, base, strict=False)
                            for r, s, b, e, k in c["steps"]], "event_waits": sum(c["event_waits"] for c in chunks),
-                 "res_names": [n for c in chunks for n in c["res_names"]]}
+                 "res_names": [n for c in chunks for n in c["res_names"]],
+                 "events": [w for c in chunks for w in c.pop("events")]}
     out["name"] = unify_names([c.pop("name") for c in chunks])[::-1]
     for c, o, ro in zip(chunks, base, res_base, strict=False):
         c["res"] = c["res"] + ro
