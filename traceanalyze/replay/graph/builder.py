@@ -54,9 +54,9 @@ def build(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_size: in
         max_chunk_events: kernels and CPU ops read at once by one thread (:func:`_rank_chunks`); the graph does not
             depend on it.
         threads: chunks built at once, each on a cursor of its own (default :func:`build_threads`; 1 where the
-            caller runs other work meanwhile); the graph does not depend on it. On GPU runs the profiler's events
-            (:func:`.events.profiler_events`) are counted on one more thread, beside the collectives' matching at the
-            end.
+            caller runs other work meanwhile); the graph does not depend on it. On GPU runs each chunk's profiler
+            events (:func:`.events.profiler_events`) are counted on one more thread from when its tasks are ordered,
+            beside the rest of the build (the tail after the chunks waits only for the last chunk's).
     """
     threads = build_threads() if threads is None else max(1, threads)
     rc = run_clock(con, run_id, mode, world_size, clock_offsets_us)
@@ -156,7 +156,7 @@ def _build_chunks(con, rc: RunClock, groups: list[list[int]], st: dict[str, np.n
     while DuckDB reads and NumPy sorts and searches, so two threads build the 8-rank scale set's graph in about
     half the time one takes (0.24-0.33 s against 0.42-0.85 s)."""
     def chunk_of(cur, fids: list[int]) -> dict:
-        return _build_chunk(cur, rc, fids, {k: v[np.isin(st["file_id"], fids)] for k, v in st.items()}, comm)
+        return _build_chunk(cur, rc, fids, {k: v[np.isin(st["file_id"], fids)] for k, v in st.items()}, comm, con)
 
     n = min(threads, len(groups))
     if n <= 1:
@@ -182,10 +182,11 @@ def _build_chunks(con, rc: RunClock, groups: list[list[int]], st: dict[str, np.n
             cur.close()
 
 
-def _build_chunk(con, rc: RunClock, fids: list[int], st: dict[str, np.ndarray], comm: list[str]) -> dict:
+def _build_chunk(con, rc: RunClock, fids: list[int], st: dict[str, np.ndarray], comm: list[str], root) -> dict:
     """The graph's arrays for the ranks of ``fids`` (tasks, edges, categories; task ids local to the chunk).
     Every edge but a collective's rendezvous joins tasks of one rank, so chunks of whole ranks join without
-    loss (:func:`_join_chunks`)."""
+    loss (:func:`_join_chunks`). ``root``: the build's connection, whose cursor counts the chunk's profiler
+    events (it outlives ``con``, a thread's cursor closed once its chunks are built)."""
     dev = device_tasks(con, rc, fids, comm) if rc.mode == "gpu" else None
     dev_keys = np.sort((dev["fid"] << 40) + dev["corr"]) if dev is not None else None
     parts = [host_tasks(con, rc, fids, dev_keys)]
@@ -200,7 +201,7 @@ def _build_chunk(con, rc: RunClock, fids: list[int], st: dict[str, np.ndarray], 
     # build (mostly DuckDB reads and NumPy sorts, which free the GIL): they need only the tasks in resource order
     if rc.mode == "gpu":
         with _CURSOR_LOCK:  # on_own_cursor opens a cursor before it returns
-            events = on_own_cursor(con, profiler_events, rc, _EventTasks(t), fids, name="traceanalyze-events")
+            events = on_own_cursor(root, profiler_events, rc, _EventTasks(t), fids, name="traceanalyze-events")
     step, steps = step_markers(t, st)
     edges = Edges()
     anchor, cg, cd = t.start.copy(), t.gap.copy(), t.dur.copy()
