@@ -54,9 +54,10 @@ def build(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_size: in
         max_chunk_events: kernels and CPU ops read at once by one thread (:func:`_rank_chunks`); the graph does not
             depend on it.
         threads: chunks built at once, each on a cursor of its own (default :func:`build_threads`; 1 where the
-            caller runs other work meanwhile); the graph does not depend on it. On GPU runs each chunk's profiler
-            events (:func:`.events.profiler_events`) are counted on one more thread from when its tasks are ordered,
-            beside the rest of the build (the tail after the chunks waits only for the last chunk's).
+            caller runs other work meanwhile); the graph does not depend on it. On GPU runs the profiler's events
+            (:func:`.events.profiler_events`) are counted on one more thread: on one thread, each chunk's from when
+            its tasks are ordered, beside the rest of the build (the tail waits only for the last chunk's); on
+            several, the whole graph's after the join, beside the collectives' matching.
     """
     threads = build_threads() if threads is None else max(1, threads)
     rc = run_clock(con, run_id, mode, world_size, clock_offsets_us)
@@ -93,12 +94,15 @@ def build(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_size: in
     if mode == "gpu" and not c["event_waits"]:
         g.missing_edges.append("cross-stream event waits (the traces hold neither cuda_sync \"Stream Wait Event\" "
                                "rows nor cudaStreamWaitEvent calls: streams are ordered only by their launches)")
+    counted = c.pop("events")  # each chunk's profiler events, counted beside the build since its tasks were ordered
+    if mode == "gpu" and not counted:  # else the graph's, on a thread of their own beside the collectives' matching
+        counted = [on_own_cursor(con, profiler_events, rc, g, name="traceanalyze-events")]
     match_collectives(con, g, rc, c["coll_fid"], c["coll_ts"])
-    if mode == "gpu":  # each chunk's profiler events, counted beside the build since its tasks were ordered
-        counted = c.pop("events")
-        for i, (lo, hi) in enumerate(zip(base[:-1].tolist(), base[1:].tolist(), strict=True)):
-            g.prof_events[:, lo:hi] = counted[i]()
-            counted[i] = None  # each chunk's counts released once copied
+    if len(counted) == 1:  # the graph's counts as they are (the zeros it holds were never written: no memory)
+        g.prof_events = counted.pop()()
+    for i, (lo, hi) in enumerate(zip(base[:-1].tolist(), base[1:].tolist(), strict=True)) if counted else ():
+        g.prof_events[:, lo:hi] = counted[i]()
+        counted[i] = None  # each chunk's counts released once copied
     return g
 
 
@@ -156,7 +160,10 @@ def _build_chunks(con, rc: RunClock, groups: list[list[int]], st: dict[str, np.n
     while DuckDB reads and NumPy sorts and searches, so two threads build the 8-rank scale set's graph in about
     half the time one takes (0.24-0.33 s against 0.42-0.85 s)."""
     def chunk_of(cur, fids: list[int]) -> dict:
-        return _build_chunk(cur, rc, fids, {k: v[np.isin(st["file_id"], fids)] for k, v in st.items()}, comm, con)
+        # the events beside a chunk only on one thread (beside the analyses: the tail is the critical path); on
+        # several, after the join (their temporaries beside two chunks' raised the peak at 1,024 ranks)
+        return _build_chunk(cur, rc, fids, {k: v[np.isin(st["file_id"], fids)] for k, v in st.items()}, comm,
+                            con if threads <= 1 else None)
 
     n = min(threads, len(groups))
     if n <= 1:
@@ -199,9 +206,10 @@ def _build_chunk(con, rc: RunClock, fids: list[int], st: dict[str, np.ndarray], 
     del parts
     # the chunk's profiler events counted on a cursor and thread of their own from now on, beside the rest of the
     # build (mostly DuckDB reads and NumPy sorts, which free the GIL): they need only the tasks in resource order
-    if rc.mode == "gpu":
+    events = []
+    if rc.mode == "gpu" and root is not None:
         with _CURSOR_LOCK:  # on_own_cursor opens a cursor before it returns
-            events = on_own_cursor(root, profiler_events, rc, _EventTasks(t), fids, name="traceanalyze-events")
+            events.append(on_own_cursor(root, profiler_events, rc, _EventTasks(t), fids, name="traceanalyze-events"))
     step, steps = step_markers(t, st)
     edges = Edges()
     anchor, cg, cd = t.start.copy(), t.gap.copy(), t.dur.copy()
@@ -223,7 +231,7 @@ def _build_chunk(con, rc: RunClock, fids: list[int], st: dict[str, np.ndarray], 
     coll = t.kind == K_COLL
     return dict(n=t.n, rank=t.rank, res=t.res, kind=t.kind, name=(t.name_code, t.names), step=step, start=t.start,
                 dur=t.dur, gap=t.gap, first=t.first, cg=cg, cd=cd, gap_label=gap_label, cover=cover,
-                event_waits=event_waits, prec=prec, events=[events] if rc.mode == "gpu" else [],
+                event_waits=event_waits, prec=prec, events=events,
                 gap_cover=gap_cover, dep=edges.arrays(), steps=steps, res_names=t.res_names,
                 coll_fid=t.cols["fid"][coll], coll_ts=t.cols["ts"][coll])
 
