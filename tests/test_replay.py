@@ -238,6 +238,8 @@ def test_graph_built_rank_by_rank_is_the_graph_built_at_once(tmp_path, kind):
     assert [len(c) for c in builder._rank_chunks(a.con, rc, 10**9, 2)] == {"gpu": [2, 1], "cpu": [3, 1]}[kind]
     assert whole.start.size == {"gpu": 63, "cpu": 2892}[kind]  # 3 x 21 tasks; the straggler sample
     assert whole.n_instances == {"gpu": 3, "cpu": 6}[kind]
+    # the profiler's events, counted per chunk as each one's tasks are ordered: the same counts (CPU runs: none)
+    assert whole.prof_events.sum(axis=1).tolist() == {"gpu": [9, 27, 0, 0], "cpu": [0, 0, 0, 0]}[kind]
     assert _graphs_equal(whole, by_rank) == []
     assert _graphs_equal(whole, threaded) == []
     assert _graphs_equal(whole, halves) == []

@@ -26,6 +26,7 @@ from traceanalyze.replay.graph.labels import categories, precision_classes
 from traceanalyze.replay.graph.model import K_COLL, Graph
 from traceanalyze.replay.graph.source import RunClock, fetch, run_clock, unify_names
 from traceanalyze.replay.graph.tasks import (
+    Tasks,
     device_tasks,
     host_tasks,
     marker_tasks,
@@ -54,8 +55,9 @@ def build(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_size: in
             depend on it.
         threads: chunks built at once, each on a cursor of its own (default :func:`build_threads`; 1 where the
             caller runs other work meanwhile); the graph does not depend on it. On GPU runs the profiler's events
-            (:func:`.events.profiler_events`) are counted on one more thread, beside the collectives' matching at the
-            end.
+            (:func:`.events.profiler_events`) are counted on one more thread: on one thread, each chunk's from when
+            its tasks are ordered, beside the rest of the build (the tail waits only for the last chunk's); on
+            several, the whole graph's after the join, beside the collectives' matching.
     """
     threads = build_threads() if threads is None else max(1, threads)
     rc = run_clock(con, run_id, mode, world_size, clock_offsets_us)
@@ -63,6 +65,7 @@ def build(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_size: in
                 [run_id])
     comm = communication_kernels(con, run_id) if mode == "gpu" else []
     chunks = _build_chunks(con, rc, _rank_chunks(con, rc, max_chunk_events, threads), st, comm, threads)
+    base = np.cumsum([0] + [ch["n"] for ch in chunks])  # each chunk's first task id
     c = _join_chunks(chunks)
     del chunks
     # edges in one canonical order (destination, source, type), whatever the chunks
@@ -91,15 +94,30 @@ def build(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_size: in
     if mode == "gpu" and not c["event_waits"]:
         g.missing_edges.append("cross-stream event waits (the traces hold neither cuda_sync \"Stream Wait Event\" "
                                "rows nor cudaStreamWaitEvent calls: streams are ordered only by their launches)")
-    if mode != "gpu":
-        match_collectives(con, g, rc, c["coll_fid"], c["coll_ts"])
-        return g
-    # the profiler's events counted on a cursor and thread of their own, beside the collectives' matching: both
-    # are mostly DuckDB reads and NumPy sorts, which free the GIL (the scale set: 0.13 s hidden behind 0.13-0.2 s)
-    counted = on_own_cursor(con, profiler_events, rc, g, name="traceanalyze-events")
+    counted = c.pop("events")  # each chunk's profiler events, counted beside the build since its tasks were ordered
+    if mode == "gpu" and not counted:  # else the graph's, on a thread of their own beside the collectives' matching
+        counted = [on_own_cursor(con, profiler_events, rc, g, name="traceanalyze-events")]
     match_collectives(con, g, rc, c["coll_fid"], c["coll_ts"])
-    g.prof_events = counted()
+    if len(counted) == 1:  # the graph's counts as they are (the zeros it holds were never written: no memory)
+        g.prof_events = counted.pop()()
+    for i, (lo, hi) in enumerate(zip(base[:-1].tolist(), base[1:].tolist(), strict=True)) if counted else ():
+        g.prof_events[:, lo:hi] = counted[i]()
+        counted[i] = None  # each chunk's counts released once copied
     return g
+
+
+_CURSOR_LOCK = threading.Lock()  # cursors are opened one at a time, whatever thread opens them
+
+
+class _EventTasks:
+    """The columns of a chunk's :class:`.tasks.Tasks` that :func:`.events.profiler_events` reads (the rest, its
+    source columns, is released with the chunk, whenever its events are counted)."""
+
+    __slots__ = ("dur", "first", "rank", "res", "res_names", "start")
+
+    def __init__(self, t: Tasks) -> None:
+        self.rank, self.res, self.res_names = t.rank, t.res, t.res_names
+        self.start, self.dur, self.first = t.start, t.dur, t.first
 
 
 def build_threads() -> int:
@@ -142,7 +160,10 @@ def _build_chunks(con, rc: RunClock, groups: list[list[int]], st: dict[str, np.n
     while DuckDB reads and NumPy sorts and searches, so two threads build the 8-rank scale set's graph in about
     half the time one takes (0.24-0.33 s against 0.42-0.85 s)."""
     def chunk_of(cur, fids: list[int]) -> dict:
-        return _build_chunk(cur, rc, fids, {k: v[np.isin(st["file_id"], fids)] for k, v in st.items()}, comm)
+        # the events beside a chunk only on one thread (beside the analyses: the tail is the critical path); on
+        # several, after the join (their temporaries beside two chunks' raised the peak at 1,024 ranks)
+        return _build_chunk(cur, rc, fids, {k: v[np.isin(st["file_id"], fids)] for k, v in st.items()}, comm,
+                            con if threads <= 1 else None)
 
     n = min(threads, len(groups))
     if n <= 1:
@@ -151,12 +172,11 @@ def _build_chunks(con, rc: RunClock, groups: list[list[int]], st: dict[str, np.n
 
     local = threading.local()
     cursors: list = []
-    lock = threading.Lock()
 
     def task(fids: list[int]) -> dict:
         cur = getattr(local, "cur", None)
         if cur is None:
-            with lock:  # cursor() on one connection from several threads at once: one at a time
+            with _CURSOR_LOCK:  # cursor() on one connection from several threads at once: one at a time
                 cur = local.cur = con.cursor()
                 cursors.append(cur)
         return chunk_of(cur, fids)
@@ -169,10 +189,11 @@ def _build_chunks(con, rc: RunClock, groups: list[list[int]], st: dict[str, np.n
             cur.close()
 
 
-def _build_chunk(con, rc: RunClock, fids: list[int], st: dict[str, np.ndarray], comm: list[str]) -> dict:
+def _build_chunk(con, rc: RunClock, fids: list[int], st: dict[str, np.ndarray], comm: list[str], root) -> dict:
     """The graph's arrays for the ranks of ``fids`` (tasks, edges, categories; task ids local to the chunk).
     Every edge but a collective's rendezvous joins tasks of one rank, so chunks of whole ranks join without
-    loss (:func:`_join_chunks`)."""
+    loss (:func:`_join_chunks`). ``root``: the build's connection, whose cursor counts the chunk's profiler
+    events (it outlives ``con``, a thread's cursor closed once its chunks are built)."""
     dev = device_tasks(con, rc, fids, comm) if rc.mode == "gpu" else None
     dev_keys = np.sort((dev["fid"] << 40) + dev["corr"]) if dev is not None else None
     parts = [host_tasks(con, rc, fids, dev_keys)]
@@ -183,6 +204,12 @@ def _build_chunk(con, rc: RunClock, fids: list[int], st: dict[str, np.ndarray], 
     parts.append(marker_tasks(st))
     t = order_tasks(parts, rc)
     del parts
+    # the chunk's profiler events counted on a cursor and thread of their own from now on, beside the rest of the
+    # build (mostly DuckDB reads and NumPy sorts, which free the GIL): they need only the tasks in resource order
+    events = []
+    if rc.mode == "gpu" and root is not None:
+        with _CURSOR_LOCK:  # on_own_cursor opens a cursor before it returns
+            events.append(on_own_cursor(root, profiler_events, rc, _EventTasks(t), fids, name="traceanalyze-events"))
     step, steps = step_markers(t, st)
     edges = Edges()
     anchor, cg, cd = t.start.copy(), t.gap.copy(), t.dur.copy()
@@ -204,7 +231,7 @@ def _build_chunk(con, rc: RunClock, fids: list[int], st: dict[str, np.ndarray], 
     coll = t.kind == K_COLL
     return dict(n=t.n, rank=t.rank, res=t.res, kind=t.kind, name=(t.name_code, t.names), step=step, start=t.start,
                 dur=t.dur, gap=t.gap, first=t.first, cg=cg, cd=cd, gap_label=gap_label, cover=cover,
-                event_waits=event_waits, prec=prec,
+                event_waits=event_waits, prec=prec, events=events,
                 gap_cover=gap_cover, dep=edges.arrays(), steps=steps, res_names=t.res_names,
                 coll_fid=t.cols["fid"][coll], coll_ts=t.cols["ts"][coll])
 
@@ -218,7 +245,8 @@ def _join_chunks(chunks: list[dict]) -> dict:
     res_base = np.cumsum([0] + [len(c["res_names"]) for c in chunks])
     out: dict = {"steps": [(r, s, b + int(o), e + int(o), k) for c, o in zip(chunks, base, strict=False)
                            for r, s, b, e, k in c["steps"]], "event_waits": sum(c["event_waits"] for c in chunks),
-                 "res_names": [n for c in chunks for n in c["res_names"]]}
+                 "res_names": [n for c in chunks for n in c["res_names"]],
+                 "events": [w for c in chunks for w in c.pop("events")]}
     out["name"] = unify_names([c.pop("name") for c in chunks])[::-1]
     for c, o, ro in zip(chunks, base, res_base, strict=False):
         c["res"] = c["res"] + ro

@@ -7,18 +7,22 @@ import numpy as np
 
 from traceanalyze.replay.graph.model import T_SHIFT, Graph, host_resources
 from traceanalyze.replay.graph.source import RunClock, dense_codes, fetch_arrow
+from traceanalyze.replay.graph.tasks import Tasks
 
 PROFILER_EVENTS_BATCH = 250_000  # CPU ops whose profiler events are counted at once (profiler_events)
 
 
-def profiler_events(con, rc: RunClock, g: Graph) -> np.ndarray:
+def profiler_events(con, rc: RunClock, g: Graph | Tasks, fids: list[int] | None = None) -> np.ndarray:
     """Per host task (and step marker) of ``g``: the events the profiler recorded on its thread from the end of the
     thread's previous task to its own end, each counted at its start, as four uint16 rows (8 bytes a task; a count
     over 65,535 is clipped): ``[0]`` cpu ops and annotations recorded in C++, ``[1]`` runtime and driver calls,
     ``[2]`` the ranges Python opens only while a profiler runs (inductor's ``triton_*`` launches, ``## Call
     CompiledFxGraph``, compiled regions), ``[3]`` the shapes ``record_shapes`` copied for those ops (each op's
     ``Input Dims`` entries: one per input, one more per tensor of a list input); 0 for device tasks. The
-    profiler's own host cost is paid per recorded event (:mod:`traceanalyze.replay.overhead`)."""
+    profiler's own host cost is paid per recorded event (:mod:`traceanalyze.replay.overhead`).
+
+    ``g``: the graph, or the tasks of a chunk of whole ranks (:class:`.tasks.Tasks`, read as the graph's
+    ``rank``/``res``/``res_names``/``start``/``dur``/``first``) with ``fids`` its files (default: the run's)."""
     out = np.zeros((4, g.start.size), np.uint16)
     # the host threads: resources named host:pid/tid (:func:`.tasks.order_tasks`), each with its rank
     first = np.flatnonzero(g.first)
@@ -34,7 +38,7 @@ def profiler_events(con, rc: RunClock, g: Graph) -> np.ndarray:
         return out
     # by batches of files (bounded memory: the events of 8 ranks at once held 55 MB), each thread once (a code per
     # row from SQL: no per-row lookup), the events by thread and time
-    fids = [int(f) for f in rc.fid]
+    fids = [int(f) for f in (rc.fid if fids is None else fids)]
     sizes = dict(con.execute("SELECT file_id, coalesce(n_cpu_ops, 0) FROM files WHERE file_id IN (SELECT unnest(?))",
                              [fids]).fetchall())
     # each host task's window [lo, hi) as sortable keys (resource << T_SHIFT + ns), computed once for all batches
