@@ -590,7 +590,9 @@ def _floor_groups(g: gr.Graph) -> _FloorGroups | None:
     at = np.empty(o.size, np.int64)
     at[o] = np.arange(o.size)
     host = np.flatnonzero(~dev_all[sel])
-    return _FloorGroups(sel, host, sel[host], inv.reshape(-1), at[of.reshape(-1)], uniq[o].tolist())
+    itype = np.int32 if g.start.size < 2**31 else np.int64  # held through the what-ifs: 1,024 ranks' peak
+    return _FloorGroups(sel, host.astype(itype), sel[host].astype(itype), inv.reshape(-1), at[of.reshape(-1)],
+                        uniq[o].tolist())
 
 
 def _events_per_step(g: gr.Graph, counted: set) -> float | None:
