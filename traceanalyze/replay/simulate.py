@@ -679,10 +679,12 @@ def _binding(g: Graph, s: np.ndarray, e: np.ndarray, d: np.ndarray, cg: np.ndarr
     """Per task, the predecessor whose time set its start (-1: its measured first start). ``lay``: the edges by
     destination (``doff``: their offsets, µs, in that order) and the collective tasks."""
     n = s.size
+    heads = np.flatnonzero(g.first)  # each resource's first task: no chain before it
     best = np.full(n, -np.inf)  # the chain: the previous task's end plus the gap
     best[1:] = e[:-1] + cg[1:]
-    best[g.first] = -np.inf
-    who = np.where(g.first, -1, np.arange(n) - 1)
+    best[heads] = -np.inf
+    who = np.arange(-1, n - 1)
+    who[heads] = -1
     dsrc, ddst, ct, ci = lay.dsrc, lay.ddst, lay.ct, lay.ci
     if ddst.size:
         vals = np.where(lay.dend, e[dsrc], s[dsrc]) + doff

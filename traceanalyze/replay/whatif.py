@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Callable
+from typing import NamedTuple
 
 import duckdb
 import numpy as np
@@ -297,6 +298,7 @@ class _Pricer:
         self.u_long, self.per_op, self.cfg = b_long, 0.0, None
         self.loader_mp = False  # the steps take batches from a multi-process DataLoader (overhead.estimate_range)
         self.groups = _floor_groups(g)  # the floors' grouping, the same for every rewrite
+        self.last_floors: tuple | None = None  # (d, cg, floors): a rewrite's, from its saving bound to its predict
         self.est: dict = {}
         self.est_run = self.u_run = m_run
         self.scale = 1.0
@@ -374,12 +376,22 @@ class _Pricer:
                 "profiler": self.cfg or {}, "events_per_step": _events_per_step(self.g, self.counted),
                 "gpu_busy_us": busy}
 
+    def floors(self, d: np.ndarray, cg: np.ndarray) -> dict[int, float]:
+        """:func:`_floors` of ``d``, ``cg``; kept for these very arrays until :meth:`predict` (a rewrite with a
+        saving bound needs them before its replay, then its prediction)."""
+        if self.last_floors is not None and self.last_floors[0] is d and self.last_floors[1] is cg:
+            return self.last_floors[2]
+        out = _floors(self.g, d, cg, self.groups)
+        self.last_floors = (d, cg, out)
+        return out
+
     def predict(self, arrs: Arrays, sync_free: bool = False, starts: np.ndarray | None = None,
                 cut: np.ndarray | None = None, spanned: tuple | None = None) -> tuple[float, dict, bool]:
         """(predicted step without the profiler, replayed (rank, step) times, whether a floor clamped it);
         ``sync_free``, ``starts``, ``cut``, ``spanned``: see :meth:`replay_long`."""
         w_long, t = self.replay_long(arrs, sync_free, starts, cut, spanned)
-        floor = {s: min(v, self.est.get(s, v)) for s, v in _floors(self.g, arrs[0], arrs[1], self.groups).items()}
+        floor = {s: min(v, self.est.get(s, v)) for s, v in self.floors(arrs[0], arrs[1]).items()}
+        self.last_floors = None  # nor its arrays held
         per_step = {s: self.est[s] - (self.u_long[s] - w_long[s]) for s in self.m_long}
         clamped = any(per_step[s] < floor.get(s, 0.0) - 1e-6 for s in per_step)
         per_step = {s: max(v, floor.get(s, 0.0)) for s, v in per_step.items()}
@@ -450,7 +462,7 @@ def _rewritten(pr: _Pricer, sc: str, rec: Scenario | None, applicable: list[str]
                           "step's work (within a run's step-to-step noise), so it was not replayed")
         return None
     if rec.saving_bound is not None and (bound := rec.saving_bound(
-            g, arrs, d0, _floors(g, arrs[0], arrs[1], pr.groups), pr.est, pr.m_long)) <= pr.noise_pct:
+            g, arrs, d0, pr.floors(arrs[0], arrs[1]), pr.est, pr.m_long)) <= pr.noise_pct:
         pr.skipped[sc] = (f"{NO_SAVING}: removing the waits saves at most {bound:.2f} % of the step (the time "
                           "the host waits and copies, and no step below its busiest resource's work), within "
                           "the step-to-step noise "
@@ -467,6 +479,7 @@ def _price_scenarios(pr: _Pricer, applicable: list[str], ctx: dict, base: Arrays
     whatif: list[dict] = []
     for sc in [*applicable, *([ALL] if len(applicable) > 1 else [])]:
         rec = by_name(sc)
+        pr.last_floors = None  # the last rewrite's arrays not held
         arrs = _rewritten(pr, sc, rec, applicable, ctx, base, whatif)
         if arrs is None:
             if rec is None:
@@ -522,35 +535,48 @@ def _floors(g: gr.Graph, d: np.ndarray, cg: np.ndarray, groups: tuple | None = N
     groups = groups if groups is not None else _floor_groups(g)
     if groups is None:
         return {}
-    sel, dev, _, _ = groups
-    return _busiest(groups, np.where(dev, d[sel], d[sel] + cg[sel]))
+    w = d[groups.sel]
+    w[groups.host] += cg[groups.host_tasks]  # host threads: their tasks and the gaps before them
+    return _busiest(groups, w)
 
 
-def _busiest(groups: tuple, w: np.ndarray) -> dict[int, float]:
-    """Step -> the largest sum of ``w`` (per task of ``groups``' selection) over one resource in that step."""
-    _, _, inv, steps = groups
-    busy = np.bincount(inv, weights=w, minlength=steps.size)
-    out: dict[int, float] = {}
-    for step, b in zip(steps.tolist(), busy.tolist(), strict=True):
-        out[step] = max(out.get(step, 0.0), b)
-    return out
+def _busiest(groups: _FloorGroups, w: np.ndarray) -> dict[int, float]:
+    """Step -> the largest sum of ``w`` (per task of ``groups``' selection) over one resource in that step, at
+    least 0 (steps in the order their first group comes)."""
+    busy = np.bincount(groups.inv, weights=w, minlength=groups.step_idx.size)
+    top = np.zeros(len(groups.steps))
+    np.fmax.at(top, groups.step_idx, busy)  # fmax: a NaN sum never wins, as max(top, NaN) keeps top
+    return dict(zip(groups.steps, top.tolist(), strict=True))
 
 
-def _gpu_busy_us(groups: tuple | None, d: np.ndarray, m_long: dict) -> float | None:
+def _gpu_busy_us(groups: _FloorGroups | None, d: np.ndarray, m_long: dict) -> float | None:
     """Median over the counted steps of the busiest GPU stream's kernels, copies and sets in the step (µs), or
     None (a CPU run, no device work)."""
     if groups is None:
         return None
-    sel, dev, _, _ = groups
-    per = _busiest(groups, np.where(dev, d[sel], 0.0))
+    w = d[groups.sel]
+    w[groups.host] = 0.0
+    per = _busiest(groups, w)
     vals = [per[s] for s in m_long if per.get(s)]
     return round(float(np.median(vals)), 3) if vals else None
 
 
-def _floor_groups(g: gr.Graph) -> tuple | None:
-    """(the tasks a floor sums, which of them are device tasks, each one's (resource, step) group, each group's
-    step): the same for every rewrite of ``g``, so :class:`_Pricer` computes it once; None for CPU runs or
-    without such tasks."""
+class _FloorGroups(NamedTuple):
+    """What a floor sums (:func:`_floor_groups`): ``sel`` the tasks, ``host`` the positions in ``sel`` of the host
+    tasks (``host_tasks``: their task ids), ``inv`` each one's (resource, step) group, ``step_idx`` each group's
+    step as a position in ``steps`` (the step numbers, in the order their first group comes)."""
+
+    sel: np.ndarray
+    host: np.ndarray
+    host_tasks: np.ndarray
+    inv: np.ndarray
+    step_idx: np.ndarray
+    steps: list[int]
+
+
+def _floor_groups(g: gr.Graph) -> _FloorGroups | None:
+    """The tasks a floor sums and their (resource, step) groups (:class:`_FloorGroups`): the same for every
+    rewrite of ``g``, so :class:`_Pricer` computes it once; None for CPU runs or without such tasks."""
     if g.mode != "gpu":
         return None
     dev_all = np.isin(g.kind, (gr.K_KERNEL, gr.K_MEMCPY, gr.K_MEMSET))
@@ -559,7 +585,14 @@ def _floor_groups(g: gr.Graph) -> tuple | None:
         return None
     width = int(g.step.max(initial=0)) + 2
     keys, inv = np.unique(g.res[sel].astype(np.int64) * width + g.step[sel], return_inverse=True)
-    return sel, dev_all[sel], inv.reshape(-1), keys % width
+    uniq, first, of = np.unique(keys % width, return_index=True, return_inverse=True)
+    o = np.argsort(first, kind="stable")  # the steps in the order of their first group
+    at = np.empty(o.size, np.int64)
+    at[o] = np.arange(o.size)
+    host = np.flatnonzero(~dev_all[sel])
+    itype = np.int32 if g.start.size < 2**31 else np.int64  # held through the what-ifs: 1,024 ranks' peak
+    return _FloorGroups(sel, host.astype(itype), sel[host].astype(itype), inv.reshape(-1), at[of.reshape(-1)],
+                        uniq[o].tolist())
 
 
 def _events_per_step(g: gr.Graph, counted: set) -> float | None:
