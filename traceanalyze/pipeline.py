@@ -19,7 +19,7 @@ import duckdb
 from traceanalyze import ingest, stages, store
 from traceanalyze.discover import Discovery, Run, discover
 from traceanalyze.errors import TraceanalyzeError, UsageError
-from traceanalyze.executors import map_large_blocks, release_free_memory
+from traceanalyze.executors import map_large_blocks, on_thread, release_free_memory
 from traceanalyze.findings import CONFIG_FAULT, DIED_KINDS
 from traceanalyze.options import Options, Progress
 from traceanalyze.report.assemble import to_json
@@ -76,7 +76,7 @@ def analyze(inputs: list[str | Path] | str | Path, options: Options | None = Non
     known: dict = {}  # each file's cache key and fingerprint, read once for the report's key and the load
     cache_key = _cache_key(disc, roles, opts, known)
     step = progress.step if progress is not None else None
-    con, cached = _open(db, cache_key, opts.read_only_hit)
+    con, cached = _open(db, cache_key, opts.read_only_hit, bool(all_paths))
     if cached is not None:  # same inputs, same options, same tool: the stored report is still the answer
         if step:
             for p in all_paths:
@@ -102,9 +102,14 @@ def analyze(inputs: list[str | Path] | str | Path, options: Options | None = Non
     return Analysis(con=con, model=model, db_path=str(db) if db else None, discovery=disc, errors=errors)
 
 
-def _open(db, cache_key: str, read_only_hit: bool):
+def _open(db, cache_key: str, read_only_hit: bool, parse: bool):
     """(the database's connection, the cached report model or None). With ``read_only_hit``, a database whose schema
-    is current is first opened read-only (:func:`store.open_if_current`): a hit needs nothing else."""
+    is current is first opened read-only (:func:`store.open_if_current`): a hit needs nothing else. A database made
+    now holds no report: it opens on a thread (DuckDB frees the GIL: ~50 ms) while the parse's modules import."""
+    if parse and store.is_new(db):
+        opened = on_thread(store.connect, db, name="traceanalyze-open")
+        stages.import_parse()
+        return opened(), None
     if read_only_hit and (ro := store.open_if_current(db)) is not None:
         cached = store.cached_report(ro, cache_key)
         if cached is not None:
