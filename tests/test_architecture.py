@@ -38,6 +38,8 @@ DEFERRED_IMPORTS: dict[tuple[str, str], str] = {
     ("traceanalyze.ingest.spans", "traceanalyze.ingest"): "the Kineto decoder (msgspec, " + _NUMPY + ")",
     ("traceanalyze.pipeline", "traceanalyze"): "diagnose (" + _NUMPY + ")",
     ("traceanalyze.stages", "traceanalyze"): "diagnose (" + _NUMPY + ")",
+    ("traceanalyze.stages", "traceanalyze.ingest"): "the Kineto decoder (msgspec, " + _NUMPY + "): a cold report "
+                                                    "imports it while its new database opens",
     ("traceanalyze.stages", "traceanalyze.logs"): "the log parsers (yaml, ~100 patterns compiled on import)",
     ("traceanalyze.stages", "traceanalyze.metrics"): _NUMPY,
     ("traceanalyze.stages", "traceanalyze.metrics.collectives"): _NUMPY,

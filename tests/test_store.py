@@ -142,6 +142,37 @@ def test_cached_rerun_of_the_command_line_opens_the_database_once(tmp_path, monk
     assert opened == [True, True, None] and not json.loads((tmp_path / "r.json").read_text()).get("cached")
 
 
+def test_a_new_database_opens_on_a_thread_and_an_old_one_in_turn(tmp_path, monkeypatch):
+    import threading
+
+    from traceanalyze import store
+    from traceanalyze.executors import on_thread
+
+    db = tmp_path / "n.duckdb"
+    assert store.is_new(None) and store.is_new(":memory:") and store.is_new(db)
+    (tmp_path / "w.duckdb.wal").write_bytes(b"")  # a write-ahead log alone is replayed: not new
+    assert not store.is_new(tmp_path / "w.duckdb")
+    where = []
+    real_connect = store.connect
+    monkeypatch.setattr(store, "connect", lambda p: where.append(threading.current_thread().name) or real_connect(p))
+    r = analyze(tiny_trace_dir(tmp_path), Options(db=db))
+    r.con.close()
+    assert not store.is_new(db) and len(where) == 1 and where[0].startswith("traceanalyze-open")
+    where.clear()
+    (tmp_path / "run" / "rank0.json").touch()  # a miss on an existing database: opened here, checked first
+    analyze(tmp_path / "run", Options(db=db)).con.close()
+    assert where == [threading.current_thread().name]
+    with pytest.raises(ZeroDivisionError):  # the wait raises what the thread raised
+        on_thread(lambda x: 1 / x, 0)()
+
+
+def tiny_trace_dir(tmp_path):
+    d = tmp_path / "run"
+    d.mkdir()
+    tiny_trace(d / "rank0.json", 0)
+    return d
+
+
 def test_checkpoint_meanwhile_moves_the_write_ahead_log_into_the_file(tmp_path):
     db = tmp_path / "r.duckdb"
     con = connect(db)

@@ -189,8 +189,6 @@ def on_own_cursor(con: Any, fn: Callable[..., Any], *args: Any, name: str = "tra
     (a connection runs one query at a time; DuckDB and NumPy's sorts free the GIL, so the caller's own work goes on
     beside it). Returns the wait for ``fn``'s result, which raises what ``fn`` raised; the cursor is closed when
     ``fn`` ends."""
-    from concurrent.futures import ThreadPoolExecutor
-
     cur = con.cursor()
 
     def run() -> Any:
@@ -199,8 +197,16 @@ def on_own_cursor(con: Any, fn: Callable[..., Any], *args: Any, name: str = "tra
         finally:
             cur.close()
 
+    return on_thread(run, name=name)
+
+
+def on_thread(fn: Callable[..., Any], *args: Any, name: str = "traceanalyze-beside") -> Callable[[], Any]:
+    """Start ``fn(*args)`` now on a thread of its own; returns the wait for its result, which raises what ``fn``
+    raised."""
+    from concurrent.futures import ThreadPoolExecutor
+
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
     try:
-        return pool.submit(run).result
+        return pool.submit(fn, *args).result
     finally:
         pool.shutdown(wait=False)

@@ -19,7 +19,7 @@ import duckdb
 from traceanalyze import ingest, stages, store
 from traceanalyze.discover import Discovery, Run, discover
 from traceanalyze.errors import TraceanalyzeError, UsageError
-from traceanalyze.executors import map_large_blocks, release_free_memory
+from traceanalyze.executors import map_large_blocks, on_thread, release_free_memory
 from traceanalyze.findings import CONFIG_FAULT, DIED_KINDS
 from traceanalyze.options import Options, Progress
 from traceanalyze.report.assemble import to_json
@@ -76,7 +76,7 @@ def analyze(inputs: list[str | Path] | str | Path, options: Options | None = Non
     known: dict = {}  # each file's cache key and fingerprint, read once for the report's key and the load
     cache_key = _cache_key(disc, roles, opts, known)
     step = progress.step if progress is not None else None
-    con, cached = _open(db, cache_key, opts.read_only_hit)
+    con, cached = _open(db, cache_key, opts.read_only_hit, bool(all_paths))
     if cached is not None:  # same inputs, same options, same tool: the stored report is still the answer
         if step:
             for p in all_paths:
@@ -85,6 +85,7 @@ def analyze(inputs: list[str | Path] | str | Path, options: Options | None = Non
     if progress is not None:
         progress.total(sum(_size(p) for p in all_paths))
     loaded = {lf.path: lf for lf in stages.load_traces(con, all_paths, opts, step, known)}
+    imported = on_thread(stages.import_diagnose, name="traceanalyze-import")  # while the database is tidied
     release_free_memory()  # what loading freed (Arrow chunks, file lists) is not held through the analyses
     map_large_blocks()  # the replay's large arrays given back when freed, not left as holes in the heap
     ingest.forget_files(con, all_paths)  # rows of files that left the folder (docs/safety.md: never stale)
@@ -92,6 +93,7 @@ def analyze(inputs: list[str | Path] | str | Path, options: Options | None = Non
     ingest.drop_impossible_durations(con, [lf.file_id for lf in loaded.values()
                                            if not lf.cached and lf.file_id is not None and lf.error is None])
     warnings = _reset_report(con, disc)
+    imported()
     runs_model, evidence, all_findings = _diagnose_runs(con, disc, roles, loaded, warnings, opts)
     comparison = _compare(runs_model, evidence, all_findings, roles.get("same_run") or {})
     model = _report_model(con, runs_model, evidence, all_findings, warnings, comparison)
@@ -102,9 +104,14 @@ def analyze(inputs: list[str | Path] | str | Path, options: Options | None = Non
     return Analysis(con=con, model=model, db_path=str(db) if db else None, discovery=disc, errors=errors)
 
 
-def _open(db, cache_key: str, read_only_hit: bool):
-    """(the database's connection, the cached report model or None). With ``read_only_hit``, a database whose schema
-    is current is first opened read-only (:func:`store.open_if_current`): a hit needs nothing else."""
+def _open(db, cache_key: str, read_only_hit: bool, parse: bool):
+    """(the database's connection, the cached report model or None). With ``read_only_hit``, a current database is
+    first opened read-only (:func:`store.open_if_current`): a hit needs nothing else. A database made now holds no
+    report: it opens on a thread (DuckDB frees the GIL: ~50 ms) while the parse's modules import."""
+    if parse and store.is_new(db):
+        opened = on_thread(store.connect, db, name="traceanalyze-open")
+        stages.import_parse()
+        return opened(), None
     if read_only_hit and (ro := store.open_if_current(db)) is not None:
         cached = store.cached_report(ro, cache_key)
         if cached is not None:
@@ -241,8 +248,7 @@ def _diagnose_runs(con, disc: Discovery, roles: dict, loaded: dict, warnings: li
         findings = diagnose.diagnose(ev)
         # a what-if for every finding that maps to a scenario, or why there is none (findings[i].whatif_missing)
         late = diagnose.price_missing_whatifs(findings, run_model["whatif"], ev.price_whatif, _no_replay(run_model))
-        ev.price_whatif = None  # the graph it holds goes
-        # impact from the what-if replay
+        ev.price_whatif = None  # the graph it holds goes; then each finding's impact from the what-if replay
         findings = diagnose.apply_to_findings(findings, run_model.get("whatif"), run_model.get("mode"))
         findings, dropped = diagnose.drop_profiler_only(findings, run_model.get("ranks") or [],
                                                         run_model.get("profiler_overhead"))

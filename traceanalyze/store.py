@@ -439,19 +439,15 @@ def create_catalog(con: duckdb.DuckDBPyConnection) -> None:
 # Opening the report database, and writing rows
 
 def connect(db_path: str | Path | None) -> duckdb.DuckDBPyConnection:
-    """Open (or create) the database and make sure the schema exists.
-
-    ``db_path`` None gives an in-memory database. Raises :class:`TraceanalyzeError` when another process holds the
-    file (two concurrent reports on one database) or the file is not a DuckDB database.
-
-    Only a database traceanalyze created is opened for writing (:func:`check_own_db`): an existing file without the
-    marker table of a report database, or a batch catalog, raises :class:`~traceanalyze.errors.UsageError` and is
-    left byte-identical. An unmarked database of an earlier traceanalyze (its tables and ``meta.schema_version``)
-    is migrated: it gets the marker, and its tables are rebuilt when the schema version differs."""
+    """Open (or create) the database and make sure the schema exists; ``db_path`` None: an in-memory database.
+    Raises :class:`TraceanalyzeError` when another process holds the file (two concurrent reports on one database)
+    or the file is not a DuckDB database. Only a database traceanalyze created is opened for writing
+    (:func:`check_own_db`): an existing file without the marker table of a report database, or a batch catalog,
+    raises :class:`~traceanalyze.errors.UsageError` and is left byte-identical. An unmarked database of an earlier
+    traceanalyze (its tables and ``meta.schema_version``) is migrated: it gets the marker, and its tables are
+    rebuilt when the schema version differs."""
     check_own_db(db_path, "report")
-    # a database created now holds nothing: no schema to check, no old tables to drop (two queries fewer)
-    new = not db_path or str(db_path) == ":memory:" or not any(
-        Path(f"{db_path}{ext}").exists() for ext in ("", ".wal"))  # a write-ahead log alone is replayed
+    new = is_new(db_path)  # holds nothing: no schema to check, no old tables to drop (two queries fewer)
     try:
         con = duckdb.connect(str(db_path) if db_path else ":memory:")
     except duckdb.IOException as exc:
@@ -472,6 +468,11 @@ def connect(db_path: str | Path | None) -> duckdb.DuckDBPyConnection:
             write_marker(con, SCHEMA_VERSION, "report")
             con.execute(f"COMMENT ON TABLE {MARKER_TABLE} IS '{_SCHEMA_STAMP}'")
     return con
+
+
+def is_new(db_path: str | Path | None) -> bool:
+    """Whether opening ``db_path`` creates the database: in memory, or no file and no write-ahead log (replayed)."""
+    return not db_path or str(db_path) == ":memory:" or not any(Path(f"{db_path}{e}").exists() for e in ("", ".wal"))
 
 
 @contextmanager
@@ -531,8 +532,7 @@ def open_if_current(db_path: str | Path | None) -> duckdb.DuckDBPyConnection | N
 
     For a cached re-run, which only reads: one open of the file where :func:`connect` opens it twice (read-only
     for :func:`check_own_db`, then for writing), ~0.06 s for a database of 8 ranks. Opened as
-    :func:`open_untrusted`, as :func:`db_marker` opens a file before it is known to be ours.
-    """
+    :func:`open_untrusted`, as :func:`db_marker` opens a file before it is known to be ours."""
     if db_path is None or str(db_path) == ":memory:" or not Path(db_path).is_file():
         return None
     try:
