@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
 
     from traceanalyze import diagnose, hardware
+    from traceanalyze.metrics.collectives import Calls
 # diagnose, metrics (NumPy) and the log parsers are imported where used: a cached re-run needs none of them
 
 OVERLAP_MAX_ROWS = 2_000_000  # kernels + CPU ops up to which two analyses run at once (see build_run)
@@ -247,9 +248,9 @@ def analyses(con: duckdb.DuckDBPyConnection, run_id: int, run: Run, mode: str, f
         # ... with every analysis below: it needs the clock offsets, the expected link and the host CPU, not the
         # step metrics (its result is kept only if the run has steps, as before)
         side, link = read_logs(con, run_id, run, facts, options, side_warnings)
-        matched = match_collectives(con, run_id, mode)
+        matched = match_collectives(con, run_id, mode, groups=mode == "gpu")  # the graph's calls too
         rp = ReplayRun(con, run_id, mode, facts["world_size"], matched.clock_offsets_us, link, side, beside=True,
-                       gpu=gpu)
+                       gpu=gpu, calls=matched.calls)
     rank_rows, step_rows = metrics.compute_run_metrics(con, run_id)
     metrics.save(con, rank_rows, step_rows)
     warnings.extend(assemble.window_differences(rank_rows))
@@ -321,7 +322,7 @@ class ReplayRun:
 
     def __init__(self, con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world: int | None,
                  offsets: dict | None, link: dict, side: dict, beside: bool,
-                 gpu: hardware.GpuInfo | None = None, baseline: dict | None = None) -> None:
+                 gpu: hardware.GpuInfo | None = None, baseline: dict | None = None, calls: Calls | None = None) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
         from traceanalyze.logs import sidecars
@@ -333,7 +334,7 @@ class ReplayRun:
         self.pricer: list = []  # the replay's pricer of one more what-if (whatif.replay_run), once it is done
         self.pool = ThreadPoolExecutor(max_workers=1) if beside else None
         self.result = deferred(self.pool, replay, self.cur, run_id, mode, world, offsets, link, cpu, self.warnings,
-                               self.writes, 1 if beside else None, gpu, unprofiled, self.pricer, baseline)
+                               self.writes, 1 if beside else None, gpu, unprofiled, self.pricer, baseline, calls)
 
     def finish(self, keep: bool, warnings: list[dict]) -> tuple[Callable[[], tuple], Callable[[], None]]:
         """(wait for the replay's models, wait for its tables): with ``keep`` False (a run without steps: no
@@ -537,21 +538,22 @@ def timeline(con: duckdb.DuckDBPyConnection, run_id: int, run_model: dict, ev: d
 def replay(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world: int | None, offsets: dict | None,
            link: dict, cpu: tuple, warnings: list[dict], writes: list, build_threads: int | None = None,
            gpu: hardware.GpuInfo | None = None, unprofiled: dict | None = None, pricer: list | None = None,
-           baseline: dict | None = None) -> tuple:
+           baseline: dict | None = None, calls: Calls | None = None) -> tuple:
     """The what-if replay of one run (traceanalyze.replay); a failure costs a warning, not the report. ``offsets``:
     rank -> clock offset (µs, :func:`.metrics.collectives.match_collectives`); ``cpu``:
     :func:`traceanalyze.logs.sidecars.cpu_host`; ``writes`` receives the writing of its tables
     (:func:`write_replay`); ``build_threads``: threads building its graph (:func:`traceanalyze.replay.graph.build`);
     ``pricer`` receives the pricer of one more what-if for a
     finding (:func:`traceanalyze.diagnose.price_missing_whatifs`), one that says why on a failure; ``baseline``:
-    the compared baseline's measured figures (:func:`traceanalyze.replay.frombase.baseline_figures`)."""
+    the compared baseline's measured figures (:func:`traceanalyze.replay.frombase.baseline_figures`); ``calls``: the
+    run's collective calls, when the analyses have them (:func:`traceanalyze.replay.graph.build`)."""
     from traceanalyze.replay.whatif import replay_run
 
     try:
         return replay_run(con, run_id, mode, world, offsets, link.get("expected_gbps"), link.get("source", ""),
                           cpu_native_bf16=cpu[0], cpu_model=cpu[1], defer=writes, build_threads=build_threads,
                           gpu=gpu, unprofiled_measured=unprofiled, core_sharing=cpu[2],
-                          pricer=pricer, baseline=baseline)
+                          pricer=pricer, baseline=baseline, calls=calls)
     except (ValueError, IndexError, KeyError, duckdb.Error) as exc:  # a graph the replay cannot handle
         warnings.append({"file": None, "level": "warning", "message": f"what-if replay skipped: {exc}"})
         if pricer is not None:

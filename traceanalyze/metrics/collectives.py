@@ -343,14 +343,16 @@ class MatchedCalls:
     clock_offsets_us: dict[int, float]  # rank -> offset (µs), rounded to the ns
 
 
-def match_collectives(con: duckdb.DuckDBPyConnection, run_id: int, mode: str) -> MatchedCalls:
+def match_collectives(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, *, groups: bool = False
+                      ) -> MatchedCalls:
     """The run's collective calls (:func:`collective_calls`), matched across ranks, and each rank's clock offset:
     the median over matched calls of (its end − the first rank's end), ns and µs. The ranks of one collective
     finish it together once the last one has arrived (the assumption behind the wait/transfer split, straggler
     paper §3.2, as in :mod:`traceanalyze.replay.graph`), so what differs in the ends is the clocks. Needs no
     step: the what-if replay, which reads only the offsets, can start from it before the step metrics exist.
-    Raises nothing of its own (DuckDB errors pass through)."""
-    calls = collective_calls(con, run_id, mode)
+    Raises nothing of its own (DuckDB errors pass through). ``groups``: the calls carry their process-group columns
+    (:func:`collective_calls`; the replay's graph, :mod:`traceanalyze.replay.graph`, then needs no query of its own)."""
+    calls = collective_calls(con, run_id, mode, groups=groups)
     if not calls.start.size:
         return MatchedCalls(calls, None, np.zeros(0), {})
     m = _match_calls(calls)

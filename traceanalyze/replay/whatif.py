@@ -23,6 +23,7 @@ import numpy as np
 from traceanalyze import store
 from traceanalyze.executors import drop_cached_blocks, on_own_cursor, release_free_memory
 from traceanalyze.hardware import GpuInfo
+from traceanalyze.metrics.collectives import Calls
 from traceanalyze.metrics.steps import longest_per_step, median
 from traceanalyze.metrics.where import MAX_TIMELINE_LANES, lanes_to_show
 from traceanalyze.replay import gaps, optimizer, overhead, precision, simulate, skew
@@ -147,7 +148,8 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_siz
                gpu_sm: str | None = None, cpu_native_bf16: bool | None = None, cpu_model: str | None = None,
                defer: list | None = None, build_threads: int | None = None, gpu: GpuInfo | None = None,
                unprofiled_measured: dict | None = None, core_sharing: dict | None = None,
-               pricer: list | None = None, baseline: dict | None = None) -> tuple[dict, list[dict], dict]:
+               pricer: list | None = None, baseline: dict | None = None,
+               calls: Calls | None = None) -> tuple[dict, list[dict], dict]:
     """Build, store and replay the run's graph, then every what-if that applies.
 
     ``defer``: when a list, the writes (the graph's ``sim_*`` tables, ``collective_skew``, ``sim_result``) are
@@ -160,7 +162,8 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_siz
     ``reliable: false`` with an ``unreliable_reason``.
     ``pricer``: when a list, receives :func:`_late_pricer`'s pricer of one more scenario (it holds the graph).
     ``baseline``: the compared baseline's measured figures (:func:`traceanalyze.replay.frombase.baseline_figures`):
-    the what-ifs of the causes it fixes are priced from them (their rows' ``priced_from`` says so).
+    the what-ifs of the causes it fixes are priced from them (their rows' ``priced_from`` says so). ``calls``: the
+    run's collective calls when the caller has them (:func:`traceanalyze.replay.graph.build`).
 
     On GPU runs every what-if is priced on the step without the profiler: its rewrite applies to the graph with the
     profiler's host cost taken out, its predicted step time and saving are for the unprofiled job, and no
@@ -172,7 +175,7 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_siz
         replay's ``profiler_overhead`` is the run's), ``picture`` the cross-rank lanes of the median step for the
         HTML report.
     """
-    g = gr.build(con, run_id, mode, world_size, clock_offsets_us, threads=build_threads)
+    g = gr.build(con, run_id, mode, world_size, clock_offsets_us, threads=build_threads, calls=calls)
     release_free_memory()  # the build's temporaries: ~100 MB of fragmented heap at 1,024 ranks
     results: list[list] = []
     sk = skew.collective_skew(con, g)  # who waited for whom: the instances as the graph matched them

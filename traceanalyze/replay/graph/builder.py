@@ -11,7 +11,7 @@ import duckdb
 import numpy as np
 
 from traceanalyze.executors import on_own_cursor
-from traceanalyze.metrics.collectives import communication_kernels
+from traceanalyze.metrics.collectives import Calls, communication_kernels
 from traceanalyze.replay.graph.deps import (
     Edges,
     event_wait_edges,
@@ -42,7 +42,7 @@ BUILD_THREADS_MAX = 2  # threads that build chunks at once (DuckDB and NumPy wor
 
 def build(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_size: int | None,
           clock_offsets_us: dict | None = None, max_chunk_events: int = BUILD_CHUNK_EVENTS,
-          threads: int | None = None) -> Graph:
+          threads: int | None = None, calls: Calls | None = None) -> Graph:
     """Build the run's graph from the store (the package docstring); nothing is written (see :func:`.writer.save`).
 
     Args:
@@ -58,6 +58,8 @@ def build(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_size: in
             (:func:`.events.profiler_events`) are counted on one more thread: on one thread, each chunk's from when
             its tasks are ordered, beside the rest of the build (the tail waits only for the last chunk's); on
             several, the whole graph's after the join, beside the collectives' matching.
+        calls: the run's collective calls (:func:`traceanalyze.metrics.collectives.match_collectives` with
+            ``groups`` on GPU runs), when the caller has them; else read here. The graph does not depend on it.
     """
     threads = build_threads() if threads is None else max(1, threads)
     rc = run_clock(con, run_id, mode, world_size, clock_offsets_us)
@@ -97,7 +99,7 @@ def build(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_size: in
     counted = c.pop("events")  # each chunk's profiler events, counted beside the build since its tasks were ordered
     if mode == "gpu" and not counted:  # else the graph's, on a thread of their own beside the collectives' matching
         counted = [on_own_cursor(con, profiler_events, rc, g, name="traceanalyze-events")]
-    match_collectives(con, g, rc, c["coll_fid"], c["coll_ts"])
+    match_collectives(con, g, rc, c["coll_fid"], c["coll_ts"], calls)
     if len(counted) == 1:  # the graph's counts as they are (the zeros it holds were never written: no memory)
         g.prof_events = counted.pop()()
     for i, (lo, hi) in enumerate(zip(base[:-1].tolist(), base[1:].tolist(), strict=True)) if counted else ():

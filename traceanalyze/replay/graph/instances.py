@@ -7,17 +7,19 @@ import json
 
 import numpy as np
 
-from traceanalyze.metrics.collectives import busbw_factor, collective_calls, int_column
+from traceanalyze.metrics.collectives import Calls, busbw_factor, collective_calls, int_column
 from traceanalyze.replay.graph.model import K_COLL, Graph
 from traceanalyze.replay.graph.source import RunClock
 
 
-def match_collectives(con, g: Graph, rc: RunClock, coll_fid: np.ndarray, coll_ts: np.ndarray) -> None:
-    """Instances across ranks (the package docstring): fills ``g.inst*``, drops incomplete ones from the rendezvous."""
+def match_collectives(con, g: Graph, rc: RunClock, coll_fid: np.ndarray, coll_ts: np.ndarray,
+                      calls: Calls | None = None) -> None:
+    """Instances across ranks (the package docstring): fills ``g.inst*``, drops incomplete ones from the rendezvous.
+    ``calls``: the run's collective calls when the caller has them (:func:`_collective_meta`)."""
     tasks = np.flatnonzero(g.kind == K_COLL)
     if tasks.size == 0:
         return
-    meta = _task_meta(_collective_meta(con, rc.run_id, rc.mode), coll_fid, coll_ts, rc.origin)
+    meta = _task_meta(_collective_meta(con, rc.run_id, rc.mode, calls), coll_fid, coll_ts, rc.origin)
     # Comms Id when every call has one (identical on all participants by construction, kineto #1286), else
     # (process group, Seq) when every call has a Seq, else the per-step order. Decided over the tasks that have a
     # call: kernels launched with no c10d call (DeepEP, NVSHMEM, custom all-reduce) pair by their own per-step
@@ -44,10 +46,12 @@ def match_collectives(con, g: Graph, rc: RunClock, coll_fid: np.ndarray, coll_ts
         g.partial = reasons["peers"] > 0
 
 
-def _collective_meta(con, run_id: int, mode: str) -> dict[str, np.ndarray]:
+def _collective_meta(con, run_id: int, mode: str, calls: Calls | None = None) -> dict[str, np.ndarray]:
     """Per collective call (file, start): normalised name, bytes, process group, Seq, group ranks, Comms Id
-    (:func:`traceanalyze.metrics.collectives.collective_calls`; CPU runs carry no process group)."""
-    calls = collective_calls(con, run_id, mode, groups=mode == "gpu")
+    (:func:`traceanalyze.metrics.collectives.collective_calls`; CPU runs carry no process group). ``calls``: the
+    analyses' (the same query), when they carry the process-group columns a GPU run needs; else read here."""
+    if calls is None or (calls.groups is not None) != (mode == "gpu"):
+        calls = collective_calls(con, run_id, mode, groups=mode == "gpu")
     n = calls.op.size
     if calls.groups is not None:
         seq, has_seq = int_column(calls.groups["seq"])
