@@ -147,9 +147,8 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_siz
                clock_offsets_us: dict | None = None, link_gbps: float | None = None, link_source: str = "",
                gpu_sm: str | None = None, cpu_native_bf16: bool | None = None, cpu_model: str | None = None,
                defer: list | None = None, build_threads: int | None = None, gpu: GpuInfo | None = None,
-               unprofiled_measured: dict | None = None, core_sharing: dict | None = None,
-               pricer: list | None = None, baseline: dict | None = None,
-               calls: Calls | None = None) -> tuple[dict, list[dict], dict]:
+               unprofiled_measured: dict | None = None, core_sharing: dict | None = None, pricer: list | None = None,
+               baseline: dict | None = None, calls: Calls | None = None) -> tuple[dict, list[dict], dict]:
     """Build, store and replay the run's graph, then every what-if that applies.
 
     ``defer``: when a list, the writes (the graph's ``sim_*`` tables, ``collective_skew``, ``sim_result``) are
@@ -159,11 +158,10 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_siz
     ``unprofiled_measured``: ``{"step_time_us", "source"}`` measured without the profiler (``capture`` or ``log``),
     or None: estimated (:mod:`.overhead`). ``core_sharing`` (:func:`traceanalyze.logs.core_sharing`): on a CPU run
     whose ranks share cores, the what-ifs that change how many ranks compute at once (``changes_concurrency``) are
-    ``reliable: false`` with an ``unreliable_reason``.
+    ``reliable: false`` with an ``unreliable_reason``. ``calls``: the run's collective calls, when the caller has them.
     ``pricer``: when a list, receives :func:`_late_pricer`'s pricer of one more scenario (it holds the graph).
     ``baseline``: the compared baseline's measured figures (:func:`traceanalyze.replay.frombase.baseline_figures`):
-    the what-ifs of the causes it fixes are priced from them (their rows' ``priced_from`` says so). ``calls``: the
-    run's collective calls when the caller has them (:func:`traceanalyze.replay.graph.build`).
+    the what-ifs of the causes it fixes are priced from them (their rows' ``priced_from`` says so).
 
     On GPU runs every what-if is priced on the step without the profiler: its rewrite applies to the graph with the
     profiler's host cost taken out, its predicted step time and saving are for the unprofiled job, and no

@@ -95,13 +95,11 @@ def categories(con, rc: RunClock, t: Tasks, fids: list[int], prec: np.ndarray
     if (cat == 6).any():  # a thread's cudaMalloc calls are a flush's only where it also frees: else the cache grows
         cat = np.where(cat == 6, np.where(np.isin(r_res, r_res[cat == 5]), 5, -1), cat)
     # each task's start and end as keys of its resource (:func:`_covered`), made once for every category; the
-    # previous task's end, a key of this resource, only for each resource's first task: for the others it is the
-    # previous task's end key (one search of the tasks' fewer per category)
+    # previous task's end only for each resource's first task (:func:`_task_and_gap_cover`)
     res_key = res.astype(np.int64) << T_SHIFT
     e_ns = np.clip((end * 1e3).astype(np.int64), 0, (1 << T_SHIFT) - 1)
     s_key = res_key + np.clip((start * 1e3).astype(np.int64), 0, (1 << T_SHIFT) - 1)
-    fi = np.flatnonzero(first)
-    p_first = res_key[fi] + np.concatenate([[0], e_ns[:-1]])[fi]
+    p_first = res_key[first] + np.concatenate([[0], e_ns[:-1]])[first]
     e_key = res_key + e_ns
     del res_key, e_ns
     host = (rk == 0) & (kind == K_HOST)
@@ -116,13 +114,7 @@ def categories(con, rc: RunClock, t: Tasks, fids: list[int], prec: np.ndarray
             cover[cname], gap_cover[cname] = np.zeros(n), np.zeros(n)
             continue
         u = _union_cover(r_res[m], lo[m], hi[m])
-        at_start, at_end = _covered(u, s_key), _covered(u, e_key)
-        c_task = (at_end - at_start) / 1e3
-        at_prev = np.empty_like(at_end)  # covered ns up to the previous task's end
-        at_prev[1:] = at_end[:-1]
-        at_prev[fi] = _covered(u, p_first)
-        c_gap = (at_start - at_prev) / 1e3
-        del at_start, at_end, at_prev
+        c_task, c_gap = _task_and_gap_cover(u, s_key, e_key, first, p_first)
         cover[cname] = np.where(host, c_task, 0.0)
         gap_cover[cname] = np.where(host & ~first, np.clip(c_gap, 0, None), 0.0)
     # the fp32 matrix-math kernels (GPU runs: GEMM, convolution, attention on CUDA cores): the whole kernel
@@ -145,6 +137,18 @@ def categories(con, rc: RunClock, t: Tasks, fids: list[int], prec: np.ndarray
         best = np.maximum(best, c)
     label[~host | first] = -1
     return cover, gap_cover, label
+
+
+def _task_and_gap_cover(u, s_key: np.ndarray, e_key: np.ndarray, first: np.ndarray, p_first: np.ndarray
+                        ) -> tuple[np.ndarray, np.ndarray]:
+    """(µs of each task, µs of the gap before it) covered by the union ``u`` (:func:`_union_cover`); keys as
+    :func:`_covered` reads them, ``p_first`` the previous task's end keyed on the resource of each resource's
+    ``first`` task. For the other tasks the previous task's end is on their resource: its cover is the previous
+    task's, so the tasks are searched twice, not three times."""
+    at_start, at_end = _covered(u, s_key), _covered(u, e_key)
+    at_prev = np.concatenate([[0], at_end[:-1]])
+    at_prev[first] = _covered(u, p_first)
+    return (at_end - at_start) / 1e3, (at_start - at_prev) / 1e3
 
 
 def _union_cover(keys: np.ndarray, lo: np.ndarray, hi: np.ndarray):
