@@ -71,3 +71,30 @@ def _topological(nodes: list[int], src: list[int], dst: list[int]) -> list[int] 
 
 
 __all__ = ["forward_order"]
+
+
+def part_deps(segs: list[tuple[int, ...]], ustart: np.ndarray, ustop: np.ndarray, dsrc: np.ndarray,
+              prev_ct: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """What each resource part of a pass without waves reads, as ``(at, deps, self_dep)`` (what
+    ``simulate._wave_deps`` says of waves): part j of ``segs`` (``(lo, hi, ua, ub, ca, cb, resource)`` in pass
+    order) reads the parts ``deps[at[j]:at[j + 1]]`` (those that hold its edges' sources, ``dsrc`` sliced by
+    ``ustart``/``ustop``, and its collective tasks' previous tasks ``prev_ct``, and the previous part of its
+    resource: the running maximum it carries on) and, where ``self_dep[j]``, its own times."""
+    sg = np.array(segs, np.int64).reshape(-1, 7)
+    k = sg.shape[0]
+    o = np.argsort(sg[:, 0], kind="stable")
+    lo_sorted = sg[o, 0]
+    ro = np.argsort(sg[:, 6], kind="stable")  # each resource's parts in pass order
+    prev = np.full(k, -1, np.int64)
+    same = sg[ro, 6][1:] == sg[ro, 6][:-1]
+    prev[ro[1:][same]] = ro[:-1][same]
+    parts, self_dep = [], np.zeros(k, bool)
+    for j, (_, _, ua, ub, ca, cb, _) in enumerate(sg.tolist()):
+        da, db = (int(ustart[ua]), int(ustop[ub - 1])) if ub > ua else (0, 0)
+        pos = np.concatenate([dsrc[da:db].astype(np.int64), prev_ct[ca:cb].astype(np.int64)])
+        read = np.unique(o[np.searchsorted(lo_sorted, pos, side="right") - 1]) if pos.size else pos
+        self_dep[j] = bool(np.isin(j, read))
+        parts.append(np.setdiff1d(np.append(read, prev[j]), [j, -1]))
+    at = np.zeros(k + 1, np.int64)
+    np.cumsum([x.size for x in parts], out=at[1:])
+    return at, (np.concatenate(parts) if parts else np.zeros(0, np.int64)), self_dep
