@@ -70,9 +70,6 @@ def _topological(nodes: list[int], src: list[int], dst: list[int]) -> list[int] 
     return placed
 
 
-__all__ = ["forward_order"]
-
-
 def part_deps(segs: list[tuple[int, ...]], ustart: np.ndarray, ustop: np.ndarray, dsrc: np.ndarray,
               prev_ct: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """What each resource part of a pass without waves reads, as ``(at, deps, self_dep)`` (what
@@ -98,3 +95,6 @@ def part_deps(segs: list[tuple[int, ...]], ustart: np.ndarray, ustop: np.ndarray
     at = np.zeros(k + 1, np.int64)
     np.cumsum([x.size for x in parts], out=at[1:])
     return at, (np.concatenate(parts) if parts else np.zeros(0, np.int64)), self_dep
+
+
+__all__ = ["forward_order", "part_deps"]
