@@ -34,6 +34,7 @@ still cost its pass.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -100,7 +101,7 @@ class Layout:
     ct_w: np.ndarray | None = None
     prev_ct_w: np.ndarray | None = None
     pinned_w: np.ndarray | None = None
-    seg_deps: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # without waves: passorder.part_deps
+    seg_deps: list[tuple[list[int], bool]] | None = None  # without waves: each part's (passorder.part_deps)
 
     def fits(self, g: Graph) -> bool:
         """Whether this layout was computed from ``g``'s structure (the very same arrays)."""
@@ -145,7 +146,7 @@ class _Plan:
     sidx: np.ndarray | None = None  # with waves: each edge's source time in se (its start, or n + its end)
     se: np.ndarray | None = None  # with waves: the starts then the ends of the tasks, in wave order
     track: _Track | None = None  # what the last visit of each wave (or resource part) saw
-    seg_deps: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # without waves: the parts' (passorder.part_deps)
+    seg_deps: list[tuple[list[int], bool]] | None = None  # without waves: the parts' (passorder.part_deps)
 
 
 def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -262,7 +263,7 @@ def replay(g: Graph, dur: np.ndarray | None = None, gap: np.ndarray | None = Non
         s = np.full(n, UNKNOWN)
         e = s.copy()
         k = len(p.segs)
-        p.track = _Track(seen=np.full(k, -1, np.int64), changed=np.zeros(k, np.int64), carry=[None] * k)
+        p.track = _Track(seen=[-1] * k, changed=[0] * k, carry=[math.nan] * k)  # type: ignore[arg-type]
     ready = np.full(p.ct.size, UNKNOWN)
     m_ready = np.full(tr.size, UNKNOWN)
     converged = False
@@ -597,15 +598,16 @@ def _seg_pass(p: _Plan, s: np.ndarray, e: np.ndarray, ready: np.ndarray, m_ready
     r0, c, d, cg, floor, ct, ci = p.r0, p.c, p.d, p.cg, p.floor, p.ct, p.ci
     dsrc, dend, doff, udst, ustart, ustop = p.dsrc, p.dend, p.doff, p.udst, p.ustart, p.ustop
     prev_ct, ct_first, trk = p.prev_ct, p.ct_first, p.track
-    at, deps, self_dep = p.seg_deps
+    seen, changed, carried = trk.seen, trk.changed, trk.carry  # lists: a part's few entries read one by one
     for j, (lo, hi, ua, ub, ca, cb, res) in enumerate(p.segs):
-        last = trk.seen[j]
-        if not (last < 0 or (self_dep[j] and trk.changed[j] == last) or (cb > ca and trk.m_changed > last)
-                or (at[j + 1] > at[j] and trk.changed[deps[at[j]:at[j + 1]]].max() > last)):
-            carry[res] = trk.carry[j][0]
+        last = seen[j]
+        deps, self_dep = p.seg_deps[j]
+        if not (last < 0 or (self_dep and changed[j] == last) or (cb > ca and trk.m_changed > last)
+                or any(changed[k] > last for k in deps)):
+            carry[res] = carried[j]
         else:
             trk.stamp += 1
-            trk.seen[j] = trk.stamp
+            seen[j] = trk.stamp
             r = r0[lo:hi].copy()
             if ub > ua:
                 da, db = int(ustart[ua]), int(ustop[ub - 1])
@@ -621,12 +623,13 @@ def _seg_pass(p: _Plan, s: np.ndarray, e: np.ndarray, ready: np.ndarray, m_ready
             run = np.maximum(r - cc, floor)
             run[0] = max(run[0], carry[res])
             np.maximum.accumulate(run, out=run)
-            out = run[-1:].copy()
-            carry[res] = out[0]
+            out = carry[res] = float(run[-1])
             new_s = np.where(run <= floor, UNKNOWN, run + cc)
-            if trk.carry[j] is None or not _same_bits(out, trk.carry[j]) or not _same_bits(new_s, s[lo:hi]):
-                trk.changed[j] = trk.seen[j]
-            trk.carry[j] = out
+            # a carried maximum compared as a number, its sign with it (a NaN counts as changed)
+            if not (out == carried[j] and math.copysign(1.0, out) == math.copysign(1.0, carried[j])) or \
+                    not _same_bits(new_s, s[lo:hi]):
+                changed[j] = seen[j]
+            carried[j] = out
             s[lo:hi] = new_s
             e[lo:hi] = new_s + d[lo:hi]
             if cb > ca:
