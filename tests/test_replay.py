@@ -738,3 +738,55 @@ def test_launching_ops_grouped_and_names_read_as_hashes(monkeypatch):
     assert hashed["x"].tolist() == [2, 3, 4, 5]
     monkeypatch.setattr(source, "_hashed_names", lambda *a: None)  # a collision: the strings are read
     assert source.fetch_arrow(con, sql, [1], hash_names=True)["name"][0].tolist() == [0, 3, 1, 2]
+
+
+@pytest.mark.parametrize("min_tasks", [10**12, 0])
+def test_parts_whose_inputs_did_not_change_are_skipped_to_the_bit(monkeypatch, min_tasks):
+    """Without waves, a pass skips a resource part none of whose inputs changed since its last visit: the real HTA
+    trace (host waits on its streams 10 times in a row), in one slab and in slabs, gives the same starts, ends and
+    binding as a pass that takes every part to read every other part (revisited whenever anything changed), in
+    fewer part visits."""
+    import numpy as np
+
+    from traceanalyze.replay import graph as gr
+    from traceanalyze.replay import simulate as sim
+
+    a, _ = _run(real("hta/df_index_resolver"))
+    g = gr.build(a.con, 1, "gpu", None)
+    monkeypatch.setattr(sim, "SLABS_MIN_TASKS", min_tasks)
+    lay = sim.layout_of(g)
+    assert lay.waves is None and len(lay.segs) > 1
+    every = sim.layout_of(g)
+    k = len(every.segs)
+    every.seg_deps = [(list(range(k)), True)] * k
+    visits = []
+    seg_pass = sim._seg_pass
+
+    def counted(p, *args):  # each visit (and each gather that changed the ready times) takes a stamp
+        before = p.track.stamp
+        seg_pass(p, *args)
+        visits.append(p.track.stamp - before)
+
+    monkeypatch.setattr(sim, "_seg_pass", counted)
+    skipped = sim.replay(g, keep_binding=True, layout=lay)
+    n_skipped, visits[:] = sum(visits), []
+    full = sim.replay(g, keep_binding=True, layout=every)
+    assert np.array_equal(skipped.start, full.start) and np.array_equal(skipped.end, full.end)
+    assert np.array_equal(skipped.binding, full.binding) and skipped.passes == full.passes and skipped.converged
+    assert n_skipped < sum(visits)
+
+
+def test_small_unique_is_numpy_unique():
+    """:func:`~traceanalyze.replay.graph.small_unique` gives ``np.unique``'s keys and inverse, dtypes included,
+    over a table (keys in a narrow range) and by the sort it falls back to (a wide range, no keys)."""
+    import numpy as np
+
+    from traceanalyze.replay.graph import small_unique
+
+    rng = np.random.default_rng(3)
+    for x in (rng.integers(0, 40, 1000), rng.integers(0, 10**12, 50), np.array([7, 7, 0]), np.zeros(0, np.int64)):
+        keys, inv = small_unique(x.astype(np.int64))
+        want_k, want_i = np.unique(x.astype(np.int64), return_inverse=True)
+        assert keys.dtype == want_k.dtype and inv.dtype == want_i.dtype
+        assert keys.tolist() == want_k.tolist() and inv.tolist() == want_i.reshape(-1).tolist()
+    assert [k.tolist() for k in small_unique(np.array([5, 2, 5, 9], np.int64))] == [[2, 5, 9], [1, 0, 1, 2]]

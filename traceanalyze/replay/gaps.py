@@ -37,6 +37,19 @@ def unexplained_us(g: gr.Graph, cg: np.ndarray) -> np.ndarray:
     return np.where(dev | host, np.clip(cg, 0, None), 0.0)
 
 
+def _in_pairs(g: gr.Graph, pairs: set[tuple[int, int]]) -> np.ndarray:
+    """Per task: whether its (rank, step) is one of ``pairs`` (a step's tasks only), by a lookup table over
+    rank × step (an ``isin`` over the keys' wide range sorted every task)."""
+    width = max(int(g.step.max(initial=0)), max(s for _, s in pairs)) + 1
+    n_rank = max(int(g.rank.max(initial=0)), max(r for r, _ in pairs)) + 1
+    table = np.zeros(n_rank * width, bool)
+    table[[r * width + s for r, s in pairs if r >= 0 and s >= 0]] = True
+    sel = g.step >= 0
+    out = np.zeros(g.step.size, bool)
+    out[sel] = table[g.rank[sel].astype(np.int64) * width + g.step[sel]]
+    return out
+
+
 def summary(g: gr.Graph, counted: set[tuple[int, int]], top: int = 5) -> dict:
     """``replay.unexplained_gaps`` of the measured graph, per counted step (the mean over the counted (rank, step)
     pairs, µs): for the GPU streams and for the host threads, ``idle_us`` (the measured gaps before their tasks:
@@ -45,8 +58,7 @@ def summary(g: gr.Graph, counted: set[tuple[int, int]], top: int = 5) -> dict:
     ``kept_pct``). Empty dict for a graph without counted steps."""
     if not counted:
         return {}
-    keys = np.array([r * (1 << 20) + s for r, s in counted], np.int64)
-    in_step = (g.step >= 0) & np.isin(g.rank.astype(np.int64) * (1 << 20) + g.step, keys)
+    in_step = _in_pairs(g, counted)
     n = float(len(counted))
     dev = np.isin(g.kind, gr.GPU_KINDS) & (g.kind != gr.K_COLL)
     host = g.kind == gr.K_HOST

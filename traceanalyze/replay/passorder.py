@@ -70,4 +70,49 @@ def _topological(nodes: list[int], src: list[int], dst: list[int]) -> list[int] 
     return placed
 
 
-__all__ = ["forward_order"]
+def part_deps(segs: list[tuple[int, ...]], ustart: np.ndarray, ustop: np.ndarray, dsrc: np.ndarray,
+              prev_ct: np.ndarray) -> list[tuple[list[int], bool]]:
+    """What each resource part of a pass without waves reads (what ``simulate._wave_deps`` says of waves), as
+    ``(deps, self_dep)`` per part of ``segs`` (``(lo, hi, ua, ub, ca, cb, resource)`` in pass order): ``deps`` the
+    other parts it reads, ascending (those that hold its edges' sources, ``dsrc`` sliced by ``ustart``/``ustop``,
+    and its collective tasks' previous tasks ``prev_ct``, and the previous part of its resource: the running
+    maximum it carries on); ``self_dep``: whether it reads its own times. Python lists: a pass reads a part's few
+    entries one by one."""
+    sg = np.array(segs, np.int64).reshape(-1, 7)
+    k = sg.shape[0]
+    o = np.argsort(sg[:, 0], kind="stable")
+    ro = np.argsort(sg[:, 6], kind="stable")  # each resource's parts in pass order
+    prev = np.full(k, -1, np.int64)
+    same = sg[ro, 6][1:] == sg[ro, 6][:-1]
+    prev[ro[1:][same]] = ro[:-1][same]
+    ua, ub, ca, cb = sg[:, 2], sg[:, 3], sg[:, 4], sg[:, 5]
+    has = ub > ua
+    da = np.where(has, ustart[np.minimum(ua, max(ustart.size - 1, 0))] if ustart.size else 0, 0)
+    db = np.where(has, ustop[np.maximum(ub - 1, 0)] if ustop.size else 0, 0)
+    pos = np.concatenate([dsrc[_spans(da, db - da)].astype(np.int64), prev_ct[_spans(ca, cb - ca)].astype(np.int64)])
+    owner = np.concatenate([np.repeat(np.arange(k), db - da), np.repeat(np.arange(k), cb - ca)])
+    read = o[np.searchsorted(sg[o, 0], pos, side="right") - 1]
+    self_dep = np.zeros(k, bool)
+    self_dep[owner[read == owner]] = True
+    owner, read = np.append(owner, np.arange(k)), np.append(read, prev)
+    keep = (read != owner) & (read >= 0)
+    keys = owner[keep] * max(k, 1) + read[keep]
+    if k * k <= 4 * keys.size + 1024:  # each part's sorted, distinct: a table (every edge's pair) or a sort
+        table = np.zeros(k * k, bool)
+        table[keys] = True
+        pairs = np.flatnonzero(table)
+    else:
+        pairs = np.unique(keys)
+    at = np.zeros(k + 1, np.int64)
+    np.cumsum(np.bincount(pairs // max(k, 1), minlength=k), out=at[1:])
+    deps = (pairs % max(k, 1)).tolist()
+    return [(deps[a:b], x) for a, b, x in zip(at[:-1].tolist(), at[1:].tolist(), self_dep.tolist(), strict=True)]
+
+
+def _spans(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The indices of the ranges ``[start, start + length)``, one after another."""
+    total = int(lengths.sum())
+    return np.repeat(starts - (np.cumsum(lengths) - lengths), lengths) + np.arange(total, dtype=np.int64)
+
+
+__all__ = ["forward_order", "part_deps"]

@@ -34,12 +34,13 @@ still cost its pass.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from traceanalyze.replay.graph import K_COLL, Graph
-from traceanalyze.replay.passorder import forward_order
+from traceanalyze.replay.passorder import forward_order, part_deps
 
 MAX_PASSES = 400  # a pass settles at least one more cross-resource dependency; real graphs settle in far fewer
 SLABS_MIN_TASKS = 20_000  # smaller graphs replay in a few ms: one slab (no cuts to plan)
@@ -100,6 +101,7 @@ class Layout:
     ct_w: np.ndarray | None = None
     prev_ct_w: np.ndarray | None = None
     pinned_w: np.ndarray | None = None
+    seg_deps: list[tuple[list[int], bool]] | None = None  # without waves: each part's (passorder.part_deps)
 
     def fits(self, g: Graph) -> bool:
         """Whether this layout was computed from ``g``'s structure (the very same arrays)."""
@@ -143,7 +145,8 @@ class _Plan:
     waves: list[_Wave] | None = None
     sidx: np.ndarray | None = None  # with waves: each edge's source time in se (its start, or n + its end)
     se: np.ndarray | None = None  # with waves: the starts then the ends of the tasks, in wave order
-    track: _Track | None = None  # with waves: what the last visit of each wave saw
+    track: _Track | None = None  # what the last visit of each wave (or resource part) saw
+    seg_deps: list[tuple[list[int], bool]] | None = None  # without waves: the parts' (passorder.part_deps)
 
 
 def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -259,6 +262,8 @@ def replay(g: Graph, dur: np.ndarray | None = None, gap: np.ndarray | None = Non
     else:
         s = np.full(n, UNKNOWN)
         e = s.copy()
+        k = len(p.segs)
+        p.track = _Track(seen=[-1] * k, changed=[0] * k, carry=[math.nan] * k)  # type: ignore[arg-type]
     ready = np.full(p.ct.size, UNKNOWN)
     m_ready = np.full(tr.size, UNKNOWN)
     converged = False
@@ -352,6 +357,8 @@ def layout_of(g: Graph) -> Layout:
     if lay.waves is not None:
         _lay_out_waves(lay, n)
         _wave_deps(lay, n)
+    else:
+        lay.seg_deps = part_deps(lay.segs, lay.ustart, lay.ustop, lay.dsrc, lay.prev_ct)
     return lay
 
 
@@ -411,7 +418,7 @@ def _plan(g: Graph, lay: Layout, dur: np.ndarray | None, gap: np.ndarray | None,
         return _Plan(d=d, cg=cg, c=c, floor=floor, r0=r0, ct=lay.ct, ci=lay.ci, prev_ct=lay.prev_ct,
                      ct_first=lay.ct_first, dsrc=lay.dsrc, dend=lay.dend,
                      doff=g.dep_off if lay.eo is None else g.dep_off[lay.eo], udst=lay.udst, ustart=lay.ustart,
-                     ustop=lay.ustop, segs=lay.segs, slab_end=lay.slab_end, n_res=lay.n_res)
+                     ustop=lay.ustop, segs=lay.segs, slab_end=lay.slab_end, n_res=lay.n_res, seg_deps=lay.seg_deps)
     # in wave order, one array at a time, each old one released before the next is copied
     perm = lay.perm
     r0[lay.pinned_w] = at[lay.pinned]
@@ -577,46 +584,73 @@ def _pass(p: _Plan, s: np.ndarray, e: np.ndarray, ready: np.ndarray, m_ready: np
             else:  # its inputs as at its last visit: so are its times, and the maximum it carries on
                 carry[w.res] = trk.carry[j]
             if j in p.slab_end:
-                before = m_ready.copy() if p.ct.size else None
-                _gather_ready(p, ready, m_ready)
-                if before is not None and not _same_bits(before, m_ready):
-                    trk.stamp += 1
-                    trk.m_changed = trk.stamp
+                _gather_tracked(p, ready, m_ready)
         return moved
+    _seg_pass(p, s, e, ready, m_ready, carry)
+    return None
+
+
+def _seg_pass(p: _Plan, s: np.ndarray, e: np.ndarray, ready: np.ndarray, m_ready: np.ndarray,
+              carry: np.ndarray) -> None:
+    """:func:`_pass` resource part by resource part (no waves). A part none of whose inputs changed since its last
+    visit (``p.track``; what it reads: ``p.seg_deps``) is skipped, as a wave is: its times would come out the
+    same, to the bit, and the maximum it carries on is the one it carried then."""
     r0, c, d, cg, floor, ct, ci = p.r0, p.c, p.d, p.cg, p.floor, p.ct, p.ci
     dsrc, dend, doff, udst, ustart, ustop = p.dsrc, p.dend, p.doff, p.udst, p.ustart, p.ustop
-    prev_ct, ct_first = p.prev_ct, p.ct_first
+    prev_ct, ct_first, trk = p.prev_ct, p.ct_first, p.track
+    seen, changed, carried = trk.seen, trk.changed, trk.carry  # lists: a part's few entries read one by one
     for j, (lo, hi, ua, ub, ca, cb, res) in enumerate(p.segs):
-        r = r0[lo:hi].copy()
-        if ub > ua:
-            da, db = int(ustart[ua]), int(ustop[ub - 1])
-            src, off = dsrc[da:db], doff[da:db]
-            vals = np.where(dend[da:db], e[src], s[src]) + off
-            idx = udst[ua:ub] - lo
-            r[idx] = np.maximum(r[idx], np.maximum.reduceat(vals, ustart[ua:ub] - da))
-        if cb > ca:
-            cidx = ct[ca:cb] - lo
-            r_dep = r[cidx].copy()
-            r[cidx] = np.maximum(r_dep, m_ready[ci[ca:cb]])
-        cc = c[lo:hi]
-        run = np.maximum(r - cc, floor)
-        run[0] = max(run[0], carry[res])
-        np.maximum.accumulate(run, out=run)
-        carry[res] = run[-1]
-        new_s = np.where(run <= floor, UNKNOWN, run + cc)
-        s[lo:hi] = new_s
-        e[lo:hi] = new_s + d[lo:hi]
-        if cb > ca:
-            pc = prev_ct[ca:cb]
-            ready[ca:cb] = np.maximum(np.where(ct_first[ca:cb], UNKNOWN, e[pc] + cg[ct[ca:cb]]), r_dep)
+        last = seen[j]
+        deps, self_dep = p.seg_deps[j]
+        if not (last < 0 or (self_dep and changed[j] == last) or (cb > ca and trk.m_changed > last)
+                or any(changed[k] > last for k in deps)):
+            carry[res] = carried[j]
+        else:
+            trk.stamp += 1
+            seen[j] = trk.stamp
+            r = r0[lo:hi].copy()
+            if ub > ua:
+                da, db = int(ustart[ua]), int(ustop[ub - 1])
+                src, off = dsrc[da:db], doff[da:db]
+                vals = np.where(dend[da:db], e[src], s[src]) + off
+                idx = udst[ua:ub] - lo
+                r[idx] = np.maximum(r[idx], np.maximum.reduceat(vals, ustart[ua:ub] - da))
+            if cb > ca:
+                cidx = ct[ca:cb] - lo
+                r_dep = r[cidx].copy()
+                r[cidx] = np.maximum(r_dep, m_ready[ci[ca:cb]])
+            cc = c[lo:hi]
+            run = np.maximum(r - cc, floor)
+            run[0] = max(run[0], carry[res])
+            np.maximum.accumulate(run, out=run)
+            out = carry[res] = float(run[-1])
+            new_s = np.where(run <= floor, UNKNOWN, run + cc)
+            # a carried maximum compared as a number, its sign with it (a NaN counts as changed)
+            if not (out == carried[j] and math.copysign(1.0, out) == math.copysign(1.0, carried[j])) or \
+                    not _same_bits(new_s, s[lo:hi]):
+                changed[j] = seen[j]
+            carried[j] = out
+            s[lo:hi] = new_s
+            e[lo:hi] = new_s + d[lo:hi]
+            if cb > ca:
+                pc = prev_ct[ca:cb]
+                ready[ca:cb] = np.maximum(np.where(ct_first[ca:cb], UNKNOWN, e[pc] + cg[ct[ca:cb]]), r_dep)
         if j in p.slab_end:
-            _gather_ready(p, ready, m_ready)
-    return None
+            _gather_tracked(p, ready, m_ready)
 
 
 def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
     """Whether two float arrays hold the very same values, bit for bit (0.0 and -0.0 differ)."""
     return bool(np.array_equal(a.view(np.int64), b.view(np.int64)))
+
+
+def _gather_tracked(p: _Plan, ready: np.ndarray, m_ready: np.ndarray) -> None:
+    """:func:`_gather_ready` after a slab, noting in ``p.track`` whether ``m_ready`` changed."""
+    before = m_ready.copy() if p.ct.size else None
+    _gather_ready(p, ready, m_ready)
+    if before is not None and not _same_bits(before, m_ready):
+        p.track.stamp += 1
+        p.track.m_changed = p.track.stamp
 
 
 def _gather_ready(p: _Plan, ready: np.ndarray, m_ready: np.ndarray) -> None:

@@ -585,14 +585,14 @@ def _floor_groups(g: gr.Graph) -> _FloorGroups | None:
     if sel.size == 0:
         return None
     width = int(g.step.max(initial=0)) + 2
-    keys, inv = np.unique(g.res[sel].astype(np.int64) * width + g.step[sel], return_inverse=True)
+    keys, inv = gr.small_unique(g.res[sel].astype(np.int64) * width + g.step[sel])
     uniq, first, of = np.unique(keys % width, return_index=True, return_inverse=True)
     o = np.argsort(first, kind="stable")  # the steps in the order of their first group
     at = np.empty(o.size, np.int64)
     at[o] = np.arange(o.size)
     host = np.flatnonzero(~dev_all[sel])
     itype = np.int32 if g.start.size < 2**31 else np.int64  # held through the what-ifs: 1,024 ranks' peak
-    return _FloorGroups(sel, host.astype(itype), sel[host].astype(itype), inv.reshape(-1), at[of.reshape(-1)],
+    return _FloorGroups(sel, host.astype(itype), sel[host].astype(itype), inv, at[of.reshape(-1)],
                         uniq[o].tolist())
 
 

@@ -67,6 +67,7 @@ from traceanalyze.replay.graph.model import (
     Graph,
     name_codes,
     rank_step_groups,
+    small_unique,
 )
 from traceanalyze.replay.graph.source import FETCH_BATCH_ROWS
 from traceanalyze.replay.graph.writer import SAVE_SLICE_ROWS, save
@@ -76,5 +77,5 @@ __all__ = [
     "GPU_KINDS", "K_BEGIN", "K_COLL", "K_END", "K_HOST", "K_KERNEL", "K_MEMCPY", "K_MEMSET", "KINDS", "LAUNCH_CALLS",
     "MATMUL_OPS", "P_ATTN_FP32", "P_LAUNCH", "P_MEM", "P_MEM_IN_PLACE", "P_MM_FP32", "P_MM_LOWP", "P_MM_TF32",
     "PRECISION_CLASSES", "PROFILER_EVENTS_BATCH", "SAVE_SLICE_ROWS", "SYNC_CALLS", "WAIT_GAP_US", "WAIT_TAIL",
-    "Graph", "build", "build_threads", "ideal_transfer_us", "name_codes", "rank_step_groups", "save",
+    "Graph", "build", "build_threads", "ideal_transfer_us", "name_codes", "rank_step_groups", "save", "small_unique",
 ]

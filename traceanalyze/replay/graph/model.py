@@ -94,12 +94,25 @@ def name_codes(g: Graph, part: str) -> list[int]:
     return [i for i, n in enumerate(names) if n and part in n.lower()]
 
 
+def small_unique(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(x, return_inverse=True)`` of non-negative int64 keys (the inverse flat), the same arrays; keys
+    of a range not much wider than ``x`` counted in a table instead of sorted (rank × step, resource × step keys:
+    a sort of every task each time)."""
+    top = int(x.max(initial=-1)) + 1
+    if x.size == 0 or int(x.min()) < 0 or top > 4 * x.size + 1024:
+        keys, inv = np.unique(x, return_inverse=True)
+        return keys, inv.reshape(-1)
+    present = np.bincount(x, minlength=top) > 0
+    pos = np.cumsum(present) - 1
+    return np.flatnonzero(present).astype(x.dtype, copy=False), pos[x]
+
+
 def rank_step_groups(g: Graph, sel: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
     """``(width, keys, inv)``: the (rank, step) groups of the tasks ``sel`` (ids with ``step >= 0``) as keys
     ``rank × width + step`` (sorted, distinct) and each task's index into them."""
     width = int(g.step.max(initial=0)) + 2
-    keys, inv = np.unique(g.rank[sel].astype(np.int64) * width + g.step[sel], return_inverse=True)
-    return width, keys, inv.reshape(-1)
+    keys, inv = small_unique(g.rank[sel].astype(np.int64) * width + g.step[sel])
+    return width, keys, inv
 
 
 def host_resources(g: Graph) -> np.ndarray:
