@@ -484,6 +484,24 @@ def test_the_last_small_files_go_fewer_to_a_task_when_there_are_many_tasks():
     assert sizes(64, 2) == [4] * 14 + [1] * 8  # 4 a task (8 tasks a process), the last 8 files alone
 
 
+def test_a_held_file_of_several_batches_is_one_record_batch_in_its_groups_stream(tmp_path, monkeypatch):
+    """A small file converted in several batches is written to its group's stream as one record batch per table
+    (the insert pays per batch), its rows in order, and the next file's rows in batches of their own."""
+    import pyarrow as pa
+
+    from traceanalyze.ingest import workers
+
+    monkeypatch.setattr(parse._Columns, "BATCH_ROWS", 4)
+    a = _write(tmp_path, json.dumps(_trace([_kernel(i) for i in range(10)])).encode(), "a.json")
+    b = _write(tmp_path, json.dumps(_trace([_kernel(i) for i in range(3)])).encode(), "b.json")
+    out = workers.parse_group(([a, b], str(tmp_path), "g", 1 << 30))
+    assert [r[2].rows["kernels"] for r in out] == [10, 3]
+    with pa.ipc.open_stream(out[0][2]["kernels"]) as reader:
+        batches = list(reader)
+    assert [x.num_rows for x in batches] == [10, 3]
+    assert batches[0].column("external_id").to_pylist() == list(range(10))
+
+
 def test_a_failed_group_task_fails_each_of_its_files_in_task_order():
     """An executor's task that failed (a worker killed): every file of a group task is an error, in task order."""
     from traceanalyze.ingest import workers
