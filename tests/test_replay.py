@@ -790,3 +790,19 @@ def test_small_unique_is_numpy_unique():
         assert keys.dtype == want_k.dtype and inv.dtype == want_i.dtype
         assert keys.tolist() == want_k.tolist() and inv.tolist() == want_i.reshape(-1).tolist()
     assert [k.tolist() for k in small_unique(np.array([5, 2, 5, 9], np.int64))] == [[2, 5, 9], [1, 0, 1, 2]]
+
+
+def test_counted_pairs_mask_by_table_and_for_huge_step_numbers():
+    """``gaps._in_pairs`` marks the tasks of the given (rank, step) pairs, outside steps never: by a table over
+    rank × step, and by ``isin`` where a step number from a file (``ProfilerStep#2000000000``) would make that table
+    2 GB a rank (2 TB for 1,024 ranks)."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from traceanalyze.replay.gaps import _in_pairs
+
+    g = SimpleNamespace(rank=np.array([0, 0, 1, 1, 1, 2]), step=np.array([3, -1, 3, 4, 5, 4]))
+    assert _in_pairs(g, {(0, 3), (1, 4), (2, 9)}).tolist() == [True, False, False, True, False, False]
+    huge = SimpleNamespace(rank=np.array([0, 0, 1, 1, 1, 1023]), step=np.array([3, -1, 3, 2_000_000_000, 5, 4]))
+    assert _in_pairs(huge, {(1, 2_000_000_000), (0, 3), (1023, 4)}).tolist() == [True, False, False, True, False, True]

@@ -39,14 +39,20 @@ def unexplained_us(g: gr.Graph, cg: np.ndarray) -> np.ndarray:
 
 def _in_pairs(g: gr.Graph, pairs: set[tuple[int, int]]) -> np.ndarray:
     """Per task: whether its (rank, step) is one of ``pairs`` (a step's tasks only), by a lookup table over
-    rank × step (an ``isin`` over the keys' wide range sorted every task)."""
+    rank × step where that range is not much wider than the tasks (an ``isin`` over the keys sorts every task);
+    else (step numbers from a file can reach 2^31) by ``isin`` over the same exact keys."""
     width = max(int(g.step.max(initial=0)), max(s for _, s in pairs)) + 1
     n_rank = max(int(g.rank.max(initial=0)), max(r for r, _ in pairs)) + 1
-    table = np.zeros(n_rank * width, bool)
-    table[[r * width + s for r, s in pairs if r >= 0 and s >= 0]] = True
+    keys = np.array([r * width + s for r, s in pairs if r >= 0 and s >= 0], np.int64)
     sel = g.step >= 0
+    task_keys = g.rank[sel].astype(np.int64) * width + g.step[sel]
     out = np.zeros(g.step.size, bool)
-    out[sel] = table[g.rank[sel].astype(np.int64) * width + g.step[sel]]
+    if n_rank * width <= 4 * g.step.size + 1024:
+        table = np.zeros(n_rank * width, bool)
+        table[keys] = True
+        out[sel] = table[task_keys]
+    else:
+        out[sel] = np.isin(task_keys, keys)
     return out
 
 
