@@ -159,22 +159,21 @@ def _growth(r: MemoryRow) -> None:
 # An allocation's op is the op that started last before it on its thread, if it still runs then: the innermost op
 # (allocations happen inside the op that asks for memory). At one start, the shorter op is the inner one.
 _BATCH = f"SELECT * FROM ({_FILES}) WHERE file_id IN (SELECT unnest($files))"
-# the threads that allocate, numbered (the same in both queries): the sorts compare one number, not three
-_THREADS = """th AS (SELECT *, row_number() OVER (ORDER BY file_id, pid, tid) AS thread FROM (
-    SELECT DISTINCT file_id, coalesce(pid, -1) AS pid, coalesce(tid, -1) AS tid FROM memory_events
-    WHERE file_id IN (SELECT file_id FROM f) AND bytes > 0))"""
+# the events with their thread's (pid, tid) (null: -1); the threads that allocate are numbered in NumPy
+# (:func:`_threads`) and passed to the ops' query as lists: a numbering in SQL scanned the events twice (half the
+# events' query)
 _EVENTS = f"""
-WITH f AS ({_BATCH}), {_THREADS}
+WITH f AS ({_BATCH})
 SELECT m.file_id, f.rank, m.device_type, CASE WHEN m.device_type = 0 THEN NULL ELSE m.device_id END AS dev_id,
        coalesce(m.device_type, -2) AS dt, coalesce(m.device_id, -2) AS di, coalesce(m.addr, 0) AS addr,
-       m.addr IS NULL AS no_addr, coalesce(th.thread, 0) AS thread, m.ts_ns, m.bytes
-FROM memory_events m JOIN f USING (file_id)
-     LEFT JOIN th ON m.file_id = th.file_id AND coalesce(m.pid, -1) = th.pid AND coalesce(m.tid, -1) = th.tid"""
-_OPS = f"""
-WITH f AS ({_BATCH}), {_THREADS}
+       m.addr IS NULL AS no_addr, coalesce(m.pid, -1) AS pid, coalesce(m.tid, -1) AS tid, m.ts_ns, m.bytes
+FROM memory_events m JOIN f USING (file_id)"""
+_OPS = """
+WITH th AS (SELECT unnest($th_file) AS file_id, unnest($th_pid) AS pid, unnest($th_tid) AS tid,
+                   unnest($th_n) AS thread)
 SELECT th.thread, c.ts_ns, c.ts_ns + c.dur_ns AS end_ns, c.name
 FROM cpu_ops c JOIN th ON c.file_id = th.file_id AND coalesce(c.pid, -1) = th.pid AND coalesce(c.tid, -1) = th.tid
-WHERE c.file_id IN (SELECT file_id FROM f) AND c.cat = 'cpu_op' AND c.dur_ns >= 0"""
+WHERE c.file_id IN (SELECT unnest($files)) AND c.cat = 'cpu_op' AND c.dur_ns >= 0"""
 _BY_OP = f"""
 SELECT rank, {_DEVICE.replace("m.", "g.")} AS device, coalesce(op, '{NO_OP}') AS op, kept, n, total, big
 FROM (SELECT rank, device_type, dev_id AS device_id, op, kept, count(*) AS n,
@@ -217,7 +216,7 @@ def _allocations(con: duckdb.DuckDBPyConnection, params: dict, steps: dict[int, 
     """The allocations of a batch of files: rank, device_type, dev_id, bytes, op (its name; null outside any op)
     and kept (made inside a step and not freed; see above)."""
     ev = con.sql(_EVENTS, params=params).to_arrow_table()
-    e = {c: ev[c].to_numpy() for c in ("file_id", "dt", "di", "addr", "no_addr", "thread", "ts_ns", "bytes")}
+    e = {c: ev[c].to_numpy() for c in ("file_id", "dt", "di", "addr", "no_addr", "pid", "tid", "ts_ns", "bytes")}
     order = np.lexsort((-e["bytes"], e["ts_ns"], e["addr"], e["no_addr"], e["di"], e["dt"], e["file_id"]))
     same = np.ones(max(len(order) - 1, 0), dtype=bool)  # the next event (by address, then time) is at its address
     for c in ("file_id", "dt", "di", "addr", "no_addr"):
@@ -227,14 +226,31 @@ def _allocations(con: duckdb.DuckDBPyConnection, params: dict, steps: dict[int, 
     freed[order[:-1]] = same & (e["bytes"][order[1:]] < 0)
     allocs = np.flatnonzero(e["bytes"] > 0)
     kept = (~freed & _in_step(e["file_id"], e["ts_ns"], steps, params["files"]))[allocs]
-    a = {c: e[c][allocs] for c in ("thread", "ts_ns")}
-    ops = con.sql(_OPS, params=params).to_arrow_table()
+    a = {"ts_ns": e["ts_ns"][allocs]}
+    a["thread"], th = _threads(e["file_id"][allocs], e["pid"][allocs], e["tid"][allocs])
+    ops = con.sql(_OPS, params={"files": params["files"], **th}).to_arrow_table()
     op_at, op_ok = _innermost(a, {c: ops[c].to_numpy() for c in ("thread", "ts_ns", "end_ns")})
     return pa.table({"rank": ev["rank"].take(allocs), "device_type": ev["device_type"].take(allocs),
                      "dev_id": ev["dev_id"].take(allocs), "bytes": pa.array(e["bytes"][allocs]),
                      "op": ops["name"].take(pa.array(op_at, mask=~op_ok)) if len(ops) else
                      pa.nulls(len(allocs), pa.string()),
                      "kept": pa.array(kept)})
+
+
+def _threads(file_id: np.ndarray, pid: np.ndarray, tid: np.ndarray) -> tuple[np.ndarray, dict[str, list[int]]]:
+    """Each allocation's thread, numbered from 1 by (file, pid, tid), and the threads as :data:`_OPS`' parameters
+    (``th_file``, ``th_pid``, ``th_tid``, ``th_n``: its number). The allocations come in runs of one thread: only
+    the runs' first rows are sorted (a sort of every row's three keys cost more than the SQL numbering)."""
+    n = len(file_id)
+    head = np.ones(n, dtype=bool)
+    head[1:] = (file_id[1:] != file_id[:-1]) | (pid[1:] != pid[:-1]) | (tid[1:] != tid[:-1])
+    heads = np.flatnonzero(head)
+    keys = np.stack([file_id[heads].astype(np.int64), pid[heads].astype(np.int64), tid[heads].astype(np.int64)],
+                    axis=1)
+    uniq, inv = np.unique(keys, axis=0, return_inverse=True)
+    thread = np.repeat(inv.reshape(-1) + 1, np.diff(np.append(heads, n)))
+    return thread, {"th_file": uniq[:, 0].tolist(), "th_pid": uniq[:, 1].tolist(), "th_tid": uniq[:, 2].tolist(),
+                    "th_n": list(range(1, len(uniq) + 1))}
 
 
 def _innermost(a: dict[str, np.ndarray], o: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
