@@ -1233,7 +1233,9 @@ class _TableSink:
                 f = str(Path(self.out_dir) / f"{self.key}.{name}.arrow")
                 w = self.writers[name] = pa.ipc.new_stream(f, TABLES[name])
                 self.files[name] = f
-            w.write_table(tbl)
+            # one record batch a write, not one per 4,096-event convert (a few hundred rows of a table each): the
+            # loading process's insert pays per batch (~0.3 ms each, ~15 % of a 47 MB rank's insert)
+            w.write_table(tbl.combine_chunks())
 
     def close(self) -> None:
         for w in self.writers.values():
