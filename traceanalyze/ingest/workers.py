@@ -18,7 +18,7 @@ from traceanalyze.errors import InputError
 if TYPE_CHECKING:
     from traceanalyze.ingest.parse import TraceFile
 
-WORKER_CHUNK_ROWS = 1 << 13  # rows a parse worker holds before writing them out
+WORKER_CHUNK_ROWS = 1 << 15  # rows a parse worker holds before writing them out (one record batch a table)
 GROUP_HOLD_ROWS = 1 << 16  # a file of a group with more rows than this writes streams of its own (memory bound)
 
 class _NoPandas(importlib.abc.MetaPathFinder):
