@@ -137,6 +137,13 @@ def categories(con, rc: RunClock, t: Tasks, fids: list[int], prec: np.ndarray
     gap_cover["launch"] = np.where(lg, np.clip(gap - gap_cover["dataloader"] - gap_cover["compile"]
                                                - gap_cover["allocator"], 0, None), 0.0)
     cover["launch"] = np.zeros(n)
+    return cover, gap_cover, _gap_labels(gap_cover, zero, gap, ~host | first)
+
+
+def _gap_labels(gap_cover: dict[str, np.ndarray], zero: set[str], gap: np.ndarray, none: np.ndarray) -> np.ndarray:
+    """Each gap's label (int8 code into :data:`GAP_LABELS`): the category covering most of it, if over half; -1
+    where ``none``. ``zero``: the categories whose cover is all zero (skipped: 0 never wins)."""
+    n = gap.size
     label = np.zeros(n, np.int8)
     best = np.zeros(n)
     half = 0.5 * gap
@@ -147,8 +154,8 @@ def categories(con, rc: RunClock, t: Tasks, fids: list[int], prec: np.ndarray
         better = c > np.maximum(best, half)
         label[better] = code
         best = np.maximum(best, c)
-    label[~host | first] = -1
-    return cover, gap_cover, label
+    label[none] = -1
+    return label
 
 
 def _task_and_gap_cover(u, s_key: np.ndarray, e_key: np.ndarray, first: np.ndarray, p_first: np.ndarray
