@@ -150,32 +150,40 @@ def _check_instances(g: Graph, rank: np.ndarray, inst: np.ndarray, n_inst: int, 
     ``strict_metadata_check``)."""
     op, nbytes, pg_ranks = meta["op"], meta["bytes"], meta["pg_ranks"]
     present = set(g.ranks)
-    complete = np.ones(n_inst, dtype=bool)
-    coll_name: list[str] = [""] * n_inst
-    inst_bytes = np.zeros(n_inst, np.int64)
+    rank = rank.astype(np.int64)
+    first = np.unique(inst, return_index=True)[1]  # each instance's first task (instances number 0..n_inst-1)
+    coll_name: list[str] = [str(x) for x in op[first].tolist()]
+    inst_bytes = np.asarray(nbytes[first], np.int64)
+    cnt = np.bincount(inst, minlength=n_inst)
+    # a rank twice in one instance: equal neighbours once the tasks are sorted by (instance, rank)
+    o = np.lexsort((rank, inst))
+    twice = (inst[o][1:] == inst[o][:-1]) & (rank[o][1:] == rank[o][:-1])
+    duplicate = np.bincount(inst[o][1:][twice], minlength=n_inst) > 0
+    # the group each instance expects (its first call's ranks, else the world): per distinct group, whether every
+    # rank is in the folder, its size, and whether each task's rank is in it
     inst_n = np.zeros(n_inst, np.int64)
-    by_inst: dict[int, list[int]] = {}
-    for i, m in enumerate(inst.tolist()):
-        by_inst.setdefault(m, []).append(i)
-    reasons = {"peers": 0, "mismatch": 0, "duplicate": 0, "p2p": 0}
-    for m, members in by_inst.items():
-        rs = [int(rank[i]) for i in members]
-        expected = _group_ranks(pg_ranks[members[0]]) or list(range(g.world_size))
-        coll_name[m] = str(op[members[0]])
-        inst_bytes[m] = int(nbytes[members[0]])
-        inst_n[m] = len(expected)
-        if len(set(rs)) != len(rs):
-            complete[m] = False
-            reasons["duplicate"] += 1
-        elif set(expected) - present or set(rs) != set(expected):
-            complete[m] = False
-            reasons["peers"] += 1
-        elif coll_name[m] == "send_recv":  # two parties, paired by peer: not a rendezvous of the whole group
-            complete[m] = False
-            reasons["p2p"] += 1
-        elif len({(str(op[i]), int(nbytes[i])) for i in members}) > 1:
-            complete[m] = False
-            reasons["mismatch"] += 1
+    size, missing = np.zeros(n_inst, np.int64), np.zeros(n_inst, bool)
+    outside = np.zeros(rank.size, bool)
+    texts = [x if x is None or isinstance(x, str) else repr(x) for x in pg_ranks[first].tolist()]
+    codes: dict = {}
+    grp = np.array([codes.setdefault(x, len(codes)) for x in texts], np.int64)
+    task_grp = grp[inst]
+    for k in codes.values():
+        at = grp == k
+        expected = _group_ranks(pg_ranks[first[np.argmax(at)]]) or list(range(g.world_size))
+        inst_n[at], size[at], missing[at] = len(expected), len(set(expected)), bool(set(expected) - present)
+        sel = task_grp == k
+        outside[sel] = ~np.isin(rank[sel], list(set(expected)))
+    # ranks distinct: set(ranks) == set(expected) when none is outside it and there are as many
+    peers = ~duplicate & (missing | (np.bincount(inst, weights=outside, minlength=n_inst) > 0) | (cnt != size))
+    p2p = ~duplicate & ~peers & np.array([c == "send_recv" for c in coll_name], bool)
+    # name and bytes of every call alike those of the first
+    op_code = np.array([str(x) for x in op.tolist()], dtype=object)
+    differs = (op_code != op_code[first][inst]) | (np.asarray(nbytes, np.int64) != inst_bytes[inst])
+    mismatch = ~duplicate & ~peers & ~p2p & (np.bincount(inst, weights=differs, minlength=n_inst) > 0)
+    complete = ~(duplicate | peers | p2p | mismatch)
+    reasons = {"peers": int(peers.sum()), "mismatch": int(mismatch.sum()), "duplicate": int(duplicate.sum()),
+               "p2p": int(p2p.sum())}
     return complete, coll_name, inst_bytes, inst_n, reasons
 
 
