@@ -235,7 +235,7 @@ def _build_chunk(con, rc: RunClock, fids: list[int], st: dict[str, np.ndarray], 
                 dur=t.dur, gap=t.gap, first=t.first, cg=cg, cd=cd, gap_label=gap_label, cover=cover,
                 event_waits=event_waits, prec=prec, events=events,
                 gap_cover=gap_cover, dep=edges.arrays(), steps=steps, res_names=t.res_names,
-                coll_fid=t.cols["fid"][coll], coll_ts=t.cols["ts"][coll])
+                coll_fid=t.cols["fid"][coll], coll_ts=rc.abs_ns(t.rel[coll], t.rank[coll]))
 
 
 def _join_chunks(chunks: list[dict]) -> dict:

@@ -9,7 +9,7 @@ import numpy as np
 
 from traceanalyze.metrics.collectives import Calls, busbw_factor, collective_calls, int_column
 from traceanalyze.replay.graph.model import K_COLL, Graph
-from traceanalyze.replay.graph.source import RunClock
+from traceanalyze.replay.graph.source import RunClock, unique_rows
 
 
 def match_collectives(con, g: Graph, rc: RunClock, coll_fid: np.ndarray, coll_ts: np.ndarray,
@@ -105,25 +105,42 @@ def _instances(rank: np.ndarray, step: np.ndarray, start: np.ndarray, meta: dict
     in one profiler step on each rank. A task with no call is the n-th call-less communication kernel of its step
     on each rank. Instances are numbered in order of first appearance among the tasks."""
     pg, seq, comms_id, called = meta["pg"], meta["seq"], meta["comms_id"], meta["called"]
+    n = rank.size
     o = np.lexsort((start, step, pg, rank))
-    keys: list[tuple] = [None] * rank.size  # type: ignore[list-item]
-    ordinal: dict[tuple, int] = {}
-    for i in o.tolist():
-        if not called[i]:
-            k = (int(rank[i]), "bare", int(step[i]))
-            ordinal[k] = ordinal.get(k, -1) + 1
-            keys[i] = ("bare", int(step[i]), ordinal[k])
-        elif use_cid:
-            keys[i] = ("cid", str(comms_id[i]))
-        elif use_seq:
-            keys[i] = ("seq", pg[i], int(seq[i]))
-        else:
-            k = (int(rank[i]), pg[i], int(step[i]))
-            ordinal[k] = ordinal.get(k, -1) + 1
-            keys[i] = ("ord", pg[i], int(step[i]), ordinal[k])
-    inst_of: dict[tuple, int] = {}
-    inst = np.array([inst_of.setdefault(k, len(inst_of)) for k in keys], dtype=np.int64)
-    return inst, len(inst_of), [_BY[k[0]] for k in inst_of]
+    # each key as four integers (kind, then its fields), strings as codes: one pass of NumPy, not a loop of tuples.
+    # The per-step ordinals count along ``o`` per (rank, group, step); group "bare" for call-less tasks shares its
+    # counter with a process group of that name, as the keys (rank, name, step) did
+    names: dict = {"bare": 0}
+    pgc = np.array([names.setdefault(p, len(names)) for p in pg.tolist()], np.int64) if n else np.zeros(0, np.int64)
+    ord_mode = called & (not use_cid) & (not use_seq)
+    counted = ~called | ord_mode
+    grp = np.where(called, pgc, 0)
+    ordinal = np.zeros(n, np.int64)
+    c = o[counted[o]]  # the counted tasks in the order of o
+    if c.size:
+        gid = unique_rows(rank.astype(np.int64)[c], grp[c], step.astype(np.int64)[c])[1]
+        by = np.argsort(gid, kind="stable")
+        gs = gid[by]
+        head = np.ones(gs.size, bool)
+        head[1:] = gs[1:] != gs[:-1]
+        at = np.flatnonzero(head)
+        ordinal[c[by]] = np.arange(gs.size) - np.repeat(at, np.diff(np.append(at, gs.size)))
+    kind = np.where(~called, 0, 1 if use_cid else 2 if use_seq else 3)
+    cids: dict = {}
+    f1 = np.where(~called, step, 0).astype(np.int64)
+    if use_cid:
+        f1[called] = [cids.setdefault(str(x), len(cids)) for x in comms_id[called].tolist()]
+    else:
+        f1[called] = pgc[called]
+    f2 = np.where(~called, ordinal, 0 if use_cid else (seq if use_seq else step)).astype(np.int64)
+    f3 = np.where(ord_mode, ordinal, 0).astype(np.int64)
+    code = unique_rows(kind.astype(np.int64), f1, f2, f3)[1] if n else np.zeros(0, np.int64)
+    # instances numbered in order of first appearance among the tasks
+    _, first = np.unique(code, return_index=True)
+    renum = np.empty(first.size, np.int64)
+    renum[np.argsort(first, kind="stable")] = np.arange(first.size)
+    kinds = ("bare", "cid", "seq", "ord")
+    return renum[code], int(first.size), [_BY[kinds[int(k)]] for k in kind[np.sort(first)].tolist()]
 
 
 def _check_instances(g: Graph, rank: np.ndarray, inst: np.ndarray, n_inst: int, meta: dict[str, np.ndarray]
@@ -133,32 +150,40 @@ def _check_instances(g: Graph, rank: np.ndarray, inst: np.ndarray, n_inst: int, 
     ``strict_metadata_check``)."""
     op, nbytes, pg_ranks = meta["op"], meta["bytes"], meta["pg_ranks"]
     present = set(g.ranks)
-    complete = np.ones(n_inst, dtype=bool)
-    coll_name: list[str] = [""] * n_inst
-    inst_bytes = np.zeros(n_inst, np.int64)
+    rank = rank.astype(np.int64)
+    first = np.unique(inst, return_index=True)[1]  # each instance's first task (instances number 0..n_inst-1)
+    coll_name: list[str] = [str(x) for x in op[first].tolist()]
+    inst_bytes = np.asarray(nbytes[first], np.int64)
+    cnt = np.bincount(inst, minlength=n_inst)
+    # a rank twice in one instance: equal neighbours once the tasks are sorted by (instance, rank)
+    o = np.lexsort((rank, inst))
+    twice = (inst[o][1:] == inst[o][:-1]) & (rank[o][1:] == rank[o][:-1])
+    duplicate = np.bincount(inst[o][1:][twice], minlength=n_inst) > 0
+    # the group each instance expects (its first call's ranks, else the world): per distinct group, whether every
+    # rank is in the folder, its size, and whether each task's rank is in it
     inst_n = np.zeros(n_inst, np.int64)
-    by_inst: dict[int, list[int]] = {}
-    for i, m in enumerate(inst.tolist()):
-        by_inst.setdefault(m, []).append(i)
-    reasons = {"peers": 0, "mismatch": 0, "duplicate": 0, "p2p": 0}
-    for m, members in by_inst.items():
-        rs = [int(rank[i]) for i in members]
-        expected = _group_ranks(pg_ranks[members[0]]) or list(range(g.world_size))
-        coll_name[m] = str(op[members[0]])
-        inst_bytes[m] = int(nbytes[members[0]])
-        inst_n[m] = len(expected)
-        if len(set(rs)) != len(rs):
-            complete[m] = False
-            reasons["duplicate"] += 1
-        elif set(expected) - present or set(rs) != set(expected):
-            complete[m] = False
-            reasons["peers"] += 1
-        elif coll_name[m] == "send_recv":  # two parties, paired by peer: not a rendezvous of the whole group
-            complete[m] = False
-            reasons["p2p"] += 1
-        elif len({(str(op[i]), int(nbytes[i])) for i in members}) > 1:
-            complete[m] = False
-            reasons["mismatch"] += 1
+    size, missing = np.zeros(n_inst, np.int64), np.zeros(n_inst, bool)
+    outside = np.zeros(rank.size, bool)
+    texts = [x if x is None or isinstance(x, str) else repr(x) for x in pg_ranks[first].tolist()]
+    codes: dict = {}
+    grp = np.array([codes.setdefault(x, len(codes)) for x in texts], np.int64)
+    task_grp = grp[inst]
+    for k in codes.values():
+        at = grp == k
+        expected = _group_ranks(pg_ranks[first[np.argmax(at)]]) or list(range(g.world_size))
+        inst_n[at], size[at], missing[at] = len(expected), len(set(expected)), bool(set(expected) - present)
+        sel = task_grp == k
+        outside[sel] = ~np.isin(rank[sel], list(set(expected)))
+    # ranks distinct: set(ranks) == set(expected) when none is outside it and there are as many
+    peers = ~duplicate & (missing | (np.bincount(inst, weights=outside, minlength=n_inst) > 0) | (cnt != size))
+    p2p = ~duplicate & ~peers & np.array([c == "send_recv" for c in coll_name], bool)
+    # name and bytes of every call alike those of the first
+    op_code = np.array([str(x) for x in op.tolist()], dtype=object)
+    differs = (op_code != op_code[first][inst]) | (np.asarray(nbytes, np.int64) != inst_bytes[inst])
+    mismatch = ~duplicate & ~peers & ~p2p & (np.bincount(inst, weights=differs, minlength=n_inst) > 0)
+    complete = ~(duplicate | peers | p2p | mismatch)
+    reasons = {"peers": int(peers.sum()), "mismatch": int(mismatch.sum()), "duplicate": int(duplicate.sum()),
+               "p2p": int(p2p.sum())}
     return complete, coll_name, inst_bytes, inst_n, reasons
 
 

@@ -94,29 +94,38 @@ def categories(con, rc: RunClock, t: Tasks, fids: list[int], prec: np.ndarray
     cat = np.asarray(r["cat"], np.int64)
     if (cat == 6).any():  # a thread's cudaMalloc calls are a flush's only where it also frees: else the cache grows
         cat = np.where(cat == 6, np.where(np.isin(r_res, r_res[cat == 5]), 5, -1), cat)
-    # each task's start and end as keys of its resource (:func:`_covered`), made once for every category; the
+    # only the tasks of the threads that hold a range can be covered (elsewhere the cover is 0 exactly): their
+    # rows (contiguous per resource, in resource order) are searched, the others stay calloc'd zeros
+    sub = _rows_of(res, np.unique(r_res[r_res >= 0]))
+    # each such task's start and end as keys of its resource (:func:`_covered`), made once for every category; the
     # previous task's end only for each resource's first task (:func:`_task_and_gap_cover`)
-    res_key = res.astype(np.int64) << T_SHIFT
-    e_ns = np.clip((end * 1e3).astype(np.int64), 0, (1 << T_SHIFT) - 1)
-    s_key = res_key + np.clip((start * 1e3).astype(np.int64), 0, (1 << T_SHIFT) - 1)
-    p_first = res_key[first] + np.concatenate([[0], e_ns[:-1]])[first]
+    res_key = res[sub].astype(np.int64) << T_SHIFT
+    e_ns = np.clip((end[sub] * 1e3).astype(np.int64), 0, (1 << T_SHIFT) - 1)
+    s_key = res_key + np.clip((start[sub] * 1e3).astype(np.int64), 0, (1 << T_SHIFT) - 1)
+    first_s = first[sub]
+    at_f = sub[first_s]
+    p_first = res_key[first_s] + np.where(at_f > 0, np.clip((end[at_f - 1] * 1e3).astype(np.int64), 0,
+                                                            (1 << T_SHIFT) - 1), 0)
     e_key = res_key + e_ns
     del res_key, e_ns
     host = (rk == 0) & (kind == K_HOST)
+    host_s, first_gap_s = host[sub], host[sub] & ~first_s
     cover: dict[str, np.ndarray] = {}
     gap_cover: dict[str, np.ndarray] = {}
+    zero: set[str] = set()  # categories with no range: all-zero gap cover
     for ci, cname in enumerate(CATEGORIES):
         if cname == "launch":
             continue
         code = 4 if cname == "matmul_fp32" else ci
         m = (cat == code) & (r_res >= 0)
+        cover[cname], gap_cover[cname] = np.zeros(n), np.zeros(n)
         if not m.any():  # calloc'd zeros: no memory until written (most runs have no ranges of most kinds)
-            cover[cname], gap_cover[cname] = np.zeros(n), np.zeros(n)
+            zero.add(cname)
             continue
         u = _union_cover(r_res[m], lo[m], hi[m])
-        c_task, c_gap = _task_and_gap_cover(u, s_key, e_key, first, p_first)
-        cover[cname] = np.where(host, c_task, 0.0)
-        gap_cover[cname] = np.where(host & ~first, np.clip(c_gap, 0, None), 0.0)
+        c_task, c_gap = _task_and_gap_cover(u, s_key, e_key, first_s, p_first)
+        cover[cname][sub] = np.where(host_s, c_task, 0.0)
+        gap_cover[cname][sub] = np.where(first_gap_s, np.clip(c_gap, 0, None), 0.0)
     # the fp32 matrix-math kernels (GPU runs: GEMM, convolution, attention on CUDA cores): the whole kernel
     if mode == "gpu":
         fp32 = np.isin(prec, (P_MM_FP32, P_ATTN_FP32))
@@ -128,15 +137,25 @@ def categories(con, rc: RunClock, t: Tasks, fids: list[int], prec: np.ndarray
     gap_cover["launch"] = np.where(lg, np.clip(gap - gap_cover["dataloader"] - gap_cover["compile"]
                                                - gap_cover["allocator"], 0, None), 0.0)
     cover["launch"] = np.zeros(n)
+    return cover, gap_cover, _gap_labels(gap_cover, zero, gap, ~host | first)
+
+
+def _gap_labels(gap_cover: dict[str, np.ndarray], zero: set[str], gap: np.ndarray, none: np.ndarray) -> np.ndarray:
+    """Each gap's label (int8 code into :data:`GAP_LABELS`): the category covering most of it, if over half; -1
+    where ``none``. ``zero``: the categories whose cover is all zero (skipped: 0 never wins)."""
+    n = gap.size
     label = np.zeros(n, np.int8)
     best = np.zeros(n)
+    half = 0.5 * gap
     for code, cname in enumerate(GAP_LABELS[1:], start=1):
+        if cname in zero:  # 0 never beats max(best, gap / 2) >= 0, nor raises best
+            continue
         c = gap_cover[cname]
-        better = c > np.maximum(best, 0.5 * gap)
+        better = c > np.maximum(best, half)
         label[better] = code
         best = np.maximum(best, c)
-    label[~host | first] = -1
-    return cover, gap_cover, label
+    label[none] = -1
+    return label
 
 
 def _task_and_gap_cover(u, s_key: np.ndarray, e_key: np.ndarray, first: np.ndarray, p_first: np.ndarray
@@ -149,6 +168,16 @@ def _task_and_gap_cover(u, s_key: np.ndarray, e_key: np.ndarray, first: np.ndarr
     at_prev = np.concatenate([[0], at_end[:-1]])
     at_prev[first] = _covered(u, p_first)
     return (at_end - at_start) / 1e3, (at_start - at_prev) / 1e3
+
+
+def _rows_of(res: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Indices of the rows of ``res`` (sorted) equal to one of ``ids`` (sorted, distinct), ascending."""
+    lo, hi = np.searchsorted(res, ids, side="left"), np.searchsorted(res, ids, side="right")
+    if not ids.size:
+        return np.zeros(0, np.intp)
+    n = hi - lo
+    # each row's offset from its run's start, plus that start
+    return np.repeat(lo - np.concatenate([[0], np.cumsum(n)[:-1]]), n) + np.arange(int(n.sum()))
 
 
 def _union_cover(keys: np.ndarray, lo: np.ndarray, hi: np.ndarray):

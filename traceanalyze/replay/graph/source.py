@@ -183,6 +183,10 @@ class RunClock:
         """Timestamps (ns, the rank's clock) as ns since the run's start on the reference clock."""
         return ts - self.origin - self.off_ns[np.clip(rank, 0, self.world)]
 
+    def abs_ns(self, rel: np.ndarray, rank: np.ndarray) -> np.ndarray:
+        """:meth:`rel_ns` undone: ns since the run's start as timestamps (ns) on the rank's clock, exactly."""
+        return rel + self.origin + self.off_ns[np.clip(rank, 0, self.world)]
+
 
 def run_clock(con, run_id: int, mode: str, world_size: int | None, clock_offsets_us: dict | None) -> RunClock:
     offs = {int(k): float(v) for k, v in (clock_offsets_us or {}).items()}

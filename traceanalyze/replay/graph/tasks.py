@@ -41,9 +41,9 @@ _FLAG = ("CASE WHEN c.name IN (SELECT unnest($2)) THEN 1 WHEN c.name IN (SELECT 
 class Tasks:
     """Every task of the run in resource order (the graph's task ids), as :func:`order_tasks` sorts them.
 
-    ``cols``: the source columns (``rank``, ``rk`` (0 host, 1 stream, 2 gloo thread), ``a``/``b`` (pid/tid or
-    device/stream), ``kind``, ``ts``/``dur`` (ns), ``corr``, ``fid``, ``ext`` (fp32 GEMM flag, or a marker's step),
-    ``flag`` (:data:`_FLAG`)). ``uniq``: the resources' keys (rank, rk, a, b), ``res`` each task's index into them;
+    ``cols``: the source columns read after the sort (``rank``, ``kind``, ``corr``, ``fid``, ``ext`` (the launching
+    op's fp32 code, or a marker's step), ``flag`` (:data:`_FLAG`), ``idle``); ``rk``: 0 host, 1 stream, 2 gloo
+    thread. ``uniq``: the resources' keys (rank, rk, a, b), ``res`` each task's index into them;
     ``rel``: start in ns since the run's start; ``start``/``dur``/``end``/``gap`` in µs; ``first``: the first task
     of its resource.
     """
@@ -143,7 +143,7 @@ def _fold_calls(h: dict, dev_keys: np.ndarray) -> dict:
     fid = np.asarray(h["file_id"], np.int64)
     ts, dur = np.asarray(h["ts_ns"], np.int64), np.asarray(h["dur_ns"], np.int64)
     thr = _thread_codes(fid, h["pid"], h["tid"])
-    o = np.lexsort((-dur, ts, thr))
+    o = _task_order(thr, ts, np.zeros(ts.size, np.int8), -dur)  # np.lexsort((-dur, ts, thr)), one sort
     prev_end = np.empty(ts.size, np.float64)
     prev_end[o[1:]] = (ts[o[:-1]] + dur[o[:-1]]).astype(np.float64)
     idle = np.full(ts.size, np.inf)
@@ -278,10 +278,11 @@ def order_tasks(parts: list[dict], rc: RunClock) -> Tasks:
     n = cols["ts"].size
     rel = rc.rel_ns(cols["ts"], cols["rank"])
     is_coll_host = (cols["kind"] == K_COLL) & (cols["rk"] == 2)
-    rk = np.where(is_coll_host, 2, cols["rk"])
+    rk = np.where(is_coll_host, 2, cols.pop("rk"))  # the source's rk goes: only this one is read after the sort
     uniq, res = unique_rows(cols["rank"], rk, cols.pop("a"), cols.pop("b"))
     kind_order = np.select([cols["kind"] == K_END, cols["kind"] == K_BEGIN], [0, 1], 2)
     dur_ns = cols.pop("dur")
+    del cols["ts"]  # read after the sort only for the collectives, as rel + the rank's shift (RunClock.abs_ns)
     order = _task_order(res, rel, kind_order, -dur_ns)
     del kind_order
     dur = dur_ns[order] / 1e3
