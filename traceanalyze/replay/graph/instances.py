@@ -168,12 +168,16 @@ def _check_instances(g: Graph, rank: np.ndarray, inst: np.ndarray, n_inst: int, 
     codes: dict = {}
     grp = np.array([codes.setdefault(x, len(codes)) for x in texts], np.int64)
     task_grp = grp[inst]
-    for k in codes.values():
-        at = grp == k
-        expected = _group_ranks(pg_ranks[first[np.argmax(at)]]) or list(range(g.world_size))
-        inst_n[at], size[at], missing[at] = len(expected), len(set(expected)), bool(set(expected) - present)
-        sel = task_grp == k
-        outside[sel] = ~np.isin(rank[sel], list(set(expected)))
+    # the instances and the tasks of each group as slices of one sort: a hostile trace may name a group per call,
+    # and a mask per group over every task would be groups x tasks
+    by_i, by_t = np.argsort(grp, kind="stable"), np.argsort(task_grp, kind="stable")
+    at_i = np.searchsorted(grp[by_i], np.arange(len(codes) + 1))
+    at_t = np.searchsorted(task_grp[by_t], np.arange(len(codes) + 1))
+    for k in range(len(codes)):
+        ii, tt = by_i[at_i[k]:at_i[k + 1]], by_t[at_t[k]:at_t[k + 1]]
+        expected = _group_ranks(pg_ranks[first[ii[0]]]) or list(range(g.world_size))
+        inst_n[ii], size[ii], missing[ii] = len(expected), len(set(expected)), bool(set(expected) - present)
+        outside[tt] = ~np.isin(rank[tt], list(set(expected)))
     # ranks distinct: set(ranks) == set(expected) when none is outside it and there are as many
     peers = ~duplicate & (missing | (np.bincount(inst, weights=outside, minlength=n_inst) > 0) | (cnt != size))
     p2p = ~duplicate & ~peers & np.array([c == "send_recv" for c in coll_name], bool)
