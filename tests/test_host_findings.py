@@ -419,3 +419,36 @@ def test_real_h200_bf16_loop_synced_each_step():
     assert w["predicted_step_time_us"] >= run["profiler_overhead"]["gpu_busy_us"]  # never below the GPU's kernels
     f = _finding(m, "step_sync")
     assert f["severity"] == "medium" and f["impact_pct"] == pytest.approx(w["saving_pct"], abs=0.1)
+
+
+def test_host_copy_calls_are_searched_once_per_graph(tmp_path):
+    """no_host_sync's copy calls (scenarios.host._host_copies), asked for by its test, its rewrite and ``all``'s,
+    are kept in the what-ifs' ctx for the graph they were searched on: the same arrays as a search, the search not
+    repeated, and a graph of other arrays searched again."""
+    import dataclasses
+
+    import numpy as np
+
+    from traceanalyze.replay import graph as gr
+    from traceanalyze.replay.scenarios import host
+
+    for r in range(4):
+        write_trace(tmp_path / f"rank{r}.json", r, _blocking_job(r, 4, blocker=2, block_us=40_000.0), world_size=4,
+                    backend="nccl")
+    a = analyze(tmp_path, Options(jobs=1))
+    g = gr.build(a.con, 1, "gpu", 4)
+    copies, cost = host._copy_calls(g)
+    # rank 2's cudaMemcpyAsync of the 4 steps that copy; an asynchronous copy costs the median launch call (µs)
+    assert copies.size == 4 and set(g.rank[copies].tolist()) == {2} and g.kind[copies].tolist() == [gr.K_HOST] * 4
+    assert cost == float(np.median(g.chain_dur[g.dep_src[(g.dep_type == gr.DEP_TYPES.index("launch"))
+                                                         & (g.kind[g.dep_src] == gr.K_HOST)]]))
+    ctx: dict = {}
+    assert host._host_sync_applies(g, ctx)
+    held = ctx["host_copies"]
+    assert held[0] is g and np.array_equal(held[1], copies) and held[2] == cost
+    d, _, _ = host._rw_host_sync(g, g.chain_dur, g.chain_gap, g.inst_transfer, ctx)
+    assert ctx["host_copies"] is held  # not searched again
+    assert np.array_equal(d[copies], np.minimum(g.chain_dur[copies], cost)) and d[copies].max() < 40_000.0
+    other = dataclasses.replace(g, kind=g.kind.copy())
+    host._host_copies(other, ctx)
+    assert ctx["host_copies"][0] is other and np.array_equal(ctx["host_copies"][1], copies)

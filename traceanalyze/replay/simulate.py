@@ -279,6 +279,7 @@ def replay(g: Graph, dur: np.ndarray | None = None, gap: np.ndarray | None = Non
         if passes > 1 and moved < TOLERANCE_US:
             converged = True
             break
+    kept = (p.d, p.cg, p.doff) if keep_binding and lay.perm is None else None  # the binding's: in task order
     if lay.perm is not None:  # back to task order, the plan released first (its arrays are the graph's size)
         se, p = p.se, None
         s, e = np.empty(n), np.empty(n)
@@ -290,8 +291,8 @@ def replay(g: Graph, dur: np.ndarray | None = None, gap: np.ndarray | None = Non
     e[unknown] = -np.inf
     out = Replay(start=s, end=e, passes=passes, converged=converged)
     if keep_binding:
-        d, cg = _durations(g, lay, dur, gap, tr)
-        doff = g.dep_off if lay.eo is None else g.dep_off[lay.eo]
+        d, cg = kept[:2] if kept else _durations(g, lay, dur, gap, tr)
+        doff = kept[2] if kept else (g.dep_off if lay.eo is None else g.dep_off[lay.eo])
         out.binding = _binding(g, s, e, d, cg, lay, doff)  # type: ignore[attr-defined]
     return out
 

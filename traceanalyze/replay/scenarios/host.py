@@ -39,16 +39,28 @@ def _rw_host_sync(g, d, cg, tr, ctx):
     returns once enqueued, at the median cost of the run's launch calls, and the copy engine moves the bytes as
     measured on the GPU (CUDA C++ Best Practices Guide, "Pinned Memory" and "Asynchronous and Overlapping
     Transfers")."""
-    copies, cost = _host_copies(g)
+    copies, cost = _host_copies(g, ctx)
     if copies.size:
         d = d.copy()
         d[copies] = np.minimum(d[copies], cost)
     return d, cg, tr
 
 
-def _host_copies(g: gr.Graph) -> tuple[np.ndarray, float]:
+def _host_copies(g: gr.Graph, ctx: dict | None = None) -> tuple[np.ndarray, float]:
     """(task ids of the host's copy calls in the steps, ``*Memcpy*``; the median duration of the run's launch calls,
-    µs: what an asynchronous copy call costs the host)."""
+    µs: what an asynchronous copy call costs the host). Kept in ``ctx`` (``host_copies``) for the same graph: asked
+    for by the test of the scenario, its rewrite and ``all``'s (a search of every task each time)."""
+    held = ctx.get("host_copies") if ctx is not None else None
+    if held is not None and held[0] is g:
+        return held[1], held[2]
+    copies, cost = _copy_calls(g)
+    if ctx is not None:
+        ctx["host_copies"] = (g, copies, cost)
+    return copies, cost
+
+
+def _copy_calls(g: gr.Graph) -> tuple[np.ndarray, float]:
+    """:func:`_host_copies`, searched."""
     launch = g.dep_src[g.dep_type == gr.DEP_TYPES.index("launch")]
     launch = launch[g.kind[launch] == gr.K_HOST]
     codes = gr.name_codes(g, "memcpy")
@@ -224,7 +236,7 @@ def _sync_saving_bound(g: gr.Graph, arrs: Arrays, d0: np.ndarray, floor: dict[in
 def _host_sync_applies(g: gr.Graph, ctx: dict) -> bool:
     if g.mode != "gpu":
         return False
-    copies, cost = _host_copies(g)
+    copies, cost = _host_copies(g, ctx)
     return bool(_host_sync_edges(g).any()) or float(np.clip(g.chain_dur[copies] - cost, 0, None).sum()) >= \
         MIN_SAVING_US
 
