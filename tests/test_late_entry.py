@@ -5,12 +5,14 @@ what-if prices it (the replay carries a rank's delay from one step into the next
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 
 from tests.conftest import SAMPLES
 from tests.synth import late_entry_job, write_trace
-from traceanalyze.diagnose import RunEvidence, verdict
+from traceanalyze.diagnose import RunEvidence, imbalance, verdict
 from traceanalyze.findings import Finding
 from traceanalyze.options import Options
 from traceanalyze.pipeline import analyze
@@ -122,6 +124,25 @@ def test_waits_for_one_rank_are_never_no_significant_slowdown():
                         "straggler);")  # one percentage: the finding's own stays in its title
     ev5 = RunEvidence("r", "cpu", 2, None, ranks, [], 100_000.0, skew=_skew_one_wait(5_000.0, 100_000.0))
     assert verdict([low], [ev5]) == "No significant slowdown found: no finding reaches medium severity."
+
+
+def test_late_arrivals_once_per_skew():
+    """The arrivals are computed once per skew object (four callers a run): the same result again, a new one for
+    another skew or another mode, and the kept entry dropped with its skew."""
+    ranks = [{"rank": 0}, {"rank": 1}]
+    sk = _skew_one_wait(40_000.0, 100_000.0)
+    ev = RunEvidence("r", "cpu", 2, None, ranks, [], 100_000.0, skew=sk)
+    a = imbalance.late_arrivals(ev)
+    assert a is not None and a.late == [0] and a.impact == 40.0
+    assert imbalance.late_arrivals(ev) is a
+    ev.mode = "logs"  # an input it reads changed: computed again (no arrivals for a run without traces)
+    assert imbalance.late_arrivals(ev) is None
+    ev30 = RunEvidence("r", "cpu", 2, None, ranks, [], 100_000.0, skew=_skew_one_wait(30_000.0, 100_000.0))
+    assert imbalance.late_arrivals(ev30).impact == 30.0  # its own skew's figures, not the first one's
+    key = id(sk)
+    del ev, sk, a
+    gc.collect()
+    assert key not in imbalance._ARRIVALS
 
 
 @pytest.mark.parametrize("name", ["late_entry", "late_entry_1step"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -152,7 +153,32 @@ def _analysed(r: dict) -> np.ndarray:
     return use if use.any() else (r["step"] >= 0) & np.isfinite(r["step_time_us"])
 
 
+# late_arrivals(ev) per skew object (ev.skew): two rules, the late-entry test and the verdict each ask for it (four
+# times a run, ~10 ms of Python each on 8 ranks). Kept while the skew lives (weakref.finalize drops the entry), with
+# the other inputs it reads (the number of ranks, the mode) checked on each hit.
+_ARRIVALS: dict[int, tuple[tuple[int, str], Arrivals | None]] = {}
+
+
 def late_arrivals(ev: RunEvidence) -> Arrivals | None:
+    """:func:`_late_arrivals` of ``ev``, computed once per skew object (the callers only read the result)."""
+    sk = ev.skew
+    if sk is None:
+        return None
+    key = (len(ev.ranks), ev.mode)
+    hit = _ARRIVALS.get(id(sk))
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    a = _late_arrivals(ev)
+    if hit is None:  # the first time this skew is seen: its entry goes with it
+        try:
+            weakref.finalize(sk, _ARRIVALS.pop, id(sk), None)
+        except TypeError:  # an object without weak references (a test's stand-in): not kept
+            return a
+    _ARRIVALS[id(sk)] = (key, a)
+    return a
+
+
+def _late_arrivals(ev: RunEvidence) -> Arrivals | None:
     """The late ranks of the run from the arrivals at each collective instance (``ev.skew``,
     :mod:`traceanalyze.replay.skew`: per complete instance and rank, its arrival and its wait for the last arriver).
     Per counted step (every step with one when none is counted) and late rank L: each other rank's waits at the
