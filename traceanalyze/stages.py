@@ -90,6 +90,7 @@ def build_run(con: duckdb.DuckDBPyConnection, run_id: int, run: Run, role: str, 
     warnings: list[dict] = []
     good, headers, ranks, by_rank, grouping = place_files(con, run_id, run, loaded, warnings)
     store.materialize_steps(con, run_id)  # the steps every metric reads, computed once
+    metrics.breakdown.remember_kernel_classes(con, run_id)  # read by the collectives, the graph, the precision
     facts, gpu = checks.header_facts(run, headers, by_rank, good, options.gpu, warnings)
     mode = metrics.run_mode(con, run_id)
     con.execute("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -235,7 +236,7 @@ def analyses(con: duckdb.DuckDBPyConnection, run_id: int, run: Run, mode: str, f
     # the memory rows read only the events, the CPU ops and the steps: started first, beside the metrics
     memory_rows = memory_beside(con, run_id, n_rows) if good else None
     bg = ThreadPoolExecutor(max_workers=1) if n_rows <= OVERLAP_MAX_ROWS else None
-    cur = con.cursor()
+    cur = store.steps_cursor(con)  # idle and top kernels read the steps computed once, not the live macro
     idle_result = deferred(bg, idle.idle_breakdown, cur, run_id) if good and mode == "gpu" else None
     top_result = deferred(bg, metrics.top_kernels, cur, run_id) if good else None
     if bg is not None:
