@@ -90,7 +90,6 @@ def build_run(con: duckdb.DuckDBPyConnection, run_id: int, run: Run, role: str, 
     warnings: list[dict] = []
     good, headers, ranks, by_rank, grouping = place_files(con, run_id, run, loaded, warnings)
     store.materialize_steps(con, run_id)  # the steps every metric reads, computed once
-    metrics.breakdown.remember_kernel_classes(con, run_id)  # read by the collectives, the graph, the precision
     facts, gpu = checks.header_facts(run, headers, by_rank, good, options.gpu, warnings)
     mode = metrics.run_mode(con, run_id)
     con.execute("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",

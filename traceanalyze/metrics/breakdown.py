@@ -203,39 +203,11 @@ def kernel_classes(con: duckdb.DuckDBPyConnection, run_id: int) -> dict[str, str
     """Name -> class (``compute``, ``communication``, ``memory``) of the run's ``kernel``-category kernels.
 
     The ``kernel_class`` macro runs once per distinct name: its regex on every kernel row costs more than the
-    queries that then select kernels by name. Read from :func:`remember_kernel_classes`' table while the report
-    keeps it, else computed.
+    queries that then select kernels by name.
     """
-    mem, kept = _kept_classes(con)
-    if kept:
-        return dict(con.execute(f"SELECT name, klass FROM {mem}.main.kernel_classes WHERE run_id = ?",
-                                [run_id]).fetchall())
-    return dict(con.execute(_CLASSES_SQL, [run_id]).fetchall())
-
-
-_CLASSES_SQL = """SELECT k.name, kernel_class('kernel', k.name) AS klass FROM kernels k JOIN files f USING (file_id)
-    WHERE f.run_id = $1 AND k.cat = 'kernel' AND k.name IS NOT NULL GROUP BY k.name"""
-
-
-def _kept_classes(con: duckdb.DuckDBPyConnection) -> tuple[str, bool]:
-    """(the quoted name of :func:`traceanalyze.store.materialize_steps`' in-memory database, whether it holds
-    :func:`remember_kernel_classes`' table) in one query."""
-    db, kept = con.execute("SELECT current_database(), EXISTS (SELECT 1 FROM duckdb_tables() WHERE database_name = "
-                           "current_database() || '_steps' AND schema_name = 'main' AND "
-                           "table_name = 'kernel_classes')").fetchone()
-    return '"' + (db + "_steps").replace('"', '""') + '"', kept
-
-
-def remember_kernel_classes(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
-    """:func:`kernel_classes` of the run computed once for a report (the collectives, the replay's graph and the
-    precision mix each ask: ~15 ms each on 8 ranks), kept beside :func:`traceanalyze.store.materialize_steps`' steps
-    in its in-memory database, so :func:`traceanalyze.store.forget_steps` drops them with the steps after the report
-    (a caller's later query computes them live). Call it before the analyses: nothing changes the kernels later."""
-    mem, classes = _kept_classes(con)[0], _CLASSES_SQL.replace("$1", f"{run_id:d}")
-    con.execute(f"""ATTACH IF NOT EXISTS ':memory:' AS {mem};
-        CREATE TABLE IF NOT EXISTS {mem}.main.kernel_classes (run_id INTEGER, name VARCHAR, klass VARCHAR);
-        DELETE FROM {mem}.main.kernel_classes WHERE run_id = {run_id:d};
-        INSERT INTO {mem}.main.kernel_classes SELECT {run_id:d}, * FROM ({classes})""")
+    return dict(con.execute("""
+        SELECT k.name, kernel_class('kernel', k.name) FROM kernels k JOIN files f USING (file_id)
+        WHERE f.run_id = ? AND k.cat = 'kernel' AND k.name IS NOT NULL GROUP BY k.name""", [run_id]).fetchall())
 
 
 _CLASSES = ("compute", "communication", "memory")
