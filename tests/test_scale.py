@@ -194,15 +194,18 @@ def test_many_files_share_a_transaction_and_give_the_same_rows(tmp_path, monkeyp
             e["ts"] += 1000 * r
         head = {"distributedInfo": {"rank": r, "world_size": 5}, "baseTimeNanoseconds": 10**18 + r}
         (d / f"rank{r}.json").write_text(json.dumps({**head, "traceEvents": ev}))
-    calls = []
-    real_insert = load._insert_part
+    calls, commits = [], []
+    real_insert, real_commit = load._insert_part, load._Batch.commit
     monkeypatch.setattr(load, "_insert_part", lambda con, *a: calls.append(len(a[0])) or real_insert(con, *a))
+    monkeypatch.setattr(load._Batch, "commit", lambda self: commits.append(len(self.rows)) or real_commit(self))
     batched = analyze(d, Options(jobs=2))
-    assert calls == [5]
+    # one transaction; its files inserted in one INSERT or more (whenever the next parse was not done yet)
+    assert [n for n in commits if n] == [5] and sum(calls) == 5
     monkeypatch.setattr(load, "TRANSACTION_FILES", 1)
     calls.clear()
+    commits.clear()
     single = analyze(d, Options(jobs=2))
-    assert calls == [1] * 5
+    assert calls == [1] * 5 and [n for n in commits if n] == [1] * 5
     for t in ("files", "kernels", "cpu_ops", "comm_events", "threads"):
         q = f"SELECT * FROM {t} ORDER BY ALL"
         assert batched.con.execute(q).fetchall() == single.con.execute(q).fetchall(), t
