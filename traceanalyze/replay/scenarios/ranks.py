@@ -22,11 +22,13 @@ def _busy_us(g: gr.Graph) -> dict[int, float]:
     between them, waits left out), µs."""
     width = int(g.step.max(initial=0)) + 2
     counted = np.array([r * width + s for r, s, _, _, c in g.steps if c], dtype=np.int64)
-    key = g.rank * width + g.step
-    sel = np.flatnonzero((g.kind == gr.K_HOST) & (g.step >= 0) & np.isin(key, counted))
+    cand = np.flatnonzero((g.kind == gr.K_HOST) & (g.step >= 0))  # the keys and their test on host tasks only
+    key = g.rank[cand] * width + g.step[cand]
+    hit = np.isin(key, counted)
+    sel = cand[hit]
     if sel.size == 0:
         return {}
-    keys, inv = np.unique(key[sel], return_inverse=True)
+    keys, inv = np.unique(key[hit], return_inverse=True)
     per = np.bincount(inv.reshape(-1), weights=g.chain_dur[sel] + g.chain_gap[sel])
     out: dict[int, list[float]] = {}
     for k, v in zip((keys // width).tolist(), per.tolist(), strict=True):
