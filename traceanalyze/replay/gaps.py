@@ -29,11 +29,13 @@ DISPATCH_US = 10.0  # gaps between a stream's kernels shorter than this are devi
 HOST_LABELS = (-1, gr.GAP_LABELS.index("host"))  # gap labels whose long kept gaps are unexplained (not modelled work)
 
 
-def unexplained_us(g: gr.Graph, cg: np.ndarray) -> np.ndarray:
+def unexplained_us(g: gr.Graph, cg: np.ndarray, idx: np.ndarray | None = None) -> np.ndarray:
     """Per task, the µs of its chain gap ``cg`` (the graph's, or a rewrite's) that is unexplained idle (module
-    docstring); float array of the graph's task count."""
-    dev = np.isin(g.kind, gr.GPU_KINDS) & (g.kind != gr.K_COLL) & (cg >= DISPATCH_US)
-    host = (g.kind == gr.K_HOST) & np.isin(g.gap_label, HOST_LABELS) & (cg >= gr.WAIT_GAP_US)
+    docstring); float array of the graph's task count, or with ``idx`` (task ids) of those tasks only."""
+    kind, label = (g.kind, g.gap_label) if idx is None else (g.kind[idx], g.gap_label[idx])
+    cg = cg if idx is None else cg[idx]
+    dev = np.isin(kind, gr.GPU_KINDS) & (kind != gr.K_COLL) & (cg >= DISPATCH_US)
+    host = (kind == gr.K_HOST) & np.isin(label, HOST_LABELS) & (cg >= gr.WAIT_GAP_US)
     return np.where(dev | host, np.clip(cg, 0, None), 0.0)
 
 
@@ -96,7 +98,7 @@ def on_path_pct(g: gr.Graph, rp: simulate.Replay, cg: np.ndarray, counted: set[t
     mark = simulate.on_critical_paths(rp, ends)
     binding = rp.binding  # type: ignore[attr-defined]
     sel = np.flatnonzero(mark & (binding == np.arange(binding.size) - 1) & (g.step >= 0))
-    kept = unexplained_us(g, cg)[sel]
+    kept = unexplained_us(g, cg, sel)
     sel, kept = sel[kept > 0], kept[kept > 0]
     width = int(g.step.max(initial=0)) + 1
     keys, inv = np.unique(g.rank[sel].astype(np.int64) * width + g.step[sel], return_inverse=True)

@@ -138,6 +138,25 @@ def _late_pricer(pr: _Pricer, ctx: dict, base: Arrays, measured: dict, err: floa
     return price
 
 
+def _after_build(con: duckdb.DuckDBPyConnection, g: gr.Graph, gpu: GpuInfo | None,
+                 beside: bool) -> Callable[[], tuple[dict, dict] | None]:
+    """The build's temporaries released (~100 MB of fragmented heap at 1,024 ranks), then, with ``beside`` on a GPU
+    run, its what-if contexts (:func:`_gpu_contexts`) started on a cursor and thread of their own: their queries
+    (the optimizer's ranges, the casts' shapes) free the GIL while the main thread replays the graph. Returns the
+    wait for them; else a callable that returns None. Not for a run in turn (``beside`` False: its memory at
+    1,024 ranks)."""
+    release_free_memory()
+    if g.mode == "gpu" and beside:
+        return on_own_cursor(con, _gpu_contexts, g, gpu, name="traceanalyze-contexts")
+    return lambda: None
+
+
+def _gpu_contexts(con: duckdb.DuckDBPyConnection, g: gr.Graph, gpu: GpuInfo | None) -> tuple[dict, dict]:
+    """A GPU run's what-if contexts: (:func:`.precision.context`, :func:`.optimizer.context`)."""
+    prec = precision.context(con, g, gpu)
+    return prec, optimizer.context(con, g, prec["peaks"])
+
+
 def _longest(times: dict[tuple[int, int], float], counted: set[tuple[int, int]]) -> dict[int, float]:
     """Step -> its longest time over the ranks, of the counted (rank, step) times."""
     return longest_per_step((s, t) for (r, s), t in times.items() if (r, s) in counted)
@@ -174,7 +193,7 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_siz
         HTML report.
     """
     g = gr.build(con, run_id, mode, world_size, clock_offsets_us, threads=build_threads, calls=calls)
-    release_free_memory()  # the build's temporaries: ~100 MB of fragmented heap at 1,024 ranks
+    contexts = _after_build(con, g, gpu, beside=build_threads is not None)
     results: list[list] = []
     sk = skew.collective_skew(con, g)  # who waited for whom: the instances as the graph matched them
     write = _Writes(con, g, run_id, sk, results, drop_cache=build_threads is None)  # one thread: a run in turn
@@ -187,6 +206,7 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_siz
     m_long, b_long = _longest(measured, counted), _longest(base_t, counted)
     m_run, b_run = median(m_long.values()), median(b_long.values())
     if m_run is None or b_run is None:
+        contexts()
         if defer is None:
             write()
         return {}, [], {}
@@ -201,8 +221,7 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_siz
     if ctx["core_sharing"]:
         replay_model["core_sharing"] = core_sharing
     if mode == "gpu":
-        ctx["prec"] = precision.context(con, g, gpu)
-        ctx["opt"] = optimizer.context(con, g, ctx["prec"]["peaks"])
+        ctx["prec"], ctx["opt"] = contexts() or _gpu_contexts(con, g, gpu)
     replay_model.update(left_out=_left_out(g, ctx), unexplained_gaps=gaps.summary(g, counted))
     replay_model["collective_skew"] = sk  # not for the JSON: the caller takes it out (traceanalyze.pipeline)
     picture = _picture(g, base, measured, counted, m_long, sk)  # now: base (3 graph-sized arrays) is not held below
