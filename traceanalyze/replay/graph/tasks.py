@@ -104,10 +104,12 @@ def host_tasks(con, rc: RunClock, fids: list[int], dev_keys: np.ndarray | None =
 
     args = [*_flag_args([rc.run_id]), fids]
     if rc.mode == "gpu":
+        rows = """FROM cpu_ops c JOIN files f USING (file_id)
+            WHERE f.run_id = $1 AND f.rank IS NOT NULL AND f.file_id IN (SELECT unnest($%d))
+              AND c.cat IN ('cuda_runtime', 'cuda_driver')"""
         h = fetch_arrow(con, f"""SELECT c.file_id, c.pid, c.tid, c.ts_ns, c.dur_ns, c.correlation, c.name, {_FLAG}
-            FROM cpu_ops c JOIN files f USING (file_id)
-            WHERE f.run_id = $1 AND f.rank IS NOT NULL AND f.file_id IN (SELECT unnest($4))
-              AND c.cat IN ('cuda_runtime', 'cuda_driver')""", args, hash_names=True)
+            {rows % 4}""", args, hash_names=(f"SELECT c.name {rows % 2}", [rc.run_id, fids]))
+        # (the distinct names from the same rows without _FLAG's mark joins: fetch_arrow)
         h = _fold_calls(h, np.zeros(0, np.int64) if dev_keys is None else dev_keys)
         idle = h.pop("idle")
     else:
@@ -165,13 +167,15 @@ def device_tasks(con, rc: RunClock, fids: list[int], comm: list[str]) -> dict:
     """Task columns of the GPU runs' kernels, memcpys and memsets; NCCL kernels are collectives, and ``ext`` is the
     launching op's code (:func:`.labels.precision_classes`): 0 none or not fp32, bit 0 fp32 inputs, bit 1 on autocast's
     fp32 list, bit 2 in place."""
-    k = fetch_arrow(con, """SELECT k.file_id, CASE k.cat WHEN 'gpu_memcpy' THEN 1 WHEN 'gpu_memset' THEN 2
+    rows = """FROM kernels k JOIN files f USING (file_id)
+        WHERE f.run_id = $1 AND f.rank IS NOT NULL AND f.file_id IN (SELECT unnest($%d))
+          AND k.cat IN ('kernel', 'gpu_memcpy', 'gpu_memset')"""
+    # the distinct names read from the same rows without the comm list's mark join (fetch_arrow)
+    k = fetch_arrow(con, f"""SELECT k.file_id, CASE k.cat WHEN 'gpu_memcpy' THEN 1 WHEN 'gpu_memset' THEN 2
                ELSE 0 END AS catc, k.name, k.device, k.stream, k.ts_ns, k.dur_ns, k.correlation,
                k.cat = 'kernel' AND k.name IN (SELECT unnest($2)) AS comm, k.external_id,
                k.cat = 'kernel' AND k.external_id IS NOT NULL AS has_op
-        FROM kernels k JOIN files f USING (file_id)
-        WHERE f.run_id = $1 AND f.rank IS NOT NULL AND f.file_id IN (SELECT unnest($3))
-          AND k.cat IN ('kernel', 'gpu_memcpy', 'gpu_memset')""", [rc.run_id, comm, fids], hash_names=True)
+        {rows % 3}""", [rc.run_id, comm, fids], hash_names=(f"SELECT k.name {rows % 2}", [rc.run_id, fids]))
     cat = np.asarray(k["catc"], np.int64)
     fid = np.asarray(k["file_id"], np.int64)
     opcode = _launching_op_codes(con, rc, fids, fid, np.asarray(k.pop("external_id"), np.int64),
