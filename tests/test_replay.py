@@ -737,7 +737,8 @@ def test_streams_visited_in_forward_order():
 def test_launching_ops_grouped_and_names_read_as_hashes(monkeypatch):
     """``_by_op`` sorts the fp32 ops by (file, External id) and ORs the codes of one id, as the GROUP BY it
     replaces did; a query's names read as hashes (``fetch_arrow(hash_names=True)``, or with the distinct names read
-    by a query of their own) give the codes and sorted names the strings give, and two names of one hash fall back to the strings."""
+    by a query of their own) give the codes and sorted names the strings give, and two names of one hash fall back
+    to the strings."""
     import duckdb
     import numpy as np
 
