@@ -736,9 +736,8 @@ def test_streams_visited_in_forward_order():
 
 def test_launching_ops_grouped_and_names_read_as_hashes(monkeypatch):
     """``_by_op`` sorts the fp32 ops by (file, External id) and ORs the codes of one id, as the GROUP BY it
-    replaces did; a query's names read as hashes (``fetch_arrow(hash_names=True)``, or with the distinct names read
-    by a query of their own) give the codes and sorted names the strings give, and two names of one hash fall back
-    to the strings."""
+    replaces did; a query's names read as hashes (``fetch_arrow(hash_names=True)``) give the codes and sorted names
+    the strings give, and two names of one hash fall back to the strings."""
     import duckdb
     import numpy as np
 
@@ -755,10 +754,6 @@ def test_launching_ops_grouped_and_names_read_as_hashes(monkeypatch):
     assert strings["name"][0].tolist() == hashed["name"][0].tolist() == [0, 3, 1, 2]
     assert strings["name"][1].to_pylist() == hashed["name"][1].to_pylist() == ["a", "b", "c", None]
     assert hashed["x"].tolist() == [2, 3, 4, 5]
-    # the distinct names read by a query of their own over the same rows: the same codes and names
-    by_names = source.fetch_arrow(con, sql, [1], hash_names=("SELECT name FROM k WHERE x > $1", [1]))
-    assert by_names["name"][0].tolist() == [0, 3, 1, 2]
-    assert by_names["name"][1].to_pylist() == ["a", "b", "c", None]
     monkeypatch.setattr(source, "_hashed_names", lambda *a: None)  # a collision: the strings are read
     assert source.fetch_arrow(con, sql, [1], hash_names=True)["name"][0].tolist() == [0, 3, 1, 2]
 

@@ -18,7 +18,7 @@ def fetch(con, sql: str, params: list) -> dict[str, np.ndarray]:
     return con.execute(sql, params).fetchnumpy()
 
 
-def fetch_arrow(con, sql: str, params: list, hash_names: bool | tuple[str, list] = False) -> dict:
+def fetch_arrow(con, sql: str, params: list, hash_names: bool = False) -> dict:
     """Columns of a query: ``name`` as (per row: index into the distinct names, the distinct names, sorted, as an
     Arrow string array), the others as NumPy arrays with NULL read as 0. The result streams from DuckDB in batches
     of :data:`FETCH_BATCH_ROWS`, each converted as it comes: the whole result never exists as Arrow (at 1,024 ranks
@@ -28,16 +28,14 @@ def fetch_arrow(con, sql: str, params: list, hash_names: bool | tuple[str, list]
     it): the rows read each name's 64-bit DuckDB hash, not its string, and a second query over the same rows reads
     the distinct names once (:func:`_hashed_names`): DuckDB hashes its dictionary-compressed strings without
     making them, where a string column costs its copy into Arrow and a dictionary encode per batch (the 256-rank
-    set's 308k kernels: 0.04 s of CPU against 0.01 s). ``hash_names`` may be (a query, its parameters) whose rows'
-    ``name`` are exactly the names of ``sql``'s rows, read for the distinct names in place of ``sql``: one without
-    the columns that ``sql`` computes from ``IN`` lists (DuckDB keeps a mark join per list even where the column is
-    not read: the 256-rank set's runtime calls' distinct names cost 17 ms of CPU through them, 9 ms without)."""
+    set's 308k kernels: 0.04 s of CPU against 0.01 s). Such a query had better not compute a column from an ``IN``
+    list: DuckDB keeps its mark join in the distinct names' query, which does not read the column (the 256-rank
+    set's runtime calls: 17 ms of CPU through two lists, 9 ms without)."""
     import pyarrow as pa
 
     con.complete()  # DuckDB 2 refuses a new query while a DB-API result of this connection is unfinished
     if hash_names:
-        names_sql, names_params = hash_names if isinstance(hash_names, tuple) else (sql, params)
-        out = _hashed_names(con, sql, params, names_sql, names_params)
+        out = _hashed_names(con, sql, params)
         if out is not None:
             return out
         con.complete()
@@ -67,14 +65,13 @@ def _numpy_column(a) -> np.ndarray:
     return a.to_numpy(zero_copy_only=False, writable=True)
 
 
-def _hashed_names(con, sql: str, params: list, names_sql: str, names_params: list) -> dict | None:
-    """:func:`fetch_arrow` of ``sql`` with ``name`` read as hashes, then coded against the distinct names of
-    ``names_sql`` (the same rows' names); None where two distinct names share a hash (the caller then reads the
-    strings)."""
+def _hashed_names(con, sql: str, params: list) -> dict | None:
+    """:func:`fetch_arrow` of ``sql`` with ``name`` read as hashes, then coded against the distinct names; None
+    where two distinct names share a hash (the caller then reads the strings)."""
     import pyarrow as pa
 
-    names = con.sql(f"SELECT hash(name) AS h, name FROM (SELECT DISTINCT name FROM ({names_sql}))",
-                    params=names_params).to_arrow_table()
+    names = con.sql(f"SELECT hash(name) AS h, name FROM (SELECT DISTINCT name FROM ({sql}))",
+                    params=params).to_arrow_table()
     name = pc.cast(names.column("name").combine_chunks(), pa.string())
     hashes = names.column("h").to_numpy()
     if np.unique(hashes).size != hashes.size:
