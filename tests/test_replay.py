@@ -211,13 +211,25 @@ def _graphs_equal(a, b) -> list[str]:
 
 
 @pytest.mark.parametrize("kind", ["gpu", "cpu"])
-def test_graph_built_rank_by_rank_is_the_graph_built_at_once(tmp_path, kind):
+def test_graph_built_rank_by_rank_is_the_graph_built_at_once(tmp_path, kind, monkeypatch):
     """graph.build reads the ranks in chunks of at most max_chunk_events events (bounded memory at 1,024 ranks);
     a chunk per rank gives the same tasks, edges, steps, categories and collective instances as one chunk, and so
-    do chunks built on two threads at once (each on its own cursor), and an even split over two threads."""
+    do chunks built on two threads at once (each on its own cursor), and an even split over two threads. The
+    categories a chunk calls all zero (joined unread) are all zero."""
     from tests.synth import write_trace
     from traceanalyze.replay import graph as gr
-    from traceanalyze.replay.graph import builder, source
+    from traceanalyze.replay.graph import builder, labels, source
+
+    zeros: list[dict[str, set[str]]] = []
+
+    def checked(*args):
+        out = labels.categories(*args)
+        for i, k in enumerate(("cover", "gap_cover")):
+            assert not any(out[i][cat].any() for cat in out[3][k])
+        zeros.append(out[3])
+        return out
+
+    monkeypatch.setattr(builder, "categories", checked)
 
     if kind == "gpu":
         for r, delay in ((0, 0.0), (1, 3000.0), (2, 10.0)):
@@ -243,6 +255,12 @@ def test_graph_built_rank_by_rank_is_the_graph_built_at_once(tmp_path, kind):
     assert _graphs_equal(whole, by_rank) == []
     assert _graphs_equal(whole, threaded) == []
     assert _graphs_equal(whole, halves) == []
+    # GPU runs: no range of any kind, fp32 GEMMs (a kernel's cover); CPU runs: the dataloader, optimizer and fp32
+    # matrix-math ranges of the straggler sample are not zero
+    assert zeros[0] == {"gpu": {"cover": {*labels.CATEGORIES} - {"matmul_fp32"},
+                                "gap_cover": {*labels.CATEGORIES} - {"launch"}},
+                        "cpu": {"cover": {"compile", "allocator", "launch"},
+                                "gap_cover": {"compile", "allocator"}}}[kind]
 
 
 def _event_wait_rank(rows: str, early_wait: bool = False) -> list[dict]:

@@ -229,11 +229,11 @@ def _build_chunk(con, rc: RunClock, fids: list[int], st: dict[str, np.ndarray], 
     wait_edges(t, rc.mode, edges, cg)
     # categories: host time under dataloader / compile / optimizer ranges and fp32 matmuls (CPU runs)
     prec = precision_classes(t) if rc.mode == "gpu" else np.zeros(t.n, np.int8)  # GPU runs only
-    cover, gap_cover, gap_label = categories(con, rc, t, fids, prec)
+    cover, gap_cover, gap_label, zero = categories(con, rc, t, fids, prec)
     coll = t.kind == K_COLL
     return dict(n=t.n, rank=t.rank, res=t.res, kind=t.kind, name=(t.name_code, t.names), step=step, start=t.start,
                 dur=t.dur, gap=t.gap, first=t.first, cg=cg, cd=cd, gap_label=gap_label, cover=cover,
-                event_waits=event_waits, prec=prec, events=events,
+                event_waits=event_waits, prec=prec, events=events, zero=zero,
                 gap_cover=gap_cover, dep=edges.arrays(), steps=steps, res_names=t.res_names,
                 coll_fid=t.cols["fid"][coll], coll_ts=rc.abs_ns(t.rel[coll], t.rank[coll]))
 
@@ -267,6 +267,7 @@ def _join_chunks(chunks: list[dict]) -> dict:
         out[k] = {}
         for cat in list(chunks[0][k]):
             arrs = [c[k].pop(cat) for c in chunks]
-            # all-zero categories stay calloc'd zeros (no memory until written)
-            out[k][cat] = np.concatenate(arrs) if any(a.any() for a in arrs) else np.zeros(int(base[-1]))
+            # all-zero categories stay calloc'd zeros (no memory until written); a chunk's known zeros unread
+            nonzero = any(a.any() for a, c in zip(arrs, chunks, strict=True) if cat not in c["zero"][k])
+            out[k][cat] = np.concatenate(arrs) if nonzero else np.zeros(int(base[-1]))
     return out

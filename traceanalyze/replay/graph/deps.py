@@ -163,9 +163,11 @@ def _stream_waits(con, rc: RunClock, t: Tasks, dev: np.ndarray, fids: list[int])
     rank = rc.rank_of(np.asarray(w["file_id"], np.int64))
     corr = np.asarray(w["corr"], np.int64)
     rkey = (rank << T_SHIFT) + corr
-    o = np.argsort(rkey, kind="stable")  # the calls in (rank, correlation) order
-    w = {k: v[o] for k, v in w.items()}
-    rank, corr, rkey = rank[o], corr[o], rkey[o]
+    if rkey.size > 1 and (rkey[1:] < rkey[:-1]).any():  # the calls in (rank, correlation) order (as the query
+        # orders them wherever file ids ascend with ranks: then nothing is copied)
+        o = np.argsort(rkey, kind="stable")
+        w = {k: v[o] for k, v in w.items()}
+        rank, corr, rkey = rank[o], corr[o], rkey[o]
     is_wait = np.asarray(w["is_wait"], bool)
     wi = np.flatnonzero(is_wait)
     if not wi.size:

@@ -63,9 +63,11 @@ def precision_classes(t: Tasks) -> np.ndarray:
 
 
 def categories(con, rc: RunClock, t: Tasks, fids: list[int], prec: np.ndarray
-                ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], np.ndarray]:
-    """µs of each host task and of the gap before it under each category (the package docstring), and each gap's label;
-    ``prec``: :func:`precision_classes` (GPU runs: the fp32 matrix-math kernels are ``matmul_fp32``)."""
+                ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], np.ndarray, dict[str, set[str]]]:
+    """µs of each host task and of the gap before it under each category (the package docstring), each gap's label,
+    and the categories known all zero without a scan (``{"cover": ..., "gap_cover": ...}``: calloc'd zeros, which
+    :func:`.builder._join_chunks` joins without reading); ``prec``: :func:`precision_classes` (GPU runs: the fp32
+    matrix-math kernels are ``matmul_fp32``)."""
     run_id, mode, origin, off_ns, world = rc.run_id, rc.mode, rc.origin, rc.off_ns, rc.world
     res, rk, kind, flag = t.res, t.rk, t.kind, t.cols["flag"]
     start, end, gap, first = t.start, t.end, t.gap, t.first
@@ -127,9 +129,11 @@ def categories(con, rc: RunClock, t: Tasks, fids: list[int], prec: np.ndarray
         cover[cname][sub] = np.where(host_s, c_task, 0.0)
         gap_cover[cname][sub] = np.where(first_gap_s, np.clip(c_gap, 0, None), 0.0)
     # the fp32 matrix-math kernels (GPU runs: GEMM, convolution, attention on CUDA cores): the whole kernel
+    zero_cover = {*zero, "launch"}  # the task covers known all zero (calloc'd: _join_chunks reads none of them)
     if mode == "gpu":
         fp32 = np.isin(prec, (P_MM_FP32, P_ATTN_FP32))
         cover["matmul_fp32"] = np.where(fp32, end - start, 0.0) if fp32.any() else np.zeros(n)
+        zero_cover = (zero_cover - {"matmul_fp32"}) | (set() if fp32.any() else {"matmul_fp32"})
     # launch overhead: the gap between two kernel launches of one thread, outside dataloader/compile ranges
     is_launch = flag == 2
     prev_launch = np.concatenate([[False], is_launch[:-1]])
@@ -137,7 +141,7 @@ def categories(con, rc: RunClock, t: Tasks, fids: list[int], prec: np.ndarray
     gap_cover["launch"] = np.where(lg, np.clip(gap - gap_cover["dataloader"] - gap_cover["compile"]
                                                - gap_cover["allocator"], 0, None), 0.0)
     cover["launch"] = np.zeros(n)
-    return cover, gap_cover, _gap_labels(gap_cover, zero, gap, ~host | first)
+    return cover, gap_cover, _gap_labels(gap_cover, zero, gap, ~host | first), {"cover": zero_cover, "gap_cover": zero}
 
 
 def _gap_labels(gap_cover: dict[str, np.ndarray], zero: set[str], gap: np.ndarray, none: np.ndarray) -> np.ndarray:

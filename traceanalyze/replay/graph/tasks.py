@@ -32,17 +32,13 @@ from traceanalyze.replay.graph.source import (
     unique_rows,
 )
 
-# host-row flag computed by DuckDB (a Python pass over 500k names costs seconds): 1 sync, 2 launch, 3 gloo
-_FLAG = ("CASE WHEN c.name IN (SELECT unnest($2)) THEN 1 WHEN c.name IN (SELECT unnest($3)) THEN 2 "
-         "WHEN c.name LIKE 'gloo:%' THEN 3 ELSE 0 END AS flag")
-
 
 @dataclass
 class Tasks:
     """Every task of the run in resource order (the graph's task ids), as :func:`order_tasks` sorts them.
 
     ``cols``: the source columns read after the sort (``rank``, ``kind``, ``corr``, ``fid``, ``ext`` (the launching
-    op's fp32 code, or a marker's step), ``flag`` (:data:`_FLAG`), ``idle``); ``rk``: 0 host, 1 stream, 2 gloo
+    op's fp32 code, or a marker's step), ``flag`` (:func:`_name_flags`), ``idle``); ``rk``: 0 host, 1 stream, 2 gloo
     thread. ``uniq``: the resources' keys (rank, rk, a, b), ``res`` each task's index into them;
     ``rel``: start in ns since the run's start; ``start``/``dur``/``end``/``gap`` in µs; ``first``: the first task
     of its resource.
@@ -102,26 +98,28 @@ def host_tasks(con, rc: RunClock, fids: list[int], dev_keys: np.ndarray | None =
     with the ``gloo:*`` ranges as collectives on their own threads. ``idle``: µs since the thread's previous call
     (folded calls included), +inf where unknown."""
 
-    args = [*_flag_args([rc.run_id]), fids]
+    # the names as codes into the distinct names (fetch_arrow): each row's flag is its name's (_name_flags)
     if rc.mode == "gpu":
-        h = fetch_arrow(con, f"""SELECT c.file_id, c.pid, c.tid, c.ts_ns, c.dur_ns, c.correlation, c.name, {_FLAG}
+        h = fetch_arrow(con, """SELECT c.file_id, c.pid, c.tid, c.ts_ns, c.dur_ns, c.correlation, c.name
             FROM cpu_ops c JOIN files f USING (file_id)
-            WHERE f.run_id = $1 AND f.rank IS NOT NULL AND f.file_id IN (SELECT unnest($4))
-              AND c.cat IN ('cuda_runtime', 'cuda_driver')""", args, hash_names=True)
+            WHERE f.run_id = $1 AND f.rank IS NOT NULL AND f.file_id IN (SELECT unnest($2))
+              AND c.cat IN ('cuda_runtime', 'cuda_driver')""", [rc.run_id, fids], hash_names=True)
+        h["flag"] = _name_flags(h["name"][1])[h["name"][0]]
         h = _fold_calls(h, np.zeros(0, np.int64) if dev_keys is None else dev_keys)
         idle = h.pop("idle")
     else:
-        h = fetch_arrow(con, f"""SELECT c.file_id, c.pid, c.tid, c.ts_ns, c.dur_ns, c.correlation, c.name, {_FLAG}
+        h = fetch_arrow(con, """SELECT c.file_id, c.pid, c.tid, c.ts_ns, c.dur_ns, c.correlation, c.name
             FROM cpu_ops c JOIN files f USING (file_id)
-            WHERE f.run_id = $1 AND f.rank IS NOT NULL AND f.file_id IN (SELECT unnest($4))
+            WHERE f.run_id = $1 AND f.rank IS NOT NULL AND f.file_id IN (SELECT unnest($2))
               AND c.cat IN ('cpu_op', 'user_annotation') AND profiler_step(c.cat, c.name) IS NULL
-            ORDER BY c.file_id, c.pid, c.tid, c.ts_ns, c.dur_ns DESC""", args)
+            ORDER BY c.file_id, c.pid, c.tid, c.ts_ns, c.dur_ns DESC""", [rc.run_id, fids])
         # top-level ops of each thread: those that start after every earlier op of the thread ended
         thr = _thread_codes(h["file_id"], h["pid"], h["tid"])
         ts = np.asarray(h["ts_ns"], np.int64) - rc.origin
         end = ts + np.asarray(h["dur_ns"], np.int64)
         top = ts >= _seg_cummax_excl(np.clip(end, 0, (1 << T_SHIFT) - 1), thr)
         h = {k: ((v[0][top], v[1]) if k == "name" else v[top]) for k, v in h.items()}
+        h["flag"] = _name_flags(h["name"][1])[h["name"][0]]
         idle = np.full(int(top.sum()), np.inf)
     flag = np.asarray(h["flag"], np.int64)
     coll = (flag == 3) & (rc.mode != "gpu")
@@ -166,18 +164,20 @@ def device_tasks(con, rc: RunClock, fids: list[int], comm: list[str]) -> dict:
     launching op's code (:func:`.labels.precision_classes`): 0 none or not fp32, bit 0 fp32 inputs, bit 1 on autocast's
     fp32 list, bit 2 in place."""
     k = fetch_arrow(con, """SELECT k.file_id, CASE k.cat WHEN 'gpu_memcpy' THEN 1 WHEN 'gpu_memset' THEN 2
-               ELSE 0 END AS catc, k.name, k.device, k.stream, k.ts_ns, k.dur_ns, k.correlation,
-               k.cat = 'kernel' AND k.name IN (SELECT unnest($2)) AS comm, k.external_id,
+               ELSE 0 END AS catc, k.name, k.device, k.stream, k.ts_ns, k.dur_ns, k.correlation, k.external_id,
                k.cat = 'kernel' AND k.external_id IS NOT NULL AS has_op
         FROM kernels k JOIN files f USING (file_id)
-        WHERE f.run_id = $1 AND f.rank IS NOT NULL AND f.file_id IN (SELECT unnest($3))
-          AND k.cat IN ('kernel', 'gpu_memcpy', 'gpu_memset')""", [rc.run_id, comm, fids], hash_names=True)
-    cat = np.asarray(k["catc"], np.int64)
+        WHERE f.run_id = $1 AND f.rank IS NOT NULL AND f.file_id IN (SELECT unnest($2))
+          AND k.cat IN ('kernel', 'gpu_memcpy', 'gpu_memset')""", [rc.run_id, fids], hash_names=True)
     fid = np.asarray(k["file_id"], np.int64)
     opcode = _launching_op_codes(con, rc, fids, fid, np.asarray(k.pop("external_id"), np.int64),
                                  np.asarray(k.pop("has_op"), bool))
     cat = np.asarray(k["catc"], np.int64)
-    kind = np.where(np.asarray(k["comm"], bool), K_COLL,
+    # a collective: a kernel (catc 0) of a communication kernel's name, found per name, not per row (the list as a
+    # join in the query cost 1-3 ms of CPU per 300k kernels)
+    comm_names = set(comm)
+    is_comm = np.array([n in comm_names for n in k["name"][1].to_pylist()], bool)
+    kind = np.where((cat == 0) & is_comm[k["name"][0]], K_COLL,
                     np.where(cat == 1, K_MEMCPY, np.where(cat == 2, K_MEMSET, K_KERNEL)))
     return dict(rank=rc.rank_of(np.asarray(k["file_id"], np.int64)), rk=np.ones(cat.size, np.int64),
                 a=np.asarray(k["device"], np.int64), b=np.asarray(k["stream"], np.int64), kind=kind,
@@ -365,8 +365,13 @@ def steps_by_anchor(t: Tasks, steps: list[tuple[int, int, int, int, bool]], anch
     return np.where(is_marker, step, np.where(inside, sb[jc, 3].astype(np.int64), -1))
 
 
-def _flag_args(run: list) -> list:
-    return [*run, list(SYNC_CALLS), list(LAUNCH_CALLS)]
+def _name_flags(names) -> np.ndarray:
+    """Per distinct name (an Arrow string array, :func:`.source.fetch_arrow`), a host row's ``flag``: 1 a
+    synchronize (:data:`SYNC_CALLS`), 2 a launch (:data:`LAUNCH_CALLS`), 3 a gloo range (``gloo:*``), else 0. Found
+    per name, not per row: in the query, each list was a join of its own (5-9 ms of CPU per 300k runtime calls)."""
+    sync, launch = set(SYNC_CALLS), set(LAUNCH_CALLS)
+    return np.array([1 if n in sync else 2 if n in launch else 3 if n is not None and n.startswith("gloo:") else 0
+                     for n in names.to_pylist()], np.int64)
 
 
 def _seg_cummax_excl(values: np.ndarray, seg: np.ndarray) -> np.ndarray:
