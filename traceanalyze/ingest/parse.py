@@ -831,7 +831,9 @@ def _coalesce(first: pa.Array, second: pa.Array) -> pa.Array:
 
 
 _KIND_CODE = {c: i for i, c in enumerate([*GPU_CATS, *CPU_CATS, *SYNC_CATS])}  # Kineto category -> its code
-_KIND_VALUES = pa.array(list(GPU_CATS.values()) + [v or "" for v in CPU_CATS.values()] + list(SYNC_CATS.values()))
+# typed: a list whose type pyarrow infers imports dateutil (~1 ms) to look for its relativedelta
+_KIND_VALUES = pa.array(list(GPU_CATS.values()) + [v or "" for v in CPU_CATS.values()] + list(SYNC_CATS.values()),
+                        pa.string())
 # by code: the table of its rows (0 kernels, 1 cuda_syncs, 2 cpu_ops), the order of a batch's rows in convert()
 _TABLE_OF = np.array([0 if c in GPU_CATS else 1 if c in SYNC_CATS else 2 for c in _KIND_CODE], dtype=np.int8)
 _KEPT_CATS = frozenset(c for c, v in {**GPU_CATS, **CPU_CATS, **SYNC_CATS}.items() if v)
