@@ -187,6 +187,28 @@ def test_checkpoint_meanwhile_moves_the_write_ahead_log_into_the_file(tmp_path):
     con.close()
 
 
+
+def test_close_meanwhile_checkpoints_then_closes_the_database(tmp_path):
+    """The report command's database: its log moved into the file and the connection closed on a thread; the file
+    then opens again with every row."""
+    import duckdb
+
+    from traceanalyze.cli import _close_meanwhile
+
+    db = tmp_path / "r.duckdb"
+    con = connect(db)
+    con.execute("SET checkpoint_threshold = '1GB'")
+    con.execute("INSERT INTO warnings SELECT NULL, 'f', 'message ' || i::VARCHAR FROM range(20000) t(i)")
+    wal = tmp_path / "r.duckdb.wal"
+    assert wal.exists() and wal.stat().st_size > 100_000
+    _close_meanwhile(con)()
+    assert not wal.exists()
+    with pytest.raises(duckdb.ConnectionException):
+        con.execute("SELECT 1")
+    again = duckdb.connect(str(db), read_only=True)
+    assert again.execute("SELECT count(*) FROM warnings").fetchone()[0] == 20000
+    again.close()
+
 def test_transaction_commits_the_block_or_rolls_it_back(tmp_path):
     import duckdb
 
