@@ -108,20 +108,9 @@ def synced_ms(pair: str, side: str) -> float | None:
         return None
     t = json.loads((CUR / pair / side / "truth_side.json").read_text())
     loop = t.get("profiled_loop_ms") or []
-    sch = t.get("schedule") or _capture_schedule(CUR / pair / side)
+    sch = t.get("schedule") or {"wait": WAIT_STEPS, "warmup": 2, "active": 4}  # record_allocator.py states its own
     vals = loop[:sch["wait"]] + loop[sch["wait"] + sch["warmup"] + sch["active"]:]
     return statistics.median(vals) if vals else None
-
-
-def _capture_schedule(folder: Path) -> dict:
-    """The profiler schedule the side ran: record_allocator.py's differs (wait 1, warmup 1, active 8); capture.profile
-    states it in ``steps_rank0.json``, and record_gpu.py's default is wait 2, warmup 2, active 4."""
-    steps = folder / "steps_rank0.json"
-    if steps.exists():
-        sch = json.loads(steps.read_text()).get("schedule")
-        if sch:
-            return sch
-    return {"wait": WAIT_STEPS, "warmup": 2, "active": 4}
 
 
 def high_findings(model: dict, kinds: tuple[str, ...]) -> list[str]:
