@@ -148,6 +148,23 @@ def _truth_saving(side: str, opt: Path = H100_OPT) -> float:
     return 100 * (1 - ms(side) / ms("slow"))
 
 
+def _rewritten_step_us(a, run_id: int, gpu: str) -> float:
+    """The median of counted steps 4-6 replayed with the fused rewrite on the profiled graph (µs)."""
+    g = gr.build(a.con, run_id, "gpu", 1)
+    oc = optimizer.context(a.con, g, gpu_peaks(GpuInfo(gpu, (9, 0))))
+    d, cg = optimizer.rewrite(g, g.chain_dur, g.chain_gap, oc)
+    t = simulate.replay(g, d, cg, g.inst_transfer).step_times(g)
+    return median(v for (_, s), v in t.items() if s in (4, 5, 6))
+
+
+def _fused_kernels_per_step(con) -> tuple:
+    """(multi_tensor_apply kernels, their µs) per step of the 4 traced steps."""
+    return con.execute("""
+        SELECT count(*) / 4, sum(k.dur_ns) / 4e3 FROM kernels k JOIN cpu_ops c
+          ON c.file_id = k.file_id AND c.correlation = k.correlation AND c.cat = 'cuda_runtime'
+        WHERE k.name LIKE '%multi_tensor_apply_kernel%'""").fetchone()
+
+
 def test_real_h100_foreach_false_adamw_against_fused():
     # 1 − 25.72 / 36.03 and 1 − 28.30 / 36.03 (the README's 21.4 % is of the rounded 28.3 and 36.0 ms)
     assert round(_truth_saving("fixed"), 1) == 28.6 and round(_truth_saving("foreach"), 2) == 21.46
@@ -171,19 +188,12 @@ def test_real_h100_foreach_false_adamw_against_fused():
     assert optimizer.fused_launches(p["numels"], 4) == 4  # the fused side's 320 + 160 + 168 + 304 blocks
     # the rewrite on the profiled graph: the median counted step replays at 33.4 ms, the fused side's profiled steps
     # take 32.6 ms (median of 32.5, 31.5, 36.6 ms, steps 4-6)
-    g = gr.build(a.con, run["run_id"], "gpu", 1)
-    oc = optimizer.context(a.con, g, gpu_peaks(GpuInfo("NVIDIA H100 80GB HBM3", (9, 0))))
-    d, cg = optimizer.rewrite(g, g.chain_dur, g.chain_gap, oc)
-    t = simulate.replay(g, d, cg, g.inst_transfer).step_times(g)
-    assert median(v for (_, s), v in t.items() if s in (4, 5, 6)) == pytest.approx(33_409, abs=1)
+    assert _rewritten_step_us(a, run["run_id"], "NVIDIA H100 80GB HBM3") == pytest.approx(33_409, abs=1)
 
     fixed = analyze(H100_OPT / "fixed", Options(jobs=1))
     assert "fused_optimizer" not in {w["scenario"] for w in fixed.model["runs"][0]["whatif"]}
     # the fused side's multi_tensor_apply kernels per step: the step counters' add, then 4 of _fused_adamw_
-    per_step = fixed.con.execute("""
-        SELECT count(*) / 4, sum(k.dur_ns) / 4e3 FROM kernels k JOIN cpu_ops c
-          ON c.file_id = k.file_id AND c.correlation = k.correlation AND c.cat = 'cuda_runtime'
-        WHERE k.name LIKE '%multi_tensor_apply_kernel%'""").fetchone()
+    per_step = _fused_kernels_per_step(fixed.con)
     assert per_step[0] == 5 and per_step[1] == pytest.approx(613.9, abs=0.5)
 
 
@@ -218,19 +228,12 @@ def test_real_h200_foreach_false_adamw_against_fused():
     assert (f["impact_pct"], f["part_of"], f["severity"]) == (33.7, "launch_bound", "high")  # inside 77.7 %
     p = optimizer.params(a.con, run["run_id"])
     assert (p["optimizer"], p["tensors"], sum(p["numels"])) == ("AdamW", 101, 58_119_168)
-    g = gr.build(a.con, run["run_id"], "gpu", 1)
-    oc = optimizer.context(a.con, g, gpu_peaks(GpuInfo("NVIDIA H200", (9, 0))))
-    d, cg = optimizer.rewrite(g, g.chain_dur, g.chain_gap, oc)
-    t = simulate.replay(g, d, cg, g.inst_transfer).step_times(g)
-    assert median(v for (_, s), v in t.items() if s in (4, 5, 6)) == pytest.approx(43_313, abs=1)
+    assert _rewritten_step_us(a, run["run_id"], "NVIDIA H200") == pytest.approx(43_313, abs=1)
 
     fixed = analyze(H200_OPT / "fixed", Options(jobs=1))
     assert "fused_optimizer" not in {w["scenario"] for w in fixed.model["runs"][0]["whatif"]}
     assert not [f for f in fixed.model["findings"] if f["kind"] == "host_optimizer"]
-    per_step = fixed.con.execute("""
-        SELECT count(*) / 4, sum(k.dur_ns) / 4e3 FROM kernels k JOIN cpu_ops c
-          ON c.file_id = k.file_id AND c.correlation = k.correlation AND c.cat = 'cuda_runtime'
-        WHERE k.name LIKE '%multi_tensor_apply_kernel%'""").fetchone()
+    per_step = _fused_kernels_per_step(fixed.con)
     assert per_step[0] == 5 and per_step[1] == pytest.approx(465.6, abs=0.5)
 
 
