@@ -90,6 +90,31 @@ def test_host_bound_step_with_few_kernels_is_found_from_the_idle_breakdown(tmp_p
                                 "0.1 ms per step on the host")
 
 
+OURS = Path(__file__).resolve().parent / "data" / "gpu"  # our GPU pairs (benchmarks/record_gpu.py)
+
+
+@pytest.mark.parametrize(("gpu", "waits", "severity", "predicted", "measured"), [
+    ("h100", 33, "high", 35.38, 29.97),
+    pytest.param("h200", 28, "medium", 13.39, 29.95, marks=pytest.mark.xfail(strict=True, reason=(
+        "known miss on the H200 (blind check): no_dataloader_wait predicts 13.39 % against 29.95 % measured "
+        "(30.39 -> 21.29 ms, the mean of 3 repetitions: slow 30.24, 27.02, 33.91 ms), -16.6 points, past the 15-point "
+        "target (benchmarks/gpu_pairs.py); the finding's title says 28 % of each step waits for the DataLoader")))])
+def test_real_loader_pair_names_the_dataloader(gpu, waits, severity, predicted, measured):
+    """The loader pair (2 workers against 12 with pinned memory, each sample a sort of 100k floats): the slow side's
+    main finding is the DataLoader, the fixed side has none, and the what-if is within 15 points of the saving."""
+    truth = json.loads((OURS / gpu / "truth.json").read_text())["pairs"]["loader"]
+    ms = {s: sum(r["wall_ms_per_step_mean"] for r in reps.values()) / len(reps) for s, reps in truth.items()}
+    assert 100 * (1 - ms["fixed"] / ms["slow"]) == pytest.approx(measured, abs=0.01)
+    m = analyze(OURS / gpu / "loader" / "slow", Options(jobs=1)).model
+    (f,) = [f for f in m["findings"] if f["kind"] == "dataloader"]
+    assert f["main"] and f["severity"] == severity
+    assert f["title"] == f"The input pipeline is the bottleneck: {waits}% of each step waits for the DataLoader"
+    w = next(w for w in m["runs"][0]["whatif"] if w["scenario"] == "no_dataloader_wait")
+    assert w["saving_pct"] == pytest.approx(predicted, abs=0.01) and f["impact_pct"] == round(predicted, 1)
+    assert analyze(OURS / gpu / "loader" / "fixed", Options(jobs=1)).model["findings"] == []
+    assert abs(w["saving_pct"] - measured) <= 15
+
+
 def test_real_h100_step_is_launch_bound():
     m = analyze(real("tracelens/h100"), Options(jobs=1)).model
     f = m["findings"][0]

@@ -2,7 +2,8 @@
 its parameters (``foreach=False``) is re-timed as PyTorch's fused one: its per-parameter launches become the
 ``multi_tensor_apply`` launches of the fused kernel, its kernels the time their bytes take at HBM bandwidth. On a
 generated AdamW step whose arithmetic is worked out here, and on the real H100 pair (tests/data/gpu/h100/optimizer:
-``AdamW(foreach=False)`` 36.0 ms a step, ``fused=True`` 25.7 ms, 28.6 % saved; truth.json)."""
+``AdamW(foreach=False)`` 36.0 ms a step, ``fused=True`` 25.7 ms, 28.6 % saved; truth.json), and the same pair
+recorded on an H200 (tests/data/gpu/h200/optimizer, a blind check: 34.1 ms, fused 22.4 ms, 34.2 % saved)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from traceanalyze.replay import graph as gr
 from traceanalyze.replay import optimizer, simulate
 
 H100_OPT = Path(__file__).resolve().parent / "data" / "gpu" / "h100" / "optimizer"
+H200_OPT = H100_OPT.parents[1] / "h200" / "optimizer"
 ELEMENTWISE = "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctorOnSelf_add<float> >"
 # torch.optim.AdamW(foreach=False), _single_tensor_adamw: per parameter, the ops that launch a kernel (the step
 # counter's add_ is a CPU tensor's) and how many Input Dims entries each records (record_shapes): param.mul_(1 - lr
@@ -137,13 +139,30 @@ def test_the_fused_model_prices_only_a_per_parameter_loop(tmp_path):
     assert "fused_optimizer" not in {w["scenario"] for w in a.model["runs"][0]["whatif"]}
 
 
-def _truth_saving(side: str) -> float:
-    """1 − fixed / slow on the mean of both repetitions' unprofiled wall time per step (truth.json), %."""
-    pairs = json.loads((H100_OPT.parent / "truth.json").read_text())["pairs"]["optimizer"]
+def _truth_saving(side: str, opt: Path = H100_OPT) -> float:
+    """1 − fixed / slow on the mean of the repetitions' unprofiled wall time per step (truth.json), %."""
+    pairs = json.loads((opt.parent / "truth.json").read_text())["pairs"]["optimizer"]
 
     def ms(s: str) -> float:
         return sum(r["wall_ms_per_step_mean"] for r in pairs[s].values()) / len(pairs[s])
     return 100 * (1 - ms(side) / ms("slow"))
+
+
+def _rewritten_step_us(a, run_id: int, gpu: str) -> float:
+    """The median of counted steps 4-6 replayed with the fused rewrite on the profiled graph (µs)."""
+    g = gr.build(a.con, run_id, "gpu", 1)
+    oc = optimizer.context(a.con, g, gpu_peaks(GpuInfo(gpu, (9, 0))))
+    d, cg = optimizer.rewrite(g, g.chain_dur, g.chain_gap, oc)
+    t = simulate.replay(g, d, cg, g.inst_transfer).step_times(g)
+    return median(v for (_, s), v in t.items() if s in (4, 5, 6))
+
+
+def _fused_kernels_per_step(con) -> tuple:
+    """(multi_tensor_apply kernels, their µs) per step of the 4 traced steps."""
+    return con.execute("""
+        SELECT count(*) / 4, sum(k.dur_ns) / 4e3 FROM kernels k JOIN cpu_ops c
+          ON c.file_id = k.file_id AND c.correlation = k.correlation AND c.cat = 'cuda_runtime'
+        WHERE k.name LIKE '%multi_tensor_apply_kernel%'""").fetchone()
 
 
 def test_real_h100_foreach_false_adamw_against_fused():
@@ -169,19 +188,12 @@ def test_real_h100_foreach_false_adamw_against_fused():
     assert optimizer.fused_launches(p["numels"], 4) == 4  # the fused side's 320 + 160 + 168 + 304 blocks
     # the rewrite on the profiled graph: the median counted step replays at 33.4 ms, the fused side's profiled steps
     # take 32.6 ms (median of 32.5, 31.5, 36.6 ms, steps 4-6)
-    g = gr.build(a.con, run["run_id"], "gpu", 1)
-    oc = optimizer.context(a.con, g, gpu_peaks(GpuInfo("NVIDIA H100 80GB HBM3", (9, 0))))
-    d, cg = optimizer.rewrite(g, g.chain_dur, g.chain_gap, oc)
-    t = simulate.replay(g, d, cg, g.inst_transfer).step_times(g)
-    assert median(v for (_, s), v in t.items() if s in (4, 5, 6)) == pytest.approx(33_409, abs=1)
+    assert _rewritten_step_us(a, run["run_id"], "NVIDIA H100 80GB HBM3") == pytest.approx(33_409, abs=1)
 
     fixed = analyze(H100_OPT / "fixed", Options(jobs=1))
     assert "fused_optimizer" not in {w["scenario"] for w in fixed.model["runs"][0]["whatif"]}
     # the fused side's multi_tensor_apply kernels per step: the step counters' add, then 4 of _fused_adamw_
-    per_step = fixed.con.execute("""
-        SELECT count(*) / 4, sum(k.dur_ns) / 4e3 FROM kernels k JOIN cpu_ops c
-          ON c.file_id = k.file_id AND c.correlation = k.correlation AND c.cat = 'cuda_runtime'
-        WHERE k.name LIKE '%multi_tensor_apply_kernel%'""").fetchone()
+    per_step = _fused_kernels_per_step(fixed.con)
     assert per_step[0] == 5 and per_step[1] == pytest.approx(613.9, abs=0.5)
 
 
@@ -195,3 +207,42 @@ def test_real_h100_comparison_checks_the_fused_optimizer():
     assert (chk["basis"], chk["basis_source"]) == ("unprofiled", {"subject": "capture", "baseline": "capture"})
     assert chk["predicted_saving_pct"] == pytest.approx(42.34, abs=0.01)
     assert chk["measured_saving_pct"] == pytest.approx(100 * (1 - 27_502.0 / 39_581.9), abs=0.01)
+
+
+def test_real_h200_foreach_false_adamw_against_fused():
+    """The H200 pair (three repetitions: slow 36.49, 32.49, 33.31 ms a step; fused 23.05, 22.85, 21.39 ms): predicted
+    33.66 % against 34.22 % measured. The rewrite on the profiled graph replays the median counted step at 43.3 ms
+    where the fused side's profiled step takes 32.9 ms (benchmarks/gpu_pairs.py): the saving holds on the step
+    without the profiler, not on the profiled one as on the H100."""
+    assert round(_truth_saving("fixed", H200_OPT), 2) == 34.22 and round(_truth_saving("foreach", H200_OPT), 2) == 27.70
+    a = analyze(H200_OPT / "slow", Options(jobs=1))
+    (run,) = a.model["runs"]
+    w = next(w for w in run["whatif"] if w["scenario"] == "fused_optimizer")
+    assert w["saving_pct"] == pytest.approx(33.66, abs=0.01)
+    assert "(808 kernels per step, launched one by one) becomes 5 launch(es) per step at the run's median launch " \
+           "call (7.4 µs): 101 parameter tensors" in w["assumptions"]
+    # 58,119,168 × 28 bytes at 80 % of the H200's 4,800 GB/s: 423.8 µs
+    assert "0.424 ms: 58.1 M elements × 28 bytes (4 tensors read, 3 written, 4 bytes per element) at 80% of " \
+           "4,800 GB/s (H200)" in w["assumptions"]
+    (f,) = [f for f in a.model["findings"] if f["kind"] == "host_optimizer"]
+    assert (f["impact_pct"], f["part_of"], f["severity"]) == (33.7, "launch_bound", "high")  # inside 77.7 %
+    p = optimizer.params(a.con, run["run_id"])
+    assert (p["optimizer"], p["tensors"], sum(p["numels"])) == ("AdamW", 101, 58_119_168)
+    assert _rewritten_step_us(a, run["run_id"], "NVIDIA H200") == pytest.approx(43_313, abs=1)
+
+    fixed = analyze(H200_OPT / "fixed", Options(jobs=1))
+    assert "fused_optimizer" not in {w["scenario"] for w in fixed.model["runs"][0]["whatif"]}
+    assert not [f for f in fixed.model["findings"] if f["kind"] == "host_optimizer"]
+    per_step = _fused_kernels_per_step(fixed.con)
+    assert per_step[0] == 5 and per_step[1] == pytest.approx(465.6, abs=0.5)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "known miss on the H200 (blind check): against the fused side the comparison checks no_launch_overhead, not "
+    "fused_optimizer: the fused side's launch_bound finding (57.4 %, 18.9 ms a step) costs under half the slow "
+    "side's (77.7 %, 50.9 ms), so the CUDA-graph what-if is checked (77.73 % predicted against 43.67 % measured on "
+    "the captured unprofiled steps) and fused_optimizer, part of it, is dropped"))
+def test_real_h200_comparison_checks_the_fused_optimizer():
+    m = analyze(H200_OPT / "slow", Options(baseline=H200_OPT / "fixed", jobs=1)).model
+    (chk,) = m["comparison"]["whatif_check"]
+    assert (chk["scenario"], chk["why"]) == ("fused_optimizer", "host_optimizer finding here, none in the baseline")

@@ -1,7 +1,7 @@
 """Memory from the profiler's ``[memory]`` events (issue 41): the ``memory_events`` table, the per rank and device
 metric (``runs[i].ranks[j].memory``), and the findings memory_growth, memory_near_capacity and memory_imbalance, on
-the real H100 leak (tests/data/gpu/h100/memory/leak), the recorded CPU sample (sample_traces/memory_growth) and
-generated traces."""
+the real H100 and H200 leaks (tests/data/gpu/h{100,200}/memory/leak), the recorded CPU sample
+(sample_traces/memory_growth) and generated traces."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from traceanalyze.report.html import render_html
 from traceanalyze.report.markdown import render_markdown
 
 H100_LEAK = Path(__file__).resolve().parent / "data" / "gpu" / "h100" / "memory" / "leak"
+H200_LEAK = H100_LEAK.parents[2] / "h200" / "memory" / "leak"  # the same step recorded on an H200
 MIB, GIB = 1 << 20, 1 << 30
 
 
@@ -32,26 +33,32 @@ def _memory(run: dict, rank: int, device: str) -> dict:
     return next(m for m in r["memory"] if m["device"] == device)
 
 
-def test_real_h100_leak_names_rank_0_and_8_mib_per_step():
+@pytest.mark.parametrize(("leak", "first_end", "peaks", "total", "top_bytes", "full"), [
+    (H100_LEAK, 644_715_008, (1_675_617_280, 2 * GIB), 85_017_493_504, 4_336_183_808,
+     "its 79.2 GiB are full in about 9,879 more steps"),
+    # the H200: 2,340,421,632 bytes reserved; (150,109,880,320 - 2,340,421,632) / 8,388,608 = 17,615 steps
+    (H200_LEAK, 644_976_640, (1_672_733_696, 2_340_421_632), 150_109_880_320, 4_304_464_384,
+     "its 139.8 GiB are full in about 17,615 more steps")])
+def test_real_leak_names_rank_0_and_8_mib_per_step(leak, first_end, peaks, total, top_bytes, full):
     """The H100 GPT step that keeps an 8 MiB fp32 tensor every step (truth_side.json: leak_bytes_per_step 8388608).
     GPU 0's allocated memory at the end of ProfilerStep#2..#6 is 644,715,008, 653,103,616, 661,492,224, 669,880,832
     and 678,269,440 bytes: each step 8,388,608 bytes (2,097,152 fp32 × 4 bytes = 8 MiB) above the one before, so
     the median increment is 8,388,608. Inside steps 2-5 (the last one left out), four 8 MiB blocks of aten::empty
     are never freed: 4 × 8,388,608 = 33,554,432 bytes."""
-    truth = json.loads((H100_LEAK / "truth_side.json").read_text())
-    run = analyze(H100_LEAK, Options(jobs=1)).model["runs"][0]
+    truth = json.loads((leak / "truth_side.json").read_text())
+    run = analyze(leak, Options(jobs=1)).model["runs"][0]
     gpu = _memory(run, 0, "GPU 0")
-    assert [v for _, v in gpu["step_end_allocated"]] == [644_715_008 + k * 8_388_608 for k in range(5)]
+    assert [v for _, v in gpu["step_end_allocated"]] == [first_end + k * 8_388_608 for k in range(5)]
     assert gpu["growth_bytes_per_step"] == truth["leak_bytes_per_step"] == 8_388_608
     assert gpu["rising"] is True
     assert gpu["unfreed_ops"] == [{"op": "aten::empty", "count": 4, "bytes": 33_554_432, "largest_bytes": 8_388_608}]
     assert gpu["unfreed_steps"] == 4 and gpu["unfreed_bytes"] == 4 * 8_388_608
     # peaks in the window: 1,675,617,280 allocated (below torch's max_memory_allocated, 5,857,671,168, which counts
     # the steps before the profiler's window too), 2 GiB reserved, of the H100's 85,017,493,504 bytes
-    assert (gpu["peak_allocated_bytes"], gpu["peak_reserved_bytes"]) == (1_675_617_280, 2 * GIB)
+    assert (gpu["peak_allocated_bytes"], gpu["peak_reserved_bytes"]) == peaks
     assert gpu["peak_allocated_bytes"] < truth["max_memory_allocated"]
-    assert gpu["total_bytes"] == 85_017_493_504
-    assert gpu["top_ops"][0] == {"op": "aten::empty_strided", "count": 820, "bytes": 4_336_183_808,
+    assert gpu["total_bytes"] == total
+    assert gpu["top_ops"][0] == {"op": "aten::empty_strided", "count": 820, "bytes": top_bytes,
                                  "largest_bytes": 262_144_000}
     cpu = _memory(run, 0, "CPU")
     assert cpu["growth_bytes_per_step"] == 0.0 and cpu["rising"] is False and cpu["peak_reserved_bytes"] is None
@@ -60,7 +67,7 @@ def test_real_h100_leak_names_rank_0_and_8_mib_per_step():
     assert f["title"] == ("Memory grows every step on rank 0: +8.0 MiB per step on GPU 0 (allocations of "
                           "aten::empty never freed)")
     # (85,017,493,504 - 2,147,483,648) / 8,388,608 = 9,879 steps to fill the GPU: above 1,000, so medium, not high
-    assert "its 79.2 GiB are full in about 9,879 more steps" in " | ".join(f["evidence"])
+    assert full in " | ".join(f["evidence"])
     assert f["whatif_missing"].startswith("memory use does not set the step time")
     # its bytes do not depend on the step time's 43 % noise: high confidence, nothing to win back in step time
     assert f["confidence"] == {"level": "high", "range_pct": [0.0, 0.0], "why": []}
