@@ -642,15 +642,15 @@ class _Columns:
                 self.span_us = max(self.span_us or 0.0, d)
 
     def _add_m(self, events: list) -> None:
-        t: dict[str, list] = {f: [] for f in THREAD_SCHEMA.names}
-        for e in events:
-            if e.name in ("thread_name", "process_name", "process_labels") and e.args is not None:
-                t["pid"].append(_int_or_none(e.pid))
-                t["tid"].append(_int_or_none(e.tid))
-                t["kind"].append(e.name)
-                t["label"].append(_str_or_none(e.args.name))
-        if t["pid"]:
-            self.parts["threads"].append(pa.table(t, schema=THREAD_SCHEMA))
+        """The thread and process names of metadata events into ``threads``: a column at a time, by :func:`_arr`
+        (which coerces odd values item by item as :func:`_int_or_none` / :func:`_str_or_none` do), not a
+        conversion per value (~0.1 ms a small rank)."""
+        m = [e for e in events if e.name in ("thread_name", "process_name", "process_labels") and e.args is not None]
+        if m:
+            cols = {"pid": _arr([e.pid for e in m], pa.int64()), "tid": _arr([e.tid for e in m], pa.int64()),
+                    "kind": pa.array([e.name for e in m], pa.string()),
+                    "label": _arr([e.args.name for e in m], pa.string())}
+            self.parts["threads"].append(pa.table([cols[f] for f in THREAD_SCHEMA.names], schema=THREAD_SCHEMA))
 
     def convert(self) -> None:
         """Convert the pending events to Arrow tables."""
