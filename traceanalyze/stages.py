@@ -267,8 +267,7 @@ def analyses(con: duckdb.DuckDBPyConnection, run_id: int, run: Run, mode: str, f
     steps_by_rank: dict[int, list[tuple[int, int, int]]] = {}
     for st in step_rows:
         steps_by_rank.setdefault(st.rank, []).append((st.step, st.start_ns, st.start_ns + int(st.step_time_us * 1e3)))
-    if good and matched is None:  # with the process-group columns: the replay's graph reads the same calls
-        matched = match_collectives(con, run_id, mode, groups=mode == "gpu")
+    matched = match_collectives(con, run_id, mode, groups=mode == "gpu") if good and matched is None else matched
     coll = analyze_collectives(con, run_id, mode, facts["world_size"], steps_by_rank, matched) if good else None
     if from_base and coll is not None:
         from traceanalyze.replay.scenarios.ranks import link_from_baseline
@@ -285,8 +284,7 @@ def analyses(con: duckdb.DuckDBPyConnection, run_id: int, run: Run, mode: str, f
     comp = compile_stats(con, run_id) if good else None
     loader = loader_stats(con, run_id) if good and loader is None else loader
     launch = launch_stats(con, run_id) if good and mode == "gpu" else None
-    idle_rows = idle_result() if idle_result else []
-    top = top_result() if top_result else []
+    idle_rows, top = (idle_result() if idle_result else []), (top_result() if top_result else [])
     cur.close()
     idle.save(con, idle_rows)
     if coll is not None:
