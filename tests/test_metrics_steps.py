@@ -205,39 +205,3 @@ def test_clipped_lengths_is_the_union_clipped_to_each_window():
         w1 = w0 + rng.integers(0, 300, 6)
         want = [length(*clip(a, b, int(x), int(y))) for x, y in zip(w0, w1, strict=True)]
         assert clipped_lengths(a, b, w0, w1).tolist() == want
-
-
-def test_grouped_clipped_lengths_are_each_groups_own():
-    """Many groups at once (keyed by group, on each group's own clock) give what :func:`clipped_lengths` gives group
-    by group: hand-made groups far apart in time (the later group's windows reach back over the earlier one, a
-    group without intervals), then random ones with windows before, across and after their intervals; None once a
-    group spans 2^42 ns."""
-    import numpy as np
-
-    from traceanalyze.metrics.breakdown import clipped_lengths, grouped_clipped_lengths
-
-    gid = np.array([0, 0, 0, 2, 2], np.int64)
-    s = np.array([10**15, 10**15 + 5, 10**15 + 20, 10, 40], np.int64)
-    e = np.array([10**15 + 10, 10**15 + 8, 10**15 + 30, 30, 45], np.int64)  # [0,10) [20,30) | | [10,30) [40,45)
-    base = np.array([10**15, 0, 0], np.int64)
-    wgid = np.array([0, 0, 1, 2, 2, 2], np.int64)
-    lo = np.array([10**15 - 100, 10**15 + 25, 0, -5, 20, 44], np.int64)
-    hi = np.array([10**15 + 100, 10**15 + 26, 99, 10**16, 41, 50], np.int64)
-    assert grouped_clipped_lengths(gid, s, e, base, wgid, lo, hi).tolist() == [20, 1, 0, 25, 11, 1]
-    rng = np.random.default_rng(11)
-    for _ in range(100):
-        n = rng.integers(1, 6)
-        offs = rng.integers(0, 10**12, n) * 1000
-        sizes, wins = rng.integers(0, 20, n), rng.integers(1, 5, n)
-        g = np.repeat(np.arange(n), sizes)
-        a = offs[g] + rng.integers(0, 1000, g.size)
-        b = a + rng.integers(-5, 80, g.size)
-        wg = np.repeat(np.arange(n), wins)
-        w0 = offs[wg] + rng.integers(-200, 1100, wg.size)
-        w1 = w0 + rng.integers(0, 400, wg.size)
-        want = [int(clipped_lengths(a[g == k], b[g == k], w0[wg == k], w1[wg == k])[i])
-                for k in range(n) for i in range(int(wins[k]))]
-        assert grouped_clipped_lengths(g, a, b, offs, wg, w0, w1).tolist() == want
-    far = np.array([0, 1 << 42], np.int64)
-    assert grouped_clipped_lengths(np.zeros(2, np.int64), far, far + 1, np.zeros(1, np.int64),
-                                   np.zeros(1, np.int64), far[:1], far[1:] + 1) is None

@@ -121,63 +121,6 @@ def clipped_lengths(starts: np.ndarray, ends: np.ndarray, lo: np.ndarray, hi: np
     return np.where(some, np.maximum(out, 0), 0)
 
 
-_GROUP_BITS = 42  # a group's span below 2^42 ns (73 min): (group << 42) + ns from its start sorts by group first
-
-
-def grouped_clipped_lengths(gid: np.ndarray, starts: np.ndarray, ends: np.ndarray, base: np.ndarray,
-                            wgid: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray | None:
-    """:func:`clipped_lengths` of many groups at once: interval ``i`` (ns, int64) belongs to group ``gid[i]``, window
-    ``j`` ``[lo[j], hi[j])`` to group ``wgid[j]``; ``base`` (shape (groups,)): each group's origin, at most its
-    intervals' starts. One sort and two binary searches in all, not a sort per group (256 ranks: ~1,000 calls of
-    ~40 µs each). Each interval is keyed ``(group << 42) + (t - base)``, so no merged interval crosses groups and a
-    window's searches stay in its group. None when a group spans 2^42 ns or more, or the groups are too many."""
-    keep = ends > starts
-    g, s, e = gid[keep], starts[keep] - base[gid[keep]], ends[keep] - base[gid[keep]]
-    if base.size >= 1 << (62 - _GROUP_BITS) or (s.size and (s.min() < 0 or e.max() >= (1 << _GROUP_BITS) - 1)):
-        return None
-    ks, ke = (g << _GROUP_BITS) + s, (g << _GROUP_BITS) + e
-    order = np.argsort(ks, kind="stable")
-    ks, ke = ks[order], np.maximum.accumulate(ke[order])
-    brk = np.flatnonzero(ks[1:] > ke[:-1])  # a gap (or a new group) before interval i+1
-    ms, me = (ks[np.concatenate(([0], brk + 1))], ke[np.concatenate((brk, [ks.size - 1]))]) if ks.size else (ks, ke)
-    cum = np.concatenate(([0], np.cumsum(me - ms)))
-    wkey, top = wgid << _GROUP_BITS, (1 << _GROUP_BITS) - 1
-    rlo, rhi = lo - base[wgid], hi - base[wgid]  # the window on its group's clock; clipped for the searches only
-    i = np.searchsorted(me, wkey + np.clip(rlo, 0, top), side="right")  # the first merged interval ending after lo
-    j = np.searchsorted(ms, wkey + np.clip(rhi, 0, top), side="left")  # those starting before hi: [.., j)
-    some = i < j
-    ii, jj = np.where(some, i, 0), np.where(some, j - 1, 0)
-    out = cum[j] - cum[i]
-    if ms.size:  # less the first one's part before lo, the last one's after hi (on the group's clock)
-        out = out - np.maximum(rlo - (ms[ii] & top), 0) - np.maximum((me[jj] & top) - rhi, 0)
-    return np.where(some, np.maximum(out, 0), 0)
-
-
-def grouped_breakdowns(groups: list[tuple]) -> list[list[Breakdown]]:
-    """:func:`breakdowns` of each ``(lo, hi, all_iv, compute_iv, comm_iv)`` of ``groups``, computed together
-    (:func:`grouped_clipped_lengths`; one group at a time where a group's span does not fit its keys)."""
-    if not groups:
-        return []
-    nw = np.array([g[0].size for g in groups])
-    wgid = np.repeat(np.arange(len(groups)), nw)
-    lo, hi = np.concatenate([g[0] for g in groups]), np.concatenate([g[1] for g in groups])
-    parts = [[g[2], g[3], g[4], (np.concatenate((g[3][0], g[4][0])), np.concatenate((g[3][1], g[4][1])))]
-             for g in groups]  # busy, compute, communication, compute ∪ communication
-    base = np.array([min((int(p[0].min()) for p, _ in iv if p.size), default=0) for iv in parts], np.int64)
-    lengths = []
-    for c in range(4):
-        n = np.array([iv[c][0].size for iv in parts])
-        gid = np.repeat(np.arange(len(groups)), n)
-        got = grouped_clipped_lengths(gid, np.concatenate([iv[c][0] for iv in parts], dtype=np.int64),
-                                      np.concatenate([iv[c][1] for iv in parts], dtype=np.int64), base, wgid, lo, hi)
-        if got is None:
-            return [breakdowns(*g) for g in groups]
-        lengths.append(got)
-    cut = np.cumsum(nw)[:-1]
-    return [_window_rows(*x) for x in zip(np.split(lo, cut), np.split(hi, cut),
-                                          *(np.split(v, cut) for v in lengths), strict=True)]
-
-
 def breakdowns(lo: np.ndarray, hi: np.ndarray, all_iv, compute_iv, comm_iv) -> list[Breakdown]:
     """The temporal breakdown (HTA's: busy, compute, communication, their overlap, idle) of each window
     ``[lo[j], hi[j])`` (ns, int64 arrays of shape (w,)); each ``*_iv`` is (starts, ends) int64 arrays in ns, merged
@@ -187,12 +130,6 @@ def breakdowns(lo: np.ndarray, hi: np.ndarray, all_iv, compute_iv, comm_iv) -> l
     comm = clipped_lengths(*comm_iv, lo, hi)
     both = clipped_lengths(np.concatenate((compute_iv[0], comm_iv[0])), np.concatenate((compute_iv[1], comm_iv[1])),
                            lo, hi)
-    return _window_rows(lo, hi, busy, comp, comm, both)
-
-
-def _window_rows(lo: np.ndarray, hi: np.ndarray, busy: np.ndarray, comp: np.ndarray, comm: np.ndarray,
-                 both: np.ndarray) -> list[Breakdown]:
-    """A :class:`Breakdown` per window from its clipped union lengths (ns): all, compute, communication, both."""
     out = []
     for w, busy_, comp_, comm_, both_ in zip((hi - lo).tolist(), busy.tolist(), comp.tolist(), comm.tolist(),
                                              both.tolist(), strict=True):
@@ -373,24 +310,18 @@ def compute_run_metrics(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[li
     rank_rows: list[RankMetrics] = []
     step_rows: list[StepMetrics] = []
     paths = {(r, w): path for r, w, path in files}
-    todo = [(r, w, d, *_window_bounds(w, mode, d, steps.get(r, [])))
-            for r in sorted(by_rank) for w in sorted(windows[r]) if (d := iv.get((r, w)))]
-    # every window's and step's breakdown at once: a per-window sort each cost ~0.04 s on 256 ranks
-    per_rank: dict[int, list] = {}
-    for (r, w, d, *_, mine), bs in zip(todo, grouped_breakdowns([(lo, hi, all_iv, d["compute"], d["communication"])
-                                                                for _r, _w, d, lo, hi, all_iv, _m in todo]),
-                                       strict=True):
-        per_rank.setdefault(r, []).append((w, d, mine, bs))
     for r in sorted(by_rank):
         total = Breakdown()
         ks: dict[str, float] = {"n": 0}
         win_rows: list[dict] = []
         rsteps: list[StepMetrics] = []
-        for w, d, mine, (wb, *bs) in per_rank.get(r, []):
+        for w in sorted(windows[r]):
+            d = iv.get((r, w))
+            if not d:
+                continue
             if mode == "gpu":
                 _add_kernel_sums(ks, d)
-            wsteps = [StepMetrics(run_id, r, step, s, (e - s) / 1e3, b.compute_us, b.comm_us, b.exposed_comm_us,
-                                  b.idle_us) for (step, _w, s, e), b in zip(mine, bs, strict=True)]
+            wb, wsteps = _window_breakdown(run_id, r, w, mode, d, steps.get(r, []))
             total.add(wb)
             rsteps.extend(wsteps)
             win_rows.append(_window_row(w, paths.get((r, w)), wb, wsteps))
@@ -407,10 +338,9 @@ def _add_kernel_sums(ks: dict[str, float], d: dict[str, tuple[np.ndarray, np.nda
         ks[cls] = ks.get(cls, 0.0) + float((d[cls][1] - d[cls][0]).sum()) / 1e3
 
 
-def _window_bounds(window: int, mode: str, d: dict[str, tuple[np.ndarray, np.ndarray]],
-                   rank_steps: list[tuple[int, int, int, int]]) -> tuple:
-    """``(lo, hi, all_iv, mine)`` of one profiling window of a rank: the bounds (ns, int64) of the window, then of
-    each of its counted steps ``mine`` (``(step, window, start_ns, end_ns)``), and the intervals busy time counts.
+def _window_breakdown(run_id: int, rank: int, window: int, mode: str, d: dict[str, tuple[np.ndarray, np.ndarray]],
+                      rank_steps: list[tuple[int, int, int, int]]) -> tuple[Breakdown, list[StepMetrics]]:
+    """The breakdown of one profiling window of a rank, and of each of its counted steps.
 
     The window is the span of the kernels (GPU), else of the counted steps (CPU: no partial edge step), else of
     the ops; in CPU mode busy time is the union of compute and communication ops.
@@ -430,7 +360,10 @@ def _window_bounds(window: int, mode: str, d: dict[str, tuple[np.ndarray, np.nda
     mine = [st for st in rank_steps if st[1] == window]
     lo = np.array([win[0]] + [st[2] for st in mine], np.int64)
     hi = np.array([win[1]] + [st[3] for st in mine], np.int64)
-    return lo, hi, all_iv, mine
+    wb, *bs = breakdowns(lo, hi, all_iv, compute_iv, comm_iv)  # the window's, then each step's
+    wsteps = [StepMetrics(run_id, rank, step, s, (e - s) / 1e3, b.compute_us, b.comm_us, b.exposed_comm_us, b.idle_us)
+              for (step, _w, s, e), b in zip(mine, bs, strict=True)]
+    return wb, wsteps
 
 
 def _window_row(window: int, path: str | None, wb: Breakdown, wsteps: list[StepMetrics]) -> dict:
