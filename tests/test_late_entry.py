@@ -169,3 +169,21 @@ def test_recorded_late_entry_pairs(name):
         assert "the delay comes from before the traced step" in ev
         assert "rank 0's step 2 ends with" in ev  # the traced step's own tail, the same work
         assert w["confidence"]["level"] == "low"
+
+
+def test_where_evidence_is_read_once_on_first_use():
+    """The per-op time and host gaps (metrics.where) are computed when a rule first reads one of them, once for the
+    three, and are empty without a source (a log-only run)."""
+    calls = []
+
+    def source():
+        calls.append(1)
+        return {1: {"aten::mm": 5.0}}, {1: ["gap"]}, {1: 12.5}
+
+    ev = RunEvidence("r", "gpu", 2, None, [], [], 100.0, where_source=source)
+    assert calls == []
+    assert ev.gap_us_per_step == {1: 12.5}
+    assert ev.rank_ops == {1: {"aten::mm": 5.0}} and ev.host_gaps == {1: ["gap"]}
+    assert calls == [1] and ev.where_source is None
+    empty = RunEvidence("r", "logs", 2, None, [], [], None)
+    assert (empty.rank_ops, empty.host_gaps, empty.gap_us_per_step) == ({}, {}, {})

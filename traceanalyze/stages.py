@@ -267,6 +267,7 @@ def analyses(con: duckdb.DuckDBPyConnection, run_id: int, run: Run, mode: str, f
     steps_by_rank: dict[int, list[tuple[int, int, int]]] = {}
     for st in step_rows:
         steps_by_rank.setdefault(st.rank, []).append((st.step, st.start_ns, st.start_ns + int(st.step_time_us * 1e3)))
+    matched = match_collectives(con, run_id, mode, groups=mode == "gpu") if good and matched is None else matched
     coll = analyze_collectives(con, run_id, mode, facts["world_size"], steps_by_rank, matched) if good else None
     if from_base and coll is not None:
         from traceanalyze.replay.scenarios.ranks import link_from_baseline
@@ -276,15 +277,14 @@ def analyses(con: duckdb.DuckDBPyConnection, run_id: int, run: Run, mode: str, f
     prec, loader, figures = before_replay(con, run_id, mode, facts, options, gpu, baseline) if good else (None,) * 3
     if rp is None and good and step_rows:  # ... with the analyses below, or in turn for a big run
         rp = ReplayRun(con, run_id, mode, facts["world_size"], coll.clock_offsets_us if coll else None, link, side,
-                       beside=beside, gpu=gpu, baseline=figures)
+                       beside=beside, gpu=gpu, baseline=figures, calls=matched.calls if matched else None)
     replay, written = rp.finish(bool(step_rows), warnings) if rp is not None else (lambda: ({}, [], {}), lambda: None)
     prec = prec or (analyze_precision(con, run_id, mode, facts["gpu_model"], options.peak_tflops,
                                       gpu.capability if gpu else None) if good else None)
     comp = compile_stats(con, run_id) if good else None
     loader = loader_stats(con, run_id) if good and loader is None else loader
     launch = launch_stats(con, run_id) if good and mode == "gpu" else None
-    idle_rows = idle_result() if idle_result else []
-    top = top_result() if top_result else []
+    idle_rows, top = (idle_result() if idle_result else []), (top_result() if top_result else [])
     cur.close()
     idle.save(con, idle_rows)
     if coll is not None:
@@ -402,10 +402,9 @@ def evidence(con: duckdb.DuckDBPyConnection, run_id: int, run: Run, a: RunAnalys
         if pool is not None:
             pool.shutdown(wait=False)
     if good and steps_model:
-        ev.rank_ops = where.op_time_per_step(con, run_id, mode)
+        ev.where_source = lambda: (where.op_time_per_step(con, run_id, mode), *where.host_gaps(con, run_id))
         if side["facts"].get("gradient_accumulation_steps"):  # what a profiler step is: micro-batch or optimizer step
             ev.accumulation = accumulation.optimizer_steps(con, run_id)
-        ev.host_gaps, ev.gap_us_per_step = where.host_gaps(con, run_id)
     if view is not None:
         ev.host = view()
         cur.close()
@@ -453,8 +452,7 @@ def run_model(run_id: int, run: Run, role: str, a: RunAnalyses, ev: diagnose.Run
     from traceanalyze.logs import sidecars
     from traceanalyze.metrics import mfu
 
-    coll, prec, comp, loader, side, link, top, idle_rows = a.coll, a.prec, a.comp, a.loader, a.side, a.link, a.top, \
-        a.idle_rows
+    coll, prec, comp, loader, side, link, top = a.coll, a.prec, a.comp, a.loader, a.side, a.link, a.top
     replay_model, whatif, picture = a.replay()
     add_skew(ev, (replay_model or {}).pop("collective_skew", None))
     mode, world, ranks_model, steps_model, step_time, compile_step = ev.mode, ev.world_size, ev.ranks, ev.steps, \
@@ -481,7 +479,7 @@ def run_model(run_id: int, run: Run, role: str, a: RunAnalyses, ev: diagnose.Run
         "link": link,
         "clock_offsets_us": coll.clock_offsets_us if coll else {},
         "collectives": [asdict(c) for c in coll.summaries] if coll else [],
-        "idle_breakdown": [r.model() for r in idle_rows],
+        "idle_breakdown": [dict(m) for m in ev.idle],  # the evidence's rows (idle_rows' models), copied
         "collective_wait_us": coll.wait_us if coll else {},
         "dtype_mix": prec.mix if prec else [],
         "precision": ({k: v for k, v in asdict(prec).items() if k not in ("mix", "family_us_per_step")}
