@@ -294,9 +294,9 @@ def test_load_uses_the_system_allocator_and_puts_the_default_back(tmp_path, monk
     seen = []
     real_insert = load._insert_part
 
-    def insert(con, items):  # whole files come as a list of (file_id, base, tables), one per file of a batch
-        seen.extend((pa.default_memory_pool().backend_name, sorted(tables)) for _, _, tables in items)
-        return real_insert(con, items)
+    def insert(con, items, **kw):  # whole files come as a list of (file_id, base, tables, rows), one per file
+        seen.extend((pa.default_memory_pool().backend_name, sorted(tables)) for _, _, tables, _ in items)
+        return real_insert(con, items, **kw)
 
     monkeypatch.setattr(load, "_insert_part", insert)
     before = pa.default_memory_pool().backend_name
