@@ -450,9 +450,10 @@ class _Batch:
 
     Up to :data:`TRANSACTION_FILES` files or :data:`TRANSACTION_ROWS` rows share one transaction. Their events are
     inserted as the files arrive, while the next ones are still being parsed, every :data:`INSERT_ROWS` rows or
-    when the next parse is not done (:meth:`insert_held`): each
-    table is filled by one ``INSERT`` that reads those files' Arrow IPC streams one after another (per file, the
-    main process only reads its summary); the ``files`` rows and the ``COMMIT`` come at the end. A file loaded
+    when the next parse is not done (:meth:`insert_held`): each table with at least :data:`INSERT_TABLE_ROWS` rows
+    held is filled by one ``INSERT`` that reads those files' Arrow IPC streams one after another (per file, the
+    main process only reads its summary); a table with fewer waits (:class:`.held.HeldRows`). The last ``INSERT``
+    takes all, then the ``files`` rows and the ``COMMIT``. A file loaded
     again (changed on disk, or left ``loading`` by an interrupted run) has its old rows deleted in the same
     transaction.
     """
