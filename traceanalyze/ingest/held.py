@@ -1,10 +1,10 @@
 """The parsed rows a load holds for its next ``INSERT``, per table, read a chunk at a time from the parsers' Arrow IPC
 streams (:class:`HeldRows`, used by :mod:`.load`).
 
-Each ``INSERT`` costs DuckDB ~2-4 ms whatever its rows (the append's set-up and finish per statement: the 832
-``threads`` rows of 32 ranks cost as much as their 38,528 kernels' fixed part). So while the parse goes on, the load
-inserts a table's held rows only once they fill a row group, and keeps a table with fewer for a later ``INSERT``
-of the transaction, or its last one, which takes all. The rows and their order in each table are the same.
+Each ``INSERT`` costs DuckDB ~2-4 ms whatever its rows (256 ranks: 8 of 832 ``threads`` rows each, 16 ms). So
+while the parse goes on, the load inserts a table's held rows only once they fill a row group, and keeps a table
+with fewer for a later ``INSERT`` of the transaction, or its last one, which takes all. The rows and their order in
+each table are the same.
 """
 
 from __future__ import annotations

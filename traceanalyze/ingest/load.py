@@ -60,11 +60,10 @@ TRANSACTION_ROWS = 4_000_000
 # ranks of 47 MB were parsed)
 INSERT_ROWS = 250_000
 # ... but a table's rows go in only once at least this many are held (one DuckDB row group), else at a later INSERT
-# or the commit: an INSERT costs DuckDB 2-4 ms whatever its rows (256 ranks: the 832 threads rows a group of 32
-# ranks has cost as much as their kernels' fixed part). This process's load (insert + commit): 8 ranks 0.50 ->
-# 0.45 s CPU, 256 ranks 0.76-0.79 -> 0.72-0.74 s (every table at each INSERT before; one INSERT per table: 0.445,
-# 0.70). Inserting whole row groups only (a table's rows cut at multiples of 122,880) cost more, not less: this
-# INSERT (a stream, one thread) appends to the transaction's last row group, it does not fill a partial one again.
+# or the commit: an INSERT costs DuckDB 2-4 ms whatever its rows (256 ranks: 8 INSERTs of 832 threads rows, 16 ms).
+# This process's insert CPU in a cold report, medians of 5: 8 ranks 0.58 -> 0.52 s, 256 ranks 0.96 -> 0.85 s.
+# Inserting whole row groups only (each table's rows cut at multiples of 122,880) did not help: this INSERT (an
+# Arrow stream, one thread) appends to the transaction's last row group, it does not fill a partial one again.
 INSERT_TABLE_ROWS = 122_880
 # Small whole files are parsed several to a task (see parse_group): files up to GROUP_MAX_BYTES on disk, up to
 # GROUP_FILES a task, and at least GROUP_TASKS_PER_CPU tasks per process, so that the processes stay busy to the
