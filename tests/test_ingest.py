@@ -294,9 +294,9 @@ def test_load_uses_the_system_allocator_and_puts_the_default_back(tmp_path, monk
     seen = []
     real_insert = load._insert_part
 
-    def insert(con, items):  # whole files come as a list of (file_id, base, tables), one per file of a batch
-        seen.extend((pa.default_memory_pool().backend_name, sorted(tables)) for _, _, tables in items)
-        return real_insert(con, items)
+    def insert(con, items, **kw):  # whole files come as a list of (file_id, base, tables, rows), one per file
+        seen.extend((pa.default_memory_pool().backend_name, sorted(tables)) for _, _, tables, _ in items)
+        return real_insert(con, items, **kw)
 
     monkeypatch.setattr(load, "_insert_part", insert)
     before = pa.default_memory_pool().backend_name
@@ -529,3 +529,41 @@ def test_a_failed_group_task_fails_each_of_its_files_in_task_order():
         ("a.json", None, None, "bad"),
         [("b.json", None, None, "could not be parsed (KilledWorker: gone)"),
          ("c.json", None, None, "could not be parsed (KilledWorker: gone)")]]
+
+
+def test_a_table_with_few_rows_held_waits_for_a_later_insert(tmp_path, monkeypatch):
+    """Files inserted one by one (INSERT_ROWS 1): a table goes in once INSERT_TABLE_ROWS of its rows are held, else
+    at a later INSERT or the commit; each table's rows, and their order, are those of inserting every table each
+    time."""
+    from traceanalyze.ingest import held
+    from traceanalyze.pipeline import analyze
+
+    folder = tmp_path / "ranks"
+    folder.mkdir()
+    for r in range(4):
+        ev = [_kernel(i) for i in range(30)] + [_op(i) for i in range(5)]
+        (folder / f"rank{r}.json").write_text(json.dumps(_trace(ev, baseTimeNanoseconds=10**15 * (r + 1))))
+    monkeypatch.setattr(load, "INSERT_ROWS", 1)
+    takes = []
+    real_take = held.HeldRows.take
+
+    def take(self, t):
+        n = 0
+        for fid, shift, b in real_take(self, t):
+            n += b.num_rows
+            yield fid, shift, b
+        takes.append((t, n))
+
+    monkeypatch.setattr(held.HeldRows, "take", take)
+    monkeypatch.setattr(load, "INSERT_TABLE_ROWS", 60)
+    few = analyze(folder, Options(jobs=1, db=tmp_path / "few.duckdb"))
+    # kernels: 30 a file, in after every second file; cpu_ops: 5 a file, all at the commit
+    assert takes == [("kernels", 60), ("kernels", 60), ("cpu_ops", 20)]
+    takes.clear()
+    monkeypatch.setattr(load, "INSERT_TABLE_ROWS", 1)
+    each = analyze(folder, Options(jobs=1, db=tmp_path / "each.duckdb"))
+    assert takes == [("kernels", 30), ("cpu_ops", 5)] * 4
+    for t in ("kernels", "cpu_ops"):
+        q = f"SELECT * FROM {t} ORDER BY rowid"
+        assert few.con.execute(q).fetchall() == each.con.execute(q).fetchall(), t
+    assert few.con.execute("SELECT count(*), count(DISTINCT file_id) FROM kernels").fetchone() == (120, 4)

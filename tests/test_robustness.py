@@ -698,6 +698,7 @@ def test_interrupt_after_some_inserts_of_a_transaction_stores_none_of_its_files(
     calls = []
     monkeypatch.setattr(load, "TRANSACTION_FILES", 4)
     monkeypatch.setattr(load, "INSERT_ROWS", 1)
+    monkeypatch.setattr(load, "INSERT_TABLE_ROWS", 1)  # each table's rows go at once
 
     def third_raises(*args, **kw):
         calls.append(len(args[1]))

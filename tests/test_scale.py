@@ -196,7 +196,8 @@ def test_many_files_share_a_transaction_and_give_the_same_rows(tmp_path, monkeyp
         (d / f"rank{r}.json").write_text(json.dumps({**head, "traceEvents": ev}))
     calls, commits = [], []
     real_insert, real_commit = load._insert_part, load._Batch.commit
-    monkeypatch.setattr(load, "_insert_part", lambda con, *a: calls.append(len(a[0])) or real_insert(con, *a))
+    monkeypatch.setattr(load, "_insert_part",
+                        lambda con, *a, **kw: calls.append(len(a[0])) or real_insert(con, *a, **kw))
     monkeypatch.setattr(load._Batch, "commit", lambda self: commits.append(len(self.rows)) or real_commit(self))
     batched = analyze(d, Options(jobs=2))
     # one transaction; its files inserted in one INSERT or more (whenever the next parse was not done yet)

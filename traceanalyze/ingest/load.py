@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING
 import duckdb
 
 from traceanalyze import store
+from traceanalyze.ingest.held import HeldRows
 from traceanalyze.ingest.workers import (  # block_pandas, WORKER_CHUNK_ROWS: this module's names before
     WORKER_CHUNK_ROWS,  # noqa: F401
-    GroupShare,
     block_pandas,  # noqa: F401
     in_order,
     is_group,
@@ -59,6 +59,12 @@ TRANSACTION_ROWS = 4_000_000
 # INSERT overlaps with the parsing of the next files (at the end, all at once, it left this process idle while 8
 # ranks of 47 MB were parsed)
 INSERT_ROWS = 250_000
+# ... but a table's rows go in only once at least this many are held (one DuckDB row group), else at a later INSERT
+# or the commit: an INSERT costs DuckDB 2-4 ms whatever its rows (256 ranks: 8 INSERTs of 832 threads rows, 16 ms).
+# This process's insert CPU in a cold report, medians of 5: 8 ranks 0.58 -> 0.52 s, 256 ranks 0.96 -> 0.85 s.
+# Inserting whole row groups only (each table's rows cut at multiples of 122,880) did not help: this INSERT (an
+# Arrow stream, one thread) appends to the transaction's last row group, it does not fill a partial one again.
+INSERT_TABLE_ROWS = 122_880
 # Small whole files are parsed several to a task (see parse_group): files up to GROUP_MAX_BYTES on disk, up to
 # GROUP_FILES a task, and at least GROUP_TASKS_PER_CPU tasks per process, so that the processes stay busy to the
 # end and the first files are loaded while the next ones are parsed (8 ranks: one file a task, as before)
@@ -443,9 +449,10 @@ class _Batch:
 
     Up to :data:`TRANSACTION_FILES` files or :data:`TRANSACTION_ROWS` rows share one transaction. Their events are
     inserted as the files arrive, while the next ones are still being parsed, every :data:`INSERT_ROWS` rows or
-    when the next parse is not done (:meth:`insert_held`): each
-    table is filled by one ``INSERT`` that reads those files' Arrow IPC streams one after another (per file, the
-    main process only reads its summary); the ``files`` rows and the ``COMMIT`` come at the end. A file loaded
+    when the next parse is not done (:meth:`insert_held`): each table with at least :data:`INSERT_TABLE_ROWS` rows
+    held is filled by one ``INSERT`` that reads those files' Arrow IPC streams one after another (per file, the
+    main process only reads its summary); a table with fewer waits (:class:`.held.HeldRows`). The last ``INSERT``
+    takes all, then the ``files`` rows and the ``COMMIT``. A file loaded
     again (changed on disk, or left ``loading`` by an interrupted run) has its old rows deleted in the same
     transaction.
     """
@@ -453,11 +460,13 @@ class _Batch:
     def __init__(self, con: duckdb.DuckDBPyConnection, prints: dict[str, str]) -> None:
         self.con = con
         self.prints = prints  # resolved path -> content fingerprint (:func:`fingerprint`), stored with the file
-        self.items: list[tuple[int, int, dict]] = []  # (file_id, base_time_ns, table -> IPC stream) to insert
+        # (file_id, base_time_ns, table -> IPC stream, table -> rows) of the files added since the last insert
+        self.items: list[tuple[int, int, dict, dict]] = []
+        self.held = HeldRows()  # the rows of the transaction's files not inserted yet
         self.rows: list[list] = []  # files rows
         self.old: list[int] = []  # file_ids whose rows go
         self.n_rows = 0
-        self.pending_rows = 0  # rows of self.items
+        self.pending_rows = 0  # rows not inserted yet
         self.open = False  # the transaction has begun (some events are inserted)
         self.next_id: int | None = None
         self.old_ids: dict[str, int] | None = None
@@ -495,7 +504,7 @@ class _Batch:
                               "; ".join(info.warnings) or None, info.bytes_read, int(info.base_time_ns),
                               json.dumps(info.header, default=str), info.counts.get("kernels", 0),
                               info.counts.get("cpu_ops", 0), self.prints.get(resolved)])
-            self.items.append((file_id, int(info.base_time_ns), tables))
+            self.items.append((file_id, int(info.base_time_ns), tables, info.counts))
             n = sum(info.counts.values())
             self.n_rows += n
             self.pending_rows += n
@@ -508,23 +517,24 @@ class _Batch:
             self.insert_held()
 
     def insert_held(self) -> None:
-        """Insert the events of the files held now, whatever their number of rows (the parsers are busy)."""
-        if self.pending_rows:
+        """Insert the events of the files held now (the parsers are busy), of each table with enough rows."""
+        if self.items:
             try:
                 self._insert()
             except BaseException:
                 self.abort()
                 raise
 
-    def _insert(self) -> None:
-        """Insert the events of the files held (the transaction begins with the first); their streams go."""
+    def _insert(self, whole: bool = False) -> None:
+        """Insert the events of the files held (the transaction begins with the first): the rows of each table
+        with at least :data:`INSERT_TABLE_ROWS` held, or (``whole``, before the commit) all of them."""
         if not self.open:
             self.con.execute("BEGIN TRANSACTION")
             self.open = True
-        if self.items:
-            _insert_part(self.con, self.items)
-        _delete_tmp({f for _, _, tables in self.items for f in tables.values()})  # a group's streams once
-        self.items, self.pending_rows = [], 0
+        if self.items or whole and not self.held.empty():
+            _insert_part(self.con, self.items, held=self.held, least=0 if whole else INSERT_TABLE_ROWS)
+        self.items = []
+        self.pending_rows = self.held.total()
 
     def commit(self) -> None:
         """Insert the files held so far and commit their transaction; their temporary streams are deleted."""
@@ -532,7 +542,7 @@ class _Batch:
             return
         con = self.con
         try:
-            self._insert()
+            self._insert(whole=True)
             if self.old:
                 for t in (*store.EVENT_TABLES, "files"):
                     con.execute(f"DELETE FROM {t} WHERE file_id IN (SELECT unnest(?))", [self.old])
@@ -547,7 +557,8 @@ class _Batch:
             self._clear()
 
     def _clear(self) -> None:
-        _delete_tmp({f for _, _, tables in self.items for f in tables.values()})
+        _delete_tmp({f for _, _, tables, _ in self.items for f in tables.values()})
+        self.held.close()
         self.items, self.rows, self.old, self.n_rows, self.pending_rows, self.open = [], [], [], 0, 0, False
         self.next_id = None  # asked again: a split file between two batches takes the next id
 
@@ -707,12 +718,15 @@ class _FileLoad:
             pass  # no transaction open
 
 
-def _insert_part(con: duckdb.DuckDBPyConnection, file_id, base: int = 0, tables: dict | None = None) -> None:
+def _insert_part(con: duckdb.DuckDBPyConnection, file_id, base: int = 0, tables: dict | None = None, *,
+                 held: HeldRows | None = None, least: int = 0) -> None:
     """Insert parsed parts from the Arrow IPC streams their parsers wrote.
 
     Either one part (``file_id``, ``base``, ``tables``: table name -> stream file) or, with ``file_id`` a list of
-    ``(file_id, base_time_ns, tables)``, many files with one ``INSERT`` per table: DuckDB reads the streams one
-    after another, a chunk at a time, with each row's ``file_id`` and ``ts_ns + base`` added on the way.
+    ``(file_id, base_time_ns, tables, table -> rows)``, many files with one ``INSERT`` per table: DuckDB reads the
+    streams one after another, a chunk at a time, with each row's ``file_id`` and ``ts_ns + base`` added on the way.
+    ``held``: the rows that earlier calls of the transaction held back, to which these are added; a table goes in
+    only with at least ``least`` rows held, else its rows stay there (see :mod:`.held`).
     """
     import numpy as np
     import pyarrow as pa
@@ -720,56 +734,29 @@ def _insert_part(con: duckdb.DuckDBPyConnection, file_id, base: int = 0, tables:
     from traceanalyze.ingest import compute as pc  # not pyarrow.compute: see there
     from traceanalyze.ingest import parse  # not at module level: a cached report never parses
 
-    items = file_id if isinstance(file_id, list) else [(file_id, base, tables)]
-    for t, schema in parse.TABLES.items():
-        if not any(t in files for _, _, files in items):  # no part has rows of this table: no stream
-            continue
-        names = ", ".join(f'"{c}"' for c in schema.names)
-        out_schema = pa.schema([("file_id", pa.int32()), *schema])
-        ts_at = schema.names.index("ts_ns") if "ts_ns" in schema.names else None
-
-        def batches(t=t, ts_at=ts_at, out_schema=out_schema):
-            for fid, shift, b in _file_batches(items, t):
-                cols = b.columns
-                if ts_at is not None and shift:
-                    cols[ts_at] = pc.add(cols[ts_at], shift)
-                yield pa.RecordBatch.from_arrays([pa.array(np.full(b.num_rows, fid, np.int32)), *cols],
-                                                 schema=out_schema)
-
-        con.register("_incoming", pa.RecordBatchReader.from_batches(out_schema, batches()))  # read a chunk at a time
-        try:
-            con.execute(f"INSERT INTO {t} (file_id, {names}) SELECT file_id, {names} FROM _incoming")
-        finally:
-            con.unregister("_incoming")
-
-
-def _file_batches(items: list[tuple[int, int, dict]], t: str) -> Iterator[tuple[int, int, object]]:
-    """``(file_id, base_time_ns, record batch)`` of table ``t``'s rows of each file of ``items``, in order, read a
-    chunk at a time from their streams: a file's own, or the next :attr:`GroupShare.rows` rows of its group's stream
-    (whose batches each hold one file's rows). Batches without rows are left out."""
-    import pyarrow as pa
-
-    readers: dict[str, tuple] = {}  # a group's stream -> (file, reader), open while its files are read
+    rows = held if held is not None else HeldRows()
+    rows.add(file_id if isinstance(file_id, list) else [(file_id, base, tables, None)])
     try:
-        for fid, shift, files in items:
-            if t not in files:
+        for t, schema in parse.TABLES.items():
+            if not rows.due(t, least):  # no rows of this table held, or too few for an INSERT of their own yet
                 continue
-            want = files.rows[t] if isinstance(files, GroupShare) else None
-            if files[t] not in readers:
-                fh = pa.OSFile(files[t])
-                readers[files[t]] = (fh, pa.ipc.open_stream(fh))
-            reader = readers[files[t]][1]
-            while want is None or want > 0:
-                try:
-                    b = reader.read_next_batch()
-                except StopIteration:
-                    break
-                if b.num_rows:
-                    if want is not None:
-                        want -= b.num_rows
-                    yield fid, shift, b
-            if want is None:
-                readers.pop(files[t])[0].close()
+            names = ", ".join(f'"{c}"' for c in schema.names)
+            out_schema = pa.schema([("file_id", pa.int32()), *schema])
+            ts_at = schema.names.index("ts_ns") if "ts_ns" in schema.names else None
+
+            def batches(t=t, ts_at=ts_at, out_schema=out_schema):
+                for fid, shift, b in rows.take(t):
+                    cols = b.columns
+                    if ts_at is not None and shift:
+                        cols[ts_at] = pc.add(cols[ts_at], shift)
+                    yield pa.RecordBatch.from_arrays([pa.array(np.full(b.num_rows, fid, np.int32)), *cols],
+                                                     schema=out_schema)
+
+            con.register("_incoming", pa.RecordBatchReader.from_batches(out_schema, batches()))  # a chunk at a time
+            try:
+                con.execute(f"INSERT INTO {t} (file_id, {names}) SELECT file_id, {names} FROM _incoming")
+            finally:
+                con.unregister("_incoming")
     finally:
-        for fh, _ in readers.values():
-            fh.close()
+        if held is None:  # its streams are read: they go
+            rows.close()
