@@ -61,7 +61,7 @@ def gloo_issue_edges(con, rc: RunClock, t: Tasks, edges: Edges, anchor: np.ndarr
     rank, res, rel = t.rank, t.res, t.rel
     coll = np.flatnonzero(t.kind == K_COLL)
     c10 = fetch(con, """SELECT c.file_id, c.pid, c.tid, c.ts_ns FROM cpu_ops c JOIN files f USING (file_id)
-        WHERE f.run_id = ? AND f.rank IS NOT NULL AND f.file_id IN (SELECT unnest(?))
+        WHERE f.run_id = ? AND f.rank IS NOT NULL AND list_contains(?, f.file_id)
           AND c.name LIKE 'c10d::%' AND c.name NOT LIKE 'c10d::wait%'
         ORDER BY c.ts_ns""", [rc.run_id, fids])
     if not (coll.size and c10["ts_ns"].size):
@@ -154,7 +154,7 @@ def _stream_waits(con, rc: RunClock, t: Tasks, dev: np.ndarray, fids: list[int])
         FROM cpu_ops o JOIN files f USING (file_id)
         LEFT JOIN cuda_syncs s ON s.file_id = o.file_id AND s.correlation = o.correlation
              AND s.name = 'Stream Wait Event'
-        WHERE f.run_id = ? AND f.rank IS NOT NULL AND o.file_id IN (SELECT unnest(?)) AND o.cat = 'cuda_runtime'
+        WHERE f.run_id = ? AND f.rank IS NOT NULL AND list_contains(?, o.file_id) AND o.cat = 'cuda_runtime'
           AND o.name IN ('cudaEventRecord', 'cudaStreamWaitEvent') AND o.correlation IS NOT NULL
         ORDER BY o.file_id, o.correlation""", [rc.run_id, fids])
     none = (np.zeros(0, np.int64),) * 4

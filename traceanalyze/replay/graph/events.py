@@ -39,7 +39,7 @@ def profiler_events(con, rc: RunClock, g: Graph | Tasks, fids: list[int] | None 
     # by batches of files (bounded memory: the events of 8 ranks at once held 55 MB), each thread once (a code per
     # row from SQL: no per-row lookup), the events by thread and time
     fids = [int(f) for f in (rc.fid if fids is None else fids)]
-    sizes = dict(con.execute("SELECT file_id, coalesce(n_cpu_ops, 0) FROM files WHERE file_id IN (SELECT unnest(?))",
+    sizes = dict(con.execute("SELECT file_id, coalesce(n_cpu_ops, 0) FROM files WHERE list_contains(?, file_id)",
                              [fids]).fetchall())
     # each host task's window [lo, hi) as sortable keys (resource << T_SHIFT + ns), computed once for all batches
     lim = (1 << T_SHIFT) - 1
@@ -93,7 +93,7 @@ def _count_events(con, rc: RunClock, threads: dict, fids: list[int], win: tuple,
                         ELSE greatest(length(c.input_dims) - length(replace(c.input_dims, '[', '')) - 1, 0)
                    END AS shapes
             FROM cpu_ops c
-            WHERE c.file_id IN (SELECT unnest($1))
+            WHERE list_contains($1, c.file_id)
               AND c.cat IN ('cpu_op', 'user_annotation', 'cuda_runtime', 'cuda_driver')
               AND ($2::BIGINT IS NULL OR c.ts_ns >= $2) AND ($3::BIGINT IS NULL OR c.ts_ns < $3)""",
               [fids, ts_lo, ts_hi])  # fids: the run's ranked files (rc.fid)

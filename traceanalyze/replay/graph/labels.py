@@ -76,16 +76,16 @@ def categories(con, rc: RunClock, t: Tasks, fids: list[int], prec: np.ndarray
     # into the gap before the next task, traceanalyze.replay.graph.tasks._fold_calls, so their time is found as a
     # range)
     r = fetch(con, """SELECT f.rank, c.pid, c.tid, c.ts_ns, c.ts_ns + c.dur_ns AS end_ns,
-               CASE WHEN c.cat IN ('cuda_runtime', 'cuda_driver') THEN 6 - (c.name IN (SELECT unnest($7)))::INT
-                    WHEN is_dataloader_op(c.name) THEN 0 WHEN c.name IN (SELECT unnest($2)) THEN 1
+               CASE WHEN c.cat IN ('cuda_runtime', 'cuda_driver') THEN 6 - (list_contains($7, c.name))::INT
+                    WHEN is_dataloader_op(c.name) THEN 0 WHEN list_contains($2, c.name) THEN 1
                     WHEN c.name LIKE 'Optimizer.%' THEN 2 ELSE 4 END AS cat
         FROM cpu_ops c JOIN files f USING (file_id)
-        WHERE f.run_id = $1 AND f.rank IS NOT NULL AND f.file_id IN (SELECT unnest($5))
+        WHERE f.run_id = $1 AND f.rank IS NOT NULL AND list_contains($5, f.file_id)
           AND ((c.cat IN ('cpu_op', 'user_annotation')
-                AND (is_dataloader_op(c.name) OR c.name IN (SELECT unnest($2)) OR c.name LIKE 'Optimizer.%'
-                     OR ($3 AND c.name IN (SELECT unnest($4))
+                AND (is_dataloader_op(c.name) OR list_contains($2, c.name) OR c.name LIKE 'Optimizer.%'
+                     OR ($3 AND list_contains($4, c.name)
                          AND (c.input_types LIKE '["float"%' OR c.input_types LIKE '[''float''%'))))
-               OR ($8 AND c.cat IN ('cuda_runtime', 'cuda_driver') AND c.name IN (SELECT unnest($6))))""",
+               OR ($8 AND c.cat IN ('cuda_runtime', 'cuda_driver') AND list_contains($6, c.name)))""",
                [run_id, list(COMPILE_RANGES), mode != "gpu", list(MATMUL_OPS), fids, list(ALLOCATOR_CALLS),
                 list(FREE_CALLS), rc.frees])
     r_res = t.resource_ids(r["rank"], 0, int_column(r["pid"])[0], int_column(r["tid"])[0])

@@ -102,7 +102,7 @@ def host_tasks(con, rc: RunClock, fids: list[int], dev_keys: np.ndarray | None =
     if rc.mode == "gpu":
         h = fetch_arrow(con, """SELECT c.file_id, c.pid, c.tid, c.ts_ns, c.dur_ns, c.correlation, c.name
             FROM cpu_ops c JOIN files f USING (file_id)
-            WHERE f.run_id = $1 AND f.rank IS NOT NULL AND f.file_id IN (SELECT unnest($2))
+            WHERE f.run_id = $1 AND f.rank IS NOT NULL AND list_contains($2, f.file_id)
               AND c.cat IN ('cuda_runtime', 'cuda_driver')""", [rc.run_id, fids], hash_names=True)
         h["flag"] = _name_flags(h["name"][1])[h["name"][0]]
         h = _fold_calls(h, np.zeros(0, np.int64) if dev_keys is None else dev_keys)
@@ -110,7 +110,7 @@ def host_tasks(con, rc: RunClock, fids: list[int], dev_keys: np.ndarray | None =
     else:
         h = fetch_arrow(con, """SELECT c.file_id, c.pid, c.tid, c.ts_ns, c.dur_ns, c.correlation, c.name
             FROM cpu_ops c JOIN files f USING (file_id)
-            WHERE f.run_id = $1 AND f.rank IS NOT NULL AND f.file_id IN (SELECT unnest($2))
+            WHERE f.run_id = $1 AND f.rank IS NOT NULL AND list_contains($2, f.file_id)
               AND c.cat IN ('cpu_op', 'user_annotation') AND profiler_step(c.cat, c.name) IS NULL
             ORDER BY c.file_id, c.pid, c.tid, c.ts_ns, c.dur_ns DESC""", [rc.run_id, fids])
         # top-level ops of each thread: those that start after every earlier op of the thread ended
@@ -167,7 +167,7 @@ def device_tasks(con, rc: RunClock, fids: list[int], comm: list[str]) -> dict:
                ELSE 0 END AS catc, k.name, k.device, k.stream, k.ts_ns, k.dur_ns, k.correlation, k.external_id,
                k.cat = 'kernel' AND k.external_id IS NOT NULL AS has_op
         FROM kernels k JOIN files f USING (file_id)
-        WHERE f.run_id = $1 AND f.rank IS NOT NULL AND f.file_id IN (SELECT unnest($2))
+        WHERE f.run_id = $1 AND f.rank IS NOT NULL AND list_contains($2, f.file_id)
           AND k.cat IN ('kernel', 'gpu_memcpy', 'gpu_memset')""", [rc.run_id, fids], hash_names=True)
     fid = np.asarray(k["file_id"], np.int64)
     opcode = _launching_op_codes(con, rc, fids, fid, np.asarray(k.pop("external_id"), np.int64),
@@ -196,11 +196,11 @@ def _launching_op_codes(con, rc: RunClock, fids: list[int], fid: np.ndarray, ext
     the kernels' query cost 80 ms on the scale set even with no op to match (no ``Input type`` without
     ``record_shapes``)."""
     m = con.execute("""SELECT c.file_id, c.external_id,
-                   1 + CASE WHEN c.name IN (SELECT unnest($2)) THEN 2 ELSE 0 END
+                   1 + CASE WHEN list_contains($2, c.name) THEN 2 ELSE 0 END
                      + CASE WHEN suffix(c.name, '_') OR c.name LIKE 'aten::%foreach%'
                                  OR c.name LIKE '%fused_adam%' THEN 4 ELSE 0 END AS code
             FROM cpu_ops c JOIN files f USING (file_id)
-            WHERE f.run_id = $1 AND f.file_id IN (SELECT unnest($3)) AND c.cat = 'cpu_op'
+            WHERE f.run_id = $1 AND list_contains($3, f.file_id) AND c.cat = 'cpu_op'
               AND c.external_id IS NOT NULL
               AND (c.input_types LIKE '["float"%' OR c.input_types LIKE '[''float''%')""",
                     [rc.run_id, list(matmath.AUTOCAST_FP32_OPS), fids]).fetchnumpy()
