@@ -101,18 +101,16 @@ def host_tasks(con, rc: RunClock, fids: list[int], dev_keys: np.ndarray | None =
     # the names as codes into the distinct names (fetch_arrow): each row's flag is its name's (_name_flags)
     if rc.mode == "gpu":
         h = fetch_arrow(con, """SELECT c.file_id, c.pid, c.tid, c.ts_ns, c.dur_ns, c.correlation, c.name
-            FROM cpu_ops c JOIN files f USING (file_id)
-            WHERE f.run_id = $1 AND f.rank IS NOT NULL AND list_contains($2, f.file_id)
-              AND c.cat IN ('cuda_runtime', 'cuda_driver')""", [rc.run_id, fids], hash_names=True)
+            FROM cpu_ops c WHERE list_contains($1, c.file_id) AND c.cat IN ('cuda_runtime', 'cuda_driver')""",
+            [fids], hash_names=True)
         h["flag"] = _name_flags(h["name"][1])[h["name"][0]]
         h = _fold_calls(h, np.zeros(0, np.int64) if dev_keys is None else dev_keys)
         idle = h.pop("idle")
     else:
         h = fetch_arrow(con, """SELECT c.file_id, c.pid, c.tid, c.ts_ns, c.dur_ns, c.correlation, c.name
-            FROM cpu_ops c JOIN files f USING (file_id)
-            WHERE f.run_id = $1 AND f.rank IS NOT NULL AND list_contains($2, f.file_id)
+            FROM cpu_ops c WHERE list_contains($1, c.file_id)
               AND c.cat IN ('cpu_op', 'user_annotation') AND profiler_step(c.cat, c.name) IS NULL
-            ORDER BY c.file_id, c.pid, c.tid, c.ts_ns, c.dur_ns DESC""", [rc.run_id, fids])
+            ORDER BY c.file_id, c.pid, c.tid, c.ts_ns, c.dur_ns DESC""", [fids])
         # top-level ops of each thread: those that start after every earlier op of the thread ended
         thr = _thread_codes(h["file_id"], h["pid"], h["tid"])
         ts = np.asarray(h["ts_ns"], np.int64) - rc.origin
@@ -166,9 +164,8 @@ def device_tasks(con, rc: RunClock, fids: list[int], comm: list[str]) -> dict:
     k = fetch_arrow(con, """SELECT k.file_id, CASE k.cat WHEN 'gpu_memcpy' THEN 1 WHEN 'gpu_memset' THEN 2
                ELSE 0 END AS catc, k.name, k.device, k.stream, k.ts_ns, k.dur_ns, k.correlation, k.external_id,
                k.cat = 'kernel' AND k.external_id IS NOT NULL AS has_op
-        FROM kernels k JOIN files f USING (file_id)
-        WHERE f.run_id = $1 AND f.rank IS NOT NULL AND list_contains($2, f.file_id)
-          AND k.cat IN ('kernel', 'gpu_memcpy', 'gpu_memset')""", [rc.run_id, fids], hash_names=True)
+        FROM kernels k WHERE list_contains($1, k.file_id) AND k.cat IN ('kernel', 'gpu_memcpy', 'gpu_memset')""",
+        [fids], hash_names=True)
     fid = np.asarray(k["file_id"], np.int64)
     opcode = _launching_op_codes(con, rc, fids, fid, np.asarray(k.pop("external_id"), np.int64),
                                  np.asarray(k.pop("has_op"), bool))
@@ -196,14 +193,13 @@ def _launching_op_codes(con, rc: RunClock, fids: list[int], fid: np.ndarray, ext
     the kernels' query cost 80 ms on the scale set even with no op to match (no ``Input type`` without
     ``record_shapes``)."""
     m = con.execute("""SELECT c.file_id, c.external_id,
-                   1 + CASE WHEN list_contains($2, c.name) THEN 2 ELSE 0 END
+                   1 + CASE WHEN list_contains($1, c.name) THEN 2 ELSE 0 END
                      + CASE WHEN suffix(c.name, '_') OR c.name LIKE 'aten::%foreach%'
                                  OR c.name LIKE '%fused_adam%' THEN 4 ELSE 0 END AS code
-            FROM cpu_ops c JOIN files f USING (file_id)
-            WHERE f.run_id = $1 AND list_contains($3, f.file_id) AND c.cat = 'cpu_op'
+            FROM cpu_ops c WHERE list_contains($2, c.file_id) AND c.cat = 'cpu_op'
               AND c.external_id IS NOT NULL
               AND (c.input_types LIKE '["float"%' OR c.input_types LIKE '[''float''%')""",
-                    [rc.run_id, list(matmath.AUTOCAST_FP32_OPS), fids]).fetchnumpy()
+                    [list(matmath.AUTOCAST_FP32_OPS), fids]).fetchnumpy()
     out = np.zeros(fid.size, np.int64)
     m_fid = np.asarray(m["file_id"], np.int64)
     if not m_fid.size:
