@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from traceanalyze.replay.graph.model import T_SHIFT, Graph, host_resources
-from traceanalyze.replay.graph.source import RunClock, dense_codes, fetch_arrow
+from traceanalyze.replay.graph.source import RunClock, dense_codes, fetch_arrow, in_files
 from traceanalyze.replay.graph.tasks import Tasks
 
 PROFILER_EVENTS_BATCH = 250_000  # CPU ops whose profiler events are counted at once (profiler_events)
@@ -83,7 +83,7 @@ def _count_events(con, rc: RunClock, threads: dict, fids: list[int], win: tuple,
     resource; ``win``: the host tasks (ids, ranks, window start and end keys)."""
     # the rows as they are stored (no join, no thread codes in SQL: that window and join cost as much as the scan),
     # read through Arrow (NULL read as 0, as the NumPy fetch's masked rows were; 30 % less than fetchnumpy)
-    r = fetch_arrow(con, """SELECT c.file_id, c.pid, c.tid, c.ts_ns,
+    r = fetch_arrow(con, f"""SELECT c.file_id, c.pid, c.tid, c.ts_ns,
                    CASE WHEN c.cat IN ('cuda_runtime', 'cuda_driver') THEN 1
                         WHEN c.name LIKE 'triton\\_%' ESCAPE '\\' OR c.name LIKE '## Call CompiledFxGraph%'
                              OR c.name LIKE 'Torch-Compiled Region%' OR c.name IN ('CompiledFunction',
@@ -93,7 +93,7 @@ def _count_events(con, rc: RunClock, threads: dict, fids: list[int], win: tuple,
                         ELSE greatest(length(c.input_dims) - length(replace(c.input_dims, '[', '')) - 1, 0)
                    END AS shapes
             FROM cpu_ops c
-            WHERE list_contains($1, c.file_id)
+            WHERE {in_files("c.file_id", fids, "$1")}
               AND c.cat IN ('cpu_op', 'user_annotation', 'cuda_runtime', 'cuda_driver')
               AND ($2::BIGINT IS NULL OR c.ts_ns >= $2) AND ($3::BIGINT IS NULL OR c.ts_ns < $3)""",
               [fids, ts_lo, ts_hi])  # fids: the run's ranked files (rc.fid)

@@ -26,7 +26,7 @@ from traceanalyze.replay.graph.model import (
     P_MM_TF32,
     T_SHIFT,
 )
-from traceanalyze.replay.graph.source import RunClock, fetch
+from traceanalyze.replay.graph.source import RunClock, fetch, in_files
 from traceanalyze.replay.graph.tasks import Tasks
 
 
@@ -75,11 +75,11 @@ def categories(con, rc: RunClock, t: Tasks, fids: list[int], prec: np.ndarray
     # the allocator's cudaFree (5) and cudaMalloc (6) calls (GPU runs: runtime calls no edge touches are folded
     # into the gap before the next task, traceanalyze.replay.graph.tasks._fold_calls, so their time is found as a
     # range)
-    r = fetch(con, """SELECT c.file_id, c.pid, c.tid, c.ts_ns, c.ts_ns + c.dur_ns AS end_ns,
+    r = fetch(con, f"""SELECT c.file_id, c.pid, c.tid, c.ts_ns, c.ts_ns + c.dur_ns AS end_ns,
                CASE WHEN c.cat IN ('cuda_runtime', 'cuda_driver') THEN 6 - (list_contains($6, c.name))::INT
                     WHEN is_dataloader_op(c.name) THEN 0 WHEN list_contains($1, c.name) THEN 1
                     WHEN c.name LIKE 'Optimizer.%' THEN 2 ELSE 4 END AS cat
-        FROM cpu_ops c WHERE list_contains($4, c.file_id)
+        FROM cpu_ops c WHERE {in_files("c.file_id", fids, "$4")}
           AND ((c.cat IN ('cpu_op', 'user_annotation')
                 AND (is_dataloader_op(c.name) OR list_contains($1, c.name) OR c.name LIKE 'Optimizer.%'
                      OR ($2 AND list_contains($3, c.name)

@@ -18,6 +18,14 @@ def fetch(con, sql: str, params: list) -> dict[str, np.ndarray]:
     return con.execute(sql, params).fetchnumpy()
 
 
+def in_files(col: str, fids: list[int], param: str) -> str:
+    """SQL: ``col`` (a file id) is one of ``fids``, read from the list parameter ``param`` (``?`` or ``$n``). The
+    ids' range is spelled out too: DuckDB skips the row groups outside it (a chunk's or a batch's files are a run of
+    the sorted ids), where ``list_contains`` alone reads every row of the table (0.01-0.02 s per events batch)."""
+    lo, hi = (min(fids), max(fids)) if fids else (0, -1)
+    return f"{col} BETWEEN {lo:d} AND {hi:d} AND list_contains({param}, {col})"
+
+
 def fetch_arrow(con, sql: str, params: list, hash_names: bool = False) -> dict:
     """Columns of a query: ``name`` as (per row: index into the distinct names, the distinct names, sorted, as an
     Arrow string array), the others as NumPy arrays with NULL read as 0. The result streams from DuckDB in batches

@@ -28,6 +28,7 @@ from traceanalyze.replay.graph.source import (
     dense_codes,
     encode_names,
     fetch_arrow,
+    in_files,
     unify_names,
     unique_rows,
 )
@@ -100,15 +101,15 @@ def host_tasks(con, rc: RunClock, fids: list[int], dev_keys: np.ndarray | None =
 
     # the names as codes into the distinct names (fetch_arrow): each row's flag is its name's (_name_flags)
     if rc.mode == "gpu":
-        h = fetch_arrow(con, """SELECT c.file_id, c.pid, c.tid, c.ts_ns, c.dur_ns, c.correlation, c.name
-            FROM cpu_ops c WHERE list_contains($1, c.file_id) AND c.cat IN ('cuda_runtime', 'cuda_driver')""",
+        h = fetch_arrow(con, f"""SELECT c.file_id, c.pid, c.tid, c.ts_ns, c.dur_ns, c.correlation, c.name
+            FROM cpu_ops c WHERE {in_files("c.file_id", fids, "$1")} AND c.cat IN ('cuda_runtime', 'cuda_driver')""",
             [fids], hash_names=True)
         h["flag"] = _name_flags(h["name"][1])[h["name"][0]]
         h = _fold_calls(h, np.zeros(0, np.int64) if dev_keys is None else dev_keys)
         idle = h.pop("idle")
     else:
-        h = fetch_arrow(con, """SELECT c.file_id, c.pid, c.tid, c.ts_ns, c.dur_ns, c.correlation, c.name
-            FROM cpu_ops c WHERE list_contains($1, c.file_id)
+        h = fetch_arrow(con, f"""SELECT c.file_id, c.pid, c.tid, c.ts_ns, c.dur_ns, c.correlation, c.name
+            FROM cpu_ops c WHERE {in_files("c.file_id", fids, "$1")}
               AND c.cat IN ('cpu_op', 'user_annotation') AND profiler_step(c.cat, c.name) IS NULL
             ORDER BY c.file_id, c.pid, c.tid, c.ts_ns, c.dur_ns DESC""", [fids])
         # top-level ops of each thread: those that start after every earlier op of the thread ended
@@ -161,10 +162,10 @@ def device_tasks(con, rc: RunClock, fids: list[int], comm: list[str]) -> dict:
     """Task columns of the GPU runs' kernels, memcpys and memsets; NCCL kernels are collectives, and ``ext`` is the
     launching op's code (:func:`.labels.precision_classes`): 0 none or not fp32, bit 0 fp32 inputs, bit 1 on autocast's
     fp32 list, bit 2 in place."""
-    k = fetch_arrow(con, """SELECT k.file_id, CASE k.cat WHEN 'gpu_memcpy' THEN 1 WHEN 'gpu_memset' THEN 2
+    k = fetch_arrow(con, f"""SELECT k.file_id, CASE k.cat WHEN 'gpu_memcpy' THEN 1 WHEN 'gpu_memset' THEN 2
                ELSE 0 END AS catc, k.name, k.device, k.stream, k.ts_ns, k.dur_ns, k.correlation, k.external_id,
                k.cat = 'kernel' AND k.external_id IS NOT NULL AS has_op
-        FROM kernels k WHERE list_contains($1, k.file_id) AND k.cat IN ('kernel', 'gpu_memcpy', 'gpu_memset')""",
+        FROM kernels k WHERE {in_files("k.file_id", fids, "$1")} AND k.cat IN ('kernel', 'gpu_memcpy', 'gpu_memset')""",
         [fids], hash_names=True)
     fid = np.asarray(k["file_id"], np.int64)
     opcode = _launching_op_codes(con, rc, fids, fid, np.asarray(k.pop("external_id"), np.int64),
@@ -192,11 +193,11 @@ def _launching_op_codes(con, rc: RunClock, fids: list[int], fid: np.ndarray, ext
     optimizer moments, which autocast leaves fp32); 0 otherwise. The ops are read apart and matched here: a join in
     the kernels' query cost 80 ms on the scale set even with no op to match (no ``Input type`` without
     ``record_shapes``)."""
-    m = con.execute("""SELECT c.file_id, c.external_id,
+    m = con.execute(f"""SELECT c.file_id, c.external_id,
                    1 + CASE WHEN list_contains($1, c.name) THEN 2 ELSE 0 END
                      + CASE WHEN suffix(c.name, '_') OR c.name LIKE 'aten::%foreach%'
                                  OR c.name LIKE '%fused_adam%' THEN 4 ELSE 0 END AS code
-            FROM cpu_ops c WHERE list_contains($2, c.file_id) AND c.cat = 'cpu_op'
+            FROM cpu_ops c WHERE {in_files("c.file_id", fids, "$2")} AND c.cat = 'cpu_op'
               AND c.external_id IS NOT NULL
               AND (c.input_types LIKE '["float"%' OR c.input_types LIKE '[''float''%')""",
                     [list(matmath.AUTOCAST_FP32_OPS), fids]).fetchnumpy()
