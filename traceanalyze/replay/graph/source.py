@@ -29,17 +29,17 @@ def in_files(col: str, fids: list[int], param: str) -> str:
 
 def fetch_arrow(con, sql: str, params: list, hash_names: bool = False) -> dict:
     """Columns of a query: ``name`` as (per row: index into the distinct names, the distinct names, sorted, as an
-    Arrow string array), the others as NumPy arrays with NULL read as 0. The result streams from DuckDB in batches
-    of :data:`FETCH_BATCH_ROWS`, each converted as it comes: the whole result never exists as Arrow (at 1,024 ranks
+    Arrow string array), the others as NumPy arrays with NULL read as 0. A result without strings is read whole
+    (:func:`_numpy_columns`: its arrays are read only); one with strings streams from DuckDB in batches of
+    :data:`FETCH_BATCH_ROWS`, each converted as it comes: the whole result never exists as Arrow (at 1,024 ranks
     that was hundreds of MB beside the arrays made from it).
 
     ``hash_names`` (a query without ORDER BY: its rows come in the same order through the projection that wraps
     it): the rows read each name's 64-bit DuckDB hash, not its string, and a second query over the same rows reads
     the distinct names once (:func:`_hashed_names`): DuckDB hashes its dictionary-compressed strings without
     making them, where a string column costs its copy into Arrow and a dictionary encode per batch (the 256-rank
-    set's 308k kernels: 0.04 s of CPU against 0.01 s). Such a query had better not compute a column from an ``IN``
-    list: DuckDB keeps its mark join in the distinct names' query, which does not read the column (the 256-rank
-    set's runtime calls: 17 ms of CPU through two lists, 9 ms without)."""
+    set's 308k kernels: 0.04 s of CPU against 0.01 s). Such a query had better test a list with ``list_contains``,
+    not ``IN (SELECT unnest(...))``: DuckDB keeps that mark join in the distinct names' query too."""
     import pyarrow as pa
 
     con.complete()  # DuckDB 2 refuses a new query while a DB-API result of this connection is unfinished
