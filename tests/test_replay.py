@@ -734,6 +734,24 @@ def test_streams_visited_in_forward_order():
     assert forward_order(fwd, res, order, stream) == order
 
 
+def test_build_reads_files_by_range_and_list():
+    """The build's file filter (``in_files``) keeps exactly the listed ids, an empty list none; a result without
+    strings comes whole (``fetch_arrow``), NULL read as 0, its arrays read only."""
+    import duckdb
+
+    from traceanalyze.replay.graph import source
+
+    con = duckdb.connect()
+    con.execute("CREATE TABLE c AS SELECT i AS file_id, CASE WHEN i = 4 THEN NULL ELSE 10 * i END AS v "
+                "FROM range(8) t(i)")
+    for fids, want in (([1, 4, 6], [1, 4, 6]), ([5], [5]), ([], [])):
+        got = source.fetch_arrow(con, f"SELECT file_id, v FROM c WHERE {source.in_files('file_id', fids, '$1')} "
+                                      "ORDER BY file_id", [fids])
+        assert got["file_id"].tolist() == want
+        assert got["v"].tolist() == [0 if f == 4 else 10 * f for f in want]
+        assert not got["v"].flags.writeable or not want
+
+
 def test_launching_ops_grouped_and_names_read_as_hashes(monkeypatch):
     """``_by_op`` sorts the fp32 ops by (file, External id) and ORs the codes of one id, as the GROUP BY it
     replaces did; a query's names read as hashes (``fetch_arrow(hash_names=True)``) give the codes and sorted names
@@ -742,10 +760,15 @@ def test_launching_ops_grouped_and_names_read_as_hashes(monkeypatch):
     import numpy as np
 
     from traceanalyze.replay.graph import source
-    from traceanalyze.replay.graph.tasks import _by_op
+    from traceanalyze.replay.graph.tasks import _by_op, _or_runs
 
     fid, ext, code = _by_op(np.array([2, 1, 2, 1, 2]), np.array([5, 9, 5, 3, 4]), np.array([1, 3, 4, 1, 1]))
     assert (fid.tolist(), ext.tolist(), code.tolist()) == ([1, 1, 2, 2], [3, 9, 4, 5], [1, 3, 1, 5])
+    # the same ops as one (file, External id) key, as _launching_op_codes sorts them where the ids fit
+    key = np.array([2, 1, 2, 1, 2]) * 10 + np.array([5, 9, 5, 3, 4])
+    o = np.argsort(key, kind="stable")
+    key, code = _or_runs(np.array([1, 3, 4, 1, 1])[o], key[o])
+    assert (key.tolist(), code.tolist()) == ([13, 19, 24, 25], [1, 3, 1, 5])
     con = duckdb.connect()
     con.execute("CREATE TABLE k AS SELECT * FROM (VALUES (1, 'b'), (2, 'a'), (3, NULL), (4, 'b'), (5, 'c')) t(x, name)")
     sql = "SELECT x, name FROM k WHERE x > $1"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from traceanalyze.replay.graph.model import K_BEGIN, K_COLL, K_HOST, T_SHIFT, WAIT_GAP_US, WAIT_TAIL
-from traceanalyze.replay.graph.source import RunClock, fetch
+from traceanalyze.replay.graph.source import RunClock, fetch, in_files
 from traceanalyze.replay.graph.tasks import Tasks
 
 
@@ -60,10 +60,9 @@ def gloo_issue_edges(con, rc: RunClock, t: Tasks, edges: Edges, anchor: np.ndarr
     before its start; the collective's anchor becomes that call's start."""
     rank, res, rel = t.rank, t.res, t.rel
     coll = np.flatnonzero(t.kind == K_COLL)
-    c10 = fetch(con, """SELECT c.file_id, c.pid, c.tid, c.ts_ns FROM cpu_ops c JOIN files f USING (file_id)
-        WHERE f.run_id = ? AND f.rank IS NOT NULL AND f.file_id IN (SELECT unnest(?))
-          AND c.name LIKE 'c10d::%' AND c.name NOT LIKE 'c10d::wait%'
-        ORDER BY c.ts_ns""", [rc.run_id, fids])
+    c10 = fetch(con, f"""SELECT c.file_id, c.pid, c.tid, c.ts_ns FROM cpu_ops c
+        WHERE {in_files("c.file_id", fids, "?")} AND c.name LIKE 'c10d::%' AND c.name NOT LIKE 'c10d::wait%'
+        ORDER BY c.ts_ns""", [fids])
     if not (coll.size and c10["ts_ns"].size):
         return
     c_rank = rc.rank_of(np.asarray(c10["file_id"], np.int64))
@@ -148,15 +147,15 @@ def _stream_waits(con, rc: RunClock, t: Tasks, dev: np.ndarray, fids: list[int])
     first on its stream since a wait call stands for a wait of its stream (cuDNN records on the main stream, makes
     several side streams wait, then launches on each). Correlations count the process's runtime calls in order,
     whatever the thread."""
-    w = fetch(con, """SELECT o.file_id, o.correlation AS corr, o.name = 'cudaStreamWaitEvent' AS is_wait,
+    w = fetch(con, f"""SELECT o.file_id, o.correlation AS corr, o.name = 'cudaStreamWaitEvent' AS is_wait,
                coalesce(s.device, -1) AS device, coalesce(s.stream, -1) AS stream,
                coalesce(s.wait_on_stream, -1) AS wait_on_stream, coalesce(s.wait_on_corr, -1) AS wait_on_corr
-        FROM cpu_ops o JOIN files f USING (file_id)
+        FROM cpu_ops o
         LEFT JOIN cuda_syncs s ON s.file_id = o.file_id AND s.correlation = o.correlation
              AND s.name = 'Stream Wait Event'
-        WHERE f.run_id = ? AND f.rank IS NOT NULL AND o.file_id IN (SELECT unnest(?)) AND o.cat = 'cuda_runtime'
+        WHERE {in_files("o.file_id", fids, "?")} AND o.cat = 'cuda_runtime'
           AND o.name IN ('cudaEventRecord', 'cudaStreamWaitEvent') AND o.correlation IS NOT NULL
-        ORDER BY o.file_id, o.correlation""", [rc.run_id, fids])
+        ORDER BY o.file_id, o.correlation""", [fids])
     none = (np.zeros(0, np.int64),) * 4
     if not w["file_id"].size:
         return none

@@ -26,7 +26,7 @@ from traceanalyze.replay.graph.model import (
     P_MM_TF32,
     T_SHIFT,
 )
-from traceanalyze.replay.graph.source import RunClock, fetch
+from traceanalyze.replay.graph.source import RunClock, fetch, in_files
 from traceanalyze.replay.graph.tasks import Tasks
 
 
@@ -68,28 +68,27 @@ def categories(con, rc: RunClock, t: Tasks, fids: list[int], prec: np.ndarray
     and the categories known all zero without a scan (``{"cover": ..., "gap_cover": ...}``: calloc'd zeros, which
     :func:`.builder._join_chunks` joins without reading); ``prec``: :func:`precision_classes` (GPU runs: the fp32
     matrix-math kernels are ``matmul_fp32``)."""
-    run_id, mode, origin, off_ns, world = rc.run_id, rc.mode, rc.origin, rc.off_ns, rc.world
+    mode, origin, off_ns, world = rc.mode, rc.origin, rc.off_ns, rc.world
     res, rk, kind, flag = t.res, t.rk, t.kind, t.cols["flag"]
     start, end, gap, first = t.start, t.end, t.gap, t.first
     n = start.size
     # the allocator's cudaFree (5) and cudaMalloc (6) calls (GPU runs: runtime calls no edge touches are folded
     # into the gap before the next task, traceanalyze.replay.graph.tasks._fold_calls, so their time is found as a
     # range)
-    r = fetch(con, """SELECT f.rank, c.pid, c.tid, c.ts_ns, c.ts_ns + c.dur_ns AS end_ns,
-               CASE WHEN c.cat IN ('cuda_runtime', 'cuda_driver') THEN 6 - (c.name IN (SELECT unnest($7)))::INT
-                    WHEN is_dataloader_op(c.name) THEN 0 WHEN c.name IN (SELECT unnest($2)) THEN 1
+    r = fetch(con, f"""SELECT c.file_id, c.pid, c.tid, c.ts_ns, c.ts_ns + c.dur_ns AS end_ns,
+               CASE WHEN c.cat IN ('cuda_runtime', 'cuda_driver') THEN 6 - (list_contains($6, c.name))::INT
+                    WHEN is_dataloader_op(c.name) THEN 0 WHEN list_contains($1, c.name) THEN 1
                     WHEN c.name LIKE 'Optimizer.%' THEN 2 ELSE 4 END AS cat
-        FROM cpu_ops c JOIN files f USING (file_id)
-        WHERE f.run_id = $1 AND f.rank IS NOT NULL AND f.file_id IN (SELECT unnest($5))
+        FROM cpu_ops c WHERE {in_files("c.file_id", fids, "$4")}
           AND ((c.cat IN ('cpu_op', 'user_annotation')
-                AND (is_dataloader_op(c.name) OR c.name IN (SELECT unnest($2)) OR c.name LIKE 'Optimizer.%'
-                     OR ($3 AND c.name IN (SELECT unnest($4))
+                AND (is_dataloader_op(c.name) OR list_contains($1, c.name) OR c.name LIKE 'Optimizer.%'
+                     OR ($2 AND list_contains($3, c.name)
                          AND (c.input_types LIKE '["float"%' OR c.input_types LIKE '[''float''%'))))
-               OR ($8 AND c.cat IN ('cuda_runtime', 'cuda_driver') AND c.name IN (SELECT unnest($6))))""",
-               [run_id, list(COMPILE_RANGES), mode != "gpu", list(MATMUL_OPS), fids, list(ALLOCATOR_CALLS),
+               OR ($7 AND c.cat IN ('cuda_runtime', 'cuda_driver') AND list_contains($5, c.name)))""",
+               [list(COMPILE_RANGES), mode != "gpu", list(MATMUL_OPS), fids, list(ALLOCATOR_CALLS),
                 list(FREE_CALLS), rc.frees])
-    r_res = t.resource_ids(r["rank"], 0, int_column(r["pid"])[0], int_column(r["tid"])[0])
-    r_rank = np.asarray(r["rank"], np.int64)
+    r_rank = rc.rank_of(np.asarray(r["file_id"], np.int64))  # fids: ranked files of the run (no join to files)
+    r_res = t.resource_ids(r_rank, 0, int_column(r["pid"])[0], int_column(r["tid"])[0])
     shift = origin + off_ns[np.clip(r_rank, 0, world)]
     lo = np.clip(np.asarray(r["ts_ns"], np.int64) - shift, 0, (1 << T_SHIFT) - 1)
     hi = np.clip(np.asarray(r["end_ns"], np.int64) - shift, 0, (1 << T_SHIFT) - 1)

@@ -11,26 +11,35 @@ import numpy as np
 from traceanalyze.ingest import compute as pc
 from traceanalyze.metrics import allocator  # Arrow's compute functions without importing pyarrow.compute
 
-FETCH_BATCH_ROWS = 1 << 17  # rows per Arrow batch read from DuckDB by fetch_arrow
+FETCH_BATCH_ROWS = 1 << 17  # rows per Arrow batch read from DuckDB by fetch_arrow (a result with strings)
+WHOLE_BATCH_ROWS = 1 << 26  # rows of the one Arrow batch of a result without strings (_numpy_columns)
 
 
 def fetch(con, sql: str, params: list) -> dict[str, np.ndarray]:
     return con.execute(sql, params).fetchnumpy()
 
 
+def in_files(col: str, fids: list[int], param: str) -> str:
+    """SQL: ``col`` (a file id) is one of ``fids``, read from the list parameter ``param`` (``?`` or ``$n``). The
+    ids' range is spelled out too: DuckDB skips the row groups outside it (a chunk's or a batch's files are a run of
+    the sorted ids), where ``list_contains`` alone reads every row of the table (0.01-0.02 s per events batch)."""
+    lo, hi = (min(fids), max(fids)) if fids else (0, -1)
+    return f"{col} BETWEEN {lo:d} AND {hi:d} AND list_contains({param}, {col})"
+
+
 def fetch_arrow(con, sql: str, params: list, hash_names: bool = False) -> dict:
     """Columns of a query: ``name`` as (per row: index into the distinct names, the distinct names, sorted, as an
-    Arrow string array), the others as NumPy arrays with NULL read as 0. The result streams from DuckDB in batches
-    of :data:`FETCH_BATCH_ROWS`, each converted as it comes: the whole result never exists as Arrow (at 1,024 ranks
+    Arrow string array), the others as NumPy arrays with NULL read as 0. A result without strings is read whole
+    (:func:`_numpy_columns`: its arrays are read only); one with strings streams from DuckDB in batches of
+    :data:`FETCH_BATCH_ROWS`, each converted as it comes: the whole result never exists as Arrow (at 1,024 ranks
     that was hundreds of MB beside the arrays made from it).
 
     ``hash_names`` (a query without ORDER BY: its rows come in the same order through the projection that wraps
     it): the rows read each name's 64-bit DuckDB hash, not its string, and a second query over the same rows reads
     the distinct names once (:func:`_hashed_names`): DuckDB hashes its dictionary-compressed strings without
     making them, where a string column costs its copy into Arrow and a dictionary encode per batch (the 256-rank
-    set's 308k kernels: 0.04 s of CPU against 0.01 s). Such a query had better not compute a column from an ``IN``
-    list: DuckDB keeps its mark join in the distinct names' query, which does not read the column (the 256-rank
-    set's runtime calls: 17 ms of CPU through two lists, 9 ms without)."""
+    set's 308k kernels: 0.04 s of CPU against 0.01 s). Such a query had better test a list with ``list_contains``,
+    not ``IN (SELECT unnest(...))``: DuckDB keeps that mark join in the distinct names' query too."""
     import pyarrow as pa
 
     con.complete()  # DuckDB 2 refuses a new query while a DB-API result of this connection is unfinished
@@ -39,7 +48,10 @@ def fetch_arrow(con, sql: str, params: list, hash_names: bool = False) -> dict:
         if out is not None:
             return out
         con.complete()
-    reader = con.sql(sql, params=params).to_arrow_reader(FETCH_BATCH_ROWS)
+    rel = con.sql(sql, params=params)
+    if "name" not in rel.columns:  # no strings: read whole (:func:`_numpy_columns`)
+        return _numpy_columns(rel)
+    reader = rel.to_arrow_reader(FETCH_BATCH_ROWS)
     parts: dict[str, list] = {c: [] for c in reader.schema.names}
     for batch in reader:
         for c, a in zip(batch.schema.names, batch.columns, strict=True):
@@ -55,14 +67,33 @@ def fetch_arrow(con, sql: str, params: list, hash_names: bool = False) -> dict:
     return out
 
 
-def _numpy_column(a) -> np.ndarray:
-    """An Arrow column of a DuckDB batch as a NumPy array, NULL read as 0 (False)."""
+def _numpy_column(a, writable: bool = True) -> np.ndarray:
+    """An Arrow column of a DuckDB batch as a NumPy array, NULL read as 0 (False); ``writable``: a copy (a view
+    would keep the whole DuckDB batch, its strings too, alive until the end), else a view where Arrow can."""
     import pyarrow as pa
 
     if a.null_count:
         a = pc.fill_null(a, False if pa.types.is_boolean(a.type) else 0)
-    # a copy: a view would keep the whole DuckDB batch (its strings too) alive until the end
-    return a.to_numpy(zero_copy_only=False, writable=True)
+    return a.to_numpy(zero_copy_only=False, writable=writable)
+
+
+def _numpy_columns(rel) -> dict[str, np.ndarray]:
+    """The columns of a DuckDB relation without strings as NumPy arrays, NULL read as 0 (False), read only: the
+    result read whole as one Arrow batch (:data:`WHOLE_BATCH_ROWS`), each column a view of it where Arrow can (no
+    NULL, not boolean), else one copy. DuckDB fills the result on all its threads, and nothing is copied twice: a
+    reader's batches (~30k rows each, however many were asked for), each copied, then joined, cost 0.01 s of CPU
+    more per 250k rows (the 256-rank set's 249k runtime calls: 36 ms against 23 ms). The peak is the result's size,
+    as the joined batches' was."""
+    tbl = rel.to_arrow_table(WHOLE_BATCH_ROWS)
+    out: dict[str, np.ndarray] = {}
+    for c in tbl.column_names:
+        chunks = tbl.column(c).chunks
+        tbl = tbl.drop_columns([c])  # a copied column's Arrow buffers go once it is made
+        parts = [_numpy_column(a, writable=False) for a in chunks]
+        del chunks
+        # callers cast as they need
+        out[c] = parts[0] if len(parts) == 1 else np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    return out
 
 
 def _hashed_names(con, sql: str, params: list) -> dict | None:
@@ -77,19 +108,12 @@ def _hashed_names(con, sql: str, params: list) -> dict | None:
     if np.unique(hashes).size != hashes.size:
         return None
     con.complete()
-    reader = con.sql(f"SELECT * REPLACE (hash(name) AS name) FROM ({sql})",
-                     params=params).to_arrow_reader(FETCH_BATCH_ROWS)
-    parts: dict[str, list] = {c: [] for c in reader.schema.names}
-    for batch in reader:
-        for c, a in zip(batch.schema.names, batch.columns, strict=True):
-            parts[c].append(_numpy_column(a))
-        del batch
-    out = {c: np.concatenate(v) if v else np.zeros(0, np.int64) for c, v in parts.items() if c != "name"}
+    out = _numpy_columns(con.sql(f"SELECT * REPLACE (hash(name) AS name) FROM ({sql})", params=params))
     # the names sorted as unify_names sorts them; each row's code found by its hash among the sorted hashes
     by_name = pc.array_sort_indices(name, "at_end").to_numpy()
     hashes = hashes[by_name]
     o = np.argsort(hashes)
-    h_rows = np.concatenate(parts.pop("name")) if parts["name"] else np.zeros(0, np.uint64)
+    h_rows = out.pop("name")
     codes = o[np.searchsorted(hashes[o], h_rows)].astype(np.int64) if h_rows.size else np.zeros(0, np.int64)
     out["name"] = (codes, pc.take(name, pa.array(by_name)))
     return out

@@ -28,6 +28,7 @@ from traceanalyze.replay.graph.source import (
     dense_codes,
     encode_names,
     fetch_arrow,
+    in_files,
     unify_names,
     unique_rows,
 )
@@ -100,19 +101,17 @@ def host_tasks(con, rc: RunClock, fids: list[int], dev_keys: np.ndarray | None =
 
     # the names as codes into the distinct names (fetch_arrow): each row's flag is its name's (_name_flags)
     if rc.mode == "gpu":
-        h = fetch_arrow(con, """SELECT c.file_id, c.pid, c.tid, c.ts_ns, c.dur_ns, c.correlation, c.name
-            FROM cpu_ops c JOIN files f USING (file_id)
-            WHERE f.run_id = $1 AND f.rank IS NOT NULL AND f.file_id IN (SELECT unnest($2))
-              AND c.cat IN ('cuda_runtime', 'cuda_driver')""", [rc.run_id, fids], hash_names=True)
+        h = fetch_arrow(con, f"""SELECT c.file_id, c.pid, c.tid, c.ts_ns, c.dur_ns, c.correlation, c.name
+            FROM cpu_ops c WHERE {in_files("c.file_id", fids, "$1")} AND c.cat IN ('cuda_runtime', 'cuda_driver')""",
+            [fids], hash_names=True)
         h["flag"] = _name_flags(h["name"][1])[h["name"][0]]
         h = _fold_calls(h, np.zeros(0, np.int64) if dev_keys is None else dev_keys)
         idle = h.pop("idle")
     else:
-        h = fetch_arrow(con, """SELECT c.file_id, c.pid, c.tid, c.ts_ns, c.dur_ns, c.correlation, c.name
-            FROM cpu_ops c JOIN files f USING (file_id)
-            WHERE f.run_id = $1 AND f.rank IS NOT NULL AND f.file_id IN (SELECT unnest($2))
+        h = fetch_arrow(con, f"""SELECT c.file_id, c.pid, c.tid, c.ts_ns, c.dur_ns, c.correlation, c.name
+            FROM cpu_ops c WHERE {in_files("c.file_id", fids, "$1")}
               AND c.cat IN ('cpu_op', 'user_annotation') AND profiler_step(c.cat, c.name) IS NULL
-            ORDER BY c.file_id, c.pid, c.tid, c.ts_ns, c.dur_ns DESC""", [rc.run_id, fids])
+            ORDER BY c.file_id, c.pid, c.tid, c.ts_ns, c.dur_ns DESC""", [fids])
         # top-level ops of each thread: those that start after every earlier op of the thread ended
         thr = _thread_codes(h["file_id"], h["pid"], h["tid"])
         ts = np.asarray(h["ts_ns"], np.int64) - rc.origin
@@ -163,12 +162,11 @@ def device_tasks(con, rc: RunClock, fids: list[int], comm: list[str]) -> dict:
     """Task columns of the GPU runs' kernels, memcpys and memsets; NCCL kernels are collectives, and ``ext`` is the
     launching op's code (:func:`.labels.precision_classes`): 0 none or not fp32, bit 0 fp32 inputs, bit 1 on autocast's
     fp32 list, bit 2 in place."""
-    k = fetch_arrow(con, """SELECT k.file_id, CASE k.cat WHEN 'gpu_memcpy' THEN 1 WHEN 'gpu_memset' THEN 2
+    k = fetch_arrow(con, f"""SELECT k.file_id, CASE k.cat WHEN 'gpu_memcpy' THEN 1 WHEN 'gpu_memset' THEN 2
                ELSE 0 END AS catc, k.name, k.device, k.stream, k.ts_ns, k.dur_ns, k.correlation, k.external_id,
                k.cat = 'kernel' AND k.external_id IS NOT NULL AS has_op
-        FROM kernels k JOIN files f USING (file_id)
-        WHERE f.run_id = $1 AND f.rank IS NOT NULL AND f.file_id IN (SELECT unnest($2))
-          AND k.cat IN ('kernel', 'gpu_memcpy', 'gpu_memset')""", [rc.run_id, fids], hash_names=True)
+        FROM kernels k WHERE {in_files("k.file_id", fids, "$1")} AND k.cat IN ('kernel', 'gpu_memcpy', 'gpu_memset')""",
+        [fids], hash_names=True)
     fid = np.asarray(k["file_id"], np.int64)
     opcode = _launching_op_codes(con, rc, fids, fid, np.asarray(k.pop("external_id"), np.int64),
                                  np.asarray(k.pop("has_op"), bool))
@@ -195,34 +193,35 @@ def _launching_op_codes(con, rc: RunClock, fids: list[int], fid: np.ndarray, ext
     optimizer moments, which autocast leaves fp32); 0 otherwise. The ops are read apart and matched here: a join in
     the kernels' query cost 80 ms on the scale set even with no op to match (no ``Input type`` without
     ``record_shapes``)."""
-    m = con.execute("""SELECT c.file_id, c.external_id,
-                   1 + CASE WHEN c.name IN (SELECT unnest($2)) THEN 2 ELSE 0 END
+    m = con.execute(f"""SELECT c.file_id, c.external_id,
+                   1 + CASE WHEN list_contains($1, c.name) THEN 2 ELSE 0 END
                      + CASE WHEN suffix(c.name, '_') OR c.name LIKE 'aten::%foreach%'
                                  OR c.name LIKE '%fused_adam%' THEN 4 ELSE 0 END AS code
-            FROM cpu_ops c JOIN files f USING (file_id)
-            WHERE f.run_id = $1 AND f.file_id IN (SELECT unnest($3)) AND c.cat = 'cpu_op'
+            FROM cpu_ops c WHERE {in_files("c.file_id", fids, "$2")} AND c.cat = 'cpu_op'
               AND c.external_id IS NOT NULL
               AND (c.input_types LIKE '["float"%' OR c.input_types LIKE '[''float''%')""",
-                    [rc.run_id, list(matmath.AUTOCAST_FP32_OPS), fids]).fetchnumpy()
+                    [list(matmath.AUTOCAST_FP32_OPS), fids]).fetchnumpy()
     out = np.zeros(fid.size, np.int64)
     m_fid = np.asarray(m["file_id"], np.int64)
-    if not m_fid.size:
-        return out
-    m_fid, m_ext, m_code = _by_op(m_fid, np.asarray(m["external_id"], np.int64), np.asarray(m["code"], np.int64))
     sel = np.flatnonzero(kernel)
-    if not sel.size:
+    if not (m_fid.size and sel.size):
         return out
+    m_ext, m_code = np.asarray(m["external_id"], np.int64), np.asarray(m["code"], np.int64)
     lo = min(int(m_ext.min()), int(ext[sel].min()))
     span = max(int(m_ext.max()), int(ext[sel].max())) - lo + 1
     if (max(int(m_fid.max()), int(fid[sel].max())) + 1) * span < 1 << 62:
-        # (file, External id) as one int64 key, ascending as _by_op sorts: one search for every kernel (a loop
-        # over the files cost 0.1 s at 256 ranks)
+        # (file, External id) as one int64 key: one stable sort of the ops, nearly sorted as they come (a lexsort
+        # of the two columns cost 8 ms against 2 for the 256-rank set's 396k ops), one search for every kernel (a
+        # loop over the files cost 0.1 s at 256 ranks)
         m_key = m_fid * span + (m_ext - lo)
+        o = np.argsort(m_key, kind="stable")
+        m_key, m_code = _or_runs(m_code[o], m_key[o])
         k_key = fid[sel] * span + (ext[sel] - lo)
         at = np.clip(np.searchsorted(m_key, k_key), 0, m_key.size - 1)
         hit = m_key[at] == k_key
         out[sel[hit]] = m_code[at[hit]]
         return out
+    m_fid, m_ext, m_code = _by_op(m_fid, m_ext, m_code)
     by_file = sel[np.argsort(fid[sel], kind="stable")]  # ids too wide for one key: the kernels by file, once
     k_fid = fid[by_file]
     for f in np.unique(m_fid).tolist():  # per file (a rank): its ops' External ids, sorted by _by_op
@@ -235,18 +234,24 @@ def _launching_op_codes(con, rc: RunClock, fids: list[int], fid: np.ndarray, ext
     return out
 
 
-def _by_op(fid: np.ndarray, ext: np.ndarray, code: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _by_op(fid: np.ndarray, ext: np.ndarray, code: np.ndarray) -> tuple[np.ndarray, ...]:
     """``(fid, ext, code)`` sorted by (file, External id), the codes of one (file, External id) OR-ed together.
     Sorted and grouped here, not by the query: the ops come nearly sorted from the store, and DuckDB's GROUP BY and
     ORDER BY of the 256-rank set's 396k fp32 ops cost 0.04 s of CPU more than this."""
     o = np.lexsort((ext, fid))
-    fid, ext, code = fid[o], ext[o], code[o]
-    new = np.ones(fid.size, bool)
-    new[1:] = (fid[1:] != fid[:-1]) | (ext[1:] != ext[:-1])
+    return _or_runs(code[o], fid[o], ext[o])
+
+
+def _or_runs(code: np.ndarray, *keys: np.ndarray) -> tuple[np.ndarray, ...]:
+    """``(*keys, code)`` with each run of rows equal in every key (sorted) made one, its codes OR-ed together."""
+    new = np.zeros(code.size, bool)
+    new[:1] = True
+    for k in keys:
+        new[1:] |= k[1:] != k[:-1]
     if new.all():
-        return fid, ext, code
+        return (*keys, code)
     at = np.flatnonzero(new)
-    return fid[at], ext[at], np.bitwise_or.reduceat(code, at)
+    return (*(k[at] for k in keys), np.bitwise_or.reduceat(code, at))
 
 
 def marker_tasks(st: dict[str, np.ndarray]) -> dict:
