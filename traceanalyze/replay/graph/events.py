@@ -44,10 +44,13 @@ def profiler_events(con, rc: RunClock, g: Graph | Tasks, fids: list[int] | None 
     # each host task's window [lo, hi) as sortable keys (resource << T_SHIFT + ns), computed once for all batches
     lim = (1 << T_SHIFT) - 1
     res = g.res[idx].astype(np.int64) << T_SHIFT
-    e_ns = np.clip(((g.start + g.dur) * 1e3).astype(np.int64), 0, lim)
+    def end_ns(i: np.ndarray) -> np.ndarray:  # of the host tasks and the tasks before them only, not of every task
+        return np.clip(((g.start[i] + g.dur[i]) * 1e3).astype(np.int64), 0, lim)
+
+    e_ns = end_ns(idx)
     s_ns = np.clip((g.start[idx] * 1e3).astype(np.int64), 0, lim)
-    prev_e = np.concatenate([[0], e_ns[:-1]])[idx]
-    win = (idx, g.rank[idx], res + np.where(g.first[idx], s_ns, np.minimum(prev_e, s_ns)), res + e_ns[idx])
+    prev_e = end_ns(np.maximum(idx - 1, 0))  # task 0 is the first of its resource: its prev_e is not read
+    win = (idx, g.rank[idx], res + np.where(g.first[idx], s_ns, np.minimum(prev_e, s_ns)), res + e_ns)
     del res, e_ns, s_ns, prev_e
     batch: list[int] = []
     n = 0
