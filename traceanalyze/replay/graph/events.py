@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from traceanalyze.replay.graph.model import T_SHIFT, Graph, host_resources
-from traceanalyze.replay.graph.source import RunClock, dense_codes, fetch_arrow, in_files
+from traceanalyze.replay.graph.source import RunClock, fetch_arrow, in_files, unique_rows
 from traceanalyze.replay.graph.tasks import Tasks
 
 PROFILER_EVENTS_BATCH = 250_000  # CPU ops whose profiler events are counted at once (profiler_events)
@@ -44,10 +44,13 @@ def profiler_events(con, rc: RunClock, g: Graph | Tasks, fids: list[int] | None 
     # each host task's window [lo, hi) as sortable keys (resource << T_SHIFT + ns), computed once for all batches
     lim = (1 << T_SHIFT) - 1
     res = g.res[idx].astype(np.int64) << T_SHIFT
-    e_ns = np.clip(((g.start + g.dur) * 1e3).astype(np.int64), 0, lim)
+    def end_ns(i: np.ndarray) -> np.ndarray:  # of the host tasks and the tasks before them only, not of every task
+        return np.clip(((g.start[i] + g.dur[i]) * 1e3).astype(np.int64), 0, lim)
+
+    e_ns = end_ns(idx)
     s_ns = np.clip((g.start[idx] * 1e3).astype(np.int64), 0, lim)
-    prev_e = np.concatenate([[0], e_ns[:-1]])[idx]
-    win = (idx, g.rank[idx], res + np.where(g.first[idx], s_ns, np.minimum(prev_e, s_ns)), res + e_ns[idx])
+    prev_e = end_ns(np.maximum(idx - 1, 0))  # task 0 is the first of its resource: its prev_e is not read
+    win = (idx, g.rank[idx], res + np.where(g.first[idx], s_ns, np.minimum(prev_e, s_ns)), res + e_ns)
     del res, e_ns, s_ns, prev_e
     batch: list[int] = []
     n = 0
@@ -102,35 +105,43 @@ def _count_events(con, rc: RunClock, threads: dict, fids: list[int], win: tuple,
     fid = np.asarray(r["file_id"], np.int64)
     if fid.size == 0:
         return
-    pid, tid = np.asarray(r["pid"], np.int64), np.asarray(r["tid"], np.int64)
-    code = dense_codes(fid, pid, tid)
-    # the threads, in code order: the first row of each code
-    first = np.zeros(int(code.max()) + 1, np.int64)
-    first[code[::-1]] = np.arange(code.size - 1, -1, -1)
-    th_rank = rc.rank_of(fid[first])
-    th_res = np.array([threads.get((int(rk), int(a), int(b)), -1) for rk, a, b in
-                       zip(th_rank.tolist(), pid[first].tolist(), tid[first].tolist(), strict=True)], np.int64)
-    del fid, pid, tid
+    # the threads (file, pid, tid), sorted, and each row's index into them
+    th, code = unique_rows(fid, np.asarray(r["pid"], np.int64), np.asarray(r["tid"], np.int64))
+    del fid
+    th_rank = rc.rank_of(th[:, 0])
+    th_res = np.array([threads.get((rk, a, b), -1) for rk, (_, a, b) in
+                       zip(th_rank.tolist(), th.tolist(), strict=True)], np.int64)
     th_shift = rc.origin + rc.off_ns[np.clip(th_rank, 0, rc.world)]
     lim = (1 << T_SHIFT) - 1
-    r_res = th_res[code]
-    ok = r_res >= 0
-    kind = np.asarray(r["kind"], np.int8)[ok]
-    shapes = np.asarray(r["shapes"], np.int64)[ok]
-    keys = (r_res[ok] << T_SHIFT) + np.clip(np.asarray(r["ts_ns"], np.int64)[ok] - th_shift[code[ok]], 0, lim)
-    del r, r_res, code
-    o = np.argsort(keys, kind="stable")
-    keys, kind, shapes = keys[o], kind[o], shapes[o]
-    del o
+    kind, shapes = np.asarray(r["kind"], np.int8), np.asarray(r["shapes"], np.int64)
+    ts = np.asarray(r["ts_ns"], np.int64)
+    del r
+    if (th_res < 0).any():  # rows of threads without a host task: dropped (most batches have none: no copies)
+        ok = th_res[code] >= 0
+        kind, shapes, ts, code = kind[ok], shapes[ok], ts[ok], code[ok]
+        del ok
+    keys = (th_res[code] << T_SHIFT) + np.clip(ts - th_shift[code], 0, lim)
+    del ts, code
+    # the rows come by thread and time: sorted already, as a rule (the sort and its takes cost 5 ms per 250k)
+    if keys.size > 1 and (keys[1:] < keys[:-1]).any():
+        o = np.argsort(keys, kind="stable")
+        keys, kind, shapes = keys[o], kind[o], shapes[o]
+        del o
     idx, ranks, lo_key, hi_key = win
     m = np.flatnonzero(np.isin(ranks, np.unique(th_rank)))  # the host tasks of these ranks
     sel = idx[m]
     hi_i = np.searchsorted(keys, hi_key[m], side="left")
     lo_i = np.searchsorted(keys, lo_key[m], side="left")
-    present = [*(np.bincount(kind, minlength=3)[:3] > 0).tolist(), bool(shapes.any())]
-    for i in range(4):  # events of each kind (shapes: their count) before each position, then the count in [lo, hi)
-        if not present[i]:  # none in these files: nothing to add (most runs have no kind 2, many no shapes)
+    # events of kinds 1 and 2 (shapes: their count) before each position, then the count in [lo, hi); kind 0 is
+    # what is left of the window's events (no cumulative sum of its own)
+    cnt = [np.clip(hi_i - lo_i, 0, None), None, None, None]
+    for i, v in ((1, kind == 1), (2, kind == 2), (3, shapes)):
+        if not v.any():  # none in these files: nothing to add (most runs have no kind 2, many no shapes)
             continue
-        cum = np.concatenate([[0], np.cumsum(kind == i if i < 3 else shapes, dtype=np.int64)])
-        cnt = out[i, sel].astype(np.int64) + np.clip(cum[hi_i] - cum[lo_i], 0, None)
-        out[i, sel] = np.minimum(cnt, np.iinfo(np.uint16).max)
+        cum = np.concatenate([[0], np.cumsum(v, dtype=np.int64)])
+        cnt[i] = np.clip(cum[hi_i] - cum[lo_i], 0, None)
+        if i < 3:
+            cnt[0] -= cnt[i]
+    for i, c in enumerate(cnt):
+        if c is not None and (i or c.any()):
+            out[i, sel] = np.minimum(out[i, sel].astype(np.int64) + c, np.iinfo(np.uint16).max)
