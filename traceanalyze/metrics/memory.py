@@ -81,11 +81,15 @@ def has_memory(con: duckdb.DuckDBPyConnection, run_id: int) -> bool:
 
 def memory_rows(con: duckdb.DuckDBPyConnection, run_id: int) -> list[MemoryRow]:
     """Every rank's memory per device (see the module), ordered by rank and device; [] without memory events."""
+    # grouped by the device's numbers (the CPU's index left out, as its name does), named after: the name's
+    # string building on every event cost 2/3 of the query (8 ms of 14 on the 8-rank scale set)
     peaks = con.execute(f"""
-        SELECT f.rank, {_DEVICE} AS device, count(*), max(m.total_allocated), max(m.total_reserved),
-               any_value(m.file_id), any_value(m.device_id)
-        FROM memory_events m JOIN ({_FILES}) f USING (file_id)
-        GROUP BY ALL ORDER BY f.rank, device""", {"run_id": run_id}).fetchall()
+        SELECT rank, {_DEVICE} AS device, n, alloc, reserved, file_id, device_id FROM (
+            SELECT f.rank, m.device_type, CASE WHEN m.device_type = 0 THEN NULL ELSE m.device_id END AS dev,
+                   count(*) AS n, max(m.total_allocated) AS alloc, max(m.total_reserved) AS reserved,
+                   any_value(m.file_id) AS file_id, any_value(m.device_id) AS device_id
+            FROM memory_events m JOIN ({_FILES}) f USING (file_id) GROUP BY ALL) m
+        ORDER BY rank, device""", {"run_id": run_id}).fetchall()
     rows = {}
     for rank, device, n, alloc, reserved, file_id, device_id in peaks:
         cpu = device == "CPU"
