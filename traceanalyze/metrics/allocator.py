@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import duckdb
 
-from traceanalyze.metrics.host import ON_STEP_SQL, STEADY_STEPS_SQL, last_device_end_sql
+from traceanalyze.metrics.host import ON_STEP_SQL, last_device_end_sql, steady_steps_sql
 
 # the allocator's synchronous device-memory calls (the stream-ordered cudaMallocAsync/cudaFreeAsync do not
 # synchronize, and the pinned-host cudaHostAlloc/cudaFreeHost are another allocator's)
@@ -25,7 +25,7 @@ MALLOC_CALLS = ("cudaMalloc", "cuMemAlloc", "cuMemAlloc_v2", "hipMalloc")
 ALLOCATOR_CALLS = FREE_CALLS + MALLOC_CALLS
 
 _FLUSH_SQL = f"""
-WITH {STEADY_STEPS_SQL},
+WITH {{st}},
 b AS MATERIALIZED (
     SELECT row_number() OVER () AS call_id, c.file_id, st.rank, st.step, c.name, c.ts_ns, c.dur_ns
     FROM cpu_ops c JOIN st ON {ON_STEP_SQL}
@@ -75,7 +75,8 @@ def cache_flushes(con: duckdb.DuckDBPyConnection, run_id: int, skip_step: int | 
     (:func:`has_frees`)."""
     if not has_frees(con, run_id):
         return []
-    rows = con.execute(_FLUSH_SQL, [run_id, skip_step, list(ALLOCATOR_CALLS), list(FREE_CALLS)]).fetchall()
+    rows = con.execute(steady_steps_sql(con, run_id, _FLUSH_SQL),
+                       [run_id, skip_step, list(ALLOCATOR_CALLS), list(FREE_CALLS)]).fetchall()
     return [CacheFlush(int(rank), int(n), int(with_frees), frees / n, mallocs / n, total / 1e3 / n,
                        max(0.0, float(idle)) / 1e3 / n, mx / 1e3)
             for rank, n, with_frees, frees, mallocs, total, idle, mx in rows if n]

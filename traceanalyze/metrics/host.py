@@ -183,18 +183,36 @@ OPTIMIZER_MIN_KERNELS = 50  # kernels per optimizer step from which a loop over 
 TOP_OPS = 10  # CPU ops listed per run in the host view
 
 # the profiler steps the host view reads: counted and not the compile step ($2), on the step thread; a run
-# without profiler steps counts each file's whole window as one step
-# the counted steps (the compile step $2 left out; a window without steps as one), per rank: SQL shared with
-# traceanalyze.metrics.allocator
-STEADY_STEPS_SQL = """st AS MATERIALIZED (
+# without profiler steps counts each file's whole window as one step. The two are separate SQL, chosen in Python
+# (:func:`steady_steps_sql`): a fallback branch in the same query scans and joins every CPU op even when the run
+# has steps (~6 ms a query on 256 ranks). Shared with traceanalyze.metrics.allocator.
+_N_ST_SQL = "n_st AS (SELECT rank, count(*) AS n FROM st GROUP BY rank)"
+_STEPS_ST_SQL = f"""st AS MATERIALIZED (
     SELECT file_id, rank, pid, tid, step, start_ns AS s, end_ns AS e FROM profiler_steps($1)
-    WHERE counted AND ($2 IS NULL OR step <> $2)
-    UNION ALL
-    SELECT f.file_id, f.rank, NULL, NULL, NULL, min(c.ts_ns), max(c.ts_ns + c.dur_ns)
+    WHERE counted AND ($2 IS NULL OR step <> $2)),
+{_N_ST_SQL}"""
+_WINDOWS_ST_SQL = f"""st AS MATERIALIZED (
+    SELECT f.file_id, f.rank, NULL::BIGINT AS pid, NULL::BIGINT AS tid, NULL::INTEGER AS step,
+           min(c.ts_ns) AS s, max(c.ts_ns + c.dur_ns) AS e
     FROM files f JOIN cpu_ops c USING (file_id)
-    WHERE f.run_id = $1 AND f.rank IS NOT NULL AND NOT EXISTS (SELECT 1 FROM profiler_steps($1))
+    -- no step to leave out: $2 (the compile step) is named only so that both forms take the same parameters
+    WHERE f.run_id = $1 AND f.rank IS NOT NULL AND ($2::INTEGER IS NULL OR TRUE)
     GROUP BY f.file_id, f.rank),
-n_st AS (SELECT rank, count(*) AS n FROM st GROUP BY rank)"""
+{_N_ST_SQL}"""
+
+
+def has_steps(con: duckdb.DuckDBPyConnection, run_id: int) -> bool:
+    """Whether the run has any profiler step (counted or not): which of the two step CTEs the host queries use."""
+    return con.execute("SELECT EXISTS (SELECT 1 FROM profiler_steps(?))", [run_id]).fetchone()[0]
+
+
+def steady_steps_sql(con: duckdb.DuckDBPyConnection, run_id: int, sql: str) -> str:
+    """``sql`` (a query that starts ``WITH {st},``) with the CTEs ``st(file_id, rank, pid, tid, step, s, e)``, the
+    counted steps per rank (the compile step ``$2`` left out; each file's window as one step in a run without
+    profiler steps), and ``n_st(rank, n)``."""
+    return sql.replace("{st}", _STEPS_ST_SQL if has_steps(con, run_id) else _WINDOWS_ST_SQL, 1)
+
+
 ON_STEP_SQL = ("c.file_id = st.file_id AND (st.tid IS NULL OR (c.pid = st.pid AND c.tid = st.tid)) "
                "AND c.ts_ns >= st.s AND c.ts_ns < st.e")
 
@@ -211,7 +229,7 @@ def last_device_end_sql(kernel_where: str) -> str:
 
 
 _BLOCKING_SQL = f"""
-WITH {STEADY_STEPS_SQL},
+WITH {{st}},
 b AS MATERIALIZED (
     SELECT row_number() OVER () AS call_id, c.file_id, c.pid, c.tid, st.rank, c.name, c.ts_ns, c.dur_ns
     FROM cpu_ops c JOIN st ON {ON_STEP_SQL}
@@ -261,14 +279,15 @@ def blocking_calls(con: duckdb.DuckDBPyConnection, run_id: int, skip_step: int |
     during it ended (the whole call when none runs): the GPU has drained and waits for the host. A sync that waits
     for queued work has next to none; a copy stuck on the host, or a sync on an idle GPU, has all of it. Rows
     sorted by rank, then GPU-idle time (most first)."""
-    rows = con.execute(_BLOCKING_SQL, [run_id, skip_step, int(BLOCKING_COPY_US * 1e3)]).fetchall()
+    rows = con.execute(steady_steps_sql(con, run_id, _BLOCKING_SQL),
+                       [run_id, skip_step, int(BLOCKING_COPY_US * 1e3)]).fetchall()
     return [BlockingCall(int(rank), name, outer, inner, n / n_steps, total / 1e3 / n_steps,
                          max(0.0, float(idle)) / 1e3 / n_steps, mx / 1e3)
             for rank, name, outer, inner, n_steps, n, total, idle, mx in rows]
 
 
 _OPTIMIZER_SQL = f"""
-WITH {STEADY_STEPS_SQL},
+WITH {{st}},
 o AS MATERIALIZED (
     SELECT DISTINCT c.file_id, c.pid, c.tid, st.rank, c.name, c.ts_ns AS s, c.ts_ns + c.dur_ns AS e
     FROM cpu_ops c JOIN st ON {ON_STEP_SQL}
@@ -314,7 +333,7 @@ class OptimizerStats:
 def optimizer_stats(con: duckdb.DuckDBPyConnection, run_id: int, skip_step: int | None = None) -> OptimizerStats | None:
     """The optimizer's host time and kernels per steady step (the compile step ``skip_step`` left out); None when
     the steady steps hold no ``Optimizer.step#...`` range. Nested ranges count once (the outermost)."""
-    rows = con.execute(_OPTIMIZER_SQL, [run_id, skip_step]).fetchall()
+    rows = con.execute(steady_steps_sql(con, run_id, _OPTIMIZER_SQL), [run_id, skip_step]).fetchall()
     if not rows:
         return None
     res = OptimizerStats(name=rows[0][1])
@@ -326,7 +345,7 @@ def optimizer_stats(con: duckdb.DuckDBPyConnection, run_id: int, skip_step: int 
 
 
 _TOP_OPS_SQL = f"""
-WITH {STEADY_STEPS_SQL}
+WITH {{st}}
 SELECT c.name, c.cat, count(*), sum(c.dur_ns), (SELECT sum(n) FROM n_st)
 FROM cpu_ops c JOIN st ON {ON_STEP_SQL}
 WHERE c.cat IN ('cpu_op', 'user_annotation') AND profiler_step(c.cat, c.name) IS NULL
@@ -339,13 +358,13 @@ def top_cpu_ops(con: duckdb.DuckDBPyConnection, run_id: int, skip_step: int | No
     """The CPU ops and annotations that take the most host time per steady step on the step thread: ``{name, cat,
     calls_per_step, us_per_step}``, inclusive time (an op's children are in it), per rank-step (the sum over
     ranks and steady steps over their number)."""
-    rows = con.execute(_TOP_OPS_SQL, [run_id, skip_step, limit]).fetchall()
+    rows = con.execute(steady_steps_sql(con, run_id, _TOP_OPS_SQL), [run_id, skip_step, limit]).fetchall()
     return [{"name": name, "cat": cat, "calls_per_step": round(n / steps, 2),
              "us_per_step": round(ns / 1e3 / steps, 3)} for name, cat, n, ns, steps in rows if steps]
 
 
 _STEADY_LAUNCH_SQL = f"""
-WITH {STEADY_STEPS_SQL},
+WITH {{st}},
 rt AS MATERIALIZED (
     SELECT c.file_id, st.rank, c.correlation, c.ts_ns AS launch_ns, c.dur_ns, c.name
     FROM cpu_ops c JOIN st ON {ON_STEP_SQL}
@@ -373,7 +392,8 @@ def steady_launch_stats(con: duckdb.DuckDBPyConnection, run_id: int,
     """:func:`launch_stats` over the steady steps only (the compile step ``skip_step`` left out), and the host-wait
     share (%) of the GPU idle on each rank's busiest stream in those steps (median over ranks; the idle breakdown's
     host wait, :mod:`.idle`, read over the same steps); None without a gap."""
-    n_steps, n_kernels, med, launch, host_wait = con.execute(_STEADY_LAUNCH_SQL, [run_id, skip_step]).fetchone()
+    n_steps, n_kernels, med, launch, host_wait = con.execute(steady_steps_sql(con, run_id, _STEADY_LAUNCH_SQL),
+                                                             [run_id, skip_step]).fetchone()
     res = LaunchStats()
     if not n_steps:
         return res, None
