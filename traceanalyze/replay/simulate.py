@@ -49,7 +49,8 @@ PART_TASKS = 500  # tasks per part (or wave) a pass visits, at least: each costs
 WAVE_MIN_RESOURCES = 32  # waves replace the resource-by-resource pass when they hold this many resources on average
 # (below, the gathers cost more than the calls they save: 8 ranks 0.15 -> 0.25 s; 128 ranks 0.25 -> 0.18 s)
 TOLERANCE_US = 1e-3
-_LAST_ORDER: list = [None]  # _pass_order's last: (its structure, weakly, the settings, the order)
+_LAST_ORDER: list = [()]  # _pass_order's last two (a graph and its no_host_sync rewrite): (structure, weakly,
+# the settings, the order) each
 UNKNOWN = -1e15  # µs: a start not yet known (below any real time; finite so that differences stay finite)
 
 
@@ -363,14 +364,15 @@ def layout_of(g: Graph) -> Layout:
 def _pass_order(g: Graph, udst: np.ndarray, ct: np.ndarray) -> tuple:
     """(resources, their wave keys or None, the parts ``(lo, hi, ua, ub, ca, cb, resource)``, each part's slab) of
     ``g`` (:func:`.passorder.resource_slices`, :func:`.passorder.wave_keys`, :func:`_slabs`): a few rows per
-    resource, the same for every replay of one structure. Kept for the last structure planned, by weak references
+    resource, the same for every replay of one structure. Kept for the last two structures planned, by weak references
     (no graph held), so that a run replayed in turn, which re-plans its layout per replay (memory), plans this part
     once (256 ranks: ~25 ms of each ~65 ms layout)."""
     now, conf = _structure(g), (WAVE_MIN_RESOURCES, PART_TASKS, SLABS_MIN_TASKS, _slabs)
-    last = _LAST_ORDER[0]
-    if last is not None and last[1] == conf and len(last[0]) == len(now) and all(
-            (r() if isinstance(r, weakref.ref) else r) is a for r, a in zip(last[0], now, strict=True)):
-        return last[2]
+    kept = _LAST_ORDER[0]
+    for of, c, out in kept:
+        if c == conf and len(of) == len(now) and all(
+                (r() if isinstance(r, weakref.ref) else r) is a for r, a in zip(of, now, strict=True)):
+            return out
     n = g.start.size
     segs, phases = resource_slices(g, udst, ct)
     keys = wave_keys(g, segs, phases, WAVE_MIN_RESOURCES)
@@ -379,7 +381,8 @@ def _pass_order(g: Graph, udst: np.ndarray, ct: np.ndarray) -> tuple:
     cuts = (n // PART_TASKS) // max(units, 1) - 1 if n >= SLABS_MIN_TASKS else 0
     out = (len(segs), keys, *_slabs(g, segs, udst, ct, cuts))
     # one tuple, replaced whole: a replay on another thread reads the old one or the new one
-    _LAST_ORDER[0] = (tuple(weakref.ref(a) if isinstance(a, np.ndarray) else a for a in now), conf, out)
+    _LAST_ORDER[0] = ((tuple(weakref.ref(a) if isinstance(a, np.ndarray) else a for a in now), conf, out),
+                      *kept[:1])
     return out
 
 
