@@ -542,6 +542,7 @@ def test_any_slabs_replay_to_the_bit(tmp_path, monkeypatch, job):
         monkeypatch.setattr(sim, "WAVE_MIN_RESOURCES", waves)
         for seed in range(5):
             rng = np.random.default_rng(seed)
+            sim._LAST_ORDER[0] = ()  # the pass order is kept per graph structure: cut again for each seed
             rp = sim.replay(g)
             assert np.array_equal(rp.start, one.start) and np.array_equal(rp.end, one.end) and rp.converged
 

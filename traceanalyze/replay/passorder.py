@@ -115,4 +115,46 @@ def _spans(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return np.repeat(starts - (np.cumsum(lengths) - lengths), lengths) + np.arange(total, dtype=np.int64)
 
 
-__all__ = ["forward_order", "part_deps"]
+def resource_slices(g: Graph, udst: np.ndarray, ct: np.ndarray
+                    ) -> tuple[list[tuple[int, int, int, int, int, int]], list[int]]:
+    """Resources in the order their edges mostly run (host threads launch onto gloo threads and streams), each a
+    slice ``(lo, hi)`` of the task arrays with its slices of edge destinations and collective tasks: a pass sees
+    this pass's launches. Also each one's phase (0 host, 1 gloo thread, 2 stream, 3 other)."""
+    n = g.start.size
+    bounds = np.append(np.flatnonzero(g.first), n).astype(np.int64)
+    prefix = [g.res_names[int(g.res[b])].split(":")[0] for b in bounds[:-1]]
+    rank_of = {"host": 0, "comm": 1, "stream": 2}
+    # every slice bound at once: one searchsorted per array, not one per resource (thousands at 512 ranks)
+    none = np.zeros(bounds.size, np.int64)
+    u_at = np.searchsorted(udst, bounds.astype(udst.dtype, copy=False)) if udst.size else none
+    c_at = np.searchsorted(ct, bounds.astype(ct.dtype, copy=False)) if ct.size else none
+    segs, phases = [], []
+    for k in forward_order(g, bounds[:-1], sorted(range(len(prefix)), key=lambda k: rank_of.get(prefix[k], 3)),
+                            np.array([x == "stream" for x in prefix], bool)):
+        segs.append((int(bounds[k]), int(bounds[k + 1]), int(u_at[k]), int(u_at[k + 1]), int(c_at[k]),
+                     int(c_at[k + 1])))
+        phases.append(rank_of.get(prefix[k], 3))
+    return segs, phases
+
+
+def wave_keys(g: Graph, segs: list[tuple[int, int, int, int, int, int]], phases: list[int], min_resources: int
+              ) -> list[tuple[int, int]] | None:
+    """Each resource's wave (:mod:`.simulate`'s docstring) ``(phase, k)``: the k-th resource of its rank in that
+    phase. None when the waves would hold fewer than ``min_resources`` resources on average, or an edge joins two
+    ranks (then the pass goes resource by resource)."""
+    if not segs or (g.dep_src.size and np.any(g.rank[g.dep_src] != g.rank[g.dep_dst])):
+        return None
+    # k counts the earlier resources of the same (phase, rank), in segs' order: one stable sort, not a loop
+    ph = np.asarray(phases, np.int64)
+    group = ph * (int(g.rank.max(initial=0)) + 1) + g.rank[np.array([x[0] for x in segs], np.int64)]
+    o = np.argsort(group, kind="stable")
+    new = np.ones(o.size, bool)
+    new[1:] = group[o][1:] != group[o][:-1]
+    heads = np.flatnonzero(new)
+    k = np.empty(o.size, np.int64)
+    k[o] = np.arange(o.size) - np.repeat(heads, np.diff(np.append(heads, o.size)))
+    keys = list(zip(phases, k.tolist(), strict=True))
+    return None if len(segs) < min_resources * len(set(keys)) else keys
+
+
+__all__ = ["forward_order", "part_deps", "resource_slices", "wave_keys"]

@@ -35,12 +35,13 @@ still cost its pass.
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
 
 from traceanalyze.replay.graph import K_COLL, Graph
-from traceanalyze.replay.passorder import forward_order, part_deps
+from traceanalyze.replay.passorder import part_deps, resource_slices, wave_keys
 
 MAX_PASSES = 400  # a pass settles at least one more cross-resource dependency; real graphs settle in far fewer
 SLABS_MIN_TASKS = 20_000  # smaller graphs replay in a few ms: one slab (no cuts to plan)
@@ -48,6 +49,8 @@ PART_TASKS = 500  # tasks per part (or wave) a pass visits, at least: each costs
 WAVE_MIN_RESOURCES = 32  # waves replace the resource-by-resource pass when they hold this many resources on average
 # (below, the gathers cost more than the calls they save: 8 ranks 0.15 -> 0.25 s; 128 ranks 0.25 -> 0.18 s)
 TOLERANCE_US = 1e-3
+_LAST_ORDER: list = [()]  # _pass_order's last two (a graph and its no_host_sync rewrite): (structure, weakly,
+# the settings, the order) each
 UNKNOWN = -1e15  # µs: a start not yet known (below any real time; finite so that differences stay finite)
 
 
@@ -340,12 +343,7 @@ def layout_of(g: Graph) -> Layout:
                                                                              g.dep_end[eo])
     udst, ustart = np.unique(ddst, return_index=True) if ddst.size else (np.zeros(0, np.int64), np.zeros(0, np.int64))
     ustop = np.append(ustart[1:], ddst.size).astype(np.int64)
-    segs, phases = _resource_slices(g, udst, ct)
-    keys = _wave_keys(g, segs, phases)
-    # cuts per rank while the parts (or waves) a pass visits stay within one per PART_TASKS tasks
-    units = len(set(keys)) if keys else len(segs)
-    cuts = (n // PART_TASKS) // max(units, 1) - 1 if n >= SLABS_MIN_TASKS else 0
-    subs, slab_of = _slabs(g, segs, udst, ct, cuts)
+    n_res, keys, subs, slab_of = _pass_order(g, udst, ct)
     wv = _waves(subs, slab_of, keys, udst, ustart, ustop, ct) if keys else None
     order = np.argsort(slab_of, kind="stable")  # slab by slab, resources in pass order within one
     last = np.append(slab_of[order][1:] != slab_of[order][:-1], True) if order.size else np.zeros(0, bool)
@@ -353,7 +351,7 @@ def layout_of(g: Graph) -> Layout:
                  eo=eo, dsrc=dsrc, ddst=ddst, dend=dend, udst=udst, ustart=ustart, ustop=ustop,
                  pinned=np.flatnonzero(pinned_tasks(g)),
                  segs=[tuple(x) for x in subs[order].tolist()] if wv is None else [],
-                 slab_end=wv[1] if wv else set(np.flatnonzero(last).tolist()), n_res=len(segs),
+                 slab_end=wv[1] if wv else set(np.flatnonzero(last).tolist()), n_res=n_res,
                  waves=wv[0] if wv else None)
     if lay.waves is not None:
         _lay_out_waves(lay, n)
@@ -361,6 +359,31 @@ def layout_of(g: Graph) -> Layout:
     else:
         lay.seg_deps = part_deps(lay.segs, lay.ustart, lay.ustop, lay.dsrc, lay.prev_ct)
     return lay
+
+
+def _pass_order(g: Graph, udst: np.ndarray, ct: np.ndarray) -> tuple:
+    """(resources, their wave keys or None, the parts ``(lo, hi, ua, ub, ca, cb, resource)``, each part's slab) of
+    ``g`` (:func:`.passorder.resource_slices`, :func:`.passorder.wave_keys`, :func:`_slabs`): a few rows per
+    resource, the same for every replay of one structure. Kept for the last two structures planned, by weak references
+    (no graph held), so that a run replayed in turn, which re-plans its layout per replay (memory), plans this part
+    once (256 ranks: ~25 ms of each ~65 ms layout)."""
+    now, conf = _structure(g), (WAVE_MIN_RESOURCES, PART_TASKS, SLABS_MIN_TASKS, _slabs)
+    kept = _LAST_ORDER[0]
+    for of, c, out in kept:
+        if c == conf and len(of) == len(now) and all(
+                (r() if isinstance(r, weakref.ref) else r) is a for r, a in zip(of, now, strict=True)):
+            return out
+    n = g.start.size
+    segs, phases = resource_slices(g, udst, ct)
+    keys = wave_keys(g, segs, phases, WAVE_MIN_RESOURCES)
+    # cuts per rank while the parts (or waves) a pass visits stay within one per PART_TASKS tasks
+    units = len(set(keys)) if keys else len(segs)
+    cuts = (n // PART_TASKS) // max(units, 1) - 1 if n >= SLABS_MIN_TASKS else 0
+    out = (len(segs), keys, *_slabs(g, segs, udst, ct, cuts))
+    # one tuple, replaced whole: a replay on another thread reads the old one or the new one
+    _LAST_ORDER[0] = ((tuple(weakref.ref(a) if isinstance(a, np.ndarray) else a for a in now), conf, out),
+                      *kept[:1])
+    return out
 
 
 def _wave_deps(lay: Layout, n: int) -> None:
@@ -482,44 +505,6 @@ def _slabs(g: Graph, segs: list[tuple[int, int, int, int, int, int]], udst: np.n
     c_a = np.searchsorted(ct, a) if ct.size else np.zeros(a.size, np.int64)
     c_b = np.searchsorted(ct, b) if ct.size else np.zeros(a.size, np.int64)
     return np.column_stack([a, b, u_a, u_b, c_a, c_b, res]).astype(np.int64), slab.astype(np.int64)
-
-
-def _resource_slices(g: Graph, udst: np.ndarray, ct: np.ndarray
-                     ) -> tuple[list[tuple[int, int, int, int, int, int]], list[int]]:
-    """Resources in the order their edges mostly run (host threads launch onto gloo threads and streams), each a
-    slice ``(lo, hi)`` of the task arrays with its slices of edge destinations and collective tasks: a pass sees
-    this pass's launches. Also each one's phase (0 host, 1 gloo thread, 2 stream, 3 other)."""
-    n = g.start.size
-    bounds = np.append(np.flatnonzero(g.first), n).astype(np.int64)
-    prefix = [g.res_names[int(g.res[b])].split(":")[0] for b in bounds[:-1]]
-    rank_of = {"host": 0, "comm": 1, "stream": 2}
-    # every slice bound at once: one searchsorted per array, not one per resource (thousands at 512 ranks)
-    none = np.zeros(bounds.size, np.int64)
-    u_at = np.searchsorted(udst, bounds.astype(udst.dtype, copy=False)) if udst.size else none
-    c_at = np.searchsorted(ct, bounds.astype(ct.dtype, copy=False)) if ct.size else none
-    segs, phases = [], []
-    for k in forward_order(g, bounds[:-1], sorted(range(len(prefix)), key=lambda k: rank_of.get(prefix[k], 3)),
-                            np.array([x == "stream" for x in prefix], bool)):
-        segs.append((int(bounds[k]), int(bounds[k + 1]), int(u_at[k]), int(u_at[k + 1]), int(c_at[k]),
-                     int(c_at[k + 1])))
-        phases.append(rank_of.get(prefix[k], 3))
-    return segs, phases
-
-
-def _wave_keys(g: Graph, segs: list[tuple[int, int, int, int, int, int]], phases: list[int]
-               ) -> list[tuple[int, int]] | None:
-    """Each resource's wave (module docstring) ``(phase, k)``: the k-th resource of its rank in that phase. None
-    when the waves would hold fewer than :data:`WAVE_MIN_RESOURCES` resources on average, or an edge joins two
-    ranks (then the pass goes resource by resource)."""
-    if not segs or (g.dep_src.size and np.any(g.rank[g.dep_src] != g.rank[g.dep_dst])):
-        return None
-    seen: dict[tuple[int, int], int] = {}
-    keys: list[tuple[int, int]] = []
-    for (lo, *_), ph in zip(segs, phases, strict=True):
-        k = seen.get((ph, int(g.rank[lo])), 0)
-        seen[(ph, int(g.rank[lo]))] = k + 1
-        keys.append((ph, k))
-    return None if len(segs) < WAVE_MIN_RESOURCES * len(set(keys)) else keys
 
 
 def _waves(subs: np.ndarray, slab_of: np.ndarray, keys: list[tuple[int, int]], udst: np.ndarray,
@@ -715,21 +700,27 @@ def _binding(g: Graph, s: np.ndarray, e: np.ndarray, d: np.ndarray, cg: np.ndarr
     destination (``doff``: their offsets, µs, in that order) and the collective tasks."""
     n = s.size
     heads = np.flatnonzero(g.first)  # each resource's first task: no chain before it
-    best = np.full(n, -np.inf)  # the chain: the previous task's end plus the gap
-    best[1:] = e[:-1] + cg[1:]
+    best = np.empty(n)  # the chain: the previous task's end plus the gap
+    best[:1] = -np.inf
+    np.add(e[:-1], cg[1:], out=best[1:])
     best[heads] = -np.inf
     who = np.arange(-1, n - 1)
     who[heads] = -1
     dsrc, ddst, ct, ci = lay.dsrc, lay.ddst, lay.ct, lay.ci
     if ddst.size:
-        vals = np.where(lay.dend, e[dsrc], s[dsrc]) + doff
-        top = _last_max(vals, lay.ustart)
-        if top is None:  # a NaN: the sort's order (NaN last)
-            o = np.lexsort((vals, ddst))
-            last = np.ones(o.size, dtype=bool)
-            last[:-1] = ddst[o][1:] != ddst[o][:-1]
-            top = o[last]
-        dd, vv, ss = ddst[top], vals[top], dsrc[top]
+        vals = s[dsrc]  # the source's start, or its end (few edges: a synchronize's), plus the offset
+        vals[lay.dend] = e[dsrc[lay.dend]]
+        vals += doff
+        if lay.ustart.size == vals.size:  # one edge per destination (launches, waves): each its own, no gather
+            dd, vv, ss = ddst, vals, dsrc
+        else:
+            top = _last_max(vals, lay.ustart)
+            if top is None:  # a NaN: the sort's order (NaN last)
+                o = np.lexsort((vals, ddst))
+                last = np.ones(o.size, dtype=bool)
+                last[:-1] = ddst[o][1:] != ddst[o][:-1]
+                top = o[last]
+            dd, vv, ss = ddst[top], vals[top], dsrc[top]
         better = vv > best[dd] + TOLERANCE_US
         best[dd[better]] = vv[better]
         who[dd[better]] = ss[better]
