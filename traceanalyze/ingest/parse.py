@@ -627,12 +627,7 @@ class _Columns:
             "total_reserved": bounded([a.total_reserved for a in args], 0, MAX_ALLOC_BYTES),
         }
         self.memory_dropped += len(events) - int(np.count_nonzero(ok))
-        if ok.all():  # the usual batch: nothing to filter
-            t = pa.table([cols[f] for f in MEMORY_SCHEMA.names], schema=MEMORY_SCHEMA)
-            self.parts["memory_events"].append(t)
-            self.rows += t.num_rows
-        else:
-            self._append("memory_events", cols, ok)
+        self._append("memory_events", cols, ok)
 
     def _add_span(self, events: list) -> None:
         """Kineto's span of the whole recording (its "Trace" X events): the bound on any event's duration."""
@@ -737,9 +732,12 @@ class _Columns:
             ok = ok & ~too_long
         return ok, time_oob
 
-    def _append(self, table: str, cols: dict, mask: pa.Array | np.ndarray) -> None:
+    def _append(self, table: str, cols: dict, mask: np.ndarray) -> None:
+        """The rows of ``cols`` (a whole batch's columns) with ``mask`` into ``table``."""
         schema = TABLES[table]
-        t = pc.filter(pa.table([cols[f] for f in schema.names], schema=schema), pa.array(mask))
+        t = pa.table([cols[f] for f in schema.names], schema=schema)
+        if not mask.all():  # the usual batch keeps every row: nothing to filter
+            t = pc.filter(t, pa.array(mask))
         self.parts[table].append(t)
         self.rows += t.num_rows
 

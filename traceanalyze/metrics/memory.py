@@ -118,15 +118,10 @@ def memory_rows(con: duckdb.DuckDBPyConnection, run_id: int) -> list[MemoryRow]:
     return list(rows.values())
 
 
-def gpu_total_bytes(con: duckdb.DuckDBPyConnection, file_id: int, device_id: int | None) -> int | None:
-    """``totalGlobalMem`` (bytes) of GPU ``device_id`` in the file's ``deviceProperties``; None when the header
-    has none, or a value that is not an integer in (0, MAX_ALLOC_BYTES]."""
-    row = con.execute("SELECT header FROM files WHERE file_id = ?", [file_id]).fetchone()
-    return header_total_bytes(row[0] if row else None, device_id)
-
-
 def header_total_bytes(header: str | None, device_id: int | None) -> int | None:
-    """:func:`gpu_total_bytes` from a ``files.header`` value (None: no header)."""
+    """``totalGlobalMem`` (bytes) of GPU ``device_id`` in a file's ``deviceProperties`` (``header``: its
+    ``files.header`` value); None without a header, or with none there, or a value that is not an integer in
+    (0, MAX_ALLOC_BYTES]."""
     props = header_dict(header).get("deviceProperties")
     if not isinstance(props, list):
         return None

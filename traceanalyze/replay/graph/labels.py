@@ -175,9 +175,9 @@ def _task_and_gap_cover(u, s_key: np.ndarray, e_key: np.ndarray, first: np.ndarr
 
 def _rows_of(res: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """Indices of the rows of ``res`` (sorted) equal to one of ``ids`` (sorted, distinct), ascending."""
-    lo, hi = np.searchsorted(res, ids, side="left"), np.searchsorted(res, ids, side="right")
     if not ids.size:
         return np.zeros(0, np.intp)
+    lo, hi = np.searchsorted(res, ids, side="left"), np.searchsorted(res, ids, side="right")
     n = hi - lo
     # each row's offset from its run's start, plus that start
     return np.repeat(lo - np.concatenate([[0], np.cumsum(n)[:-1]]), n) + np.arange(int(n.sum()))
