@@ -341,7 +341,7 @@ def layout_of(g: Graph) -> Layout:
     eo = None if np.all(g.dep_dst[1:] >= g.dep_dst[:-1]) else np.argsort(g.dep_dst, kind="stable")  # built so
     dsrc, ddst, dend = (g.dep_src, g.dep_dst, g.dep_end) if eo is None else (g.dep_src[eo], g.dep_dst[eo],
                                                                              g.dep_end[eo])
-    udst, ustart = np.unique(ddst, return_index=True) if ddst.size else (np.zeros(0, np.int64), np.zeros(0, np.int64))
+    udst, ustart = _groups(ddst)
     ustop = np.append(ustart[1:], ddst.size).astype(np.int64)
     n_res, keys, subs, slab_of = _pass_order(g, udst, ct)
     wv = _waves(subs, slab_of, keys, udst, ustart, ustop, ct) if keys else None
@@ -359,6 +359,18 @@ def layout_of(g: Graph) -> Layout:
     else:
         lay.seg_deps = part_deps(lay.segs, lay.ustart, lay.ustop, lay.dsrc, lay.prev_ct)
     return lay
+
+
+def _groups(ddst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the distinct destinations, each one's first edge (int64)) of ``ddst``, ascending already: what
+    ``np.unique(ddst, return_index=True)`` returns, without its sort."""
+    if not ddst.size:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    new = np.empty(ddst.size, bool)
+    new[0] = True
+    np.not_equal(ddst[1:], ddst[:-1], out=new[1:])
+    ustart = np.flatnonzero(new)
+    return ddst[ustart], ustart
 
 
 def _pass_order(g: Graph, udst: np.ndarray, ct: np.ndarray) -> tuple:
@@ -403,9 +415,13 @@ def _wave_deps(lay: Layout, n: int) -> None:
     for j, w in enumerate(waves):
         src = lay.sidx[w.e_at: w.e_at + w.e_size].astype(np.int64)
         pos = np.concatenate([np.where(src >= n, src - n, src), lay.prev_ct_w[w.cc_i].astype(np.int64)])
-        read = np.unique(np.searchsorted(at, pos, side="right") - 1)
-        w.self_dep = bool(np.isin(j, read))
-        w.deps = np.setdiff1d(np.union1d(read, prev[ends[j] - sizes[j]: ends[j]]), [j, -1])  # its parts' slice
+        # the waves read, marked in a table of the waves (a few dozen): no sort of the wave's edges
+        read = np.bincount(np.searchsorted(at, pos, side="right") - 1, minlength=len(waves)) > 0
+        w.self_dep = bool(read[j])
+        parts = prev[ends[j] - sizes[j]: ends[j]]  # its parts' slice
+        read[parts[parts >= 0]] = True
+        read[j] = False
+        w.deps = np.flatnonzero(read)
 
 
 def _durations(g: Graph, lay: Layout, dur: np.ndarray | None, gap: np.ndarray | None, tr: np.ndarray

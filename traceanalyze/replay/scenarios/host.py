@@ -164,7 +164,11 @@ def _ranges(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def _search_segments(v: np.ndarray, vseg: np.ndarray, q: np.ndarray, qseg: np.ndarray, side: str) -> np.ndarray:
     """Per query ``q[i]``: ``np.searchsorted(v[vseg == qseg[i]], q[i], side)``, every query in one search. ``vseg``
     ascending, ``v`` ascending within each segment. The values are ranked first (exactly: equal values, equal
-    ranks), so that (segment, rank) is one sortable integer."""
+    ranks), so that (segment, rank) is one sortable integer; without a NaN, (segment, value) as one complex number
+    instead, which NumPy orders by its real part, then its imaginary part (the same order, no ranking sort)."""
+    if not (np.isnan(v).any() or np.isnan(q).any()):
+        kv = _seg_keys(vseg, v)
+        return np.searchsorted(kv, _seg_keys(qseg, q), side=side) - np.searchsorted(vseg, qseg)
     u = np.unique(np.concatenate([v, q]))
     m = u.size + 1
     kv = vseg.astype(np.int64) * m + np.searchsorted(u, v)
@@ -172,9 +176,21 @@ def _search_segments(v: np.ndarray, vseg: np.ndarray, q: np.ndarray, qseg: np.nd
     return np.searchsorted(kv, kq, side=side) - np.searchsorted(vseg, qseg)
 
 
+def _seg_keys(seg: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """``seg + v·i`` (complex128): segment then value, in NumPy's order of complex numbers (the segment, an
+    integer below 2**53, and the value are both exact)."""
+    out = np.empty(v.size, np.complex128)
+    out.real = seg
+    out.imag = v
+    return out
+
+
 def _segment_cummax(v: np.ndarray, seg: np.ndarray) -> np.ndarray:
     """The running maximum of ``v`` restarted at each segment (``seg`` ascending): exactly the floats of
-    ``np.maximum.accumulate`` per segment, from their ranks offset by segment."""
+    ``np.maximum.accumulate`` per segment, from their ranks offset by segment; without a NaN, the running maximum
+    of (segment, value) as complex numbers, which NumPy compares by their real part first (no ranking sort)."""
+    if v.size and not np.isnan(v).any():
+        return np.maximum.accumulate(_seg_keys(seg, v)).imag.copy()
     u, inv = np.unique(v, return_inverse=True)
     off = seg.astype(np.int64) * max(u.size, 1)
     return u[np.maximum.accumulate(off + inv.reshape(-1)) - off] if v.size else v.copy()
