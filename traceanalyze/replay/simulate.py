@@ -724,8 +724,8 @@ def _binding(g: Graph, s: np.ndarray, e: np.ndarray, d: np.ndarray, cg: np.ndarr
     who[heads] = -1
     dsrc, ddst, ct, ci = lay.dsrc, lay.ddst, lay.ct, lay.ci
     if ddst.size:
-        vals = s[dsrc]  # the source's start, or its end (few edges: a synchronize's), plus the offset
-        vals[lay.dend] = e[dsrc[lay.dend]]
+        # the source's start, or its end (a synchronize's edge, the sync-free graph's anchors), plus the offset
+        vals = np.where(lay.dend, e[dsrc], s[dsrc])
         vals += doff
         if lay.ustart.size == vals.size:  # one edge per destination (launches, waves): each its own, no gather
             dd, vv, ss = ddst, vals, dsrc
@@ -761,11 +761,14 @@ def _last_max(vals: np.ndarray, starts: np.ndarray) -> np.ndarray | None:
     value, the last one among equals (as the last of a stable sort); None when a value is NaN."""
     if starts.size == vals.size:  # one value per group (launches, waves): its own
         return np.arange(vals.size)
-    top_val = np.maximum.reduceat(vals, starts)
-    counts = np.diff(np.append(starts, vals.size))
-    idx = np.where(vals == np.repeat(top_val, counts), np.arange(vals.size), -1)
-    top = np.maximum.reduceat(idx, starts)
-    return None if top.size and top.min() < 0 else top
+    if np.isnan(vals).any():  # its group's maximum is NaN, equal to none of its values
+        return None
+    # (value, index) as one complex number: NumPy's maximum compares the real parts, then the imaginary ones, so
+    # each group's maximum holds its largest value and the last index among equals (indices exact below 2**53)
+    key = np.empty(vals.size, np.complex128)
+    key.real = vals
+    key.imag = np.arange(vals.size)
+    return np.maximum.reduceat(key, starts).imag.astype(np.int64)
 
 
 def critical_path(g: Graph, rp: Replay, end_task: int, stop_us: float) -> list[int]:
