@@ -341,7 +341,9 @@ def layout_of(g: Graph) -> Layout:
     eo = None if np.all(g.dep_dst[1:] >= g.dep_dst[:-1]) else np.argsort(g.dep_dst, kind="stable")  # built so
     dsrc, ddst, dend = (g.dep_src, g.dep_dst, g.dep_end) if eo is None else (g.dep_src[eo], g.dep_dst[eo],
                                                                              g.dep_end[eo])
-    udst, ustart = _groups(ddst)
+    # each destination's first edge: np.unique(ddst, return_index=True) of the sorted edges, without its sort
+    ustart = np.flatnonzero(np.r_[True, ddst[1:] != ddst[:-1]]) if ddst.size else np.zeros(0, np.int64)
+    udst = ddst[ustart] if ddst.size else np.zeros(0, np.int64)
     ustop = np.append(ustart[1:], ddst.size).astype(np.int64)
     n_res, keys, subs, slab_of = _pass_order(g, udst, ct)
     wv = _waves(subs, slab_of, keys, udst, ustart, ustop, ct) if keys else None
@@ -359,18 +361,6 @@ def layout_of(g: Graph) -> Layout:
     else:
         lay.seg_deps = part_deps(lay.segs, lay.ustart, lay.ustop, lay.dsrc, lay.prev_ct)
     return lay
-
-
-def _groups(ddst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(the distinct destinations, each one's first edge (int64)) of ``ddst``, ascending already: what
-    ``np.unique(ddst, return_index=True)`` returns, without its sort."""
-    if not ddst.size:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    new = np.empty(ddst.size, bool)
-    new[0] = True
-    np.not_equal(ddst[1:], ddst[:-1], out=new[1:])
-    ustart = np.flatnonzero(new)
-    return ddst[ustart], ustart
 
 
 def _pass_order(g: Graph, udst: np.ndarray, ct: np.ndarray) -> tuple:
