@@ -32,18 +32,24 @@ def forward_order(g: Graph, lo: np.ndarray, order: list[int], stream: np.ndarray
     if not back.any():
         return order
     rank = g.rank[lo].astype(np.int64)
-    # each rank's streams in pass order, and its edges between them: one sort each, sliced per rank below
+    # each rank's streams in pass order, and its edges between them, as Python lists grouped by rank (a few
+    # streams and edges per rank: a NumPy call per rank cost more than the work)
     ms = np.flatnonzero(stream)
     ms = ms[np.lexsort((pos[ms], rank[ms]))]
-    eo = np.argsort(rank[src], kind="stable")
-    src, dst = src[eo], dst[eo]
-    out = list(order)
-    for r in np.unique(rank[src[back[eo]]]).tolist():
-        members = ms[np.searchsorted(rank[ms], r): np.searchsorted(rank[ms], r, side="right")].tolist()
-        e_a, e_b = np.searchsorted(rank[src], r), np.searchsorted(rank[src], r, side="right")
-        placed = _topological(members, src[e_a:e_b].tolist(), dst[e_a:e_b].tolist())
+    members: dict[int, list[int]] = {}
+    for r, k in zip(rank[ms].tolist(), ms.tolist(), strict=True):
+        members.setdefault(r, []).append(k)
+    edges: dict[int, tuple[list[int], list[int]]] = {}
+    for r, a_, b_ in zip(rank[src].tolist(), src.tolist(), dst.tolist(), strict=True):
+        e = edges.setdefault(r, ([], []))
+        e[0].append(a_)
+        e[1].append(b_)
+    out, pos_l = list(order), pos.tolist()
+    for r in np.unique(rank[src[back]]).tolist():
+        mine = members[r]
+        placed = _topological(mine, *edges[r])
         if placed is not None:
-            for at, k in zip(sorted(pos[members].tolist()), placed, strict=True):
+            for at, k in zip([pos_l[m] for m in mine], placed, strict=True):  # mine: in pass order already
                 out[at] = k
     return out
 

@@ -341,7 +341,9 @@ def layout_of(g: Graph) -> Layout:
     eo = None if np.all(g.dep_dst[1:] >= g.dep_dst[:-1]) else np.argsort(g.dep_dst, kind="stable")  # built so
     dsrc, ddst, dend = (g.dep_src, g.dep_dst, g.dep_end) if eo is None else (g.dep_src[eo], g.dep_dst[eo],
                                                                              g.dep_end[eo])
-    udst, ustart = np.unique(ddst, return_index=True) if ddst.size else (np.zeros(0, np.int64), np.zeros(0, np.int64))
+    # each destination's first edge: np.unique(ddst, return_index=True) of the sorted edges, without its sort
+    ustart = np.flatnonzero(np.r_[True, ddst[1:] != ddst[:-1]]) if ddst.size else np.zeros(0, np.int64)
+    udst = ddst[ustart] if ddst.size else np.zeros(0, np.int64)
     ustop = np.append(ustart[1:], ddst.size).astype(np.int64)
     n_res, keys, subs, slab_of = _pass_order(g, udst, ct)
     wv = _waves(subs, slab_of, keys, udst, ustart, ustop, ct) if keys else None
@@ -403,9 +405,13 @@ def _wave_deps(lay: Layout, n: int) -> None:
     for j, w in enumerate(waves):
         src = lay.sidx[w.e_at: w.e_at + w.e_size].astype(np.int64)
         pos = np.concatenate([np.where(src >= n, src - n, src), lay.prev_ct_w[w.cc_i].astype(np.int64)])
-        read = np.unique(np.searchsorted(at, pos, side="right") - 1)
-        w.self_dep = bool(np.isin(j, read))
-        w.deps = np.setdiff1d(np.union1d(read, prev[ends[j] - sizes[j]: ends[j]]), [j, -1])  # its parts' slice
+        # the waves read, marked in a table of the waves (a few dozen): no sort of the wave's edges
+        read = np.bincount(np.searchsorted(at, pos, side="right") - 1, minlength=len(waves)) > 0
+        w.self_dep = bool(read[j])
+        parts = prev[ends[j] - sizes[j]: ends[j]]  # its parts' slice
+        read[parts[parts >= 0]] = True
+        read[j] = False
+        w.deps = np.flatnonzero(read)
 
 
 def _durations(g: Graph, lay: Layout, dur: np.ndarray | None, gap: np.ndarray | None, tr: np.ndarray
@@ -708,8 +714,8 @@ def _binding(g: Graph, s: np.ndarray, e: np.ndarray, d: np.ndarray, cg: np.ndarr
     who[heads] = -1
     dsrc, ddst, ct, ci = lay.dsrc, lay.ddst, lay.ct, lay.ci
     if ddst.size:
-        vals = s[dsrc]  # the source's start, or its end (few edges: a synchronize's), plus the offset
-        vals[lay.dend] = e[dsrc[lay.dend]]
+        # the source's start, or its end (a synchronize's edge, the sync-free graph's anchors), plus the offset
+        vals = np.where(lay.dend, e[dsrc], s[dsrc])
         vals += doff
         if lay.ustart.size == vals.size:  # one edge per destination (launches, waves): each its own, no gather
             dd, vv, ss = ddst, vals, dsrc
@@ -745,11 +751,14 @@ def _last_max(vals: np.ndarray, starts: np.ndarray) -> np.ndarray | None:
     value, the last one among equals (as the last of a stable sort); None when a value is NaN."""
     if starts.size == vals.size:  # one value per group (launches, waves): its own
         return np.arange(vals.size)
-    top_val = np.maximum.reduceat(vals, starts)
-    counts = np.diff(np.append(starts, vals.size))
-    idx = np.where(vals == np.repeat(top_val, counts), np.arange(vals.size), -1)
-    top = np.maximum.reduceat(idx, starts)
-    return None if top.size and top.min() < 0 else top
+    if np.isnan(vals).any():  # its group's maximum is NaN, equal to none of its values
+        return None
+    # (value, index) as one complex number: NumPy's maximum compares the real parts, then the imaginary ones, so
+    # each group's maximum holds its largest value and the last index among equals (indices exact below 2**53)
+    key = np.empty(vals.size, np.complex128)
+    key.real = vals
+    key.imag = np.arange(vals.size)
+    return np.maximum.reduceat(key, starts).imag.astype(np.int64)
 
 
 def critical_path(g: Graph, rp: Replay, end_task: int, stop_us: float) -> list[int]:

@@ -141,14 +141,17 @@ def _side_stream_anchors(g: gr.Graph, dev: np.ndarray) -> tuple[np.ndarray, np.n
     if main.size == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     cand = np.flatnonzero(dev & (g.step >= 0))
-    at = np.minimum(np.searchsorted(main_rank, g.rank[cand]), main.size - 1)
-    mine = (main_rank[at] == g.rank[cand]) & (main[at] != g.res[cand])
-    side, main_of = cand[mine], main[at[mine]]
+    of_rank = np.full(int(g.rank.max(initial=0)) + 1, -1, np.int64)  # rank -> its entry in main (a gather per task)
+    of_rank[main_rank] = np.arange(main.size)
+    at = of_rank[g.rank[cand]]
+    mine = at >= 0
+    mine[mine] = main[at[mine]] != g.res[cand[mine]]
+    side = cand[mine]
     by_res = np.unique(main)
     lo, hi = np.searchsorted(g.res, by_res), np.searchsorted(g.res, by_res, side="right")
     idx, seg = _ranges(lo, hi)
     ends = _segment_cummax(g.start[idx] + g.dur[idx], seg)
-    qseg = np.searchsorted(by_res, main_of)
+    qseg = np.searchsorted(by_res, main)[at[mine]]  # each side task's main stream, as a segment of by_res
     j = _search_segments(ends, seg, g.start[side] + ANCHOR_TOLERANCE_US, qseg, "right") - 1
     ok = j >= 0
     return (lo[qseg] + j)[ok].astype(np.int64), side[ok].astype(np.int64)
@@ -163,18 +166,33 @@ def _ranges(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def _search_segments(v: np.ndarray, vseg: np.ndarray, q: np.ndarray, qseg: np.ndarray, side: str) -> np.ndarray:
     """Per query ``q[i]``: ``np.searchsorted(v[vseg == qseg[i]], q[i], side)``, every query in one search. ``vseg``
-    ascending, ``v`` ascending within each segment. The values are ranked first (exactly: equal values, equal
-    ranks), so that (segment, rank) is one sortable integer."""
-    u = np.unique(np.concatenate([v, q]))
+    ascending, ``v`` ascending within each segment. The values are ranked among ``v``'s own (exactly: equal values,
+    equal ranks), so that (segment, rank) is one sortable integer; a query's rank is where it would go among them
+    (``side``), so the search over those integers counts the same values. Only ``v`` is sorted for the ranks: the
+    queries (every side-stream task) may be many more."""
+    u = np.unique(v)
     m = u.size + 1
     kv = vseg.astype(np.int64) * m + np.searchsorted(u, v)
-    kq = qseg.astype(np.int64) * m + np.searchsorted(u, q)
-    return np.searchsorted(kv, kq, side=side) - np.searchsorted(vseg, qseg)
+    kq = qseg.astype(np.int64) * m + np.searchsorted(u, q, side=side)
+    first = np.searchsorted(vseg, np.arange(int(qseg.max(initial=-1)) + 1))  # each segment's first value
+    return np.searchsorted(kv, kq) - first[qseg]
+
+
+def _seg_keys(seg: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """``seg + v·i`` (complex128): segment then value, in NumPy's order of complex numbers (the segment, an
+    integer below 2**53, and the value are both exact)."""
+    out = np.empty(v.size, np.complex128)
+    out.real = seg
+    out.imag = v
+    return out
 
 
 def _segment_cummax(v: np.ndarray, seg: np.ndarray) -> np.ndarray:
     """The running maximum of ``v`` restarted at each segment (``seg`` ascending): exactly the floats of
-    ``np.maximum.accumulate`` per segment, from their ranks offset by segment."""
+    ``np.maximum.accumulate`` per segment, from their ranks offset by segment; without a NaN, the running maximum
+    of (segment, value) as complex numbers, which NumPy compares by their real part first (no ranking sort)."""
+    if v.size and not np.isnan(v).any():
+        return np.maximum.accumulate(_seg_keys(seg, v)).imag.copy()
     u, inv = np.unique(v, return_inverse=True)
     off = seg.astype(np.int64) * max(u.size, 1)
     return u[np.maximum.accumulate(off + inv.reshape(-1)) - off] if v.size else v.copy()
