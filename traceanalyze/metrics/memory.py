@@ -81,41 +81,36 @@ def has_memory(con: duckdb.DuckDBPyConnection, run_id: int) -> bool:
 
 def memory_rows(con: duckdb.DuckDBPyConnection, run_id: int) -> list[MemoryRow]:
     """Every rank's memory per device (see the module), ordered by rank and device; [] without memory events."""
-    # grouped by the device's numbers (the CPU's index left out, as its name does), named after: the name's
-    # string building on every event cost 2/3 of the query (8 ms of 14 on the 8-rank scale set)
-    peaks = con.execute(f"""
-        SELECT rank, {_DEVICE} AS device, n, alloc, reserved, file_id, device_id FROM (
-            SELECT f.rank, m.device_type, CASE WHEN m.device_type = 0 THEN NULL ELSE m.device_id END AS dev,
-                   count(*) AS n, max(m.total_allocated) AS alloc, max(m.total_reserved) AS reserved,
-                   any_value(m.file_id) AS file_id, any_value(m.device_id) AS device_id
-            FROM memory_events m JOIN ({_FILES}) f USING (file_id) GROUP BY ALL) m
-        ORDER BY rank, device""", {"run_id": run_id}).fetchall()
+    # one read of the events, :data:`FILES_PER_QUERY` files at a time, gives the peaks, the allocated bytes at the
+    # steps' ends and the allocations by op: a grouped query for the peaks and an ASOF join for the step ends
+    # cost 6 and 36 ms of CPU more on the 8-rank scale set (the join sorted every event)
+    t = _Tally(con.execute(_STEPS, {"run_id": run_id}).fetchall())
+    files = [r[0] for r in con.execute(f"SELECT DISTINCT file_id FROM memory_events WHERE file_id IN "
+                                       f"(SELECT file_id FROM ({_FILES})) ORDER BY file_id",
+                                       {"run_id": run_id}).fetchall()]
+    for i in range(0, len(files), FILES_PER_QUERY):  # the working set: a few ranks' events and ops
+        t.add(con, {"run_id": run_id, "files": files[i:i + FILES_PER_QUERY]})
     # the GPU rows' headers in one query: one a row cost 0.35 ms each (a third of a second on 1,024 ranks)
-    gpu_files = sorted({p[5] for p in peaks if p[1] != "CPU"})
+    gpu_files = sorted({p[3] for (_, device), p in t.peaks.items() if device != "CPU"})
     headers = dict(con.execute("SELECT file_id, header FROM files WHERE list_contains($1, file_id)",
                                [gpu_files]).fetchall()) if gpu_files else {}
-    rows = {}
-    for rank, device, n, alloc, reserved, file_id, device_id in peaks:
+    ends: dict[tuple, list] = {}
+    for (rank, device, step), (_, alloc) in sorted(t.step_end.items()):
+        ends.setdefault((rank, device), []).append([step, alloc])
+    rows = []
+    for (rank, device), (n, alloc, reserved, file_id, device_id) in sorted(t.peaks.items()):
         cpu = device == "CPU"
-        rows[(rank, device)] = MemoryRow(
-            rank=rank, device=device, n_events=n, peak_allocated_bytes=alloc,
-            peak_reserved_bytes=None if cpu and not reserved else reserved,
-            total_bytes=None if cpu else header_total_bytes(headers.get(file_id), device_id))
-    for rank, device, step, alloc in _step_ends(con, run_id):
-        if (rank, device) in rows and alloc is not None:
-            rows[(rank, device)].step_end_allocated.append([step, alloc])
-    for r in rows.values():
+        r = MemoryRow(rank=rank, device=device, n_events=n, peak_allocated_bytes=alloc,
+                      peak_reserved_bytes=None if cpu and not reserved else reserved,
+                      total_bytes=None if cpu else header_total_bytes(headers.get(file_id), device_id),
+                      step_end_allocated=ends.get((rank, device), []))
         _growth(r)
-    ops = _ops(con, run_id)
-    for (rank, device), (top, unfreed, n_steps) in ops.items():
-        if (rank, device) in rows:
-            r = rows[(rank, device)]
-            r.top_ops, r.unfreed_steps = top, n_steps
-            r.unfreed_ops = unfreed
-            r.unfreed_bytes = sum(o["bytes"] for o in unfreed)
-    for r in rows.values():
-        r.unfreed_ops = r.unfreed_ops[:TOP_OPS]
-    return list(rows.values())
+        if (rank, device) in t.top:
+            unfreed = _ranked(t.unfreed.get((rank, device), {}))
+            r.top_ops, r.unfreed_steps = _ranked(t.top[(rank, device)])[:TOP_OPS], t.n_steps.get(rank, 0)
+            r.unfreed_ops, r.unfreed_bytes = unfreed[:TOP_OPS], sum(o["bytes"] for o in unfreed)
+        rows.append(r)
+    return rows
 
 
 def header_total_bytes(header: str | None, device_id: int | None) -> int | None:
@@ -130,21 +125,6 @@ def header_total_bytes(header: str | None, device_id: int | None) -> int | None:
             v = p.get("totalGlobalMem")
             return v if type(v) is int and 0 < v <= MAX_ALLOC_BYTES else None
     return None
-
-
-def _step_ends(con: duckdb.DuckDBPyConnection, run_id: int) -> list[tuple]:
-    """``(rank, device, step, allocated bytes)`` at each profiler step's end, per device of the step's file."""
-    return con.execute(f"""
-        WITH s AS (SELECT file_id, rank, step, end_ns FROM profiler_steps($run_id)),
-        d AS (SELECT DISTINCT file_id, device_type, device_id FROM memory_events
-              WHERE file_id IN (SELECT file_id FROM s)),
-        sd AS (SELECT s.*, d.device_type, d.device_id FROM s JOIN d USING (file_id)),
-        m AS (SELECT file_id, device_type, device_id, ts_ns, total_allocated FROM memory_events
-              WHERE file_id IN (SELECT file_id FROM s))
-        SELECT sd.rank, {_DEVICE.replace("m.", "sd.")} AS device, sd.step, arg_max(m.total_allocated, m.ts_ns)
-        FROM sd ASOF JOIN m ON sd.file_id = m.file_id AND sd.device_type IS NOT DISTINCT FROM m.device_type
-             AND sd.device_id IS NOT DISTINCT FROM m.device_id AND sd.end_ns >= m.ts_ns
-        GROUP BY ALL ORDER BY sd.rank, device, sd.step""", {"run_id": run_id}).fetchall()
 
 
 def _growth(r: MemoryRow) -> None:
@@ -166,6 +146,7 @@ def _growth(r: MemoryRow) -> None:
 # no free).
 # An allocation's op is the op that started last before it on its thread, if it still runs then: the innermost op
 # (allocations happen inside the op that asks for memory). At one start, the shorter op is the inner one.
+_STEPS = "SELECT rank, file_id, step, start_ns, end_ns, window_edge FROM profiler_steps($run_id)"
 _BATCH = f"SELECT * FROM ({_FILES}) WHERE file_id IN (SELECT unnest($files))"
 # the events with their thread's (pid, tid) (null: -1); the threads that allocate are numbered in NumPy
 # (:func:`_threads`) and passed to the ops' query as lists: a numbering in SQL scanned the events twice (half the
@@ -174,7 +155,8 @@ _EVENTS = f"""
 WITH f AS ({_BATCH})
 SELECT m.file_id, f.rank, m.device_type, CASE WHEN m.device_type = 0 THEN NULL ELSE m.device_id END AS dev_id,
        coalesce(m.device_type, -2) AS dt, coalesce(m.device_id, -2) AS di, coalesce(m.addr, 0) AS addr,
-       m.addr IS NULL AS no_addr, coalesce(m.pid, -1) AS pid, coalesce(m.tid, -1) AS tid, m.ts_ns, m.bytes
+       m.addr IS NULL AS no_addr, coalesce(m.pid, -1) AS pid, coalesce(m.tid, -1) AS tid, m.ts_ns, m.bytes,
+       coalesce(m.total_allocated, -1) AS alloc, coalesce(m.total_reserved, -1) AS reserved
 FROM memory_events m JOIN f USING (file_id)"""
 _OPS = """
 WITH th AS (SELECT unnest($th_file) AS file_id, unnest($th_pid) AS pid, unnest($th_tid) AS tid,
@@ -189,42 +171,102 @@ FROM (SELECT rank, device_type, dev_id AS device_id, op, kept, count(*) AS n,
       FROM _allocs GROUP BY ALL) g"""
 
 
-def _ops(con: duckdb.DuckDBPyConnection, run_id: int) -> dict[tuple[int, str], tuple[list, list, int]]:
-    """Per (rank, device): the top ops by bytes allocated, the ops of the allocations inside the steps never
-    freed (both most bytes first), and the number of steps those were counted over. :data:`FILES_PER_QUERY` files
-    at a time."""
-    n_steps: dict[int, int] = {}
-    by_file: dict[int, list[tuple[int, int]]] = {}  # file -> its steps' (start, end) in ns
-    for rank, f, start, end in con.execute("SELECT rank, file_id, start_ns, end_ns FROM profiler_steps($run_id) "
-                                           "WHERE NOT window_edge", {"run_id": run_id}).fetchall():
-        n_steps[rank] = n_steps.get(rank, 0) + 1
-        if start is not None:  # one whose end is unknown holds nothing
-            by_file.setdefault(f, []).append((start, end if end is not None else np.iinfo(np.int64).min))
-    steps = {f: np.array(sorted(se), dtype=np.int64).T for f, se in by_file.items()}
-    top: dict[tuple, dict[str, list[int]]] = {}
-    unfreed: dict[tuple, dict[str, list[int]]] = {}
-    files = [r[0] for r in con.execute(f"SELECT DISTINCT file_id FROM memory_events WHERE file_id IN "
-                                       f"(SELECT file_id FROM ({_FILES})) ORDER BY file_id",
-                                       {"run_id": run_id}).fetchall()]
-    for i in range(0, len(files), FILES_PER_QUERY):  # the working set: a few ranks' events and ops
-        params = {"run_id": run_id, "files": files[i:i + FILES_PER_QUERY]}
-        con.register("_allocs", _allocations(con, params, steps))
+class _Tally:
+    """What :func:`memory_rows` adds up over its batches of files, keyed by (rank, device): ``peaks`` (events,
+    peak allocated, peak reserved, a file and the device index: its header's GPU), ``step_end`` ((rank, device,
+    step) -> (ts, allocated bytes) of the device's last event at or before the step's end), ``top`` and
+    ``unfreed`` (op -> [allocations, bytes, largest]); ``n_steps``: rank -> steps not at a window's edge. ``steps``:
+    the run's profiler steps ``(rank, file, step, start, end, window_edge)`` (:data:`_STEPS`)."""
+
+    def __init__(self, steps: list[tuple]) -> None:
+        self.n_steps: dict[int, int] = {}
+        by_file: dict[int, list[tuple[int, int]]] = {}  # file -> its steps' (start, end) in ns
+        ends: dict[int, list[tuple[int, int]]] = {}  # file -> its steps' (step, end), every step
+        for rank, f, step, start, end, edge in steps:
+            if end is not None:
+                ends.setdefault(f, []).append((step, end))
+            if edge:
+                continue
+            self.n_steps[rank] = self.n_steps.get(rank, 0) + 1
+            if start is not None:  # one whose end is unknown holds nothing
+                by_file.setdefault(f, []).append((start, end if end is not None else np.iinfo(np.int64).min))
+        self.within = {f: np.array(sorted(se), dtype=np.int64).T for f, se in by_file.items()}
+        self.ends = {f: np.array(se, dtype=np.int64).T for f, se in ends.items()}
+        self.peaks: dict[tuple, list] = {}
+        self.step_end: dict[tuple, tuple[int, int]] = {}
+        self.top: dict[tuple, dict[str, list[int]]] = {}
+        self.unfreed: dict[tuple, dict[str, list[int]]] = {}
+
+    def add(self, con: duckdb.DuckDBPyConnection, params: dict) -> None:
+        """One batch of files (``params["files"]``): their events read once."""
+        ev = con.sql(_EVENTS, params=params).to_arrow_table()
+        e = {c: ev[c].to_numpy() for c in ("file_id", "rank", "dt", "di", "addr", "no_addr", "pid", "tid", "ts_ns",
+                                           "bytes", "alloc", "reserved")}
+        self._devices(e)
+        con.register("_allocs", _allocations(con, params, ev, e, self.within))
         try:
             rows = con.execute(_BY_OP).fetchall()
         finally:
             con.unregister("_allocs")
         for rank, device, op, kept, n, nbytes, big in rows:  # every allocation once in top, the kept ones again
-            _tally(top.setdefault((rank, device), {}), str(op), n, nbytes, big)
+            _tally(self.top.setdefault((rank, device), {}), str(op), n, nbytes, big)
             if kept:
-                _tally(unfreed.setdefault((rank, device), {}), str(op), n, nbytes, big)
-    return {k: (_ranked(v)[:TOP_OPS], _ranked(unfreed.get(k, {})), n_steps.get(k[0], 0)) for k, v in top.items()}
+                _tally(self.unfreed.setdefault((rank, device), {}), str(op), n, nbytes, big)
+
+    def _devices(self, e: dict[str, np.ndarray]) -> None:
+        """The peaks and step ends of a batch's events, per file and device (events sorted by them, then time:
+        the stable sort keeps the stored order of events at one ns, the last of which the ASOF join this
+        replaced took)."""
+        order = np.lexsort((e["ts_ns"], e["di"], e["dt"], e["file_id"]))
+        if not len(order):
+            return
+        f, dt, di, ts = e["file_id"][order], e["dt"][order], e["di"][order], e["ts_ns"][order]
+        new = np.ones(len(order), dtype=bool)
+        new[1:] = (f[1:] != f[:-1]) | (dt[1:] != dt[:-1]) | (di[1:] != di[:-1])
+        starts = np.flatnonzero(new)
+        alloc, reserved = e["alloc"][order], e["reserved"][order]  # null: -1
+        peak_a, peak_r = np.maximum.reduceat(alloc, starts), np.maximum.reduceat(reserved, starts)
+        bounds = np.append(starts, len(order)).tolist()
+        for j, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False)):
+            file_id, rank, t, i = int(f[a]), int(e["rank"][order[a]]), int(dt[a]), int(di[a])
+            device = _device_name(t, i)
+            p = self.peaks.setdefault((rank, device), [0, None, None, file_id, None if i == -2 else i])
+            p[0] += b - a
+            p[1], p[2] = _larger(p[1], int(peak_a[j])), _larger(p[2], int(peak_r[j]))
+            if file_id in self.ends:
+                self._step_ends(rank, device, self.ends[file_id], ts[a:b], alloc[a:b])
+
+    def _step_ends(self, rank: int, device: str, ends: np.ndarray, ts: np.ndarray, alloc: np.ndarray) -> None:
+        """Each step's (``ends``: step numbers, end ns) allocated bytes at its end from one device's events of its
+        file (``ts``, sorted; ``alloc``, null -1): that of the last event at or before it, if not null; of two
+        (CPU indexes, files of one rank) the later one's."""
+        at = np.searchsorted(ts, ends[1], side="right") - 1
+        for step, k in zip(ends[0].tolist(), at.tolist(), strict=False):
+            if k >= 0 and alloc[k] >= 0:
+                key, t = (rank, device, step), int(ts[k])
+                if key not in self.step_end or t > self.step_end[key][0]:
+                    self.step_end[key] = (t, int(alloc[k]))
 
 
-def _allocations(con: duckdb.DuckDBPyConnection, params: dict, steps: dict[int, np.ndarray]) -> pa.Table:
-    """The allocations of a batch of files: rank, device_type, dev_id, bytes, op (its name; null outside any op)
-    and kept (made inside a step and not freed; see above)."""
-    ev = con.sql(_EVENTS, params=params).to_arrow_table()
-    e = {c: ev[c].to_numpy() for c in ("file_id", "dt", "di", "addr", "no_addr", "pid", "tid", "ts_ns", "bytes")}
+def _device_name(dt: int, di: int) -> str:
+    """A device's name from its type and index (null: -2), as :data:`_DEVICE` names it."""
+    if dt == 0:
+        return "CPU"
+    if dt == 1:
+        return f"GPU {di if di != -2 else '?'}"
+    return f"device {dt if dt != -2 else '?'}:{di if di != -2 else '?'}"
+
+
+def _larger(a: int | None, b: int) -> int | None:
+    """The larger of a peak so far (None: none) and one of a batch (-1: none)."""
+    return a if b < 0 else b if a is None else max(a, b)
+
+
+def _allocations(con: duckdb.DuckDBPyConnection, params: dict, ev: pa.Table, e: dict[str, np.ndarray],
+                 steps: dict[int, np.ndarray]) -> pa.Table:
+    """The allocations of a batch of files (``ev``: their events, :data:`_EVENTS`; ``e``: its columns in NumPy):
+    rank, device_type, dev_id, bytes, op (its name; null outside any op) and kept (made inside a step and not
+    freed; see above)."""
     order = np.lexsort((-e["bytes"], e["ts_ns"], e["addr"], e["no_addr"], e["di"], e["dt"], e["file_id"]))
     same = np.ones(max(len(order) - 1, 0), dtype=bool)  # the next event (by address, then time) is at its address
     for c in ("file_id", "dt", "di", "addr", "no_addr"):
