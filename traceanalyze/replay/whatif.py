@@ -278,6 +278,8 @@ class _Writes:
         drop_cached_blocks(self.con)
 
     def start_beside(self) -> None:
+        if self.drop_cache:  # a run in turn: the build's cached reads are not held beside the tables being written
+            drop_cached_blocks(self.con)
         self.beside = on_own_cursor(self.con, self._save, name="traceanalyze-save")
 
     def __call__(self) -> None:
