@@ -41,8 +41,8 @@ def _by_rank(g: gr.Graph) -> tuple[np.ndarray, ...]:
             j = int(np.searchsorted(ends, g.start[t] + host.ANCHOR_TOLERANCE_US, side="right")) - 1
             if j >= 0:
                 new.append((int(ids[j]), t))
-    s2 = np.array([*g.dep_src[~sync].tolist(), *(a for a, _ in new)], np.int64)
-    d2 = np.array([*g.dep_dst[~sync].tolist(), *(b for _, b in new)], np.int64)
+    s2 = np.array([*g.dep_src[~sync].tolist(), *(a for a, _ in new)], g.dep_src.dtype)  # the graph's task ids
+    d2 = np.array([*g.dep_dst[~sync].tolist(), *(b for _, b in new)], g.dep_dst.dtype)
     end = np.concatenate([g.dep_end[~sync], np.ones(len(new), g.dep_end.dtype)])
     off = np.concatenate([g.dep_off[~sync], np.zeros(len(new), g.dep_off.dtype)])
     typ = np.concatenate([g.dep_type[~sync], np.full(len(new), gr.DEP_TYPES.index("event_wait"), g.dep_type.dtype)])

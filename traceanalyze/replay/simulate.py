@@ -255,7 +255,8 @@ def replay(g: Graph, dur: np.ndarray | None = None, gap: np.ndarray | None = Non
     """
     n = g.start.size
     tr = g.inst_transfer if transfer is None else transfer
-    lay = layout if layout is not None and layout.fits(g) else layout_of(g)
+    own = layout is None or not layout.fits(g)  # planned here: nobody else holds it
+    lay = layout_of(g) if own else layout
     p: _Plan | None = _plan(g, lay, dur, gap, tr, starts=starts)
     if p.waves is not None:  # the starts, then the ends, in one array (see _wave_pass)
         p.se = np.full(2 * n, UNKNOWN)
@@ -282,21 +283,25 @@ def replay(g: Graph, dur: np.ndarray | None = None, gap: np.ndarray | None = Non
         if passes > 1 and moved < TOLERANCE_US:
             converged = True
             break
-    kept = (p.d, p.cg, p.doff) if keep_binding and lay.perm is None else None  # the binding's: in task order
+    kept = (p.cg, p.doff) if keep_binding and lay.perm is None else None  # the binding's: in task order
     if lay.perm is not None:  # back to task order, the plan released first (its arrays are the graph's size)
         se, p = p.se, None
         s, e = np.empty(n), np.empty(n)
         s[lay.perm], e[lay.perm] = se[:n], se[n:]
         del se
     p = None
+    if own:  # the wave order is not read below: released before the binding's graph-sized temporaries (the peak)
+        lay.waves = lay.perm = lay.eperm = lay.sidx = lay.ct_w = lay.prev_ct_w = lay.pinned_w = None
+        lay.udst = lay.ustop = None
     unknown = s <= UNKNOWN / 2
     s[unknown] = -np.inf
     e[unknown] = -np.inf
     out = Replay(start=s, end=e, passes=passes, converged=converged)
     if keep_binding:
-        d, cg = kept[:2] if kept else _durations(g, lay, dur, gap, tr)
-        doff = kept[2] if kept else (g.dep_off if lay.eo is None else g.dep_off[lay.eo])
-        out.binding = _binding(g, s, e, d, cg, lay, doff)  # type: ignore[attr-defined]
+        # the chain gaps as given (no copy of the durations: the binding reads the ends)
+        cg = kept[0] if kept else np.asarray(g.chain_gap if gap is None else gap, dtype=float)
+        doff = kept[1] if kept else (g.dep_off if lay.eo is None else g.dep_off[lay.eo])
+        out.binding = _binding(g, s, e, cg, lay, doff)  # type: ignore[attr-defined]
     return out
 
 
@@ -700,8 +705,7 @@ def _wave_pass(p: _Plan, w: _Wave, s: np.ndarray, e: np.ndarray, ready: np.ndarr
     return moved
 
 
-def _binding(g: Graph, s: np.ndarray, e: np.ndarray, d: np.ndarray, cg: np.ndarray, lay: Layout,
-             doff: np.ndarray) -> np.ndarray:
+def _binding(g: Graph, s: np.ndarray, e: np.ndarray, cg: np.ndarray, lay: Layout, doff: np.ndarray) -> np.ndarray:
     """Per task, the predecessor whose time set its start (-1: its measured first start). ``lay``: the edges by
     destination (``doff``: their offsets, µs, in that order) and the collective tasks."""
     n = s.size

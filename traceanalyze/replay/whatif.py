@@ -113,6 +113,8 @@ def _late_pricer(pr: _Pricer, ctx: dict, base: Arrays, measured: dict, err: floa
     why there is none, sim_result rows)``. ``ranks``: the ranks a finding names, for a scenario that rewrites named
     ranks (its record's ``ranks_ctx``: a straggler finding's, a late-entry finding's). It holds the graph until it
     is dropped."""
+    if not pr.hold:  # a run in turn (big): what a late replay can recompute is not held through the analyses
+        pr.g_free, pr.groups = None, None  # the graph without host syncs (no_host_sync), the floors' grouping
     pr.hold, pr.layout = False, None  # not held through the rest of the report: each late replay plans its own
     g = pr.g
     replayed = set(g.ranks)
@@ -276,6 +278,8 @@ class _Writes:
         drop_cached_blocks(self.con)
 
     def start_beside(self) -> None:
+        if self.drop_cache:  # a run in turn: the build's cached reads are not held beside the tables being written
+            drop_cached_blocks(self.con)
         self.beside = on_own_cursor(self.con, self._save, name="traceanalyze-save")
 
     def __call__(self) -> None:
@@ -618,8 +622,8 @@ def _floor_groups(g: gr.Graph) -> _FloorGroups | None:
     at[o] = np.arange(o.size)
     host = np.flatnonzero(~dev_all[sel])
     itype = np.int32 if g.start.size < 2**31 else np.int64  # held through the what-ifs: 1,024 ranks' peak
-    return _FloorGroups(sel, host.astype(itype), sel[host].astype(itype), inv, at[of.reshape(-1)],
-                        uniq[o].tolist())
+    return _FloorGroups(sel.astype(itype), host.astype(itype), sel[host].astype(itype), inv.astype(itype),
+                        at[of.reshape(-1)], uniq[o].tolist())
 
 
 def _events_per_step(g: gr.Graph, counted: set) -> float | None:

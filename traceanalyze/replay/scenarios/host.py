@@ -101,7 +101,9 @@ def without_host_syncs(g: gr.Graph) -> gr.Graph:
     typ = np.concatenate([g.dep_type[~sync], np.full(s2.size - n_old, gr.DEP_TYPES.index("event_wait"),
                                                      dtype=g.dep_type.dtype)])
     o = np.argsort(d2, kind="stable")  # the replay groups edges by destination
-    return dataclasses.replace(g, dep_src=s2[o], dep_dst=d2[o], dep_end=end[o], dep_off=off[o], dep_type=typ[o])
+    it = g.dep_src.dtype  # the graph's task ids (the new edges' are int64): held through the what-ifs' peak
+    return dataclasses.replace(g, dep_src=s2[o].astype(it, copy=False), dep_dst=d2[o].astype(it, copy=False),
+                               dep_end=end[o], dep_off=off[o], dep_type=typ[o])
 
 
 def _sync_order_edges(g: gr.Graph, dev: np.ndarray, sync: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
