@@ -255,8 +255,7 @@ def replay(g: Graph, dur: np.ndarray | None = None, gap: np.ndarray | None = Non
     """
     n = g.start.size
     tr = g.inst_transfer if transfer is None else transfer
-    own = layout is None or not layout.fits(g)  # planned here: nobody else holds it
-    lay = layout_of(g) if own else layout
+    lay = layout_of(g) if (own := layout is None or not layout.fits(g)) else layout  # own: nobody else holds it
     p: _Plan | None = _plan(g, lay, dur, gap, tr, starts=starts)
     if p.waves is not None:  # the starts, then the ends, in one array (see _wave_pass)
         p.se = np.full(2 * n, UNKNOWN)
@@ -270,8 +269,7 @@ def replay(g: Graph, dur: np.ndarray | None = None, gap: np.ndarray | None = Non
         p.track = _Track(seen=[-1] * k, changed=[0] * k, carry=[math.nan] * k)  # type: ignore[arg-type]
     ready = np.full(p.ct.size, UNKNOWN)
     m_ready = np.full(tr.size, UNKNOWN)
-    converged = False
-    passes = 0
+    converged, passes = False, 0
     for passes in range(1, MAX_PASSES + 1):  # noqa: B007
         # waves measure how far the starts moved as they write them (no copy of the graph's size)
         before = s.copy() if p.waves is None else None
@@ -294,11 +292,9 @@ def replay(g: Graph, dur: np.ndarray | None = None, gap: np.ndarray | None = Non
         lay.waves = lay.perm = lay.eperm = lay.sidx = lay.ct_w = lay.prev_ct_w = lay.pinned_w = None
         lay.udst = lay.ustop = None
     unknown = s <= UNKNOWN / 2
-    s[unknown] = -np.inf
-    e[unknown] = -np.inf
+    s[unknown] = e[unknown] = -np.inf
     out = Replay(start=s, end=e, passes=passes, converged=converged)
-    if keep_binding:
-        # the chain gaps as given (no copy of the durations: the binding reads the ends)
+    if keep_binding:  # the chain gaps as given (no copy of the durations: the binding reads the ends)
         cg = kept[0] if kept else np.asarray(g.chain_gap if gap is None else gap, dtype=float)
         doff = kept[1] if kept else (g.dep_off if lay.eo is None else g.dep_off[lay.eo])
         out.binding = _binding(g, s, e, cg, lay, doff)  # type: ignore[attr-defined]
