@@ -158,7 +158,7 @@ def _fold_calls(h: dict, dev_keys: np.ndarray) -> dict:
     return out
 
 
-def device_tasks(con, rc: RunClock, fids: list[int], comm: list[str]) -> dict:
+def device_tasks(con, rc: RunClock, fids: list[int]) -> dict:
     """Task columns of the GPU runs' kernels, memcpys and memsets; NCCL kernels are collectives, and ``ext`` is the
     launching op's code (:func:`.labels.precision_classes`): 0 none or not fp32, bit 0 fp32 inputs, bit 1 on autocast's
     fp32 list, bit 2 in place."""
@@ -173,8 +173,7 @@ def device_tasks(con, rc: RunClock, fids: list[int], comm: list[str]) -> dict:
     cat = np.asarray(k["catc"], np.int64)
     # a collective: a kernel (catc 0) of a communication kernel's name, found per name, not per row (the list as a
     # join in the query cost 1-3 ms of CPU per 300k kernels)
-    comm_names = set(comm)
-    is_comm = np.array([n in comm_names for n in k["name"][1].to_pylist()], bool)
+    is_comm = _communication(con, k["name"][1])
     kind = np.where((cat == 0) & is_comm[k["name"][0]], K_COLL,
                     np.where(cat == 1, K_MEMCPY, np.where(cat == 2, K_MEMSET, K_KERNEL)))
     return dict(rank=rc.rank_of(np.asarray(k["file_id"], np.int64)), rk=np.ones(cat.size, np.int64),
@@ -183,6 +182,17 @@ def device_tasks(con, rc: RunClock, fids: list[int], comm: list[str]) -> dict:
                 name=k["name"], corr=np.asarray(k["correlation"], np.int64),
                 fid=fid, ext=opcode,
                 flag=np.zeros(cat.size, np.int64), idle=np.full(cat.size, np.inf, np.float32))
+
+
+def _communication(con, names) -> np.ndarray:
+    """Per distinct name (an Arrow string array), True for a communication kernel's: the ``kernel_class`` macro
+    (:func:`traceanalyze.metrics.collectives.communication_kernels`' rule) on the chunk's few hundred names, not a
+    read of the run's kernels again (their distinct names' query: ~5 ms of CPU at 256 ranks)."""
+    ns = names.to_pylist()
+    rows = con.execute("SELECT n, kernel_class('kernel', n) = 'communication' FROM unnest(?::VARCHAR[]) t(n) "
+                       "WHERE n IS NOT NULL", [ns]).fetchall() if ns else []
+    comm = {n for n, c in rows if c}
+    return np.array([n in comm for n in ns], bool)
 
 
 def _launching_op_codes(con, rc: RunClock, fids: list[int], fid: np.ndarray, ext: np.ndarray,
