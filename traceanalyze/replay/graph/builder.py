@@ -197,7 +197,9 @@ def _build_chunk(con, rc: RunClock, fids: list[int], st: dict[str, np.ndarray], 
     events (it outlives ``con``, a thread's cursor closed once its chunks are built)."""
     dev = device_tasks(con, rc, fids) if rc.mode == "gpu" else None
     dev_keys = np.sort((dev["fid"] << 40) + dev["corr"]) if dev is not None else None
-    parts = [host_tasks(con, rc, fids, dev_keys)]
+    waits, host = host_tasks(con, rc, fids, dev_keys)
+    parts = [host]
+    del host
     del dev_keys
     if dev is not None:
         parts.append(dev)
@@ -222,7 +224,7 @@ def _build_chunk(con, rc: RunClock, fids: list[int], st: dict[str, np.ndarray], 
         step = steps_by_anchor(t, steps, anchor, step)
     event_waits = 0
     if rc.mode == "gpu":
-        event_waits = event_wait_edges(con, rc, t, edges, cg, anchor, fids)
+        event_waits = event_wait_edges(con, rc, t, edges, cg, anchor, fids, waits)
         sync_edges(t, dev, edges, cd)
     del anchor
     wait_edges(t, rc.mode, edges, cg)
