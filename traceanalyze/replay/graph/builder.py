@@ -11,7 +11,7 @@ import duckdb
 import numpy as np
 
 from traceanalyze.executors import on_own_cursor
-from traceanalyze.metrics.collectives import Calls, communication_kernels
+from traceanalyze.metrics.collectives import Calls
 from traceanalyze.replay.graph.deps import (
     Edges,
     event_wait_edges,
@@ -65,8 +65,7 @@ def build(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_size: in
     rc = run_clock(con, run_id, mode, world_size, clock_offsets_us)
     st = fetch(con, "SELECT file_id, rank, step, start_ns, end_ns, pid, tid, counted FROM profiler_steps(?)",
                 [run_id])
-    comm = communication_kernels(con, run_id) if mode == "gpu" else []
-    chunks = _build_chunks(con, rc, _rank_chunks(con, rc, max_chunk_events, threads), st, comm, threads)
+    chunks = _build_chunks(con, rc, _rank_chunks(con, rc, max_chunk_events, threads), st, threads)
     base = np.cumsum([0] + [ch["n"] for ch in chunks])  # each chunk's first task id
     c = _join_chunks(chunks)
     del chunks
@@ -155,8 +154,8 @@ def _rank_chunks(con, rc: RunClock, max_events: int, threads: int = 1) -> list[l
     return [*chunks, cur] if cur else chunks
 
 
-def _build_chunks(con, rc: RunClock, groups: list[list[int]], st: dict[str, np.ndarray], comm: list[str],
-                  threads: int) -> list[dict]:
+def _build_chunks(con, rc: RunClock, groups: list[list[int]], st: dict[str, np.ndarray], threads: int
+                  ) -> list[dict]:
     """:func:`_build_chunk` of each group of file ids, in order: on ``threads`` threads when there are several
     groups, each thread on a cursor of its own (a DuckDB connection runs one query at a time). The GIL is free
     while DuckDB reads and NumPy sorts and searches, so two threads build the 8-rank scale set's graph in about
@@ -164,7 +163,7 @@ def _build_chunks(con, rc: RunClock, groups: list[list[int]], st: dict[str, np.n
     def chunk_of(cur, fids: list[int]) -> dict:
         # the events beside a chunk only on one thread (beside the analyses: the tail is the critical path); on
         # several, after the join (their temporaries beside two chunks' raised the peak at 1,024 ranks)
-        return _build_chunk(cur, rc, fids, {k: v[np.isin(st["file_id"], fids)] for k, v in st.items()}, comm,
+        return _build_chunk(cur, rc, fids, {k: v[np.isin(st["file_id"], fids)] for k, v in st.items()},
                             con if threads <= 1 else None)
 
     n = min(threads, len(groups))
@@ -191,14 +190,16 @@ def _build_chunks(con, rc: RunClock, groups: list[list[int]], st: dict[str, np.n
             cur.close()
 
 
-def _build_chunk(con, rc: RunClock, fids: list[int], st: dict[str, np.ndarray], comm: list[str], root) -> dict:
+def _build_chunk(con, rc: RunClock, fids: list[int], st: dict[str, np.ndarray], root) -> dict:
     """The graph's arrays for the ranks of ``fids`` (tasks, edges, categories; task ids local to the chunk).
     Every edge but a collective's rendezvous joins tasks of one rank, so chunks of whole ranks join without
     loss (:func:`_join_chunks`). ``root``: the build's connection, whose cursor counts the chunk's profiler
     events (it outlives ``con``, a thread's cursor closed once its chunks are built)."""
-    dev = device_tasks(con, rc, fids, comm) if rc.mode == "gpu" else None
+    dev = device_tasks(con, rc, fids) if rc.mode == "gpu" else None
     dev_keys = np.sort((dev["fid"] << 40) + dev["corr"]) if dev is not None else None
-    parts = [host_tasks(con, rc, fids, dev_keys)]
+    waits, host = host_tasks(con, rc, fids, dev_keys)
+    parts = [host]
+    del host
     del dev_keys
     if dev is not None:
         parts.append(dev)
@@ -223,7 +224,7 @@ def _build_chunk(con, rc: RunClock, fids: list[int], st: dict[str, np.ndarray], 
         step = steps_by_anchor(t, steps, anchor, step)
     event_waits = 0
     if rc.mode == "gpu":
-        event_waits = event_wait_edges(con, rc, t, edges, cg, anchor, fids)
+        event_waits = event_wait_edges(con, rc, t, edges, cg, anchor, fids, waits)
         sync_edges(t, dev, edges, cd)
     del anchor
     wait_edges(t, rc.mode, edges, cg)

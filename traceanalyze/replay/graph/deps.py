@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from traceanalyze.replay.graph.model import K_BEGIN, K_COLL, K_HOST, T_SHIFT, WAIT_GAP_US, WAIT_TAIL
-from traceanalyze.replay.graph.source import RunClock, fetch, in_files
+from traceanalyze.replay.graph.source import RunClock, fetch, in_files, unique_rows
 from traceanalyze.replay.graph.tasks import Tasks
 
 
@@ -89,13 +89,14 @@ def gloo_issue_edges(con, rc: RunClock, t: Tasks, edges: Edges, anchor: np.ndarr
 
 
 def event_wait_edges(con, rc: RunClock, t: Tasks, edges: Edges, cg: np.ndarray, anchor: np.ndarray,
-                      fids: list[int]) -> int:
+                      fids: list[int], calls: dict[str, np.ndarray]) -> int:
     """Cross-stream event waits (WHATIF.md §2, HTA's previous/next launch rule): the last device task launched on
     the awaited stream before the ``cudaEventRecord`` -> the first device task launched on the waiting stream after
     the ``cudaStreamWaitEvent``. When the wait held the task back (the awaited task ended after the waiting stream's
     previous task and after the launch, ``anchor``), the task's stream gap and its launch delay were the wait: this
     edge carries the measured latency, the chain gap goes, and the launch edge keeps only the launch (start no
-    earlier than the call). The waits come from :func:`_stream_waits`. Returns the waits found (0: none)."""
+    earlier than the call). The waits come from :func:`_stream_waits` (``calls``: the chunk's record and wait calls,
+    :func:`.tasks.host_tasks`). Returns the waits found (0: none)."""
     dev = np.flatnonzero(t.rk == 1)
     if not dev.size:
         return 0
@@ -104,7 +105,7 @@ def event_wait_edges(con, rc: RunClock, t: Tasks, edges: Edges, cg: np.ndarray, 
     key = (t.res[dev].astype(np.int64) << T_SHIFT) + np.clip(t.cols["corr"][dev], 0, lim)
     o = np.argsort(key, kind="stable")
     key, dsorted = key[o], dev[o]
-    res_wait, res_rec, wait_corr, rec_corr = _stream_waits(con, rc, t, dev, fids)
+    res_wait, res_rec, wait_corr, rec_corr = _stream_waits(con, rc, t, dev, fids, calls)
     n_rows = int(res_wait.size)
     if not n_rows:
         return 0
@@ -133,8 +134,10 @@ def event_wait_edges(con, rc: RunClock, t: Tasks, edges: Edges, cg: np.ndarray, 
     return n_rows
 
 
-def _stream_waits(con, rc: RunClock, t: Tasks, dev: np.ndarray, fids: list[int]) -> tuple[np.ndarray, ...]:
-    """Each ``cudaStreamWaitEvent`` call of the ranks of ``fids``: (waiting stream's resource, awaited stream's
+def _stream_waits(con, rc: RunClock, t: Tasks, dev: np.ndarray, fids: list[int], calls: dict[str, np.ndarray]
+                  ) -> tuple[np.ndarray, ...]:
+    """Each ``cudaStreamWaitEvent`` call of the ranks of ``fids`` (``calls``: their ``cudaEventRecord`` and
+    ``cudaStreamWaitEvent`` calls, :func:`.tasks.host_tasks`): (waiting stream's resource, awaited stream's
     resource, the wait call's correlation, the awaited ``cudaEventRecord``'s correlation), int64 arrays, -1 where
     unknown.
 
@@ -147,15 +150,7 @@ def _stream_waits(con, rc: RunClock, t: Tasks, dev: np.ndarray, fids: list[int])
     first on its stream since a wait call stands for a wait of its stream (cuDNN records on the main stream, makes
     several side streams wait, then launches on each). Correlations count the process's runtime calls in order,
     whatever the thread."""
-    w = fetch(con, f"""SELECT o.file_id, o.correlation AS corr, o.name = 'cudaStreamWaitEvent' AS is_wait,
-               coalesce(s.device, -1) AS device, coalesce(s.stream, -1) AS stream,
-               coalesce(s.wait_on_stream, -1) AS wait_on_stream, coalesce(s.wait_on_corr, -1) AS wait_on_corr
-        FROM cpu_ops o
-        LEFT JOIN cuda_syncs s ON s.file_id = o.file_id AND s.correlation = o.correlation
-             AND s.name = 'Stream Wait Event'
-        WHERE {in_files("o.file_id", fids, "?")} AND o.cat = 'cuda_runtime'
-          AND o.name IN ('cudaEventRecord', 'cudaStreamWaitEvent') AND o.correlation IS NOT NULL
-        ORDER BY o.file_id, o.correlation""", [fids])
+    w = _with_sync_rows(con, calls, fids)
     none = (np.zeros(0, np.int64),) * 4
     if not w["file_id"].size:
         return none
@@ -204,6 +199,36 @@ def _stream_waits(con, rc: RunClock, t: Tasks, dev: np.ndarray, fids: list[int])
                        _launched_before(dkey, dres, (rk << T_SHIFT) + np.clip(rec_corr, 0, None)))
     res_rec = np.where(rec_corr >= 0, res_rec, -1)
     return res_wait, res_rec, wcorr, rec_corr
+
+
+def _with_sync_rows(con, calls: dict[str, np.ndarray], fids: list[int]) -> dict[str, np.ndarray]:
+    """``calls`` (in (file, correlation) order) left-joined with the ``cuda_syncs`` "Stream Wait Event" rows of the
+    same file and correlation: ``device``, ``stream``, ``wait_on_stream``, ``wait_on_corr`` (-1 where none or NULL);
+    a call with several such rows once per row, as a SQL join. The rows are few (most traces have none): the
+    calls themselves come from the runtime calls already read (:func:`.tasks.host_tasks`)."""
+    cols = ("device", "stream", "wait_on_stream", "wait_on_corr")
+    s = fetch(con, f"""SELECT file_id, correlation, {", ".join(f"coalesce({c}, -1) AS {c}" for c in cols)}
+        FROM cuda_syncs WHERE {in_files("file_id", fids, "?")} AND name = 'Stream Wait Event'
+          AND correlation IS NOT NULL""", [fids])
+    fid, corr = calls["file_id"], calls["corr"]
+    if not (fid.size and s["file_id"].size):
+        return {**calls, **{c: np.full(fid.size, -1, np.int64) for c in cols}}
+    # (file, correlation) as one code for calls and rows alike (their tuples' rank), each row's run found by search
+    n = fid.size
+    code = unique_rows(np.concatenate([fid, np.asarray(s["file_id"], np.int64)]),
+                       np.concatenate([corr, np.asarray(s["correlation"], np.int64)]))[1]
+    o = np.argsort(code[n:], kind="stable")
+    s_code = code[n:][o]
+    lo, hi = np.searchsorted(s_code, code[:n], "left"), np.searchsorted(s_code, code[:n], "right")
+    reps = np.maximum(hi - lo, 1)
+    ci = np.repeat(np.arange(n), reps)
+    at = lo[ci] + np.arange(ci.size) - np.repeat(np.cumsum(reps) - reps, reps)
+    hit = (hi - lo)[ci] > 0
+    si = o[np.where(hit, at, 0)]
+    out = {k: v[ci] for k, v in calls.items()}
+    for c in cols:
+        out[c] = np.where(hit, np.asarray(s[c], np.int64)[si], -1)
+    return out
 
 
 def _first_launches_after_waits(dkey: np.ndarray, dres: np.ndarray, wkey: np.ndarray) -> np.ndarray:

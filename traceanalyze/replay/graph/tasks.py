@@ -101,10 +101,12 @@ def host_tasks(con, rc: RunClock, fids: list[int], dev_keys: np.ndarray | None =
 
     # the names as codes into the distinct names (fetch_arrow): each row's flag is its name's (_name_flags)
     if rc.mode == "gpu":
-        h = fetch_arrow(con, f"""SELECT c.file_id, c.pid, c.tid, c.ts_ns, c.dur_ns, c.correlation, c.name
+        h = fetch_arrow(con, f"""SELECT c.file_id, c.pid, c.tid, c.ts_ns, c.dur_ns, c.correlation, c.name,
+                   c.cat = 'cuda_runtime' AND c.correlation IS NOT NULL AS rt
             FROM cpu_ops c WHERE {in_files("c.file_id", fids, "$1")} AND c.cat IN ('cuda_runtime', 'cuda_driver')""",
             [fids], hash_names=True)
         h["flag"] = _name_flags(h["name"][1])[h["name"][0]]
+        waits = _event_calls(h)
         h = _fold_calls(h, np.zeros(0, np.int64) if dev_keys is None else dev_keys)
         idle = h.pop("idle")
     else:
@@ -120,13 +122,29 @@ def host_tasks(con, rc: RunClock, fids: list[int], dev_keys: np.ndarray | None =
         h = {k: ((v[0][top], v[1]) if k == "name" else v[top]) for k, v in h.items()}
         h["flag"] = _name_flags(h["name"][1])[h["name"][0]]
         idle = np.full(int(top.sum()), np.inf)
+        waits = None
     flag = np.asarray(h["flag"], np.int64)
     coll = (flag == 3) & (rc.mode != "gpu")
-    return dict(rank=rc.rank_of(np.asarray(h["file_id"], np.int64)), rk=np.where(coll, 2, 0),
+    return waits, dict(rank=rc.rank_of(np.asarray(h["file_id"], np.int64)), rk=np.where(coll, 2, 0),
                 a=np.asarray(h["pid"], np.int64), b=np.asarray(h["tid"], np.int64), kind=np.where(coll, K_COLL, K_HOST),
                 ts=np.asarray(h["ts_ns"], np.int64), dur=np.asarray(h["dur_ns"], np.int64), name=h["name"],
                 corr=np.asarray(h["correlation"], np.int64), fid=np.asarray(h["file_id"], np.int64),
                 ext=np.zeros(flag.size, np.int64), flag=flag, idle=idle.astype(np.float32))
+
+
+def _event_calls(h: dict) -> dict[str, np.ndarray]:
+    """The ``cudaEventRecord`` and ``cudaStreamWaitEvent`` runtime calls (with a correlation) among the runtime
+    calls ``h`` (its ``rt`` column popped): ``file_id``, ``corr``, ``is_wait``, in (file, correlation) order, for
+    :func:`.deps.event_wait_edges`: taken from the rows read here, not by one more read of the chunk's CPU ops
+    (~4 ms of CPU per 100k runtime calls)."""
+    rt = np.asarray(h.pop("rt"), bool)
+    codes, names = h["name"]
+    code = np.array([1 if n == "cudaEventRecord" else 2 if n == "cudaStreamWaitEvent" else 0
+                     for n in names.to_pylist()], np.int8)
+    sel = np.flatnonzero(rt & (code[codes] > 0))
+    fid, corr = np.asarray(h["file_id"], np.int64)[sel], np.asarray(h["correlation"], np.int64)[sel]
+    o = np.lexsort((corr, fid))
+    return {"file_id": fid[o], "corr": corr[o], "is_wait": code[codes[sel[o]]] == 2}
 
 
 def _fold_calls(h: dict, dev_keys: np.ndarray) -> dict:
@@ -158,7 +176,7 @@ def _fold_calls(h: dict, dev_keys: np.ndarray) -> dict:
     return out
 
 
-def device_tasks(con, rc: RunClock, fids: list[int], comm: list[str]) -> dict:
+def device_tasks(con, rc: RunClock, fids: list[int]) -> dict:
     """Task columns of the GPU runs' kernels, memcpys and memsets; NCCL kernels are collectives, and ``ext`` is the
     launching op's code (:func:`.labels.precision_classes`): 0 none or not fp32, bit 0 fp32 inputs, bit 1 on autocast's
     fp32 list, bit 2 in place."""
@@ -173,8 +191,7 @@ def device_tasks(con, rc: RunClock, fids: list[int], comm: list[str]) -> dict:
     cat = np.asarray(k["catc"], np.int64)
     # a collective: a kernel (catc 0) of a communication kernel's name, found per name, not per row (the list as a
     # join in the query cost 1-3 ms of CPU per 300k kernels)
-    comm_names = set(comm)
-    is_comm = np.array([n in comm_names for n in k["name"][1].to_pylist()], bool)
+    is_comm = _communication(con, k["name"][1])
     kind = np.where((cat == 0) & is_comm[k["name"][0]], K_COLL,
                     np.where(cat == 1, K_MEMCPY, np.where(cat == 2, K_MEMSET, K_KERNEL)))
     return dict(rank=rc.rank_of(np.asarray(k["file_id"], np.int64)), rk=np.ones(cat.size, np.int64),
@@ -183,6 +200,17 @@ def device_tasks(con, rc: RunClock, fids: list[int], comm: list[str]) -> dict:
                 name=k["name"], corr=np.asarray(k["correlation"], np.int64),
                 fid=fid, ext=opcode,
                 flag=np.zeros(cat.size, np.int64), idle=np.full(cat.size, np.inf, np.float32))
+
+
+def _communication(con, names) -> np.ndarray:
+    """Per distinct name (an Arrow string array), True for a communication kernel's: the ``kernel_class`` macro
+    (:func:`traceanalyze.metrics.collectives.communication_kernels`' rule) on the chunk's few hundred names, not a
+    read of the run's kernels again (their distinct names' query: ~5 ms of CPU at 256 ranks)."""
+    ns = names.to_pylist()
+    rows = con.execute("SELECT n, kernel_class('kernel', n) = 'communication' FROM unnest(?::VARCHAR[]) t(n) "
+                       "WHERE n IS NOT NULL", [ns]).fetchall() if ns else []
+    comm = {n for n, c in rows if c}
+    return np.array([n in comm for n in ns], bool)
 
 
 def _launching_op_codes(con, rc: RunClock, fids: list[int], fid: np.ndarray, ext: np.ndarray,
