@@ -11,7 +11,7 @@ import pytest
 from tests.conftest import real
 from traceanalyze import store
 from traceanalyze.errors import InputError
-from traceanalyze.ingest import load, parse, workers
+from traceanalyze.ingest import load, parse
 from traceanalyze.ingest.parse import parse_trace
 from traceanalyze.options import Options
 
@@ -567,100 +567,3 @@ def test_a_table_with_few_rows_held_waits_for_a_later_insert(tmp_path, monkeypat
         q = f"SELECT * FROM {t} ORDER BY rowid"
         assert few.con.execute(q).fetchall() == each.con.execute(q).fetchall(), t
     assert few.con.execute("SELECT count(*), count(DISTINCT file_id) FROM kernels").fetchone() == (120, 4)
-
-
-def _counted_forks(monkeypatch) -> list[int]:
-    import os
-
-    pids: list[int] = []
-    real_fork = os.fork
-
-    def fork():
-        pid = real_fork()
-        pids.append(pid)
-        return pid
-
-    monkeypatch.setattr(os, "fork", fork)
-    return pids
-
-
-def _lone_trace(tmp_path) -> str:
-    return _write(tmp_path, _trace([_kernel(i) for i in range(40)] + [_op(i) for i in range(60)]), gz=True)
-
-
-_ROWS = "SELECT count(*), sum(ts_ns), sum(dur_ns), sum(external_id) FROM {}"
-
-
-def test_a_lone_file_parsed_in_a_forked_process_loads_what_a_parse_here_loads(tmp_path, monkeypatch):
-    import os
-
-    from traceanalyze.pipeline import analyze
-
-    pids = _counted_forks(monkeypatch)
-    path, ran = _lone_trace(tmp_path), []
-    a = analyze(path, Options(db=tmp_path / "f.duckdb", jobs=2), ahead=lambda: ran.append(os.getpid()))
-    assert len(pids) == 1 and ran == [os.getpid()]  # one fork; the caller's work ran once, here
-    here = analyze(path, Options(db=tmp_path / "h.duckdb", jobs=2))  # the Python API: no fork
-    assert len(pids) == 1
-    for t in ("kernels", "cpu_ops"):
-        got = a.con.execute(_ROWS.format(t)).fetchall()
-        assert got == here.con.execute(_ROWS.format(t)).fetchall() and got[0][0] in (40, 60), t
-    assert a.model["runs"][0]["ranks"] == here.model["runs"][0]["ranks"]
-    a.con.close()
-    here.con.close()
-
-
-def test_no_fork_for_one_cpu_several_files_or_a_rerun(tmp_path, monkeypatch):
-    from traceanalyze.pipeline import analyze
-
-    pids = _counted_forks(monkeypatch)
-    one = tmp_path / "one"
-    one.mkdir()
-    path = _lone_trace(one)
-    analyze(path, Options(db=tmp_path / "a.duckdb", jobs=1), ahead=lambda: None).con.close()
-    analyze(path, Options(db=tmp_path / "b.duckdb", jobs=2), ahead=lambda: None).con.close()
-    assert len(pids) == 1  # -j 1: parsed here; -j 2: forked
-    analyze(path, Options(db=tmp_path / "b.duckdb", jobs=2), ahead=lambda: None).con.close()  # cached: no parse
-    assert len(pids) == 1
-
-
-def test_a_forked_parse_that_dies_is_parsed_here(tmp_path, monkeypatch):
-    import os
-
-    from traceanalyze.pipeline import analyze
-
-    parent, real = os.getpid(), load._parse_one
-
-    def dies_when_forked(args):
-        if os.getpid() != parent:
-            os._exit(1)  # as if killed: nothing sent back
-        return real(args)
-
-    monkeypatch.setattr(load, "_parse_one", dies_when_forked)
-    a = analyze(_lone_trace(tmp_path), Options(db=tmp_path / "d.duckdb", jobs=2), ahead=lambda: None)
-    assert a.con.execute("SELECT status FROM files").fetchall() == [("ok",)]
-    assert a.con.execute("SELECT count(*) FROM kernels").fetchone() == (40,)
-    a.con.close()
-
-
-def test_a_forked_parse_is_ended_when_the_load_stops_early(tmp_path, monkeypatch):
-    import os
-    import time
-
-    parent = os.getpid()
-
-    def slow(args):
-        if os.getpid() != parent:
-            time.sleep(60)
-        return args[0], None, None, "not reached"
-
-    pids = _counted_forks(monkeypatch)
-
-    def fails() -> None:
-        raise RuntimeError("meanwhile failed")
-
-    task = (_lone_trace(tmp_path), str(tmp_path), "k", 1 << 30, None)
-    with pytest.raises(RuntimeError, match="meanwhile failed"):
-        next(workers.parse_forked(task, fails, slow))
-    with pytest.raises(ProcessLookupError):  # killed and reaped, not left running for a minute
-        os.kill(pids[0], 0)

@@ -33,7 +33,7 @@ class Stop(Exception):
 def captured(monkeypatch) -> list[Options]:
     got: list[Options] = []
 
-    def stand_in(inputs, opts=None, *, progress=None, ahead=None):
+    def stand_in(inputs, opts=None, *, progress=None):
         got.append(opts)
         raise Stop
 

@@ -43,7 +43,7 @@ from traceanalyze.fmt import finite, fmt_float, ranges
 from traceanalyze.ingest import block_pandas
 from traceanalyze.limits import DEFAULT_MAX_EVENTS, REGRESSION_THRESHOLD
 from traceanalyze.options import Options
-from traceanalyze.report import load_page_template, render_html, render_markdown
+from traceanalyze.report import render_html, render_markdown
 from traceanalyze.report.assemble import to_json
 from traceanalyze.report.paths import page_model
 from traceanalyze.safety import atomic_write_text, check_outputs, terminal, terminal_block
@@ -345,8 +345,7 @@ def report(ctx: click.Context, paths: tuple[str, ...], output: str | None, json_
         prog = _Progress(enabled=not quiet and sys.stderr.isatty())
         _stage(ctx, "reading and analyzing the traces")
         try:
-            ahead = load_page_template if fmt == "html" else _nothing  # while a lone trace file is parsed
-            a = pipeline.analyze(list(paths), opts, progress=prog, ahead=ahead)
+            a = pipeline.analyze(list(paths), opts, progress=prog)
         finally:
             prog.close()
         # the database's last writes reach its file, and it closes, while the report renders (the export reads it)
@@ -389,10 +388,6 @@ def _close_meanwhile(con: duckdb.DuckDBPyConnection) -> Callable[[], None]:
         con.close()
 
     return on_thread(finish, name="traceanalyze-close")
-
-
-def _nothing() -> None:
-    """Nothing to load ahead: the JSON and Markdown reports need no template."""
 
 
 def _write_report(ctx: click.Context, a, out: Path | None, fmt: str, extra: tuple[str | None, ...],

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,7 +48,7 @@ class Analysis:
 
 
 def analyze(inputs: list[str | Path] | str | Path, options: Options | None = None, *,
-            progress: Progress | None = None, ahead: Callable[[], None] | None = None) -> Analysis:
+            progress: Progress | None = None) -> Analysis:
     """Analyze every run found under ``inputs`` (and ``options.baseline``, when given) end to end.
 
     Args:
@@ -57,7 +57,6 @@ def analyze(inputs: list[str | Path] | str | Path, options: Options | None = Non
             None: the defaults (an in-memory database).
         progress: told the total byte size of the trace files before loading (``total``), then each file's as it
             is loaded or found in the report cache (``step``).
-        ahead: the command line's, run while a cold report's lone trace file is parsed (:func:`stages.load_traces`).
 
     Returns:
         :class:`Analysis`.
@@ -85,7 +84,7 @@ def analyze(inputs: list[str | Path] | str | Path, options: Options | None = Non
         return Analysis(con=con, model=cached, db_path=str(db) if db else None, discovery=disc, cached=True)
     if progress is not None:
         progress.total(sum(_size(p) for p in all_paths))
-    loaded = {lf.path: lf for lf in stages.load_traces(con, all_paths, opts, step, known, ahead)}
+    loaded = {lf.path: lf for lf in stages.load_traces(con, all_paths, opts, step, known)}
     imported = on_thread(stages.import_diagnose, name="traceanalyze-import")  # while the database is tidied
     release_free_memory()  # what loading freed (Arrow chunks, file lists) is not held through the analyses
     map_large_blocks()  # the replay's large arrays given back when freed, not left as holes in the heap
@@ -210,7 +209,8 @@ def _check_outputs(disc: Discovery, given: list, db, outputs) -> None:
         return
     inputs: list = [Path(p) for p in given if Path(p).is_file()]
     for r in disc.runs:
-        inputs += [*r.traces, *(s.path for s in r.sidecars)]
+        inputs += r.traces
+        inputs += [s.path for s in r.sidecars]
     inputs += [Path(f) for f, _ in disc.skipped]
     check_outputs(outs, inputs, [p for p in given if Path(p).is_dir()], is_own_db=store.is_own_db)
     if db is not None and str(db) != ":memory:":

@@ -40,20 +40,15 @@ EARLY_REPLAY_MIN_ROWS = 400_000
 
 
 def load_traces(con: duckdb.DuckDBPyConnection, paths: list[Path], options: Options,
-                progress: Callable[[int], None] | None, known: dict, ahead: Callable[[], None] | None = None
-                ) -> list:
+                progress: Callable[[int], None] | None, known: dict) -> list:
     """:func:`traceanalyze.ingest.load_traces` in local processes, or on a Dask cluster (``options.executor`` or
-    ``options.scheduler``: the executor ``batch`` uses); ``known``: each file's identity, read for the cache key.
-    ``ahead``: given, a lone trace file is parsed in a forked process (local processes only) while this one
-    imports the analyses (:func:`import_analyses`) and runs ``ahead`` (the ingest's ``meanwhile``); a long-lived
-    process (the Python API, the batch) has nothing left to import then, so it passes None."""
+    ``options.scheduler``: the executor ``batch`` uses); ``known``: each file's identity, read for the cache key."""
     bound = {"known": known}
     if options.max_decompressed_bytes is not None:
         bound["max_decompressed"] = options.max_decompressed_bytes
     jobs, db, scheduler = options.jobs, options.db, options.scheduler
     if options.executor == "local" and not scheduler:
-        meanwhile = None if ahead is None else lambda: (import_analyses(), ahead())
-        return ingest.load_traces(con, paths, jobs=jobs, progress=progress, meanwhile=meanwhile, **bound)
+        return ingest.load_traces(con, paths, jobs=jobs, progress=progress, **bound)
     import os
 
     ex = DaskExecutor(jobs or os.cpu_count() or 1, scheduler)
@@ -73,13 +68,6 @@ def import_parse() -> None:
     """Import what the parse of a trace runs on (msgspec, NumPy, Arrow: ~0.12 s of CPU), e.g. while the database
     opens on a thread (:func:`traceanalyze.pipeline.analyze`)."""
     from traceanalyze.ingest import parse  # noqa: F401  (the import is the work)
-
-
-def import_analyses() -> None:
-    """Import what the analyses and the replay run on, beyond :func:`import_diagnose` (~35 ms of CPU together once
-    NumPy is in), e.g. while the only trace file of a cold report is parsed in a forked process."""
-    from traceanalyze import diagnose, metrics  # noqa: F401  (the import is the work)
-    from traceanalyze.replay.whatif import replay_run  # noqa: F401
 
 
 def import_diagnose() -> None:

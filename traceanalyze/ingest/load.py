@@ -31,13 +31,11 @@ import duckdb
 from traceanalyze import store
 from traceanalyze.ingest.held import HeldRows
 from traceanalyze.ingest.workers import (  # block_pandas, WORKER_CHUNK_ROWS: this module's names before
-    CAN_FORK,
     WORKER_CHUNK_ROWS,  # noqa: F401
     block_pandas,  # noqa: F401
     in_order,
     is_group,
     pandas_blocked,
-    parse_forked,
     parse_group,
     parse_one,
     parse_task,
@@ -196,8 +194,7 @@ def _cached_files(con: duckdb.DuckDBPyConnection, paths: list[Path], progress: C
 def load_traces(con: duckdb.DuckDBPyConnection, paths: Iterable[Path], *, jobs: int | None = None,
                 progress: Callable[[int], None] | None = None,
                 max_decompressed: int = DEFAULT_MAX_DECOMPRESSED, executor=None, parts_dir: str | Path | None = None,
-                known: dict[Path, tuple[CacheKey, str]] | None = None,
-                meanwhile: Callable[[], None] | None = None) -> list[LoadedFile]:
+                known: dict[Path, tuple[CacheKey, str]] | None = None) -> list[LoadedFile]:
     """Parse the trace files not already in the store (cache key: resolved path, size, mtime and
     :func:`fingerprint`) and load them.
 
@@ -219,10 +216,6 @@ def load_traces(con: duckdb.DuckDBPyConnection, paths: Iterable[Path], *, jobs: 
     folder that they and this process both see, default a temporary folder), which this process loads as above.
 
     ``known``: path -> :func:`file_identity` for paths read already in this run (the report's cache key).
-
-    ``meanwhile``: given (the command line's cold report), when the only task is one whole file and there is more
-    than one CPU, that file is parsed in a forked process while this one runs ``meanwhile`` (the imports the
-    analyses and the report need: :func:`_parse_forked`); the result is the same as a parse here.
     """
     paths = list(paths)
     out, todo, prints, alias = _cached_files(con, paths, progress, known)
@@ -231,7 +224,7 @@ def load_traces(con: duckdb.DuckDBPyConnection, paths: Iterable[Path], *, jobs: 
             n_cpu = max(1, jobs or os.cpu_count() or 1)
             plan = _Plan(keys={str(p): (p, k) for p, k in todo})
             items = _work_items(todo, tmp, max_decompressed, n_cpu, plan)
-            results, pool = _start_parsing(items, n_cpu, executor, meanwhile)
+            results, pool = _start_parsing(items, n_cpu, executor)
             try:
                 _load_results(con, results, plan, prints, out, progress, (tmp, max_decompressed))
             finally:
@@ -343,20 +336,15 @@ def _gz_part_items(p: Path, i: int, est: int, tmp: str, max_decompressed: int, n
     plan.whole[str(p)] = prev if state.get("clean") else None
 
 
-def _start_parsing(items: Iterator[tuple], n_cpu: int, executor, meanwhile: Callable[[], None] | None = None
-                   ) -> tuple[Iterable[tuple], object | None]:
+def _start_parsing(items: Iterator[tuple], n_cpu: int, executor) -> tuple[Iterable[tuple], object | None]:
     """Start parsing the tasks: on ``executor``, in a pool of up to ``n_cpu`` processes, or here when there is
-    only one task (in a forked process when ``meanwhile`` is given and a second CPU is there:
-    :func:`.workers.parse_forked`). Returns the results (``_parse_one``'s, in task order) and the pool to shut
-    down, if any."""
+    only one task. Returns the results (``_parse_one``'s, in task order) and the pool to shut down, if any."""
     head = list(itertools.islice(items, n_cpu))  # one task (one small file): parsed here, no pool
     work = itertools.chain(head, items)
     n_jobs = max(1, min(n_cpu, len(head)))
     if executor is not None:
         return in_order(executor.results(parse_task, list(enumerate(work)))), None
     if n_jobs == 1:
-        if meanwhile is not None and n_cpu > 1 and len(head) == 1 and not is_group(head[0]) and CAN_FORK:
-            return parse_forked(head[0], meanwhile, _parse_one), None
         return map(lambda w: parse_group(w) if is_group(w) else _parse_one(w), work), None
     from concurrent.futures import ProcessPoolExecutor  # multiprocessing: not for one file or a re-run
 

@@ -7,14 +7,9 @@ A task is one file or byte range (:func:`parse_one`) or several small whole file
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import importlib.abc
-import os
-import pickle
-import signal
 import sys
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -88,59 +83,6 @@ def parse_held(args: tuple, hold_rows: int) -> tuple[str, TraceFile | None, dict
         return path, None, None, f"could not be parsed ({type(exc).__name__}: {exc})"
     finally:
         gc.enable()
-
-
-# os.fork where it is the platform's own way to start a worker (Linux): macOS forks are unsafe with system libraries
-CAN_FORK = hasattr(os, "fork") and sys.platform.startswith("linux")
-
-
-def parse_forked(task: tuple, meanwhile: Callable[[], None], parse: Callable[[tuple], tuple] = parse_one
-                 ) -> Iterator[tuple]:
-    """``parse`` (:func:`parse_one`) of ``task`` in a forked process while this one runs ``meanwhile``; yields its
-    result.
-
-    A cold report of one 5 MB rank parses it in ~60 ms, which its process spent in turn while the second CPU was
-    idle; the analyses' and the page's imports (~50 ms) now run meanwhile. The forked process inherits the parse's
-    modules (imported while the database opened), writes the Arrow streams into the task's folder as a pool worker
-    does, and sends back the small result pickled through a pipe. One that fails to start or gives nothing back
-    (killed) is parsed here instead. What the child process used is counted as this process's children's CPU."""
-    try:
-        r, w = os.pipe()
-        pid = os.fork()
-    except OSError:
-        meanwhile()
-        yield parse(task)
-        return
-    if pid == 0:  # the forked process: parse, send the result, leave without this process's exit handlers
-        try:
-            os.close(r)
-            worker_init(pandas_blocked())
-            data = pickle.dumps(parse(task), protocol=pickle.HIGHEST_PROTOCOL)
-            with os.fdopen(w, "wb") as fh:
-                fh.write(data)
-        finally:
-            os._exit(0)
-    os.close(w)
-    done = False
-    try:
-        meanwhile()
-        with os.fdopen(r, "rb") as fh:
-            r = None
-            data = fh.read()
-        os.waitpid(pid, 0)
-        done = True
-        try:
-            res = pickle.loads(data) if data else None
-        except Exception:  # noqa: BLE001 - a result cut off (the process was killed): parsed here
-            res = None
-        yield res if res is not None else parse(task)
-    finally:
-        if r is not None:
-            os.close(r)
-        if not done:  # stopped early (an error here, an interrupt): the forked parse is not left running
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
 
 
 class GroupShare(dict):

@@ -22,10 +22,10 @@ the HTML report), :mod:`.markdown` (the Markdown summary), :mod:`.charts` (chart
 
 from typing import Any
 
-from traceanalyze.report.html import load_page_template, render_html
+from traceanalyze.report.html import render_html
 from traceanalyze.report.markdown import render_markdown
 
-__all__ = ["load_page_template", "render_batch_index", "render_html", "render_markdown"]
+__all__ = ["render_batch_index", "render_html", "render_markdown"]
 
 
 def __getattr__(name: str) -> Any:

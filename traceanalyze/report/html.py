@@ -130,15 +130,6 @@ def environment() -> jinja2.Environment:
     return _env_made
 
 
-PAGE_TEMPLATE = "report.html.j2"
-
-
-def load_page_template() -> None:
-    """The report page's template loaded (Jinja2 imported, its compiled code read from the bytecode cache or compiled:
-    ~15-25 ms), e.g. while the traces are parsed; :func:`render_html` then finds it in the environment."""
-    environment().get_template(PAGE_TEMPLATE)
-
-
 def render_template(name: str, **context: Any) -> str:
     """The template ``name`` of ``traceanalyze/report/templates`` rendered with ``context``."""
     return environment().get_template(name).render(**context)
@@ -154,4 +145,4 @@ def render_html(model: dict) -> str:
     Returns:
         The complete HTML document as text.
     """
-    return _CONTROL.sub("\ufffd", render_template(PAGE_TEMPLATE, v=report_view(model)))
+    return _CONTROL.sub("\ufffd", render_template("report.html.j2", v=report_view(model)))
