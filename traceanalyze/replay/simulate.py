@@ -415,20 +415,14 @@ def _wave_deps(lay: Layout, n: int) -> None:
         w.deps = np.flatnonzero(read)
 
 
-def _durations(g: Graph, lay: Layout, dur: np.ndarray | None, gap: np.ndarray | None, tr: np.ndarray
-               ) -> tuple[np.ndarray, np.ndarray]:
-    """The replay's durations (each complete collective at its transfer time) and chain gaps, µs, in task order."""
-    d = np.array(g.chain_dur if dur is None else dur, dtype=float)  # a copy: collectives get their transfer
-    d[lay.ct] = tr[lay.ci]
-    return d, np.asarray(g.chain_gap if gap is None else gap, dtype=float)
-
-
 def _plan(g: Graph, lay: Layout, dur: np.ndarray | None, gap: np.ndarray | None, tr: np.ndarray,
           starts: np.ndarray | None = None) -> _Plan:
     """One replay's plan (:class:`_Plan`): durations with each complete collective at its transfer time, the chain
     offsets, the pinned starts (``starts``, default the measured ones) and the edges' offsets, in ``lay``'s order."""
     n = g.start.size
-    d, cg = _durations(g, lay, dur, gap, tr)
+    d = np.array(g.chain_dur if dur is None else dur, dtype=float)  # a copy: collectives get their transfer time
+    d[lay.ct] = tr[lay.ci]
+    cg = np.asarray(g.chain_gap if gap is None else gap, dtype=float)
     first = g.first
     c = np.zeros(n)
     if n > 1:
@@ -753,12 +747,17 @@ def _last_max(vals: np.ndarray, starts: np.ndarray) -> np.ndarray | None:
         return np.arange(vals.size)
     if np.isnan(vals).any():  # its group's maximum is NaN, equal to none of its values
         return None
-    # (value, index) as one complex number: NumPy's maximum compares the real parts, then the imaginary ones, so
-    # each group's maximum holds its largest value and the last index among equals (indices exact below 2**53)
-    key = np.empty(vals.size, np.complex128)
-    key.real = vals
-    key.imag = np.arange(vals.size)
-    return np.maximum.reduceat(key, starts).imag.astype(np.int64)
+    # each group's largest (value, index): its largest value, the last index among equals
+    return np.maximum.reduceat(pair_keys(vals, np.arange(vals.size)), starts).imag.astype(np.int64)
+
+
+def pair_keys(first: np.ndarray, second: np.ndarray) -> np.ndarray:
+    """``first + second·i`` (complex128, the shape of ``first``): NumPy orders complex numbers by their real parts,
+    then their imaginary ones, so a running maximum or ``reduceat`` of these keys orders (first, second) pairs in
+    one pass, without a sort. Both parts exact: floats, or integers below 2**53. NaN has no order: callers check."""
+    out = np.empty(np.shape(first), np.complex128)
+    out.real, out.imag = first, second
+    return out
 
 
 def critical_path(g: Graph, rp: Replay, end_task: int, stop_us: float) -> list[int]:

@@ -180,21 +180,12 @@ def _search_segments(v: np.ndarray, vseg: np.ndarray, q: np.ndarray, qseg: np.nd
     return np.searchsorted(kv, kq) - first[qseg]
 
 
-def _seg_keys(seg: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """``seg + v·i`` (complex128): segment then value, in NumPy's order of complex numbers (the segment, an
-    integer below 2**53, and the value are both exact)."""
-    out = np.empty(v.size, np.complex128)
-    out.real = seg
-    out.imag = v
-    return out
-
-
 def _segment_cummax(v: np.ndarray, seg: np.ndarray) -> np.ndarray:
     """The running maximum of ``v`` restarted at each segment (``seg`` ascending): exactly the floats of
     ``np.maximum.accumulate`` per segment, from their ranks offset by segment; without a NaN, the running maximum
     of (segment, value) as complex numbers, which NumPy compares by their real part first (no ranking sort)."""
     if v.size and not np.isnan(v).any():
-        return np.maximum.accumulate(_seg_keys(seg, v)).imag.copy()
+        return np.maximum.accumulate(simulate.pair_keys(seg, v)).imag.copy()
     u, inv = np.unique(v, return_inverse=True)
     off = seg.astype(np.int64) * max(u.size, 1)
     return u[np.maximum.accumulate(off + inv.reshape(-1)) - off] if v.size else v.copy()
