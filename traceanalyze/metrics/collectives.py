@@ -137,6 +137,16 @@ def communication_kernels(con: duckdb.DuckDBPyConnection, run_id: int) -> list[s
     return [name for name, klass in kernel_classes(con, run_id).items() if klass == "communication"]
 
 
+def communication_names(con: duckdb.DuckDBPyConnection, names: list[str | None]) -> set[str]:
+    """The communication kernels among ``names`` (``kernel``-category kernel names; None skipped), by the rule
+    :func:`communication_kernels` applies to a run's: for a caller that holds its names already (the replay graph's
+    chunks: a few hundred names, not a read of the run's kernels)."""
+    if not names:
+        return set()
+    return {n for n, c in con.execute("SELECT n, kernel_class('kernel', n) = 'communication' FROM "
+                                      "unnest(?::VARCHAR[]) t(n) WHERE n IS NOT NULL", [names]).fetchall() if c}
+
+
 # A collective call with what its record says: GPU mode an NCCL/RCCL kernel and its comm_events row (matched on
 # file, start, name and correlation); CPU mode a gloo:* range. Parameters: the run id, then (GPU) the names of the
 # communication kernels; {groups} adds the process-group columns.

@@ -199,8 +199,7 @@ def _build_chunk(con, rc: RunClock, fids: list[int], st: dict[str, np.ndarray], 
     dev_keys = np.sort((dev["fid"] << 40) + dev["corr"]) if dev is not None else None
     waits, host = host_tasks(con, rc, fids, dev_keys)
     parts = [host]
-    del host
-    del dev_keys
+    del host, dev_keys
     if dev is not None:
         parts.append(dev)
     del dev

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from traceanalyze import matmath
-from traceanalyze.metrics.collectives import int_column
+from traceanalyze.metrics.collectives import communication_names, int_column
 from traceanalyze.replay.graph.model import (
     K_BEGIN,
     K_COLL,
@@ -93,11 +93,13 @@ class Tasks:
         return self.cols["rank"]
 
 
-def host_tasks(con, rc: RunClock, fids: list[int], dev_keys: np.ndarray | None = None) -> dict:
-    """Task columns of the host tasks: the runtime calls (GPU runs) that an edge can touch (:func:`_fold_calls`;
-    ``dev_keys``: the sorted (file_id << 40) + correlation of the device tasks), else each thread's top-level ops
-    with the ``gloo:*`` ranges as collectives on their own threads. ``idle``: µs since the thread's previous call
-    (folded calls included), +inf where unknown."""
+def host_tasks(con, rc: RunClock, fids: list[int], dev_keys: np.ndarray | None = None
+               ) -> tuple[dict[str, np.ndarray] | None, dict]:
+    """``(event calls, task columns)`` of the host tasks: the runtime calls (GPU runs) that an edge can touch
+    (:func:`_fold_calls`; ``dev_keys``: the sorted (file_id << 40) + correlation of the device tasks), else each
+    thread's top-level ops with the ``gloo:*`` ranges as collectives on their own threads. ``idle``: µs since the
+    thread's previous call (folded calls included), +inf where unknown. The event calls (GPU runs; None otherwise)
+    are the ``cudaEventRecord`` and ``cudaStreamWaitEvent`` calls among the rows read (:func:`_event_calls`)."""
 
     # the names as codes into the distinct names (fetch_arrow): each row's flag is its name's (_name_flags)
     if rc.mode == "gpu":
@@ -191,7 +193,9 @@ def device_tasks(con, rc: RunClock, fids: list[int]) -> dict:
     cat = np.asarray(k["catc"], np.int64)
     # a collective: a kernel (catc 0) of a communication kernel's name, found per name, not per row (the list as a
     # join in the query cost 1-3 ms of CPU per 300k kernels)
-    is_comm = _communication(con, k["name"][1])
+    names = k["name"][1].to_pylist()
+    comm = communication_names(con, names)
+    is_comm = np.array([n in comm for n in names], bool)
     kind = np.where((cat == 0) & is_comm[k["name"][0]], K_COLL,
                     np.where(cat == 1, K_MEMCPY, np.where(cat == 2, K_MEMSET, K_KERNEL)))
     return dict(rank=rc.rank_of(np.asarray(k["file_id"], np.int64)), rk=np.ones(cat.size, np.int64),
@@ -200,17 +204,6 @@ def device_tasks(con, rc: RunClock, fids: list[int]) -> dict:
                 name=k["name"], corr=np.asarray(k["correlation"], np.int64),
                 fid=fid, ext=opcode,
                 flag=np.zeros(cat.size, np.int64), idle=np.full(cat.size, np.inf, np.float32))
-
-
-def _communication(con, names) -> np.ndarray:
-    """Per distinct name (an Arrow string array), True for a communication kernel's: the ``kernel_class`` macro
-    (:func:`traceanalyze.metrics.collectives.communication_kernels`' rule) on the chunk's few hundred names, not a
-    read of the run's kernels again (their distinct names' query: ~5 ms of CPU at 256 ranks)."""
-    ns = names.to_pylist()
-    rows = con.execute("SELECT n, kernel_class('kernel', n) = 'communication' FROM unnest(?::VARCHAR[]) t(n) "
-                       "WHERE n IS NOT NULL", [ns]).fetchall() if ns else []
-    comm = {n for n, c in rows if c}
-    return np.array([n in comm for n in ns], bool)
 
 
 def _launching_op_codes(con, rc: RunClock, fids: list[int], fid: np.ndarray, ext: np.ndarray,
