@@ -67,10 +67,6 @@ class MemoryRow:
 
 
 _FILES = "SELECT file_id, rank FROM files WHERE run_id = $run_id AND status <> 'error' AND rank IS NOT NULL"
-_DEVICE = "CASE WHEN m.device_type = 0 THEN 'CPU' " \
-          "WHEN m.device_type = 1 THEN 'GPU ' || coalesce(CAST(m.device_id AS VARCHAR), '?') " \
-          "ELSE 'device ' || coalesce(CAST(m.device_type AS VARCHAR), '?') || ':' " \
-          "|| coalesce(CAST(m.device_id AS VARCHAR), '?') END"
 
 
 def has_memory(con: duckdb.DuckDBPyConnection, run_id: int) -> bool:
@@ -165,10 +161,9 @@ SELECT th.thread, c.ts_ns, c.ts_ns + c.dur_ns AS end_ns, c.name
 FROM cpu_ops c JOIN th ON c.file_id = th.file_id AND coalesce(c.pid, -1) = th.pid AND coalesce(c.tid, -1) = th.tid
 WHERE c.file_id IN (SELECT unnest($files)) AND c.cat = 'cpu_op' AND c.dur_ns >= 0"""
 _BY_OP = f"""
-SELECT rank, {_DEVICE.replace("m.", "g.")} AS device, coalesce(op, '{NO_OP}') AS op, kept, n, total, big
-FROM (SELECT rank, device_type, dev_id AS device_id, op, kept, count(*) AS n,
-             least(sum(bytes::HUGEINT), {SUM_CAP})::BIGINT AS total, max(bytes) AS big
-      FROM _allocs GROUP BY ALL) g"""
+SELECT rank, coalesce(device_type, -2) AS dt, coalesce(dev_id, -2) AS di, coalesce(op, '{NO_OP}') AS op, kept,
+       count(*) AS n, least(sum(bytes::HUGEINT), {SUM_CAP})::BIGINT AS total, max(bytes) AS big
+FROM _allocs GROUP BY ALL"""  # the devices named as the peaks' (:func:`_device_name`)
 
 
 class _Tally:
@@ -208,7 +203,8 @@ class _Tally:
             rows = con.execute(_BY_OP).fetchall()
         finally:
             con.unregister("_allocs")
-        for rank, device, op, kept, n, nbytes, big in rows:  # every allocation once in top, the kept ones again
+        for rank, dt, di, op, kept, n, nbytes, big in rows:  # every allocation once in top, the kept ones again
+            device = _device_name(dt, di)
             _tally(self.top.setdefault((rank, device), {}), str(op), n, nbytes, big)
             if kept:
                 _tally(self.unfreed.setdefault((rank, device), {}), str(op), n, nbytes, big)
@@ -249,7 +245,8 @@ class _Tally:
 
 
 def _device_name(dt: int, di: int) -> str:
-    """A device's name from its type and index (null: -2), as :data:`_DEVICE` names it."""
+    """A device's name from its type and index (null: -2): ``CPU`` (its index left out), ``GPU 3`` (``GPU ?``
+    without an index), else ``device TYPE:INDEX``, ``?`` for a null."""
     if dt == 0:
         return "CPU"
     if dt == 1:
