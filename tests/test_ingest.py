@@ -11,7 +11,7 @@ import pytest
 from tests.conftest import real
 from traceanalyze import store
 from traceanalyze.errors import InputError
-from traceanalyze.ingest import load, parse
+from traceanalyze.ingest import cache, load, parse
 from traceanalyze.ingest.parse import parse_trace
 from traceanalyze.options import Options
 
@@ -366,13 +366,13 @@ def test_each_trace_is_read_for_its_fingerprint_once_per_report(tmp_path, monkey
     folder.mkdir()
     for r in range(2):
         (folder / f"rank{r}.json").write_text(json.dumps(_trace([_kernel(i) for i in range(5)])))
-    real, reads = load.fingerprint, []
+    real, reads = cache.fingerprint, []
 
     def counted(path):
         reads.append(path.name)
         return real(path)
 
-    monkeypatch.setattr(load, "fingerprint", counted)
+    monkeypatch.setattr(cache, "fingerprint", counted)
     a = analyze(folder, Options(jobs=1))
     assert sorted(reads) == ["rank0.json", "rank1.json"]
     stored = dict(a.con.execute("SELECT path, fingerprint FROM files").fetchall())

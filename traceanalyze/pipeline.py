@@ -73,18 +73,18 @@ def analyze(inputs: list[str | Path] | str | Path, options: Options | None = Non
     disc, roles = _discover(subject_in, base_in, opts.follow_external_symlinks)
     _check_outputs(disc, subject_in + base_in, db, opts.outputs)
     all_paths = [p for r in disc.runs for p in r.traces]
-    known: dict = {}  # each file's cache key and fingerprint, read once for the report's key and the load
-    cache_key = _cache_key(disc, roles, opts, known)
-    step = progress.step if progress is not None else None
-    con, cached = _open(db, cache_key, opts.read_only_hit, bool(all_paths))
-    if cached is not None:  # same inputs, same options, same tool: the stored report is still the answer
-        if step:
-            for p in all_paths:
+    known, step = {}, progress.step if progress is not None else None  # known: file identities, read once
+    with stages.begun_parse(db, all_paths, opts) as begun:  # a new database's files parse while it opens
+        opening = on_thread(store.connect, db, name="traceanalyze-open") if begun is not None else None
+        cache_key = _cache_key(disc, roles, opts, known)
+        con, cached = (opening(), None) if opening else _open(db, cache_key, opts.read_only_hit, bool(all_paths))
+        if cached is not None:  # same inputs, same options, same tool: the stored report is still the answer
+            for p in all_paths if step else ():
                 step(_size(p))
-        return Analysis(con=con, model=cached, db_path=str(db) if db else None, discovery=disc, cached=True)
-    if progress is not None:
-        progress.total(sum(_size(p) for p in all_paths))
-    loaded = {lf.path: lf for lf in stages.load_traces(con, all_paths, opts, step, known)}
+            return Analysis(con=con, model=cached, db_path=str(db) if db else None, discovery=disc, cached=True)
+        if progress is not None:
+            progress.total(sum(_size(p) for p in all_paths))
+        loaded = {lf.path: lf for lf in stages.load_traces(con, all_paths, opts, step, known, begun)}
     imported = on_thread(stages.import_diagnose, name="traceanalyze-import")  # while the database is tidied
     release_free_memory()  # what loading freed (Arrow chunks, file lists) is not held through the analyses
     map_large_blocks()  # the replay's large arrays given back when freed, not left as holes in the heap
@@ -106,8 +106,8 @@ def analyze(inputs: list[str | Path] | str | Path, options: Options | None = Non
 
 def _open(db, cache_key: str, read_only_hit: bool, parse: bool):
     """(the database's connection, the cached report model or None). With ``read_only_hit``, a current database is
-    first opened read-only (:func:`store.open_if_current`): a hit needs nothing else. A database made now holds no
-    report: it opens on a thread (DuckDB frees the GIL: ~50 ms) while the parse's modules import."""
+    first opened read-only (:func:`store.open_if_current`): a hit needs nothing else. A database made now opens on a
+    thread (DuckDB frees the GIL: ~50 ms) while the parse's modules import (if :func:`stages.begun_parse` did not)."""
     if parse and store.is_new(db):
         opened = on_thread(store.connect, db, name="traceanalyze-open")
         stages.import_parse()

@@ -11,7 +11,8 @@ checked by :mod:`traceanalyze.ingest.checks`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
 
     from traceanalyze import diagnose, hardware
+    from traceanalyze.ingest.load import Begun
     from traceanalyze.metrics.collectives import Calls
 # diagnose, metrics (NumPy) and the log parsers are imported where used: a cached re-run needs none of them
 
@@ -40,15 +42,16 @@ EARLY_REPLAY_MIN_ROWS = 400_000
 
 
 def load_traces(con: duckdb.DuckDBPyConnection, paths: list[Path], options: Options,
-                progress: Callable[[int], None] | None, known: dict) -> list:
+                progress: Callable[[int], None] | None, known: dict, begun: Begun | None = None) -> list:
     """:func:`traceanalyze.ingest.load_traces` in local processes, or on a Dask cluster (``options.executor`` or
-    ``options.scheduler``: the executor ``batch`` uses); ``known``: each file's identity, read for the cache key."""
+    ``options.scheduler``: the executor ``batch`` uses); ``known``: each file's identity, read for the cache key;
+    ``begun``: the parse :func:`begun_parse` began."""
     bound = {"known": known}
     if options.max_decompressed_bytes is not None:
         bound["max_decompressed"] = options.max_decompressed_bytes
     jobs, db, scheduler = options.jobs, options.db, options.scheduler
     if options.executor == "local" and not scheduler:
-        return ingest.load_traces(con, paths, jobs=jobs, progress=progress, **bound)
+        return ingest.load_traces(con, paths, jobs=jobs, progress=progress, begun=begun, **bound)
     import os
 
     ex = DaskExecutor(jobs or os.cpu_count() or 1, scheduler)
@@ -62,6 +65,24 @@ def load_traces(con: duckdb.DuckDBPyConnection, paths: list[Path], options: Opti
             import shutil
 
             shutil.rmtree(parts, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def begun_parse(db, paths: list[Path], options: Options) -> Iterator[Begun | None]:
+    """The parse of a database made now (``db``: nothing in it is cached), begun in local processes before it opens
+    (:func:`traceanalyze.ingest.begin_parse`), for :func:`load_traces`; None where the files parse elsewhere
+    (a Dask cluster), in this process (one file: its parse modules import while the database opens instead), or may
+    be cached. Stopped on leaving the block unless loaded."""
+    begun = None
+    if len(paths) > 1 and options.executor == "local" and not options.scheduler and store.is_new(db):
+        import_parse()
+        bound = {} if options.max_decompressed_bytes is None else {"max_decompressed": options.max_decompressed_bytes}
+        begun = ingest.begin_parse(paths, jobs=options.jobs, **bound)
+    try:
+        yield begun
+    finally:
+        if begun is not None:
+            begun.close()
 
 
 def import_parse() -> None:

@@ -1,8 +1,8 @@
 """Load: parse trace files (:mod:`.parse`) in worker processes and load their rows into the store.
 
 Re-running on unchanged files does not parse them again: a file whose resolved path, size, mtime and content
-fingerprint (:func:`fingerprint`) match a row of ``files`` keeps its rows; rows of files no longer among the
-inputs are deleted (:func:`forget_files`). Files are loaded in transactions of up to :data:`TRANSACTION_FILES`
+fingerprint (:func:`.cache.fingerprint`) match a row of ``files`` keeps its rows; rows of files no longer among the
+inputs are deleted (:func:`.cache.forget_files`). Files are loaded in transactions of up to :data:`TRANSACTION_FILES`
 files (a split file's parts one by one), so an interrupted ingest leaves every committed file usable; the files of
 the open transaction are parsed again by the next run.
 
@@ -15,7 +15,6 @@ parses, and does not pay for those imports.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import itertools
 import json
 import os
@@ -29,6 +28,7 @@ from typing import TYPE_CHECKING
 import duckdb
 
 from traceanalyze import store
+from traceanalyze.ingest.cache import CacheKey, LoadedFile, cached_files, stat_key
 from traceanalyze.ingest.held import HeldRows
 from traceanalyze.ingest.workers import (  # block_pandas, WORKER_CHUNK_ROWS: this module's names before
     WORKER_CHUNK_ROWS,  # noqa: F401
@@ -75,126 +75,13 @@ GROUP_TAIL_DIVISOR = 4  # the last n_cpu * GROUP_FILES files go this many times 
 
 _parse_one = parse_one  # load's own name for it: tests replace it here
 
-CacheKey = tuple[str, int, int]  # a file's cache key: resolved path, size, mtime (ns)
-
-
-@dataclass
-class LoadedFile:
-    """One trace file's place in the store after :func:`load_traces`."""
-
-    path: Path
-    file_id: int | None
-    cached: bool
-    info: TraceFile | None
-    error: str | None
-
-
-# ---------------------------------------------------------------------------------------------------------
-# The parse cache
-
-def _stat_key(path: Path) -> CacheKey:
-    st = path.stat()
-    return str(path.resolve()), st.st_size, st.st_mtime_ns
-
-
-FINGERPRINT_BLOCK = 64 << 10  # bytes hashed at each end of a file
-FINGERPRINT_WHOLE = 1 << 20  # files up to this size are hashed whole
-
-
-def file_identity(path: Path) -> tuple[CacheKey, str]:
-    """A file's parse-cache key (resolved path, size in bytes, mtime in ns) and :func:`fingerprint` (SHA-256 hex),
-    read once per run: the report's cache key and the load both use them (1,024 ranks: 0.15 s of reading and
-    hashing done twice before). Raises OSError when the file cannot be read."""
-    return _stat_key(path), fingerprint(path)
-
-
-def fingerprint(path: Path) -> str:
-    """A content fingerprint of one file: SHA-256 over its size, mtime (ns) and bytes: the whole file up to
-    :data:`FINGERPRINT_WHOLE`, else its first and last :data:`FINGERPRINT_BLOCK` (64 KiB each). A file rewritten
-    with the same size and mtime restored (``cp -p``, ``touch -r``, a clock step) still differs at either end: a
-    trace's header and its final events and metadata. Raises OSError when the file cannot be read."""
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        st = os.fstat(fh.fileno())
-        h.update(f"{st.st_size} {st.st_mtime_ns}|".encode())
-        if st.st_size <= FINGERPRINT_WHOLE:  # read(size + 1), not read(WHOLE + 1): that allocates 1 MiB per file
-            h.update(fh.read(st.st_size + 1))
-        else:
-            h.update(fh.read(FINGERPRINT_BLOCK))
-            fh.seek(-FINGERPRINT_BLOCK, os.SEEK_END)
-            h.update(fh.read(FINGERPRINT_BLOCK))
-    return h.hexdigest()
-
-
-def forget_files(con: duckdb.DuckDBPyConnection, keep: Iterable[Path]) -> int:
-    """Delete the ``files`` rows, and their events, of every file that is not in ``keep`` (the trace files of
-    this report): files that left the folder (or another folder's, in a shared ``--db``) are never reused, and
-    their rows no longer travel with the database. Returns the number of files forgotten."""
-    kept = []
-    for p in keep:
-        try:
-            kept.append(str(Path(p).resolve()))
-        except OSError:
-            continue
-    gone = [r[0] for r in con.execute("SELECT file_id FROM files WHERE path NOT IN (SELECT unnest(?::VARCHAR[]))",
-                                      [kept]).fetchall()]
-    if gone:
-        con.execute("BEGIN TRANSACTION")
-        try:
-            for t in (*store.EVENT_TABLES, "files"):
-                con.execute(f"DELETE FROM {t} WHERE file_id IN (SELECT unnest(?::INTEGER[]))", [gone])
-            con.execute("COMMIT")
-        except BaseException:
-            con.execute("ROLLBACK")
-            raise
-    return len(gone)
-
-
-def _cached_files(con: duckdb.DuckDBPyConnection, paths: list[Path], progress: Callable[[int], None] | None,
-                  known: dict[Path, tuple[CacheKey, str]] | None = None,
-                  ) -> tuple[dict[Path, LoadedFile], list[tuple[Path, CacheKey]], dict[str, str], dict[Path, Path]]:
-    """Look every path up in the parse cache. ``known``: the cache key and fingerprint of paths already read in
-    this run (:func:`file_identity`), taken as they are instead of reading the files again.
-
-    Returns ``(done, todo, prints, alias)``: the files that need no parse (cached, or unreadable: an error), the
-    ``(path, key)`` of those to parse, each resolved path's content fingerprint (stored once the file is loaded),
-    and the paths that name a file given already under another name (a link: parsed and stored once).
-    """
-    done: dict[Path, LoadedFile] = {}
-    todo: list[tuple[Path, CacheKey]] = []
-    prints: dict[str, str] = {}  # resolved path -> content fingerprint, stored once the file is loaded
-    first: dict[str, Path] = {}  # resolved path -> the first of the given paths that names it
-    alias: dict[Path, Path] = {}
-    # every stored file at once: a query per path was 0.6 s of main-process time at 1,024 ranks
-    stored = {(path, size, mtime, fp): (file_id, status) for path, size, mtime, fp, file_id, status in con.execute(
-        "SELECT path, size_bytes, mtime_ns, fingerprint, file_id, status FROM files").fetchall()}
-    for p in paths:
-        try:
-            key, prints_p = (known or {}).get(p) or (_stat_key(p), fingerprint(p))
-            prints[key[0]] = prints_p
-        except OSError as exc:
-            done[p] = LoadedFile(p, None, False, None, f"cannot read ({exc.strerror or exc})")
-            continue
-        if first.setdefault(key[0], p) != p:  # one file under two names (a link): parsed and stored once
-            alias[p] = first[key[0]]
-            continue
-        row = stored.get((*key, prints[key[0]]))
-        if row is not None and row[1] in ("ok", "partial"):
-            done[p] = LoadedFile(p, row[0], True, None, None)
-            if progress:
-                progress(key[1])
-        else:
-            todo.append((p, key))
-    return done, todo, prints, alias
-
-
 # ---------------------------------------------------------------------------------------------------------
 # Loading
 
 def load_traces(con: duckdb.DuckDBPyConnection, paths: Iterable[Path], *, jobs: int | None = None,
                 progress: Callable[[int], None] | None = None,
                 max_decompressed: int = DEFAULT_MAX_DECOMPRESSED, executor=None, parts_dir: str | Path | None = None,
-                known: dict[Path, tuple[CacheKey, str]] | None = None) -> list[LoadedFile]:
+                known: dict[Path, tuple[CacheKey, str]] | None = None, begun: Begun | None = None) -> list[LoadedFile]:
     """Parse the trace files not already in the store (cache key: resolved path, size, mtime and
     :func:`fingerprint`) and load them.
 
@@ -216,15 +103,24 @@ def load_traces(con: duckdb.DuckDBPyConnection, paths: Iterable[Path], *, jobs: 
     folder that they and this process both see, default a temporary folder), which this process loads as above.
 
     ``known``: path -> :func:`file_identity` for paths read already in this run (the report's cache key).
+    ``begun``: the parse :func:`begin_parse` began, loaded here when it parses the files that need it (else
+    stopped, and the files parsed as above).
     """
     paths = list(paths)
-    out, todo, prints, alias = _cached_files(con, paths, progress, known)
+    out, todo, prints, alias = cached_files(con, paths, progress, known)
+    if begun is not None and not begun.takes(todo, max_decompressed, executor, parts_dir):
+        begun.close()  # a file changed meanwhile: parsed again, as usual
+        begun = None
     if todo:
-        with _loading(con, parts_dir) as tmp:
-            n_cpu = max(1, jobs or os.cpu_count() or 1)
-            plan = _Plan(keys={str(p): (p, k) for p, k in todo})
-            items = _work_items(todo, tmp, max_decompressed, n_cpu, plan)
-            results, pool = _start_parsing(items, n_cpu, executor)
+        with _loading(con, parts_dir, begun.tmp if begun is not None else None) as tmp:
+            if begun is None:
+                n_cpu = max(1, jobs or os.cpu_count() or 1)
+                plan = _Plan(keys={str(p): (p, k) for p, k in todo})
+                items = _work_items(todo, tmp, max_decompressed, n_cpu, plan)
+                results, pool = _start_parsing(items, n_cpu, executor)
+            else:
+                plan, results, pool = begun.plan, begun.results, begun.pool
+                begun.taken = True
             try:
                 _load_results(con, results, plan, prints, out, progress, (tmp, max_decompressed))
             finally:
@@ -234,14 +130,14 @@ def load_traces(con: duckdb.DuckDBPyConnection, paths: Iterable[Path], *, jobs: 
 
 
 @contextlib.contextmanager
-def _loading(con: duckdb.DuckDBPyConnection, parts_dir: str | Path | None) -> Iterator[str]:
-    """A temporary folder for the parsers' output (in ``parts_dir`` when given), and the settings of this process
-    while it loads; the folder is removed and the settings put back at the end."""
+def _loading(con: duckdb.DuckDBPyConnection, parts_dir: str | Path | None, tmp: str | None = None) -> Iterator[str]:
+    """A temporary folder for the parsers' output (in ``parts_dir`` when given; ``tmp``, one made already), and the
+    settings of this process while it loads; the folder is removed and the settings put back at the end."""
     import pyarrow as pa
 
     if parts_dir is not None:
         Path(parts_dir).mkdir(parents=True, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix="traceanalyze-", dir=parts_dir)
+    tmp = tmp or tempfile.mkdtemp(prefix="traceanalyze-", dir=parts_dir)
     # DuckDB keeps every block it just wrote in its buffer pool (~12 MB per 47 MB trace); they are on disk
     # already, so a low limit while loading only lets them go, and the analysis re-reads what it needs
     con.execute(f"SET memory_limit = '{INGEST_MEMORY_LIMIT}'")
@@ -352,6 +248,60 @@ def _start_parsing(items: Iterator[tuple], n_cpu: int, executor) -> tuple[Iterab
     # a .gz is inflated meanwhile, part by part
     futures = [pool.submit(parse_group if is_group(w) else _parse_one, w) for w in work]
     return _as_ready(futures), pool
+
+
+@dataclass
+class Begun:
+    """A parse begun before the database opened (:func:`begin_parse`), for :func:`load_traces` to load."""
+
+    todo: list[tuple[Path, CacheKey]]  # the files it parses, with their cache keys
+    max_decompressed: int
+    tmp: str  # the parsers' output folder
+    plan: _Plan
+    results: Iterable[tuple]
+    pool: object
+    taken: bool = False  # load_traces loads it (and removes the folder and shuts the pool down)
+
+    def takes(self, todo: list[tuple[Path, CacheKey]], max_decompressed: int, executor, parts_dir) -> bool:
+        """Whether this parse is the one :func:`load_traces` would start now (the same files, keys and bound)."""
+        return (todo, max_decompressed, executor, parts_dir) == (self.todo, self.max_decompressed, None, None)
+
+    def close(self) -> None:
+        """Stop the parse and remove its folder, unless :func:`load_traces` took them (then: nothing)."""
+        if not self.taken:
+            self.taken = True
+            self.pool.shutdown(cancel_futures=True)
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def begin_parse(paths: Iterable[Path], *, jobs: int | None = None,
+                max_decompressed: int = DEFAULT_MAX_DECOMPRESSED) -> Begun | None:
+    """Begin parsing ``paths`` in local processes before the database opens (a database made now: nothing in it is
+    cached). The processes parse while this process reads the files' fingerprints for the report's cache key and
+    opens the database, where one core was idle, and they fork before DuckDB runs threads here. Give the result to
+    :func:`load_traces` (``begun``), which loads it if the files are still the ones parsed, and :meth:`Begun.close`
+    it in every case. None where there is one core or one task (parsed in this process as it loads)."""
+    n_cpu = max(1, jobs or os.cpu_count() or 1)
+    todo: list[tuple[Path, CacheKey]] = []
+    seen: set[str] = set()
+    for p in paths if n_cpu > 1 else ():
+        with contextlib.suppress(OSError):  # an unreadable file: load_traces reports it
+            if (key := stat_key(p))[0] not in seen:  # one file under two names (a link): parsed once
+                seen.add(key[0])
+                todo.append((p, key))
+    if not todo:
+        return None
+    tmp = tempfile.mkdtemp(prefix="traceanalyze-")
+    try:
+        plan = _Plan(keys={str(p): (p, k) for p, k in todo})
+        results, pool = _start_parsing(_work_items(todo, tmp, max_decompressed, n_cpu, plan), n_cpu, None)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if pool is None:  # one task: parsed here, as it loads
+        shutil.rmtree(tmp, ignore_errors=True)
+        return None
+    return Begun(todo, max_decompressed, tmp, plan, results, pool)
 
 
 WAITING = object()  # a result of :func:`_as_ready`: the next parse is not done yet (the loader may insert meanwhile)
