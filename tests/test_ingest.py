@@ -567,3 +567,34 @@ def test_a_table_with_few_rows_held_waits_for_a_later_insert(tmp_path, monkeypat
         q = f"SELECT * FROM {t} ORDER BY rowid"
         assert few.con.execute(q).fetchall() == each.con.execute(q).fetchall(), t
     assert few.con.execute("SELECT count(*), count(DISTINCT file_id) FROM kernels").fetchone() == (120, 4)
+
+
+def test_a_parse_begun_before_the_database_opens_loads_the_same_rows_and_stops_when_a_file_changed(tmp_path):
+    """:func:`load.begin_parse` (a new database's files parsed while it opens) loads the rows :func:`load_traces`
+    would; a file rewritten meanwhile (another size) is not taken from it: the begun parse is stopped, its folder
+    removed, and every file parsed again, the rewritten one with its new events."""
+    paths = []
+    for r in range(3):
+        paths.append(pathlib.Path(_write(tmp_path, _trace([_kernel(i) for i in range(4 + r)] + [_op(0)]),
+                                         name=f"rank{r}.json")))
+
+    def rows(con):
+        return con.execute("SELECT f.path, count(k.file_id) FROM files f LEFT JOIN kernels k USING (file_id) "
+                           "GROUP BY ALL ORDER BY 1").fetchall()
+
+    ref = store.connect(None)
+    load.load_traces(ref, paths, jobs=1)
+    begun = load.begin_parse(paths, jobs=2)
+    assert begun is not None and [p for p, _ in begun.todo] == paths
+    con = store.connect(None)
+    got = load.load_traces(con, paths, jobs=2, begun=begun)
+    assert begun.taken and [f.error for f in got] == [None] * 3
+    assert rows(con) == rows(ref) and [n for _, n in rows(con)] == [4, 5, 6]
+    assert not pathlib.Path(begun.tmp).exists()
+
+    begun = load.begin_parse(paths, jobs=2)
+    paths[1].write_text(json.dumps(_trace([_kernel(i) for i in range(9)])))  # rewritten: 9 kernels
+    con = store.connect(None)
+    load.load_traces(con, paths, jobs=2, begun=begun)
+    assert [n for _, n in rows(con)] == [4, 9, 6] and not pathlib.Path(begun.tmp).exists()
+    assert load.begin_parse(paths, jobs=1) is None  # one core: nothing begun (parsed as it loads)
