@@ -349,6 +349,41 @@ def test_large_arrays_freed_after_map_large_blocks_go_back_to_the_system():
     assert freed["off"] < 8  # glibc's default: holes in the heap, still counted
 
 
+_REUSE = r"""
+import numpy as np
+from traceanalyze.executors import map_large_blocks, reuse_freed_blocks
+
+def rss_mb():
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) for l in f if l.startswith("VmRSS")) / 1024
+
+def freed_mb():
+    arrays = [np.ones(3 << 17) for _ in range(32)]  # 96 MiB, touched
+    before = rss_mb()
+    del arrays[::2]  # every other one freed
+    return before - rss_mb()
+
+assert map_large_blocks()
+with reuse_freed_blocks():
+    kept = freed_mb()
+    before = rss_mb()
+    again = [np.ones(3 << 17) for _ in range(16)]  # 48 MiB more
+    grew = rss_mb() - before
+    del again
+print(kept, grew, freed_mb())
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_reuse_freed_blocks_keeps_freed_arrays_in_the_heap_then_puts_map_large_blocks_back():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
+    kept, grew, freed = map(float, subprocess.run([sys.executable, "-c", _REUSE], capture_output=True, text=True,
+                                                  env=env, check=True).stdout.split())
+    assert kept < 8  # inside: 16 arrays of 3 MiB freed, their pages kept for the next arrays...
+    assert grew < 8  # ... which take them, with no new pages
+    assert freed >= 44  # after: each large array a mapping of its own again, given back when freed
+
+
 def test_drop_cached_blocks_lets_duckdb_evict_its_reads_and_puts_the_limit_back(tmp_path):
     import duckdb
 

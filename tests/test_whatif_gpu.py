@@ -1,5 +1,5 @@
 """GPU what-ifs: the precision what-ifs re-time fp32 convolutions by the GPU's peak ratios, and no what-if predicts a
-step shorter than the busy time of the kernels it leaves (traceanalyze.replay.whatif._floors), on generated traces
+step shorter than the busy time of the kernels it leaves (traceanalyze.replay.floors.step_floors), on generated traces
 and on the real GPU-bound fp32 GPT (../shared/traces/gpu/h200/precision/slow)."""
 
 from __future__ import annotations
@@ -211,7 +211,7 @@ def _busy_floor(kernels: list[tuple[int, str, float]], scenario: str) -> float:
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(steps=st.lists(_step, min_size=3, max_size=5))
 def test_no_whatif_below_the_kernel_busy_time(tmp_path_factory, steps):
-    """Per counted step a prediction is never below min(its kernel floor, the measured step) (``_floors``, capped
+    """Per counted step a prediction is never below min(its kernel floor, the measured step) (``step_floors``, capped
     at the step's estimate); the run's prediction is the median over steps, and the median is monotone."""
     folder = tmp_path_factory.mktemp("gen")
     per_step = _gen_trace(folder / "rank0.pt.trace.json", steps)

@@ -15,18 +15,17 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Callable
-from typing import NamedTuple
 
 import duckdb
 import numpy as np
 
 from traceanalyze import store
-from traceanalyze.executors import drop_cached_blocks, on_own_cursor, release_free_memory
+from traceanalyze.executors import drop_cached_blocks, on_own_cursor, release_free_memory, reuse_freed_blocks
 from traceanalyze.hardware import GpuInfo
 from traceanalyze.metrics.collectives import Calls
 from traceanalyze.metrics.steps import longest_per_step, median
 from traceanalyze.metrics.where import MAX_TIMELINE_LANES, lanes_to_show
-from traceanalyze.replay import gaps, optimizer, overhead, precision, simulate, skew
+from traceanalyze.replay import floors, gaps, optimizer, overhead, precision, simulate, skew
 from traceanalyze.replay import graph as gr
 from traceanalyze.replay.scenarios import ALL, ALL_CAUSE, MIN_SAVING_US, REGISTRY, Arrays, Scenario, by_name
 from traceanalyze.replay.scenarios.host import pipelined_step_times, without_host_syncs
@@ -186,8 +185,8 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_siz
 
     On GPU runs every what-if is priced on the step without the profiler: its rewrite applies to the graph with the
     profiler's host cost taken out, its predicted step time and saving are for the unprofiled job, and no
-    prediction is below the busy time of the work the rewrite leaves (:func:`_floors`). ``profiled_*`` fields keep
-    the profiled figures.
+    prediction is below the busy time of the work the rewrite leaves (:func:`.floors.step_floors`). ``profiled_*``
+    fields keep the profiled figures.
 
     Returns:
         ``(replay, whatif, picture)``: ``replay`` and ``whatif`` as in the JSON contract (``docs/replay.md``; the
@@ -196,9 +195,24 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_siz
     """
     g = gr.build(con, run_id, mode, world_size, clock_offsets_us, threads=build_threads, calls=calls)
     contexts = _after_build(con, g, gpu, beside=build_threads is not None)
+    ctx = {"link_gbps": link_gbps, "link_source": link_source or "expected link",
+           "bf16": BF16_SPEEDUP_GPU if mode == "gpu" else BF16_SPEEDUP_CPU,
+           "native_bf16": cpu_native_bf16 if mode == "cpu" else None, "cpu_model": cpu_model,
+           "core_sharing": core_sharing if mode == "cpu" else None, "baseline": baseline}
+    # beside (not in turn: 1,024 ranks' memory), each replay reuses the heap its last one freed (page faults)
+    with reuse_freed_blocks() if build_threads is not None else contextlib.nullcontext():
+        return _replay_graph(con, g, ctx, contexts, defer, build_threads is None, gpu, unprofiled_measured, pricer)
+
+
+def _replay_graph(con: duckdb.DuckDBPyConnection, g: gr.Graph, ctx: dict, contexts: Callable, defer: list | None,
+                  in_turn: bool, gpu: GpuInfo | None, unprofiled_measured: dict | None, pricer: list | None
+                  ) -> tuple[dict, list[dict], dict]:
+    """:func:`replay_run` after the build: its graph ``g``, the what-ifs' context ``ctx`` (less what the replay
+    adds), ``contexts`` (:func:`_after_build`), ``in_turn``: no other analysis runs meanwhile."""
+    run_id, mode = g.run_id, g.mode
     results: list[list] = []
     sk = skew.collective_skew(con, g)  # who waited for whom: the instances as the graph matched them
-    write = _Writes(con, g, run_id, sk, results, drop_cache=build_threads is None)  # one thread: a run in turn
+    write = _Writes(con, g, run_id, sk, results, drop_cache=in_turn)  # one thread: a run in turn
     if defer is not None:  # else written before each return
         defer.append(write)
     base = simulate.replay(g, keep_binding=True, layout=(lay := None if write.drop_cache else simulate.layout_of(g)))
@@ -216,12 +230,8 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_siz
         write.start_beside()
     err = abs(b_run - m_run) / m_run * 100 if m_run else 0.0
     replay_model = _replay_model(g, base, measured, base_t, counted, m_run, b_run, err)
-    ctx = {"link_gbps": link_gbps, "link_source": link_source or "expected link",
-           "bf16": BF16_SPEEDUP_GPU if mode == "gpu" else BF16_SPEEDUP_CPU,
-           "native_bf16": cpu_native_bf16 if mode == "cpu" else None, "cpu_model": cpu_model,
-           "core_sharing": core_sharing if mode == "cpu" else None, "baseline": baseline}
     if ctx["core_sharing"]:
-        replay_model["core_sharing"] = core_sharing
+        replay_model["core_sharing"] = ctx["core_sharing"]
     if mode == "gpu":
         ctx["prec"], ctx["opt"] = contexts() or _gpu_contexts(con, g, gpu)
     replay_model.update(left_out=_left_out(g, ctx), unexplained_gaps=gaps.summary(g, counted))
@@ -309,7 +319,8 @@ def _step_noise_pct(g: gr.Graph, m_long: dict) -> float:
 
 class _Pricer:
     """Prices rewrites of one run's graph: each counted step's replayed saving taken off its step time without the
-    profiler (measured, or estimated by :meth:`unprofiled`), never below the step's floor (:func:`_floors`)."""
+    profiler (measured, or estimated by :meth:`unprofiled`), never below the step's floor
+    (:func:`.floors.step_floors`)."""
 
     def __init__(self, g: gr.Graph, counted: set, m_long: dict, b_long: dict, m_run: float,
                  layout: simulate.Layout | None = None) -> None:
@@ -321,7 +332,7 @@ class _Pricer:
         self.layout = layout
         self.u_long, self.per_op, self.cfg = b_long, 0.0, None
         self.loader_mp = False  # the steps take batches from a multi-process DataLoader (overhead.estimate_range)
-        self.groups = _floor_groups(g)  # the floors' grouping, the same for every rewrite
+        self.groups = floors.floor_groups(g)  # the floors' grouping, the same for every rewrite
         self.last_floors: tuple | None = None  # (d, cg, floors): a rewrite's, from its saving bound to its predict
         self.est: dict = {}
         self.est_run = self.u_run = m_run
@@ -388,7 +399,7 @@ class _Pricer:
     def base(self, d: np.ndarray, cg: np.ndarray, measured: dict | None) -> dict:
         """Set the step without the profiler (``measured`` when it says, else the estimate) and return the run's
         ``profiler_overhead``."""
-        floor_u = _floors(self.g, d, cg, self.groups)
+        floor_u = floors.step_floors(self.g, d, cg, self.groups)
         m, b, u = self.m_long, self.b_long, self.u_long
         # a floor above the measured step (work assigned to a step that runs past its end) never raises an estimate
         self.est = {s: max(m[s] - (b[s] - u[s]), min(floor_u.get(s, 0.0), m[s])) for s in m}
@@ -397,7 +408,7 @@ class _Pricer:
         if measured and (measured.get("step_time_us") or 0) > 0:
             self.u_run, source = float(measured["step_time_us"]), str(measured.get("source"))
         self.scale = self.u_run / self.est_run if self.est_run else 1.0  # a measurement rescales the estimates
-        m_run, busy = self.m_run, _gpu_busy_us(self.groups, d, self.m_long)
+        m_run, busy = self.m_run, floors.gpu_busy_us(self.groups, d, self.m_long)
         rng, caveat = overhead.estimate_range(m_run, self.est_run, busy, self.loader_mp)
         return {"unprofiled_step_time_us": round(self.u_run, 3), "profiled_step_time_us": round(m_run, 3),
                 "overhead_pct": round(100 * (m_run - self.u_run) / m_run, 2) if m_run else 0.0, "source": source,
@@ -408,11 +419,11 @@ class _Pricer:
                 "gpu_busy_us": busy}
 
     def floors(self, d: np.ndarray, cg: np.ndarray) -> dict[int, float]:
-        """:func:`_floors` of ``d``, ``cg``; kept for these very arrays until :meth:`predict` (a rewrite with a
-        saving bound needs them before its replay, then its prediction)."""
+        """:func:`.floors.step_floors` of ``d``, ``cg``; kept for these very arrays until :meth:`predict` (a rewrite
+        with a saving bound needs them before its replay, then its prediction)."""
         if self.last_floors is not None and self.last_floors[0] is d and self.last_floors[1] is cg:
             return self.last_floors[2]
-        out = _floors(self.g, d, cg, self.groups)
+        out = floors.step_floors(self.g, d, cg, self.groups)
         self.last_floors = (d, cg, out)
         return out
 
@@ -555,75 +566,6 @@ def _combined(applicable: list[str], skipped: dict[str, str]) -> list[str]:
     used = [s for s in applicable if not ((e := by_name(s).extends) and e in skipped)]
     superseded = {x for s in used for x in by_name(s).supersedes}
     return [s for s in used if s not in superseded]
-
-
-def _floors(g: gr.Graph, d: np.ndarray, cg: np.ndarray, groups: tuple | None = None) -> dict[int, float]:
-    """Per counted step: the busy time no replay of these durations can beat, µs: the longest, over ranks, of each
-    GPU stream's kernels, copies and sets in the step (``d``) and of each host thread's tasks and the gaps before
-    them (``d + cg``: its remaining work). A step is never shorter than the work its busiest resource must do.
-    GPU runs only (``{}`` for CPU runs, whose replay of measured ops already holds each thread's work).
-    ``groups``: :func:`_floor_groups` of ``g`` when already computed."""
-    groups = groups if groups is not None else _floor_groups(g)
-    if groups is None:
-        return {}
-    w = d[groups.sel]
-    w[groups.host] += cg[groups.host_tasks]  # host threads: their tasks and the gaps before them
-    return _busiest(groups, w)
-
-
-def _busiest(groups: _FloorGroups, w: np.ndarray) -> dict[int, float]:
-    """Step -> the largest sum of ``w`` (per task of ``groups``' selection) over one resource in that step, at
-    least 0 (steps in the order their first group comes)."""
-    busy = np.bincount(groups.inv, weights=w, minlength=groups.step_idx.size)
-    top = np.zeros(len(groups.steps))
-    np.fmax.at(top, groups.step_idx, busy)  # fmax: a NaN sum never wins, as max(top, NaN) keeps top
-    return dict(zip(groups.steps, top.tolist(), strict=True))
-
-
-def _gpu_busy_us(groups: _FloorGroups | None, d: np.ndarray, m_long: dict) -> float | None:
-    """Median over the counted steps of the busiest GPU stream's kernels, copies and sets in the step (µs), or
-    None (a CPU run, no device work)."""
-    if groups is None:
-        return None
-    w = d[groups.sel]
-    w[groups.host] = 0.0
-    per = _busiest(groups, w)
-    vals = [per[s] for s in m_long if per.get(s)]
-    return round(float(np.median(vals)), 3) if vals else None
-
-
-class _FloorGroups(NamedTuple):
-    """What a floor sums (:func:`_floor_groups`): ``sel`` the tasks, ``host`` the positions in ``sel`` of the host
-    tasks (``host_tasks``: their task ids), ``inv`` each one's (resource, step) group, ``step_idx`` each group's
-    step as a position in ``steps`` (the step numbers, in the order their first group comes)."""
-
-    sel: np.ndarray
-    host: np.ndarray
-    host_tasks: np.ndarray
-    inv: np.ndarray
-    step_idx: np.ndarray
-    steps: list[int]
-
-
-def _floor_groups(g: gr.Graph) -> _FloorGroups | None:
-    """The tasks a floor sums and their (resource, step) groups (:class:`_FloorGroups`): the same for every
-    rewrite of ``g``, so :class:`_Pricer` computes it once; None for CPU runs or without such tasks."""
-    if g.mode != "gpu":
-        return None
-    dev_all = np.isin(g.kind, (gr.K_KERNEL, gr.K_MEMCPY, gr.K_MEMSET))
-    sel = np.flatnonzero((g.step >= 0) & (dev_all | (g.kind == gr.K_HOST)))
-    if sel.size == 0:
-        return None
-    width = int(g.step.max(initial=0)) + 2
-    keys, inv = gr.small_unique(g.res[sel].astype(np.int64) * width + g.step[sel])
-    uniq, first, of = np.unique(keys % width, return_index=True, return_inverse=True)
-    o = np.argsort(first, kind="stable")  # the steps in the order of their first group
-    at = np.empty(o.size, np.int64)
-    at[o] = np.arange(o.size)
-    host = np.flatnonzero(~dev_all[sel])
-    itype = np.int32 if g.start.size < 2**31 else np.int64  # held through the what-ifs: 1,024 ranks' peak
-    return _FloorGroups(sel.astype(itype), host.astype(itype), sel[host].astype(itype), inv.astype(itype),
-                        at[of.reshape(-1)], uniq[o].tolist())
 
 
 def _events_per_step(g: gr.Graph, counted: set) -> float | None:
