@@ -75,7 +75,6 @@ def begun_parse(db, paths: list[Path], options: Options) -> Iterator[Begun | Non
     be cached. Stopped on leaving the block unless loaded."""
     begun = None
     if len(paths) > 1 and options.executor == "local" and not options.scheduler and store.is_new(db):
-        import_parse()
         bound = {} if options.max_decompressed_bytes is None else {"max_decompressed": options.max_decompressed_bytes}
         begun = ingest.begin_parse(paths, jobs=options.jobs, **bound)
     try:

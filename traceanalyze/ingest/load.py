@@ -281,7 +281,7 @@ def begin_parse(paths: Iterable[Path], *, jobs: int | None = None,
     opens the database, where one core was idle, and they fork before DuckDB runs threads here. Give the result to
     :func:`load_traces` (``begun``), which loads it if the files are still the ones parsed, and :meth:`Begun.close`
     it in every case. None where there is one core or one task (parsed in this process as it loads)."""
-    n_cpu = max(1, jobs or os.cpu_count() or 1)
+    n_cpu = max(1, jobs or os.cpu_count() or 1)  # one (a batch's runs): nothing begun, nothing imported here
     todo: list[tuple[Path, CacheKey]] = []
     seen: set[str] = set()
     for p in paths if n_cpu > 1 else ():
