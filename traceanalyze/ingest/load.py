@@ -114,10 +114,7 @@ def load_traces(con: duckdb.DuckDBPyConnection, paths: Iterable[Path], *, jobs: 
     if todo:
         with _loading(con, parts_dir, begun.tmp if begun is not None else None) as tmp:
             if begun is None:
-                n_cpu = max(1, jobs or os.cpu_count() or 1)
-                plan = _Plan(keys={str(p): (p, k) for p, k in todo})
-                items = _work_items(todo, tmp, max_decompressed, n_cpu, plan)
-                results, pool = _start_parsing(items, n_cpu, executor)
+                plan, results, pool = _parsing(todo, tmp, max_decompressed, jobs, executor)
             else:
                 plan, results, pool = begun.plan, begun.results, begun.pool
                 begun.taken = True
@@ -232,6 +229,15 @@ def _gz_part_items(p: Path, i: int, est: int, tmp: str, max_decompressed: int, n
     plan.whole[str(p)] = prev if state.get("clean") else None
 
 
+def _parsing(todo: list[tuple[Path, CacheKey]], tmp: str, max_decompressed: int, jobs: int | None, executor
+             ) -> tuple[_Plan, Iterable[tuple], object | None]:
+    """The parse of ``todo`` into ``tmp`` started (:func:`_work_items`, :func:`_start_parsing`; ``jobs`` None: the
+    CPU count): its plan, its results and its pool (None: none)."""
+    n_cpu = max(1, jobs or os.cpu_count() or 1)
+    plan = _Plan(keys={str(p): (p, k) for p, k in todo})
+    return plan, *_start_parsing(_work_items(todo, tmp, max_decompressed, n_cpu, plan), n_cpu, executor)
+
+
 def _start_parsing(items: Iterator[tuple], n_cpu: int, executor) -> tuple[Iterable[tuple], object | None]:
     """Start parsing the tasks: on ``executor``, in a pool of up to ``n_cpu`` processes, or here when there is
     only one task. Returns the results (``_parse_one``'s, in task order) and the pool to shut down, if any."""
@@ -293,8 +299,7 @@ def begin_parse(paths: Iterable[Path], *, jobs: int | None = None,
         return None
     tmp = tempfile.mkdtemp(prefix="traceanalyze-")
     try:
-        plan = _Plan(keys={str(p): (p, k) for p, k in todo})
-        results, pool = _start_parsing(_work_items(todo, tmp, max_decompressed, n_cpu, plan), n_cpu, None)
+        plan, results, pool = _parsing(todo, tmp, max_decompressed, n_cpu, None)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
