@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import pathlib
 
 import pytest
@@ -517,6 +518,28 @@ def test_a_held_file_of_several_batches_is_one_record_batch_in_its_groups_stream
         batches = list(reader)
     assert [x.num_rows for x in batches] == [10, 3]
     assert batches[0].column("external_id").to_pylist() == list(range(10))
+
+
+@pytest.mark.skipif(os.name != "posix", reason="a mapped file is deleted while open on POSIX only")
+def test_held_rows_are_read_from_a_memory_map_and_their_stream_deleted(tmp_path):
+    """The loader reads a group's stream as a memory map: its batches are views of the page cache (nothing allocated
+    for them), and they stay readable after the stream is deleted."""
+    import pyarrow as pa
+
+    from traceanalyze.ingest import held, workers
+
+    a = _write(tmp_path, json.dumps(_trace([_kernel(i) for i in range(10)])).encode(), "a.json")
+    b = _write(tmp_path, json.dumps(_trace([_kernel(i) for i in range(3)])).encode(), "b.json")
+    out = workers.parse_group(([a, b], str(tmp_path), "g", 1 << 30))
+    rows = held.HeldRows()
+    rows.add([(fid, 0, tables, None) for fid, (_, _, tables, _) in enumerate(out)])
+    stream = out[0][2]["kernels"]
+    allocated = pa.total_allocated_bytes()
+    batches = list(rows.take("kernels"))
+    assert pa.total_allocated_bytes() == allocated
+    assert not os.path.exists(stream) and rows.empty()
+    assert [(fid, bt.column("external_id").to_pylist()) for fid, _, bt in batches] == [(0, list(range(10))),
+                                                                                      (1, [0, 1, 2])]
 
 
 def test_a_failed_group_task_fails_each_of_its_files_in_task_order():

@@ -384,6 +384,39 @@ def test_reuse_freed_blocks_keeps_freed_arrays_in_the_heap_then_puts_map_large_b
     assert freed >= 44  # after: each large array a mapping of its own again, given back when freed
 
 
+_KEEP = r"""
+import resource, sys
+
+def churn():  # what a parse worker does file after file: large blocks of bytes made, filled and freed
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(8):
+        blocks = [b"x" * (4 << 20) for _ in range(4)]  # 16 MiB, touched
+        del blocks
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+if sys.argv[1] == "worker":
+    from traceanalyze.ingest.workers import worker_init
+
+    worker_init(False)
+churn()  # the first file: the heap grows to what it needs
+print(churn())
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_a_parse_worker_reuses_the_pages_its_last_file_freed():
+    """worker_init (executors.keep_freed_blocks): the next file's blocks take the pages the last one freed, where by
+    glibc's defaults each 16 MiB of blocks is trimmed from the heap and faulted in again (4,096 pages)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
+
+    def faults(role: str) -> int:
+        return int(subprocess.run([sys.executable, "-c", _KEEP, role], capture_output=True, text=True, env=env,
+                                  check=True).stdout)
+
+    assert faults("plain") >= 8 * 4096 * 0.9  # each round's 16 MiB faulted in again
+    assert faults("worker") < 1000  # the pages kept: a few for Python's own objects
+
+
 def test_drop_cached_blocks_lets_duckdb_evict_its_reads_and_puts_the_limit_back(tmp_path):
     import duckdb
 

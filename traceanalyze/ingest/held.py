@@ -62,7 +62,7 @@ class HeldRows:
         try:
             for fid, shift, stream, want in queue:
                 if stream not in readers:
-                    fh = pa.OSFile(stream)
+                    fh = _open_stream(pa, stream)
                     readers[stream] = (fh, pa.ipc.open_stream(fh))
                 reader = readers[stream][1]
                 while want is None or want > 0:
@@ -88,6 +88,14 @@ class HeldRows:
         for stream in self.refs:
             _unlink(stream)
         self.__init__()
+
+
+def _open_stream(pa, path: str):
+    """``path`` mapped into memory where a mapped file can be deleted while open (POSIX): the batches read are views
+    of the page cache, not copies in fresh pages; elsewhere read as a file."""
+    import os
+
+    return pa.memory_map(path) if os.name == "posix" else pa.OSFile(path)
 
 
 def _unlink(path: str) -> None:
