@@ -521,13 +521,17 @@ def test_a_held_file_of_several_batches_is_one_record_batch_in_its_groups_stream
 
 
 @pytest.mark.skipif(os.name != "posix", reason="a mapped file is deleted while open on POSIX only")
-def test_held_rows_are_read_from_a_memory_map_and_their_stream_deleted(tmp_path):
+@pytest.mark.parametrize("mapped", [True, False])
+def test_held_rows_are_read_from_a_memory_map_and_their_stream_deleted(tmp_path, monkeypatch, mapped):
     """The loader reads a group's stream as a memory map: its batches are views of the page cache (nothing allocated
-    for them), and they stay readable after the stream is deleted."""
+    for them), and they stay readable after the stream is deleted. A stream over MAP_STREAM_MAX_BYTES is read as a
+    file, its batches copied out of it."""
     import pyarrow as pa
 
     from traceanalyze.ingest import held, workers
 
+    if not mapped:
+        monkeypatch.setattr(held, "MAP_STREAM_MAX_BYTES", 0)
     a = _write(tmp_path, json.dumps(_trace([_kernel(i) for i in range(10)])).encode(), "a.json")
     b = _write(tmp_path, json.dumps(_trace([_kernel(i) for i in range(3)])).encode(), "b.json")
     out = workers.parse_group(([a, b], str(tmp_path), "g", 1 << 30))
@@ -536,7 +540,7 @@ def test_held_rows_are_read_from_a_memory_map_and_their_stream_deleted(tmp_path)
     stream = out[0][2]["kernels"]
     allocated = pa.total_allocated_bytes()
     batches = list(rows.take("kernels"))
-    assert pa.total_allocated_bytes() == allocated
+    assert (pa.total_allocated_bytes() == allocated) is mapped
     assert not os.path.exists(stream) and rows.empty()
     assert [(fid, bt.column("external_id").to_pylist()) for fid, _, bt in batches] == [(0, list(range(10))),
                                                                                       (1, [0, 1, 2])]

@@ -397,7 +397,7 @@ def churn():  # what a parse worker does file after file: large blocks of bytes 
 if sys.argv[1] == "worker":
     from traceanalyze.ingest.workers import worker_init
 
-    worker_init(False)
+    worker_init(False, keep_heap=True)  # a load of small files
 churn()  # the first file: the heap grows to what it needs
 print(churn())
 """
@@ -405,8 +405,9 @@ print(churn())
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
 def test_a_parse_worker_reuses_the_pages_its_last_file_freed():
-    """worker_init (executors.keep_freed_blocks): the next file's blocks take the pages the last one freed, where by
-    glibc's defaults each 16 MiB of blocks is trimmed from the heap and faulted in again (4,096 pages)."""
+    """worker_init of a load of small files (executors.keep_freed_blocks): the next file's blocks take the pages the
+    last one freed, where by glibc's defaults each 16 MiB of blocks is trimmed from the heap and faulted in again
+    (4,096 pages)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
 
     def faults(role: str) -> int:

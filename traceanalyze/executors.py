@@ -223,10 +223,11 @@ def reuse_freed_blocks() -> Iterator[None]:
 def keep_freed_blocks() -> bool:
     """From now on, allocations up to :data:`HEAP_BLOCKS_MAX_BYTES` (32 MiB) in this process come from the C heap,
     which keeps the pages freed (glibc ``mallopt``: ``M_MMAP_THRESHOLD`` and ``M_TRIM_THRESHOLD``, as in
-    :func:`reuse_freed_blocks`, never put back). For a process that ends with its work, such as a parse worker:
-    each file's inflated blocks, joined and sliced bytes and Arrow columns reuse the last file's pages instead of
-    faulting in fresh ones (a small rank of the sweep set: ~300 page faults to ~20), and the process's peak is
-    what it was (the heap holds at most what the largest file needed). Returns False where there is no glibc."""
+    :func:`reuse_freed_blocks`, never put back). For a process that ends with its work, such as a parse worker of
+    small files: each file's inflated blocks, joined and sliced bytes and Arrow columns reuse the last file's pages
+    instead of faulting in fresh ones (a small rank of the sweep set: ~300 page faults to ~20), and the process's
+    peak is what it was (the heap holds at most what the largest file needed). Returns False where there is no
+    glibc."""
     return (_glibc_call("mallopt", M_TRIM_THRESHOLD, KEEP_FREED_BYTES)
             and _glibc_call("mallopt", M_MMAP_THRESHOLD, HEAP_BLOCKS_MAX_BYTES))
 

@@ -90,12 +90,20 @@ class HeldRows:
         self.__init__()
 
 
+MAP_STREAM_MAX_BYTES = 32 << 20  # streams up to this size are read as memory maps (see _open_stream)
+
+
 def _open_stream(pa, path: str):
-    """``path`` mapped into memory where a mapped file can be deleted while open (POSIX): the batches read are views
-    of the page cache, not copies in fresh pages; elsewhere read as a file."""
+    """``path`` mapped into memory where a mapped file can be deleted while open (POSIX) and it is at most
+    :data:`MAP_STREAM_MAX_BYTES`: the batches read are views of the page cache, not copies in fresh pages (the
+    256-rank sweep set's streams: ~100k page faults fewer). A bigger stream (a part of a big file) is read as a
+    file, a batch at a time: mapped, every page read stays mapped until the stream is closed (a 570 MB trace's
+    peak PSS was 80 MB higher)."""
     import os
 
-    return pa.memory_map(path) if os.name == "posix" else pa.OSFile(path)
+    if os.name == "posix" and os.path.getsize(path) <= MAP_STREAM_MAX_BYTES:
+        return pa.memory_map(path)
+    return pa.OSFile(path)
 
 
 def _unlink(path: str) -> None:

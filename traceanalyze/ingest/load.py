@@ -235,12 +235,16 @@ def _parsing(todo: list[tuple[Path, CacheKey]], tmp: str, max_decompressed: int,
     CPU count): its plan, its results and its pool (None: none)."""
     n_cpu = max(1, jobs or os.cpu_count() or 1)
     plan = _Plan(keys={str(p): (p, k) for p, k in todo})
-    return plan, *_start_parsing(_work_items(todo, tmp, max_decompressed, n_cpu, plan), n_cpu, executor)
+    small = all(k[1] <= GROUP_MAX_BYTES for _, k in todo)
+    return plan, *_start_parsing(_work_items(todo, tmp, max_decompressed, n_cpu, plan), n_cpu, executor, small)
 
 
-def _start_parsing(items: Iterator[tuple], n_cpu: int, executor) -> tuple[Iterable[tuple], object | None]:
+def _start_parsing(items: Iterator[tuple], n_cpu: int, executor, small: bool = False
+                   ) -> tuple[Iterable[tuple], object | None]:
     """Start parsing the tasks: on ``executor``, in a pool of up to ``n_cpu`` processes, or here when there is
-    only one task. Returns the results (``_parse_one``'s, in task order) and the pool to shut down, if any."""
+    only one task. Returns the results (``_parse_one``'s, in task order) and the pool to shut down, if any.
+    ``small``: every file is small (``GROUP_MAX_BYTES``): the processes keep the heap they free
+    (:func:`.workers.worker_init`)."""
     head = list(itertools.islice(items, n_cpu))  # one task (one small file): parsed here, no pool
     work = itertools.chain(head, items)
     n_jobs = max(1, min(n_cpu, len(head)))
@@ -250,7 +254,7 @@ def _start_parsing(items: Iterator[tuple], n_cpu: int, executor) -> tuple[Iterab
         return map(lambda w: parse_group(w) if is_group(w) else _parse_one(w), work), None
     from concurrent.futures import ProcessPoolExecutor  # multiprocessing: not for one file or a re-run
 
-    pool = ProcessPoolExecutor(max_workers=n_jobs, initializer=worker_init, initargs=(pandas_blocked(),))
+    pool = ProcessPoolExecutor(max_workers=n_jobs, initializer=worker_init, initargs=(pandas_blocked(), small))
     # a .gz is inflated meanwhile, part by part
     futures = [pool.submit(parse_group if is_group(w) else _parse_one, w) for w in work]
     return _as_ready(futures), pool

@@ -43,7 +43,10 @@ def pandas_blocked() -> bool:
     return any(isinstance(f, _NoPandas) for f in sys.meta_path)
 
 
-def worker_init(no_pandas: bool) -> None:
+def worker_init(no_pandas: bool, keep_heap: bool = False) -> None:
+    """A parse process's set-up: ``import pandas`` blocked as in the parent (``no_pandas``), Arrow on the system
+    allocator, and, with ``keep_heap`` (a load of small files only), the heap's freed pages kept for the next file
+    (:func:`traceanalyze.executors.keep_freed_blocks`)."""
     if no_pandas:  # as in the parent; matters where workers start fresh (spawn, forkserver) instead of forking
         block_pandas()
     import pyarrow as pa
@@ -52,7 +55,8 @@ def worker_init(no_pandas: bool) -> None:
 
     # mimalloc (pyarrow's default) keeps what a parse freed: ~35 MB more per worker, for no speed we can measure
     pa.set_memory_pool(pa.system_memory_pool())
-    keep_freed_blocks()  # the C heap (Arrow's columns too) reused file after file, not faulted in again
+    if keep_heap:  # not for big files' parts (128 MB ranges): a 570 MB trace's peak PSS was 506 -> 585 MB with it
+        keep_freed_blocks()  # the C heap (Arrow's columns too) reused file after file, not faulted in again
 
 
 def parse_one(args: tuple) -> tuple[str, TraceFile | None, dict | None, str | None]:

@@ -193,10 +193,7 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: int, mode: str, world_siz
         replay's ``profiler_overhead`` is the run's), ``picture`` the cross-rank lanes of the median step for the
         HTML report.
     """
-    # beside, the build's chunk temporaries reuse the heap too (8 ranks: the report's page faults 235-250k -> 164k,
-    # its peak PSS +3 MB); in turn (1,024 ranks) each large array keeps a mapping of its own, for the peak
-    with reuse_freed_blocks() if build_threads is not None else contextlib.nullcontext():
-        g = gr.build(con, run_id, mode, world_size, clock_offsets_us, threads=build_threads, calls=calls)
+    g = gr.build(con, run_id, mode, world_size, clock_offsets_us, threads=build_threads, calls=calls)
     contexts = _after_build(con, g, gpu, beside=build_threads is not None)
     ctx = {"link_gbps": link_gbps, "link_source": link_source or "expected link",
            "bf16": BF16_SPEEDUP_GPU if mode == "gpu" else BF16_SPEEDUP_CPU,
