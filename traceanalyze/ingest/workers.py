@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from traceanalyze.errors import InputError
+from traceanalyze.executors import keep_freed_blocks
 
 if TYPE_CHECKING:
     from traceanalyze.ingest.parse import TraceFile
@@ -50,8 +51,6 @@ def worker_init(no_pandas: bool, keep_heap: bool = False) -> None:
     if no_pandas:  # as in the parent; matters where workers start fresh (spawn, forkserver) instead of forking
         block_pandas()
     import pyarrow as pa
-
-    from traceanalyze.executors import keep_freed_blocks
 
     # mimalloc (pyarrow's default) keeps what a parse freed: ~35 MB more per worker, for no speed we can measure
     pa.set_memory_pool(pa.system_memory_pool())
