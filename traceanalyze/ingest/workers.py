@@ -54,7 +54,7 @@ def worker_init(no_pandas: bool, keep_heap: bool = False) -> None:
 
     # mimalloc (pyarrow's default) keeps what a parse freed: ~35 MB more per worker, for no speed we can measure
     pa.set_memory_pool(pa.system_memory_pool())
-    if keep_heap:  # not for big files' parts (128 MB ranges): a 570 MB trace's peak PSS was 506 -> 585 MB with it
+    if keep_heap:  # not for a big file's parts (128 MB ranges): a 570 MB trace's largest process +20-40 MB max RSS
         keep_freed_blocks()  # the C heap (Arrow's columns too) reused file after file, not faulted in again
 
 
