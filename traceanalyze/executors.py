@@ -208,8 +208,7 @@ def reuse_freed_blocks() -> Iterator[None]:
         yield
         return
     _REUSING[0] += 1
-    _glibc_call("mallopt", M_TRIM_THRESHOLD, KEEP_FREED_BYTES)
-    _glibc_call("mallopt", M_MMAP_THRESHOLD, HEAP_BLOCKS_MAX_BYTES)
+    keep_freed_blocks()
     try:
         yield
     finally:

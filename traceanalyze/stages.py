@@ -46,9 +46,7 @@ def load_traces(con: duckdb.DuckDBPyConnection, paths: list[Path], options: Opti
     """:func:`traceanalyze.ingest.load_traces` in local processes, or on a Dask cluster (``options.executor`` or
     ``options.scheduler``: the executor ``batch`` uses); ``known``: each file's identity, read for the cache key;
     ``begun``: the parse :func:`begun_parse` began."""
-    bound = {"known": known}
-    if options.max_decompressed_bytes is not None:
-        bound["max_decompressed"] = options.max_decompressed_bytes
+    bound = {"known": known, **_decompressed_bound(options)}
     jobs, db, scheduler = options.jobs, options.db, options.scheduler
     if options.executor == "local" and not scheduler:
         return ingest.load_traces(con, paths, jobs=jobs, progress=progress, begun=begun, **bound)
@@ -75,13 +73,18 @@ def begun_parse(db, paths: list[Path], options: Options) -> Iterator[Begun | Non
     be cached. Stopped on leaving the block unless loaded."""
     begun = None
     if len(paths) > 1 and options.executor == "local" and not options.scheduler and store.is_new(db):
-        bound = {} if options.max_decompressed_bytes is None else {"max_decompressed": options.max_decompressed_bytes}
-        begun = ingest.begin_parse(paths, jobs=options.jobs, **bound)
+        begun = ingest.begin_parse(paths, jobs=options.jobs, **_decompressed_bound(options))
     try:
         yield begun
     finally:
         if begun is not None:
             begun.close()
+
+
+def _decompressed_bound(options: Options) -> dict:
+    """``{"max_decompressed": bytes}`` when the options bound what a file may inflate to, else ``{}`` (the
+    loader's default bound)."""
+    return {} if options.max_decompressed_bytes is None else {"max_decompressed": options.max_decompressed_bytes}
 
 
 def import_parse() -> None:
