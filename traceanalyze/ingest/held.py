@@ -62,7 +62,7 @@ class HeldRows:
         try:
             for fid, shift, stream, want in queue:
                 if stream not in readers:
-                    fh = _open_stream(pa, stream)
+                    fh = _open_stream(stream)
                     readers[stream] = (fh, pa.ipc.open_stream(fh))
                 reader = readers[stream][1]
                 while want is None or want > 0:
@@ -93,13 +93,15 @@ class HeldRows:
 MAP_STREAM_MAX_BYTES = 32 << 20  # streams up to this size are read as memory maps (see _open_stream)
 
 
-def _open_stream(pa, path: str):
+def _open_stream(path: str):
     """``path`` mapped into memory where a mapped file can be deleted while open (POSIX) and it is at most
     :data:`MAP_STREAM_MAX_BYTES`: the batches read are views of the page cache, not copies in fresh pages (the
     256-rank sweep set's streams: ~100k page faults fewer). A bigger stream (a part of a big file) is read as a
     file, a batch at a time: mapped, every page read stays mapped until the stream is closed (a 570 MB trace, its
     streams all mapped: the largest process's max RSS 494-522 MB, against 479-496 MB)."""
     import os
+
+    import pyarrow as pa
 
     if os.name == "posix" and os.path.getsize(path) <= MAP_STREAM_MAX_BYTES:
         return pa.memory_map(path)
