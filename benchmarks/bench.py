@@ -26,7 +26,9 @@ Issue 18's rows, each printed against its target:
   (one watched run each);
 * ``--fixed-cost``: a cold report of one 5 MB rank (``--ranks 1 --repeat 3`` of sampled_rank-0) minus a bare
   ``python -c pass``, wall and CPU, medians of ``--runs`` alternating pairs (with ``--baseline``, that tree's
-  report in each round too);
+  report in each round too), and in the same rounds the report's third-party imports alone (the modules outside
+  the standard library and traceanalyze that ``-X importtime`` shows the report importing): the part of the fixed
+  cost that traceanalyze's own code cannot take off;
 * ``--dask``: the scale set again through ``--executor dask`` (a local cluster of 2 workers).
 
 The scale guard (issue 38), ``python benchmarks/bench.py --scale [--skip-hta] [--scale-runs N]``: the cold report
@@ -338,24 +340,68 @@ def big_gz(args, out: Path) -> None:
 
 def fixed_cost(args, out: Path) -> None:
     """A cold report of one 5 MB rank minus a bare interpreter start, alternating pairs: wall and CPU (user + sys,
-    :func:`run_cpu`). With ``--baseline``, that tree's report runs in each round too (the same figures for it)."""
+    :func:`run_cpu`). With ``--baseline``, that tree's report runs in each round too (the same figures for it).
+
+    In each round it also times the report's third-party imports alone (:func:`dependency_modules`: every module
+    outside the standard library and traceanalyze that the report imported, in its order): what no change to
+    traceanalyze's own code can take off the fixed cost, short of dropping a dependency from the report's path."""
     source = SHARED / "traces" / "real" / "hta" / "trace_filter" / "sampled_rank-0.json.gz"
     one = make_set(args.work / "one5", "--ranks", "1", "--repeat", "3", "--source", str(source))
     trees = {"now": None, **({"baseline": baseline_env(args.baseline)} if args.baseline else {})}
     rep: dict[str, list[tuple[float, float, float]]] = {k: [] for k in trees}
-    bare = []
+    db = args.work / "one5.duckdb"
+    deps = dependency_modules(traceanalyze_cmd(one, out, db), db)
+    bare, imports = [], []
     for _ in range(max(args.runs, 5)):
         for name, env in trees.items():
-            db = args.work / "one5.duckdb"
             db.unlink(missing_ok=True)
             rep[name].append(run_cpu(traceanalyze_cmd(one, out, db), env=env))
         bare.append(run_cpu([sys.executable, "-c", "pass"]))
+        imports.append(run_cpu([sys.executable, "-c", IMPORT_ALL, *deps]))
     bw, bc = median([b[0] for b in bare]), median([b[1] for b in bare])
+    iw, ic = median([r[0] for r in imports]) - bw, median([r[1] for r in imports]) - bc
     for name in trees:
         w, c = median([r[0] for r in rep[name]]), median([r[1] for r in rep[name]])
         print(f"\nfixed cost ({name}): cold report of a {json_megabytes(one):.1f} MB rank {w:.2f} s wall, {c:.2f} s "
               f"CPU - python -c pass {bw:.3f} s, {bc:.3f} s CPU = {w - bw:.2f} s wall, {c - bc:.2f} s CPU (target "
               f"≤ 0.5 s: {verdict(w - bw <= 0.5)}), {load()}")
+    roots = sorted({m.split(".")[0] for m in deps if not m.startswith("_")})
+    print(f"of which the third-party imports alone ({len(deps)} modules of {', '.join(roots)}): {iw:.2f} s wall, "
+          f"{ic:.2f} s CPU beyond python -c pass; what is left for traceanalyze's own imports and work: "
+          f"{median([r[0] for r in rep['now']]) - bw - iw:.2f} s wall")
+
+
+# imports the modules named in argv in order; one that fails alone (a module another must import first) is skipped
+IMPORT_ALL = ("import importlib, sys\nfor m in sys.argv[1:]:\n    try:\n        importlib.import_module(m)\n"
+              "    except Exception:\n        pass")
+# runs ``traceanalyze.cli`` on argv, then prints every module the process holds, in the order their imports began
+MODULES_AFTER = """
+import sys
+from traceanalyze.cli import main
+sys.argv = ["traceanalyze", *sys.argv[1:]]
+try:
+    main()
+except SystemExit as exc:
+    assert not exc.code, exc.code
+print("\\n".join("module " + k for k, v in list(sys.modules.items()) if v is not None))
+"""
+
+
+def dependency_modules(cmd: list[str], db: Path) -> list[str]:
+    """The modules outside the standard library and traceanalyze that the report ``cmd`` (:func:`traceanalyze_cmd`,
+    run once here) held at its end and a bare ``python -c pass`` does not: its third-party imports, submodules
+    included, in the order their imports began. Imports that failed (pandas, which the command line blocks) are
+    not among them."""
+    def modules(*args: str) -> list[str]:
+        res = subprocess.run([sys.executable, "-c", MODULES_AFTER if args else "import sys; print('\\n'.join("
+                              "'module ' + k for k in list(sys.modules)))", *args], capture_output=True, text=True,
+                             env=BENCH_ENV, cwd=tempfile.gettempdir(), check=True)
+        return [ln.removeprefix("module ") for ln in res.stdout.splitlines() if ln.startswith("module ")]
+
+    db.unlink(missing_ok=True)
+    bare = set(modules())
+    return [m for m in modules(*cmd[cmd.index("report"):]) if m not in bare
+            and m.split(".")[0] not in (*sys.stdlib_module_names, "traceanalyze")]
 
 
 def main_table(args, mb: float, hta_t: list, hta_m: list, cold_t: list, cold_m: list, warm_t: list,
