@@ -27,8 +27,8 @@ Issue 18's rows, each printed against its target:
 * ``--fixed-cost``: a cold report of one 5 MB rank (``--ranks 1 --repeat 3`` of sampled_rank-0) minus a bare
   ``python -c pass``, wall and CPU, medians of ``--runs`` alternating pairs (with ``--baseline``, that tree's
   report in each round too), and in the same rounds the report's third-party imports alone (the modules outside
-  the standard library and traceanalyze that ``-X importtime`` shows the report importing): the part of the fixed
-  cost that traceanalyze's own code cannot take off;
+  the standard library and traceanalyze that the report holds at its end and a bare interpreter does not): the
+  part of the fixed cost that traceanalyze's own code cannot take off;
 * ``--dask``: the scale set again through ``--executor dask`` (a local cluster of 2 workers).
 
 The scale guard (issue 38), ``python benchmarks/bench.py --scale [--skip-hta] [--scale-runs N]``: the cold report

@@ -1,5 +1,5 @@
-"""``benchmarks/bench.py --fixed-cost``'s floor: the third-party modules a cold report imports, read from the
-report's own ``python -X importtime`` lines (issue 38: what of the fixed cost traceanalyze's code cannot take off)."""
+"""``benchmarks/bench.py --fixed-cost``'s floor: the third-party modules a cold report imports, those its process holds
+at its end beyond a bare interpreter's (issue 38: what of the fixed cost traceanalyze's own code cannot take off)."""
 
 from __future__ import annotations
 
