@@ -227,10 +227,10 @@ def scale_guard(args, out: Path) -> bool:
     print(f"\nCPU growth against linear from {SCALE_SIZES[0]} ranks: at most {max(growth.values()):.2f}× (target ≤ "
           f"{SCALE_GROWTH_MAX}×: {verdict(ok)})")
     if hta:
-        ht, k = median(hta_wall), HTA_SCALE_RANKS
-        print(f"HTA 0.5.0 on {k} ranks: {ht:.1f} s (median of {len(hta_wall)}, each run after one of the report's: "
-              f"{', '.join(f'{t:.1f}' for t in hta_wall)} s); traceanalyze {ht / wall[k]:.1f}× faster (target ≥ 10×: "
-              f"{verdict(ht / wall[k] >= 10)})")
+        ht, n = median(hta_wall), HTA_SCALE_RANKS
+        print(f"HTA 0.5.0 on {n} ranks: {ht:.1f} s (median of {len(hta_wall)}, each run after one of the report's: "
+              f"{', '.join(f'{t:.1f}' for t in hta_wall)} s); traceanalyze {ht / wall[n]:.1f}× faster (target ≥ 10×: "
+              f"{verdict(ht / wall[n] >= 10)})")
     elif not args.skip_hta:
         print(f"HTA not run: {args.hta_python} cannot import hta (pip install '.[bench]'), or pass --skip-hta")
     return ok
@@ -393,6 +393,8 @@ except SystemExit as exc:
     assert not exc.code, exc.code
 print("\\n".join("module " + k for k, v in list(sys.modules.items()) if v is not None))
 """
+# the same list from a bare interpreter: what every Python process holds before it imports anything
+BARE_MODULES = "import sys; print('\\n'.join('module ' + k for k in list(sys.modules)))"
 
 
 def dependency_modules(cmd: list[str], db: Path) -> list[str]:
@@ -401,9 +403,8 @@ def dependency_modules(cmd: list[str], db: Path) -> list[str]:
     included, in the order their imports began. Imports that failed (pandas, which the command line blocks) are
     not among them."""
     def modules(*args: str) -> list[str]:
-        res = subprocess.run([sys.executable, "-c", MODULES_AFTER if args else "import sys; print('\\n'.join("
-                              "'module ' + k for k in list(sys.modules)))", *args], capture_output=True, text=True,
-                             env=BENCH_ENV, cwd=tempfile.gettempdir(), check=True)
+        res = subprocess.run([sys.executable, "-c", MODULES_AFTER if args else BARE_MODULES, *args],
+                             capture_output=True, text=True, env=BENCH_ENV, cwd=tempfile.gettempdir(), check=True)
         return [ln.removeprefix("module ") for ln in res.stdout.splitlines() if ln.startswith("module ")]
 
     db.unlink(missing_ok=True)
