@@ -31,14 +31,15 @@ Issue 18's rows, each printed against its target:
   part of the fixed cost that traceanalyze's own code cannot take off;
 * ``--dask``: the scale set again through ``--executor dask`` (a local cluster of 2 workers).
 
-The scale guard (issue 38), ``python benchmarks/bench.py --scale [--skip-hta] [--scale-runs N]``: the cold report
-on 64, 256 and 1,024 small real ranks (``make_scale_set.py --ranks 1024 --source
-trace_filter/sampled_rank-0.json.gz``, built once into ``--work``; the smaller sets are its first ranks), each size
-``--scale-runs`` times (medians). Per size it prints the wall time, the CPU time (user + sys of the report process
-and of the processes it waited for: its parse workers; ``os.wait4``), the largest resident set of those processes
-(``ru_maxrss``), the peak memory of the whole process tree (sum of PSS, from a second, watched run; psutil), and
-the CPU growth against linear from 64 ranks: ``cpu_N / cpu_64 / (N / 64)``. It exits with status 1 when a size
-grows more than 1.15× linear (work that grows with ranks², such as a loop over the ranks over arrays of every
+The scale guard (issue 38), ``python benchmarks/bench.py --scale [--skip-hta] [--scale-runs N]``: the cold report on
+64, 256 and 1,024 small real ranks (``make_scale_set.py --ranks 1024 --source trace_filter/sampled_rank-0.json.gz``,
+built once into ``--work``; the smaller sets are its first ranks), each size ``--scale-runs`` times (medians). Per
+size it prints the wall time, the CPU time (user + sys of the report process and of the processes it waited for: its
+parse workers; ``os.wait4``), the mean number of cores busy (CPU / wall, against the CPUs this process may run on:
+near that number, the report is CPU-bound and only less CPU makes it faster), the largest resident set of those
+processes (``ru_maxrss``), the peak memory of the whole process tree (sum of PSS, from a second, watched run;
+psutil), and the CPU growth against linear from 64 ranks: ``cpu_N / cpu_64 / (N / 64)``. It exits with status 1 when
+a size grows more than 1.15× linear (work that grows with ranks², such as a loop over the ranks over arrays of every
 rank), and prints HTA 0.5.0's time on 256 ranks beside the report's when HTA is installed (the ``bench`` extra;
 ``--skip-hta`` skips it): HTA runs right after each of the report's runs on 256 ranks, unwatched like them, and the
 ratio is of the two medians, so that both sides see the same minutes of a VM whose speed drifts. It is a benchmark,
@@ -185,6 +186,14 @@ def run_cpu(cmd: list[str], env: dict | None = None) -> tuple[float, float, floa
     return wall, ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1024
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity where the platform has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 def has_hta(python: str) -> bool:
     """Whether ``python`` can import HTA (the ``bench`` extra)."""
     return subprocess.run([python, "-c", "import hta"], capture_output=True).returncode == 0
@@ -196,15 +205,15 @@ SCALE_GROWTH_MAX = 1.15  # CPU time per rank at most this many times the smalles
 
 
 def scale_guard(args, out: Path) -> bool:
-    """The cold report on :data:`SCALE_SIZES` small real ranks: wall, CPU and memory per size, and the CPU growth
-    against linear from the smallest; True when no size grows more than :data:`SCALE_GROWTH_MAX` (module
-    docstring)."""
+    """The cold report on :data:`SCALE_SIZES` small real ranks: wall, CPU, mean cores busy and memory per size,
+    and the CPU growth against linear from the smallest; True when no size grows more than
+    :data:`SCALE_GROWTH_MAX` (module docstring)."""
     source = SHARED / "traces" / "real" / "hta" / "trace_filter" / "sampled_rank-0.json.gz"
     full = make_set(args.work / "r1024", "--ranks", str(max(SCALE_SIZES)), "--source", str(source))
     print(f"\nscale guard: cold reports of {full.name}'s first ranks, {args.scale_runs} timed run(s) per size "
           "(medians) and one watched for memory")
-    print("| ranks | wall (s) | CPU (s) | max RSS (MB) | peak PSS, tree (MB) | CPU growth vs linear | load |\n"
-          "|--:|--:|--:|--:|--:|--:|---|")
+    print(f"| ranks | wall (s) | CPU (s) | mean cores busy (CPU / wall, of {usable_cpus()}) | max RSS (MB) "
+          "| peak PSS, tree (MB) | CPU growth vs linear | load |\n|--:|--:|--:|--:|--:|--:|--:|---|")
     cpu, wall, growth = {}, {}, {}
     watch = importlib.util.find_spec("psutil") is not None
     hta = not args.skip_hta and has_hta(args.hta_python)
@@ -222,7 +231,8 @@ def scale_guard(args, out: Path) -> bool:
         db.unlink(missing_ok=True)
         pss = f"{run_sampled(traceanalyze_cmd(sub, out, db)):.0f}" if watch else "no psutil"
         growth[k] = cpu[k] / cpu[SCALE_SIZES[0]] / (k / SCALE_SIZES[0])
-        print(f"| {k} | {wall[k]:.2f} | {cpu[k]:.2f} | {rss:.0f} | {pss} | {growth[k]:.2f}× | {load()} |", flush=True)
+        print(f"| {k} | {wall[k]:.2f} | {cpu[k]:.2f} | {cpu[k] / wall[k]:.2f} | {rss:.0f} | {pss} | {growth[k]:.2f}× "
+              f"| {load()} |", flush=True)
     ok = max(growth.values()) <= SCALE_GROWTH_MAX
     print(f"\nCPU growth against linear from {SCALE_SIZES[0]} ranks: at most {max(growth.values()):.2f}× (target ≤ "
           f"{SCALE_GROWTH_MAX}×: {verdict(ok)})")
