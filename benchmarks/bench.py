@@ -35,8 +35,9 @@ The scale guard (issue 38), ``python benchmarks/bench.py --scale [--skip-hta] [-
 64, 256 and 1,024 small real ranks (``make_scale_set.py --ranks 1024 --source trace_filter/sampled_rank-0.json.gz``,
 built once into ``--work``; the smaller sets are its first ranks), each size ``--scale-runs`` times (medians). Per
 size it prints the wall time, the CPU time (user + sys of the report process and of the processes it waited for: its
-parse workers; ``os.wait4``), the mean number of cores busy (CPU / wall, against the CPUs this process may run on:
-near that number, the report is CPU-bound and only less CPU makes it faster), the largest resident set of those
+parse workers; ``os.wait4``), the mean number of cores busy over a run (the median CPU time over the median wall time,
+against the CPUs this process may run on: near that number, the report is CPU-bound and only less CPU makes it
+faster), the largest resident set of those
 processes (``ru_maxrss``), the peak memory of the whole process tree (sum of PSS, from a second, watched run;
 psutil), and the CPU growth against linear from 64 ranks: ``cpu_N / cpu_64 / (N / 64)``. It exits with status 1 when
 a size grows more than 1.15× linear (work that grows with ranks², such as a loop over the ranks over arrays of every
@@ -212,8 +213,8 @@ def scale_guard(args, out: Path) -> bool:
     full = make_set(args.work / "r1024", "--ranks", str(max(SCALE_SIZES)), "--source", str(source))
     print(f"\nscale guard: cold reports of {full.name}'s first ranks, {args.scale_runs} timed run(s) per size "
           "(medians) and one watched for memory")
-    print(f"| ranks | wall (s) | CPU (s) | mean cores busy (CPU / wall, of {usable_cpus()}) | max RSS (MB) "
-          "| peak PSS, tree (MB) | CPU growth vs linear | load |\n|--:|--:|--:|--:|--:|--:|--:|---|")
+    print(f"| ranks | wall (s) | CPU (s) | mean cores busy (median CPU / median wall, of {usable_cpus()}) "
+          "| max RSS (MB) | peak PSS, tree (MB) | CPU growth vs linear | load |\n|--:|--:|--:|--:|--:|--:|--:|---|")
     cpu, wall, growth = {}, {}, {}
     watch = importlib.util.find_spec("psutil") is not None
     hta = not args.skip_hta and has_hta(args.hta_python)

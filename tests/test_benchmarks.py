@@ -1,5 +1,6 @@
 """``benchmarks/bench.py --fixed-cost``'s floor: the third-party modules a cold report imports, those its process holds
-at its end beyond a bare interpreter's (issue 38: what of the fixed cost traceanalyze's own code cannot take off)."""
+at its end beyond a bare interpreter's (issue 38: what of the fixed cost traceanalyze's own code cannot take off); and
+the CPUs the scale guard's cores-busy column is read against."""
 
 from __future__ import annotations
 
@@ -26,3 +27,12 @@ def test_the_fixed_costs_floor_is_the_reports_own_third_party_imports(tmp_path):
     code = bench.IMPORT_ALL + "\nprint(sorted({m.split('.')[0] for m in sys.modules} & {'duckdb', 'traceanalyze'}))"
     out = subprocess.run([sys.executable, "-c", code, *deps], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "['duckdb']"
+
+
+def test_the_scale_guards_cores_are_those_this_process_may_run_on():
+    import os
+
+    n = bench.usable_cpus()
+    assert 1 <= n <= (os.cpu_count() or 1)
+    if hasattr(os, "sched_getaffinity"):
+        assert n == len(os.sched_getaffinity(0))
