@@ -35,17 +35,16 @@ The scale guard (issue 38), ``python benchmarks/bench.py --scale [--skip-hta] [-
 64, 256 and 1,024 small real ranks (``make_scale_set.py --ranks 1024 --source trace_filter/sampled_rank-0.json.gz``,
 built once into ``--work``; the smaller sets are its first ranks), each size ``--scale-runs`` times (medians). Per
 size it prints the wall time, the CPU time (user + sys of the report process and of the processes it waited for: its
-parse workers; ``os.wait4``), the mean number of cores busy over a run (the median CPU time over the median wall time,
-against the CPUs this process may run on: near that number, the report is CPU-bound and only less CPU makes it
-faster), the largest resident set of those
-processes (``ru_maxrss``), the peak memory of the whole process tree (sum of PSS, from a second, watched run;
-psutil), and the CPU growth against linear from 64 ranks: ``cpu_N / cpu_64 / (N / 64)``. It exits with status 1 when
-a size grows more than 1.15× linear (work that grows with ranks², such as a loop over the ranks over arrays of every
-rank), and prints HTA 0.5.0's time on 256 ranks beside the report's when HTA is installed (the ``bench`` extra;
-``--skip-hta`` skips it): HTA runs right after each of the report's runs on 256 ranks, unwatched like them, and the
-ratio is of the two medians, so that both sides see the same minutes of a VM whose speed drifts. It is a benchmark,
-not a timed test: run it on a quiet machine, in every change to the replay, the metrics or the load. Nothing else
-runs with ``--scale``.
+parse workers; ``os.wait4``), the mean number of cores busy over a run (the median CPU time over the median wall
+time, against the CPUs this process may run on: near that number, the report is CPU-bound and only less CPU makes it
+faster), the largest resident set of those processes (``ru_maxrss``), the peak memory of the whole process tree (sum
+of PSS, from a second, watched run; psutil), and the CPU growth against linear from 64 ranks:
+``cpu_N / cpu_64 / (N / 64)``. It exits with status 1 when a size grows more than 1.15× linear (work that grows with
+ranks², such as a loop over the ranks over arrays of every rank), and prints HTA 0.5.0's time on 256 ranks beside
+the report's when HTA is installed (the ``bench`` extra; ``--skip-hta`` skips it): HTA runs right after each of the
+report's runs on 256 ranks, unwatched like them, and the ratio is of the two medians, so that both sides see the
+same minutes of a VM whose speed drifts. It is a benchmark, not a timed test: run it on a quiet machine, in every
+change to the replay, the metrics or the load. Nothing else runs with ``--scale``.
 """
 
 from __future__ import annotations
@@ -61,6 +60,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from traceanalyze.executors import usable_cpus
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
@@ -185,14 +186,6 @@ def run_cpu(cmd: list[str], env: dict | None = None) -> tuple[float, float, floa
             raise SystemExit(f"benchmark command failed ({proc.returncode}): {' '.join(cmd)}\n"
                              f"{err.read().decode(errors='replace')[-2000:]}")
     return wall, ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1024
-
-
-def usable_cpus() -> int:
-    """The CPUs this process may run on (its affinity where the platform has one)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def has_hta(python: str) -> bool:

@@ -4,6 +4,7 @@ the CPUs the scale guard's cores-busy column is read against."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -30,8 +31,6 @@ def test_the_fixed_costs_floor_is_the_reports_own_third_party_imports(tmp_path):
 
 
 def test_the_scale_guards_cores_are_those_this_process_may_run_on():
-    import os
-
     n = bench.usable_cpus()
     assert 1 <= n <= (os.cpu_count() or 1)
     if hasattr(os, "sched_getaffinity"):

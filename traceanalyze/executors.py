@@ -113,6 +113,17 @@ class DaskExecutor:
             self.cluster.close()
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on: its affinity (``os.sched_getaffinity``), else ``os.cpu_count()`` where
+    the platform has no affinity (not Linux); at least 1."""
+    import os
+
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 def _glibc_call(name: str, *args: int) -> bool:
     """``name(*args)`` of glibc, true when it returned non-zero; False where there is no glibc (macOS, musl,
     Windows) or no such function."""

@@ -4,13 +4,12 @@ the profiler's events counted."""
 
 from __future__ import annotations
 
-import os
 import threading
 
 import duckdb
 import numpy as np
 
-from traceanalyze.executors import on_own_cursor
+from traceanalyze.executors import on_own_cursor, usable_cpus
 from traceanalyze.metrics.collectives import Calls
 from traceanalyze.replay.graph.deps import (
     Edges,
@@ -123,11 +122,7 @@ class _EventTasks:
 
 def build_threads() -> int:
     """Threads for :func:`build`: the CPUs this process may run on, at most :data:`BUILD_THREADS_MAX`."""
-    try:
-        n = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        n = os.cpu_count() or 1
-    return max(1, min(BUILD_THREADS_MAX, n))
+    return max(1, min(BUILD_THREADS_MAX, usable_cpus()))
 
 
 def _rank_chunks(con, rc: RunClock, max_events: int, threads: int = 1) -> list[list[int]]:
